@@ -1,0 +1,246 @@
+"""loopsweb settings, driven by the environment.
+
+Every setting an operator may change is read from an environment variable (the README lists
+them all). A bad value raises ImproperlyConfigured naming the variable, at start-up, rather
+than failing later in a request or a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default).strip()
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(
+        f"{name} must be a boolean (1/0, true/false, yes/no, on/off), got {raw!r}"
+    )
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+# Under pytest (imported before any conftest runs) the suite is the environment: mark it so
+# that processes the tests spawn inherit the same test configuration.
+if "pytest" in sys.modules:
+    os.environ.setdefault("LOOPSWEB_TESTING", "1")
+TESTING = env_bool("LOOPSWEB_TESTING", False)
+
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not (DEBUG or TESTING):
+        raise ImproperlyConfigured(
+            "SECRET_KEY must be set when DEBUG is off (generate one with "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`)"
+        )
+    # Development and tests only: a per-process key, so sessions do not survive restarts.
+    SECRET_KEY = "dev-" + secrets.token_urlsafe(40)
+
+ALLOWED_HOSTS = env_list(
+    "ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if (DEBUG or TESTING) else []
+)
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# Where the SQLite database, evidence files and other local state live by default.
+DATA_DIR = Path(env_str("LOOPSWEB_DATA_DIR") or BASE_DIR / "var").resolve()
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_q",
+    "ledger",
+    "routing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "loopsweb.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "loopsweb.wsgi.application"
+ASGI_APPLICATION = "loopsweb.asgi.application"
+
+
+def _database_settings() -> dict[str, Any]:
+    url = env_str("DATABASE_URL")
+    if not url:
+        url = f"sqlite:///{DATA_DIR / 'loopsweb.sqlite3'}"
+    try:
+        db = dj_database_url.parse(url)
+    except Exception as exc:  # dj-database-url raises several types for bad URLs
+        raise ImproperlyConfigured(
+            f"DATABASE_URL is not a valid database URL: {exc}"
+        ) from None
+    engine = db.get("ENGINE", "")
+    if engine == "django.db.backends.sqlite3":
+        name = str(db.get("NAME") or "")
+        if not name or name == ":memory:":
+            raise ImproperlyConfigured(
+                "DATABASE_URL must name a SQLite file (in-memory databases are not supported)"
+            )
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        db["OPTIONS"] = {
+            # BEGIN IMMEDIATE: every atomic() takes the write lock up front, so two admissions
+            # never read the same counts (and never fail with "database is locked" on upgrade).
+            "transaction_mode": "IMMEDIATE",
+            "timeout": env_int("SQLITE_BUSY_TIMEOUT", 20, minimum=1),
+            "init_command": "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA foreign_keys=ON",
+        }
+        # Tests use threads and processes: the test database must be a file, not memory.
+        test_name = env_str("SQLITE_TEST_NAME") or str(
+            Path(name).with_name("test_" + Path(name).name)
+        )
+        db["TEST"] = {"NAME": test_name}
+    elif engine in (
+        "django.db.backends.postgresql",
+        "django.db.backends.postgresql_psycopg2",
+    ):
+        db["ENGINE"] = "django.db.backends.postgresql"
+        db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
+        db["CONN_HEALTH_CHECKS"] = db["CONN_MAX_AGE"] > 0
+    else:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must be sqlite:// or postgres://, got engine {engine!r}"
+        )
+    return db
+
+
+DATABASES = {"default": _database_settings()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {
+        "NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"
+    },
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+LOGIN_URL = "admin:login"
+
+# Production hardening (python manage.py check --deploy passes with DEBUG off and HTTPS on).
+SECURE_HTTPS = env_bool("LOOPSWEB_HTTPS", not (DEBUG or TESTING))
+SESSION_COOKIE_SECURE = SECURE_HTTPS
+CSRF_COOKIE_SECURE = SECURE_HTTPS
+SECURE_SSL_REDIRECT = SECURE_HTTPS and env_bool("LOOPSWEB_SSL_REDIRECT", True)
+SECURE_HSTS_SECONDS = env_int("LOOPSWEB_HSTS_SECONDS", 31536000 if SECURE_HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("LOOPSWEB_BEHIND_PROXY") else None
+)
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+
+# django-q2: the ORM broker on the default database. `retry` must exceed `timeout`, or a
+# long task's lock expires and the task is handed out twice; catch_up off so a cluster that
+# was down does not replay every missed drain at once.
+Q_TIMEOUT = env_int("Q_TIMEOUT", 1800, minimum=1)
+Q_RETRY = env_int("Q_RETRY", Q_TIMEOUT + 300, minimum=2)
+if Q_RETRY <= Q_TIMEOUT:
+    raise ImproperlyConfigured(
+        f"Q_RETRY ({Q_RETRY}) must be greater than Q_TIMEOUT ({Q_TIMEOUT})"
+    )
+Q_CLUSTER = {
+    "name": "loopsweb",
+    "orm": "default",
+    "workers": env_int("Q_WORKERS", 2, minimum=1),
+    "timeout": Q_TIMEOUT,
+    "retry": Q_RETRY,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "catch_up": False,
+    "poll": 0.5,
+    "save_limit": 1000,
+    "sync": env_bool("Q_SYNC", False),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {
+        "handlers": ["console"],
+        "level": env_str("LOG_LEVEL", "INFO").upper() or "INFO",
+    },
+}
+
+# Upstream index names (e.g. idx_workflow_work_items_status_next) exceed Django's 30-character
+# portability limit, which exists for Oracle; SQLite and PostgreSQL (63) accept them.
+SILENCED_SYSTEM_CHECKS = ["models.E034"]

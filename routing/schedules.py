@@ -1,0 +1,19 @@
+"""Every built-in django-q2 schedule, declared as data.
+
+`python manage.py sync_schedules` upserts these by name (run by `make run` and on every
+deploy). Operator drains made with `schedule_drain` are separate rows and are left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    name: str
+    func: str
+    minutes: int
+
+
+SCHEDULES: tuple[ScheduleSpec, ...] = ()

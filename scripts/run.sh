@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# `make run`: the app on SQLite. Migrates, makes sure a staff user exists, then runs the web
+# server on 127.0.0.1:8000 and a qcluster side by side. Ctrl-C (or SIGTERM) stops both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+export DEBUG=${DEBUG:-1}
+export LOOPSWEB_HTTPS=${LOOPSWEB_HTTPS:-0}
+
+"$PY" manage.py migrate --no-input -v0
+"$PY" manage.py ensure_staff_user
+"$PY" manage.py sync_schedules
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap stop INT TERM EXIT
+
+"$PY" manage.py qcluster &
+pids+=($!)
+"$PY" manage.py runserver --noreload "127.0.0.1:${LOOPSWEB_PORT:-8000}" &
+pids+=($!)
+echo "loopsweb: http://127.0.0.1:${LOOPSWEB_PORT:-8000}/admin/ (Ctrl-C stops the web server and the qcluster)"
+wait -n "${pids[@]}" || true

@@ -1,0 +1,48 @@
+"""Test wiring shared by the whole suite.
+
+One suite, two databases: the backend comes from DATABASE_URL (SQLite when unset). Tests that
+only make sense on one backend carry `@pytest.mark.postgres` or `@pytest.mark.sqlite` and are
+skipped on the other.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from django.db import connection
+
+    return f"loopsweb database backend: {connection.vendor} ({connection.settings_dict['NAME']})"
+
+
+@pytest.fixture(autouse=True)
+def _backend_markers(request: pytest.FixtureRequest) -> None:
+    from django.db import connection
+
+    if (
+        request.node.get_closest_marker("postgres")
+        and connection.vendor != "postgresql"
+    ):
+        pytest.skip("PostgreSQL only")
+    if request.node.get_closest_marker("sqlite") and connection.vendor != "sqlite":
+        pytest.skip("SQLite only")
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings) -> None:  # type: ignore[no-untyped-def]
+    # Password hashing is not what these tests are about; MD5 keeps user fixtures cheap.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    from django.db import connection
+
+    passed = len(terminalreporter.stats.get("passed", []))
+    failed = len(terminalreporter.stats.get("failed", [])) + len(
+        terminalreporter.stats.get("error", [])
+    )
+    skipped = len(terminalreporter.stats.get("skipped", []))
+    terminalreporter.write_line(
+        f"loopsweb suite on {connection.vendor}: {passed} passed, {failed} failed, {skipped} skipped"
+    )
