@@ -360,6 +360,10 @@ class WorkflowRun(TimestampedModel):
     duration_ms = models.BigIntegerField(null=True, blank=True)
     error = models.TextField(null=True, blank=True)
     goal_run_id = models.CharField(max_length=32, null=True, blank=True)
+    # loopsweb (0003): the runner's lease. A running run whose lease expired lost its worker;
+    # recovery fails it and frees its account and cap slots.
+    claimed_by = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_runs"
@@ -385,6 +389,11 @@ class WorkflowRun(TimestampedModel):
             models.Index(fields=["invocation"], name="idx_workflow_runs_invocation"),
             # runs of one work item (item detail, cascades)
             models.Index(fields=["work_item"], name="idx_workflow_runs_work_item"),
+            # lease recovery: running runs whose lease expired
+            models.Index(
+                fields=["status", "lease_expires_at"],
+                name="idx_workflow_runs_status_lease",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -513,6 +522,9 @@ class WorkflowWorkItem(TimestampedModel):
         related_name="+",
     )
     last_reason = models.TextField(null=True, blank=True)
+    # loopsweb (0003): the stable code of the last deferral (route_cap, project_cap, group_cap,
+    # profile_cap, cooldown), kept beside upstream's human last_reason.
+    reason_code = models.CharField(max_length=40, null=True, blank=True)
 
     class Meta:
         db_table = "workflow_work_items"
@@ -550,3 +562,76 @@ class WorkflowWorkItem(TimestampedModel):
 
     def __str__(self) -> str:
         return f"{self.route_key}:{self.idempotency_key} [{self.status}]"
+
+
+class WorkItemDeferral(models.Model):
+    """loopsweb (0003): one row per deferral, with what the decision saw.
+
+    Answers "why did this item wait yesterday?": the reason code, upstream's human reason, and
+    the counts and limits (and account loads, for pool deferrals) read inside the deciding
+    transaction.
+    """
+
+    id = _id_field()
+    work_item = models.ForeignKey(
+        WorkflowWorkItem,
+        on_delete=models.CASCADE,
+        db_index=False,
+        related_name="deferrals",
+    )
+    reason_code = models.CharField(max_length=40)
+    reason = models.TextField()
+    route_scope = models.CharField(max_length=200, null=True, blank=True)
+    project_key = models.TextField(null=True, blank=True)
+    project_group = models.CharField(max_length=200, null=True, blank=True)
+    counts_json = models.JSONField(default=dict)
+    limits_json = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "workflow_work_item_deferrals"
+        indexes = [
+            # one item's deferral history, oldest first (item page, API detail)
+            models.Index(
+                fields=["work_item", "created_at"], name="idx_wi_deferrals_item"
+            ),
+            # deferrals by reason over time (ops overview, metrics)
+            models.Index(
+                fields=["reason_code", "created_at"], name="idx_wi_deferrals_reason"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reason_code}: {self.reason}"
+
+
+class AccountCooldown(TimestampedModel):
+    """loopsweb (0003): an account that reported a provider rate limit, cooling until `until`.
+
+    One row per account profile; a new report keeps the later of the two deadlines.
+    """
+
+    account_profile = models.CharField(max_length=200, primary_key=True)
+    account_tool = models.CharField(max_length=100, null=True, blank=True)
+    until = models.DateTimeField()
+    reason = models.TextField(null=True, blank=True)
+    reports = models.IntegerField(default=1)
+    step_run = models.ForeignKey(
+        WorkflowStepRun,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        db_index=False,
+        db_constraint=False,
+        related_name="+",
+    )
+
+    class Meta:
+        db_table = "account_cooldowns"
+        indexes = [
+            # cooling accounts now: pool assignment and the step-start re-check
+            models.Index(fields=["until"], name="idx_account_cooldowns_until"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.account_profile} until {self.until:%Y-%m-%dT%H:%M:%SZ}"
