@@ -15,12 +15,23 @@ pids=()
 stop() {
   trap - INT TERM EXIT
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  # qcluster finishes its running tasks on SIGTERM; give it a bounded time, then make sure
+  # nothing of its process group is left behind.
+  for _ in $(seq 1 300); do
+    kill -0 "$qcluster" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL -- "-$qcluster" 2>/dev/null || true
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
 trap stop INT TERM EXIT
 
-"$PY" manage.py qcluster &
-pids+=($!)
+# qcluster runs in its own session: a terminal Ctrl-C must not reach its worker processes
+# directly (they would die mid-task and the cluster would wait for them); it gets one SIGTERM
+# from stop() and shuts its workers down itself.
+setsid "$PY" manage.py qcluster &
+qcluster=$!
+pids+=("$qcluster")
 "$PY" manage.py runserver --noreload "127.0.0.1:${LOOPSWEB_PORT:-8000}" &
 pids+=($!)
 echo "loopsweb: http://127.0.0.1:${LOOPSWEB_PORT:-8000}/admin/ (Ctrl-C stops the web server and the qcluster)"

@@ -37,12 +37,20 @@ def _wait_for(url: str, deadline: float) -> None:
     raise AssertionError(f"{url} did not answer in time")
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+def _processes_with_env(marker: str) -> list[int]:
+    """Live processes whose environment holds `marker` (the qcluster runs in its own session)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if marker.encode() in environ.split(b"\0") and state != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops_everything(
@@ -95,9 +103,10 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
+    marker = f"LOOPSWEB_DATA_DIR={tmp_path}"
     deadline = time.monotonic() + 20
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
+    while _processes_with_env(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _group_alive(proc.pid), "a process of make run outlived Ctrl-C"
+    assert not _processes_with_env(marker), "a process of make run outlived Ctrl-C"
     assert "created staff user 'operator'" in output
     assert (tmp_path / "loopsweb.sqlite3").exists()
