@@ -1,0 +1,18 @@
+"""django-q2 tasks of the ledger: thin adapters that call one service each."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django_q.tasks import async_task
+
+
+def enqueue_run_workflow(run_id: str) -> None:
+    """Hand an admitted run to the runner once the admitting transaction has committed.
+
+    on_commit: a rolled-back admission never starts a run, and the worker never looks for a
+    run that is not yet visible. Delivery is at least once; the runner's claim makes a second
+    delivery a no-op.
+    """
+    transaction.on_commit(
+        lambda: async_task("ledger.tasks.run_workflow", run_id, task_name=f"run-workflow-{run_id}")
+    )
