@@ -1,0 +1,229 @@
+"""Event envelopes and field lookups (reference §3.1, §3.2.3-4, generic paragraph).
+
+Contract:
+1. An envelope is a JSON object with non-blank string ``id``, ``type`` and ``source``;
+   ``data`` and ``metadata`` become ``{}`` when they are not objects. Violations raise
+   ``ValidationError`` with upstream's exact messages, checked in that order.
+2. ``task_field(record, *keys)``: for each key in turn, look in ``record``, then
+   ``record.task``, ``record.payload``, ``record.payload.task``; the first non-blank
+   string wins, trimmed. Non-strings never match.
+3. Tags come from ``tags`` / ``task_tags`` / ``taskTags``, as arrays or comma-separated
+   text, trimmed, blanks dropped, duplicates dropped (first occurrence kept).
+4. Project path and group hints return raw text; normalizing a path (realpath, git
+   top-level) touches the filesystem and belongs to the service.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from routing.domain.errors import (
+    EVENT_ID_REQUIRED,
+    EVENT_INVALID_JSON,
+    EVENT_NOT_OBJECT,
+    EVENT_SOURCE_REQUIRED,
+    EVENT_TYPE_REQUIRED,
+    ValidationError,
+)
+
+TAG_KEYS: tuple[str, ...] = ("tags", "task_tags", "taskTags")
+
+TODOS_DATA_PATH_KEYS: tuple[str, ...] = (
+    "route_project_path",
+    "routeProjectPath",
+    "project_path",
+    "projectPath",
+    "working_dir",
+    "workingDir",
+    "cwd",
+)
+TODOS_METADATA_PATH_KEYS: tuple[str, ...] = (
+    "working_dir",
+    "workingDir",
+    "project_path",
+    "projectPath",
+    "project_canonical_path",
+    "cwd",
+)
+GENERIC_DATA_PATH_KEYS: tuple[str, ...] = (
+    "working_dir",
+    "workingDir",
+    "project_path",
+    "projectPath",
+    "cwd",
+    "repo_path",
+    "repoPath",
+)
+GENERIC_METADATA_PATH_KEYS: tuple[str, ...] = (
+    *GENERIC_DATA_PATH_KEYS,
+    "project_canonical_path",
+)
+PROJECT_GROUP_KEYS: tuple[str, ...] = (
+    "project_group",
+    "projectGroup",
+    "repo_group",
+    "repoGroup",
+    "workspace_group",
+    "workspaceGroup",
+)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    id: str
+    type: str
+    source: str
+    subject: str | None = None
+    time: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def string_field(value: object) -> str | None:
+    """``value`` trimmed when it is a non-blank string, else ``None``."""
+    if isinstance(value, str):
+        text = value.strip()
+        return text or None
+    return None
+
+
+def object_field(value: object) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def _required(obj: Mapping[str, Any], key: str, message: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError(message)
+    # Kept verbatim (not trimmed): ids feed idempotency keys, which must match what
+    # upstream derived for the same delivery.
+    return value
+
+
+def parse_envelope(obj: object) -> Envelope:
+    if not isinstance(obj, dict):
+        raise ValidationError(EVENT_NOT_OBJECT)
+    return Envelope(
+        id=_required(obj, "id", EVENT_ID_REQUIRED),
+        type=_required(obj, "type", EVENT_TYPE_REQUIRED),
+        source=_required(obj, "source", EVENT_SOURCE_REQUIRED),
+        subject=string_field(obj.get("subject")),
+        time=string_field(obj.get("time")),
+        data=object_field(obj.get("data")) or {},
+        metadata=object_field(obj.get("metadata")) or {},
+        raw=obj,
+    )
+
+
+def load_envelope(text: str) -> Envelope:
+    """Parse envelope JSON text; invalid JSON is a ``ValidationError`` like any bad input."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(EVENT_INVALID_JSON.format(error=exc)) from exc
+    return parse_envelope(obj)
+
+
+def _task_locations(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    payload = object_field(record.get("payload"))
+    candidates: list[object] = [
+        record,
+        record.get("task"),
+        payload,
+        payload.get("task") if payload is not None else None,
+    ]
+    return [c for c in candidates if isinstance(c, dict)]
+
+
+def task_field(record: object, *keys: str) -> str | None:
+    if not isinstance(record, dict):
+        return None
+    locations = _task_locations(record)
+    for key in keys:
+        for location in locations:
+            value = string_field(location.get(key))
+            if value is not None:
+                return value
+    return None
+
+
+def first_string(record: object, keys: Iterable[str]) -> str | None:
+    """First non-blank string among ``keys`` directly on ``record`` (no nesting)."""
+    if not isinstance(record, dict):
+        return None
+    for key in keys:
+        value = string_field(record.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+def _split_tags(value: object) -> list[str]:
+    if isinstance(value, str):
+        parts: Iterable[object] = value.split(",")
+    elif isinstance(value, list):
+        parts = value
+    else:
+        return []
+    return [tag for tag in (string_field(p) for p in parts) if tag is not None]
+
+
+def record_tags(record: object) -> list[str]:
+    if not isinstance(record, dict):
+        return []
+    tags: list[str] = []
+    for key in TAG_KEYS:
+        for tag in _split_tags(record.get(key)):
+            if tag not in tags:
+                tags.append(tag)
+    return tags
+
+
+def todos_project_path_hint(
+    data: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    *,
+    option: str | None,
+    cwd: str,
+) -> str:
+    """Un-normalized project path for a todos-task route (0.4.11/0.4.12 precedence).
+
+    Task fields first, then envelope metadata, then ``--project-path``, then ``cwd``.
+    """
+    return (
+        task_field(dict(data), *TODOS_DATA_PATH_KEYS)
+        or first_string(dict(metadata), TODOS_METADATA_PATH_KEYS)
+        or string_field(option)
+        or cwd
+    )
+
+
+def generic_project_path_hint(
+    data: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    *,
+    option: str | None,
+    cwd: str,
+) -> str:
+    """Un-normalized project path for a generic route: option, data, metadata, cwd."""
+    return (
+        string_field(option)
+        or first_string(dict(data), GENERIC_DATA_PATH_KEYS)
+        or first_string(dict(metadata), GENERIC_METADATA_PATH_KEYS)
+        or cwd
+    )
+
+
+def project_group_hint(
+    data: Mapping[str, Any], metadata: Mapping[str, Any], *, option: str | None
+) -> str | None:
+    """``--project-group`` (trimmed), else the first group field in data, then metadata."""
+    return (
+        string_field(option)
+        or task_field(dict(data), *PROJECT_GROUP_KEYS)
+        or first_string(dict(metadata), PROJECT_GROUP_KEYS)
+    )

@@ -1,0 +1,208 @@
+"""Auth-profile pool assignment (OpenLoops 0.4.12 reference §4).
+
+Contract:
+1. ``stable_index`` is 32-bit FNV-1a over the seed's UTF-16 code units, modulo ``size``;
+   it must equal upstream's JavaScript ``stableIndex`` for every string.
+2. Roles are assigned in the order worker, verifier, planner, triage, then any other
+   role in the order given; each role starts its walk at ``(hash + offset) mod n``
+   with offsets worker 0, verifier 1, planner 2, anything else 3.
+3. Each role gets the least-loaded member, preferring members no earlier role took;
+   ties resolve in walk order, so equal loads reproduce the render-time hash pick.
+4. Loads are a snapshot and are not incremented between roles.
+5. ``max_per_profile`` (an int > 0) defers the whole route when every member already
+   carries that many; ``None`` or 0 disables the guard.
+6. loopsweb extension: ``cooling`` members are removed before anything else; when every
+   member is cooling the route is deferred with reason code ``cooldown``. With nothing
+   cooling the result is exactly upstream's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from routing.domain import reasons
+
+FNV_OFFSET_BASIS = 2166136261
+FNV_PRIME = 16777619
+
+ROLE_ORDER: tuple[str, ...] = ("worker", "verifier", "planner", "triage")
+
+PROFILE_CAP_REASON = (
+    "per-profile active limit reached "
+    "(all {n} pool members >= {limit} running; min {min_load})"
+)
+COOLDOWN_REASON = "all {n} pool members cooling down"
+
+
+@dataclass(frozen=True)
+class PoolAssignment:
+    profiles: dict[str, str] = field(default_factory=dict)
+    deferred: bool = False
+    min_load: int = 0
+    reason: str | None = None
+    reason_code: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "profiles": dict(self.profiles),
+            "deferred": self.deferred,
+            "minLoad": self.min_load,
+        }
+        if self.reason is not None:
+            out["reason"] = self.reason
+        if self.reason_code is not None:
+            out["reasonCode"] = self.reason_code
+        return out
+
+
+def fnv1a_32(seed: str) -> int:
+    """32-bit FNV-1a over UTF-16 code units, as JavaScript's ``charCodeAt`` sees them."""
+    h = FNV_OFFSET_BASIS
+    # surrogatepass: a lone surrogate is one code unit in JS too, so hash it rather
+    # than failing on strings that came from loosely-encoded JSON.
+    data = seed.encode("utf-16-le", "surrogatepass")
+    for i in range(0, len(data), 2):
+        unit = data[i] | (data[i + 1] << 8)
+        h = ((h ^ unit) * FNV_PRIME) & 0xFFFFFFFF
+    return h
+
+
+def stable_index(seed: str, size: int) -> int:
+    if size <= 0:
+        raise ValueError("size must be positive")
+    return fnv1a_32(seed) % size
+
+
+def role_offset(role: str) -> int:
+    if role == "worker":
+        return 0
+    if role == "verifier":
+        return 1
+    if role == "planner":
+        return 2
+    return 3
+
+
+def order_roles(roles: Iterable[str]) -> list[str]:
+    given = list(roles)
+    ordered = [role for role in ROLE_ORDER if role in given]
+    for role in given:
+        if role not in ordered:
+            ordered.append(role)
+    return ordered
+
+
+def drop_blank(pool: Iterable[str]) -> list[str]:
+    # Upstream filters on ``entry.trim()`` but keeps the entry untrimmed; so do we,
+    # so a pool with stray spaces hashes to the same members as upstream.
+    return [entry for entry in pool if entry.strip()]
+
+
+def select_least_loaded(
+    pool: Sequence[str],
+    load_counts: Mapping[str, int],
+    anchor: int,
+    exclude: Collection[str],
+) -> str:
+    """Least-loaded member walking ``pool`` from ``anchor`` (reference §4.3).
+
+    A later member replaces the current best only when strictly better under
+    (not excluded before excluded, then lower load); missing loads count as 0.
+    """
+    size = len(pool)
+    if size == 0:
+        raise ValueError("pool must not be empty")
+    best: str | None = None
+    best_excluded = True
+    best_load = 0
+    for k in range(size):
+        profile = pool[(anchor + k) % size]
+        excluded = profile in exclude
+        load = load_counts.get(profile, 0)
+        if best is None:
+            best, best_excluded, best_load = profile, excluded, load
+            continue
+        if excluded == best_excluded:
+            better = load < best_load
+        else:
+            better = not excluded and best_excluded
+        if better:
+            best, best_excluded, best_load = profile, excluded, load
+    assert best is not None
+    return best
+
+
+def _guard_limit(max_per_profile: int | None) -> int | None:
+    # Upstream guards on "a number > 0"; None and 0 both mean "spread only, never defer".
+    if isinstance(max_per_profile, bool) or not isinstance(max_per_profile, int):
+        return None
+    return max_per_profile if max_per_profile > 0 else None
+
+
+def assign_pool_auth_profiles(
+    pool: Sequence[str],
+    load_counts: Mapping[str, int],
+    seed: str,
+    roles: Iterable[str],
+    max_per_profile: int | None = None,
+    *,
+    cooling: Collection[str] = (),
+) -> PoolAssignment:
+    """Choose one profile per role from ``pool`` (reference §4.4 plus cooldown).
+
+    1. Drop blank entries; an empty pool assigns nothing and does not defer.
+    2. Remove cooling members; if that empties the pool, defer with ``cooldown``.
+    3. ``min_load`` is the minimum load over the remaining members.
+    4. Guard: defer with ``profile_cap`` when ``max_per_profile > 0`` and
+       ``min_load >= max_per_profile``.
+    5. Otherwise assign roles in ``order_roles`` order, each excluding earlier picks.
+    """
+    members = drop_blank(pool)
+    if not members:
+        return PoolAssignment()
+
+    if cooling:
+        candidates = [entry for entry in members if entry not in cooling]
+        if not candidates:
+            return PoolAssignment(
+                deferred=True,
+                min_load=min(load_counts.get(entry, 0) for entry in members),
+                reason=COOLDOWN_REASON.format(n=len(members)),
+                reason_code=reasons.COOLDOWN,
+            )
+        members = candidates
+
+    min_load = min(load_counts.get(entry, 0) for entry in members)
+    limit = _guard_limit(max_per_profile)
+    if limit is not None and min_load >= limit:
+        return PoolAssignment(
+            deferred=True,
+            min_load=min_load,
+            reason=PROFILE_CAP_REASON.format(
+                n=len(members), limit=limit, min_load=min_load
+            ),
+            reason_code=reasons.PROFILE_CAP,
+        )
+
+    worker_index = stable_index(seed, len(members))
+    profiles: dict[str, str] = {}
+    taken: set[str] = set()
+    for role in order_roles(roles):
+        anchor = (worker_index + role_offset(role)) % len(members)
+        profile = select_least_loaded(members, load_counts, anchor, taken)
+        profiles[role] = profile
+        taken.add(profile)
+    return PoolAssignment(profiles=profiles, deferred=False, min_load=min_load)
+
+
+def render_time_profile(pool: Sequence[str], seed: str, role: str) -> str | None:
+    """The deterministic hash pick used when rendering a template (no load data)."""
+    members = drop_blank(pool)
+    if not members:
+        return None
+    worker_index = stable_index(seed, len(members))
+    if len(members) == 1:
+        return members[0]
+    return members[(worker_index + role_offset(role)) % len(members)]

@@ -1,0 +1,24 @@
+"""Stable reason codes for deferrals.
+
+Contract: every deferral stores one of these codes next to the upstream-style human
+reason (DESIGN.md rule 5). Codes are persisted and used as filter values on the ops
+pages, so they never change once released; add new codes instead.
+"""
+
+from __future__ import annotations
+
+ROUTE_CAP = "route_cap"
+PROJECT_CAP = "project_cap"
+GROUP_CAP = "group_cap"
+PROFILE_CAP = "profile_cap"
+COOLDOWN = "cooldown"
+
+ALL: tuple[str, ...] = (ROUTE_CAP, PROJECT_CAP, GROUP_CAP, PROFILE_CAP, COOLDOWN)
+
+LABELS: dict[str, str] = {
+    ROUTE_CAP: "Route scope limit (--max-active)",
+    PROJECT_CAP: "Project limit (--max-active-per-project)",
+    GROUP_CAP: "Project group limit (--max-active-per-project-group)",
+    PROFILE_CAP: "All pool accounts at capacity (--max-per-profile)",
+    COOLDOWN: "All pool accounts cooling down",
+}
