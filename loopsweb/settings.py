@@ -244,3 +244,64 @@ LOGGING = {
 # Upstream index names (e.g. idx_workflow_work_items_status_next) exceed Django's 30-character
 # portability limit, which exists for Oracle; SQLite and PostgreSQL (63) accept them.
 SILENCED_SYSTEM_CHECKS = ["models.E034"]
+
+# Largest event envelope (or request body) accepted, in bytes.
+LOOPSWEB_MAX_EVENT_BYTES = env_int(
+    "LOOPSWEB_MAX_EVENT_BYTES", 1024 * 1024, minimum=1024
+)
+
+# --- runner ---
+# The workflow runner (ledger.runner) and its provider adapters (ledger.providers). Every value
+# is read at call time through django.conf.settings, so tests may override them.
+
+# Agent binaries, one per provider: a name looked up on PATH or an absolute path.
+_PROVIDER_BINARY_DEFAULTS = {
+    "codewith": "codewith",
+    "claude": "claude",
+    "codex": "codex",
+    "cursor": "cursor-agent",
+    "opencode": "opencode",
+    "aicopilot": "aicopilot",
+}
+LOOPSWEB_PROVIDER_BINARIES = {
+    provider: env_str(f"LOOPSWEB_{provider.upper()}_BIN") or default
+    for provider, default in _PROVIDER_BINARY_DEFAULTS.items()
+}
+
+
+def _exit_codes(name: str) -> frozenset[int]:
+    codes = set()
+    for part in env_list(name, []):
+        try:
+            codes.add(int(part))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name} must be a comma list of integers, got {part!r}"
+            ) from None
+    return frozenset(codes)
+
+
+# Exit codes that mean "rate limited" for a provider (besides 429 / rate-limit output).
+LOOPSWEB_RATE_LIMIT_EXIT_CODES = {
+    provider: _exit_codes(f"LOOPSWEB_{provider.upper()}_RATE_LIMIT_EXIT_CODES")
+    for provider in _PROVIDER_BINARY_DEFAULTS
+}
+# A running run's lease; the runner renews it about three times per lease while it lives.
+# Recovery fails runs whose lease expired, so this bounds how long a crashed worker pins an
+# account and a cap slot.
+LOOPSWEB_RUN_LEASE_SECONDS = env_int("LOOPSWEB_RUN_LEASE_SECONDS", 120, minimum=1)
+# Bytes of stdout and of stderr kept per step (the tail; older output is dropped).
+LOOPSWEB_OUTPUT_TAIL_BYTES = env_int("LOOPSWEB_OUTPUT_TAIL_BYTES", 65536, minimum=1024)
+# Cooldown after a rate limit that names no reset time: base × 2^(reports−1), capped.
+LOOPSWEB_COOLDOWN_BASE_SECONDS = env_int(
+    "LOOPSWEB_COOLDOWN_BASE_SECONDS", 60, minimum=1
+)
+LOOPSWEB_COOLDOWN_CAP_SECONDS = env_int(
+    "LOOPSWEB_COOLDOWN_CAP_SECONDS", 3600, minimum=1
+)
+# How often a run waiting for its step's account (at cap or cooling) checks again.
+LOOPSWEB_STEP_START_POLL_SECONDS = env_int(
+    "LOOPSWEB_STEP_START_POLL_SECONDS", 5, minimum=1
+)
+# Seconds between SIGTERM and SIGKILL when a step's process group is stopped.
+LOOPSWEB_KILL_GRACE_SECONDS = env_int("LOOPSWEB_KILL_GRACE_SECONDS", 5, minimum=0)

@@ -1,0 +1,116 @@
+"""Command-line options shared by `route_event`, `drain` and `schedule_drain`.
+
+Limits are parsed as text and validated by `routing.services.route_options`, so every
+entry point (argv, schedules, the API) reports bad values with the same upstream message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import CommandError
+
+from routing.domain.errors import ValidationError
+from routing.services import OPTION_NAMES, RouteOptions, route_options
+
+KINDS = ("todos-task", "generic")
+
+
+def add_route_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
+        "--template",
+        help="todos-task-worker-verifier (default) or task-lifecycle; generic: event-worker-verifier",
+    )
+    add(
+        "--provider",
+        help="agent provider (default codewith; pool routing needs codewith)",
+    )
+    add("--auth-profile", help="the account for every role when no pool or pin applies")
+    add(
+        "--auth-profile-pool",
+        help="comma-separated account pool (least-loaded per role)",
+    )
+    for role in ("triage", "planner", "worker", "verifier"):
+        add(
+            f"--{role}-auth-profile",
+            help=f"pin the {role} role to one account (disables pool routing)",
+        )
+    add("--max-active", help="cap on active items in this route scope")
+    add(
+        "--max-active-scope",
+        help="scope key for --max-active (default: $LOOPS_LOOP_NAME, else the route key)",
+    )
+    add(
+        "--max-active-per-project",
+        help="cap on active items per project, across routes",
+    )
+    add(
+        "--max-active-per-project-group",
+        help="cap on active items per project group, across routes",
+    )
+    add("--project-group", help="project group of the routed work")
+    add("--project-path", help="project path when the event names none")
+    add(
+        "--max-per-profile",
+        help="defer when every pool account carries this many steps (default 2; 0 disables)",
+    )
+    add("--name-prefix", help="prefix of generated workflow and loop names")
+    add("--dry-run", action="store_true", help="decide and report, write nothing")
+    add("--json", action="store_true", help="print one JSON object")
+
+
+def options_from_argparse(options: dict[str, Any]) -> RouteOptions:
+    raw = {
+        name: options.get(name)
+        for name in OPTION_NAMES
+        if options.get(name) is not None
+    }
+    raw["dry_run"] = bool(options.get("dry_run"))
+    try:
+        return route_options(raw)
+    except ValidationError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def read_limited(stream: Any, limit: int, what: str) -> str:
+    """Read at most `limit` bytes; more is an error (nothing is half-read into the ledger)."""
+    data = stream.read(limit + 1)
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    if len(data) > limit:
+        raise CommandError(
+            f"{what} is larger than {limit} bytes (LOOPSWEB_MAX_EVENT_BYTES)"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CommandError(f"{what} is not valid UTF-8") from None
+
+
+def read_event_text(
+    *, event_file: str | None, event_json: str | None, stdin: Any = None
+) -> str:
+    limit = settings.LOOPSWEB_MAX_EVENT_BYTES
+    if event_json is not None:
+        if len(event_json.encode("utf-8", "surrogateescape")) > limit:
+            raise CommandError(
+                f"--event-json is larger than {limit} bytes (LOOPSWEB_MAX_EVENT_BYTES)"
+            )
+        return event_json
+    if event_file and event_file != "-":
+        try:
+            with open(event_file, "rb") as handle:
+                return read_limited(handle, limit, event_file)
+        except OSError as exc:
+            raise CommandError(
+                f"cannot read --event-file {event_file}: {exc.strerror}"
+            ) from None
+    if not event_file and os.environ.get("HASNA_EVENT_JSON"):
+        return os.environ["HASNA_EVENT_JSON"]
+    stream = stdin if stdin is not None else sys.stdin
+    return read_limited(getattr(stream, "buffer", stream), limit, "stdin")

@@ -1,0 +1,88 @@
+"""One racing router process (run by test_admission_race): routes events and churns.
+
+Usage: python -m tests.routing.race_worker WORKER_ID ROUTES SEED
+Prints one JSON line: {"created": n, "throttled": n, "violations": [...]}.
+
+After each admission it reads the active counts without any lock: a count above its cap,
+seen at any moment, proves an over-admission.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopsweb.settings")
+django.setup()
+
+from ledger.models import WorkflowRun, WorkflowStepRun, WorkflowWorkItem  # noqa: E402
+from ledger.selectors import account_load, active_counts  # noqa: E402
+from routing.services import route_event, route_options  # noqa: E402
+
+CAPS = {
+    "max_active": 5,
+    "max_active_scope": "race",
+    "max_active_per_project": 3,
+    "max_active_per_project_group": 4,
+    "auth_profile_pool": "acctA,acctB,acctC",
+    "max_per_profile": 2,
+}
+PROJECTS = [("/race/p1", "g"), ("/race/p2", "g"), ("/race/p3", None)]
+
+
+def check() -> list[str]:
+    found = []
+    for project, group in PROJECTS:
+        counts = active_counts(scope="race", project_key=project, project_group=group)
+        if counts.scope > CAPS["max_active"]:
+            found.append(f"scope {counts.scope}")
+        if counts.project > CAPS["max_active_per_project"]:
+            found.append(f"project {project} {counts.project}")
+        if group and (counts.project_group or 0) > CAPS["max_active_per_project_group"]:
+            found.append(f"group {counts.project_group}")
+    for account, load in account_load().total().items():
+        if load > CAPS["max_per_profile"]:
+            found.append(f"account {account} {load}")
+    return found
+
+
+def finish_one(rng: random.Random, mine: list[str]) -> None:
+    if not mine:
+        return
+    item_id = mine.pop(rng.randrange(len(mine)))
+    item = WorkflowWorkItem.objects.get(pk=item_id)
+    WorkflowStepRun.objects.filter(workflow_run_id=item.workflow_run_id).update(
+        status="succeeded"
+    )
+    WorkflowRun.objects.filter(pk=item.workflow_run_id).update(status="succeeded")
+    WorkflowWorkItem.objects.filter(pk=item_id).update(status="succeeded")
+
+
+def main() -> None:
+    worker, routes, seed = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    rng = random.Random(seed * 1000 + worker)
+    options = route_options(CAPS)
+    tally = {"created": 0, "throttled": 0, "violations": []}
+    mine: list[str] = []
+    for n in range(routes):
+        project, group = rng.choice(PROJECTS)
+        data = {"project_path": project, "message": "race"}
+        if group:
+            data["project_group"] = group
+        event = {"id": f"w{worker}-{n}", "type": "race", "source": "race", "data": data}
+        result = route_event(kind="generic", envelope=event, options=options, env={})
+        tally[result.kind] = tally.get(result.kind, 0) + 1
+        if result.kind == "created":
+            mine.append(result.work_item.id)
+            tally["violations"] += check()
+        if rng.random() < 0.4:
+            finish_one(rng, mine)
+    print(json.dumps(tally))
+
+
+if __name__ == "__main__":
+    main()
