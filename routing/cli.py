@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import CommandError
 
-from routing.domain.errors import ValidationError
+from routing.domain.errors import ROUTE_KIND_INVALID, ValidationError
 from routing.services import OPTION_NAMES, RouteOptions, route_options
 
 KINDS = ("todos-task", "generic")
@@ -62,6 +62,56 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
     add("--name-prefix", help="prefix of generated workflow and loop names")
     add("--dry-run", action="store_true", help="decide and report, write nothing")
     add("--json", action="store_true", help="print one JSON object")
+
+
+def add_drain_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--max-dispatch", help="stop after this many created admissions (default 1)")
+    add("--limit", help="most candidates considered (default 50)")
+    add(
+        "--scan-limit",
+        help="most source rows read (default: limit, or max(limit, 500) with filters/inbox)",
+    )
+    add("--tags", help="comma list: only candidates carrying all these tags")
+    add(
+        "--project-path-prefix",
+        help="only candidates whose project is this path or under it",
+    )
+    add("--source", help="inbox (default) or command")
+    add(
+        "--source-command",
+        help="argv printing a JSON array of tasks (`todos --json ready` shape)",
+    )
+    add(
+        "--source-timeout",
+        help="seconds before the source command is killed (default 60)",
+    )
+    add("--evidence-dir", help="also write the full report as a private JSON file here")
+    add("--compact", action="store_true", help="compact per-item results")
+    add(
+        "--record-dry-run",
+        action="store_true",
+        help="store a drain record even for --dry-run",
+    )
+
+
+def drain_options_from_argparse(
+    kind: str, options: dict[str, Any], *, name: str | None = None
+) -> Any:
+    from routing.drains import DRAIN_OPTION_NAMES, drain_options
+
+    if kind not in KINDS:
+        raise CommandError(ROUTE_KIND_INVALID)
+    raw = {
+        k: options.get(k)
+        for k in (*OPTION_NAMES, *DRAIN_OPTION_NAMES)
+        if options.get(k) not in (None, False)
+    }
+    raw["dry_run"] = bool(options.get("dry_run"))
+    try:
+        return drain_options(kind, raw, name=name)
+    except ValidationError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def options_from_argparse(options: dict[str, Any]) -> RouteOptions:

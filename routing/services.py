@@ -671,7 +671,7 @@ def _spec_reuse_or_create(plan: RoutePlan, body: dict[str, Any]) -> WorkflowSpec
     )
 
 
-def _pool_assignment(
+def pool_assignment_now(
     plan: RoutePlan, now: datetime
 ) -> tuple[PoolAssignment, dict[str, datetime]]:
     cooling = cooling_accounts(now=now)
@@ -739,7 +739,7 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
     assignment: PoolAssignment | None = None
     pool_seen: dict[str, Any] = {}
     if plan.pool_active and (decision is None or decision.allowed):
-        assignment, members_cooling = _pool_assignment(plan, now)
+        assignment, members_cooling = pool_assignment_now(plan, now)
         load = account_load()
         pool_seen = {
             "accounts": {

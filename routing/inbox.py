@@ -1,0 +1,160 @@
+"""The event inbox: delivered envelopes, stored idempotently on (source, id).
+
+`inbox_ingest` is the one write path (the `ingest_events` command and the HTTP API):
+1. Every envelope is validated first; an invalid one is reported with its position.
+2. With `all_or_nothing` (the default), any invalid envelope means nothing is stored.
+3. Valid envelopes are inserted unless (source, id) already exists: a duplicate delivery,
+   within the batch or across batches, changes nothing and is reported as duplicate.
+4. The whole batch is one transaction; on PostgreSQL an advisory lock serialises ingests so
+   "new" and "duplicate" are exact even when two producers deliver the same event at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection, transaction
+
+from routing.domain.errors import ApplicationError
+from routing.domain.events import (
+    Envelope,
+    parse_envelope,
+    string_field,
+    todos_project_path_hint,
+)
+from routing.lock import ADVISORY_NAMESPACE
+from routing.models import InboxEvent
+
+INGEST_LOCK_KEY = 2
+CHUNK = 1000
+
+
+@dataclass
+class IngestReport:
+    new: list[dict[str, str]] = field(default_factory=list)
+    duplicate: list[dict[str, str]] = field(default_factory=list)
+    invalid: list[dict[str, Any]] = field(default_factory=list)
+    stored: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "new": len(self.new),
+            "duplicate": len(self.duplicate),
+            "invalid": len(self.invalid),
+            "stored": self.stored,
+            "newEvents": self.new,
+            "duplicateEvents": self.duplicate,
+            "invalidEvents": self.invalid,
+        }
+
+
+class IngestRejected(ApplicationError):
+    def __init__(self, report: IngestReport) -> None:
+        first = report.invalid[0]
+        super().__init__(
+            f"{len(report.invalid)} invalid envelope(s); first at {first['at']}: {first['error']}"
+        )
+        self.report = report
+
+
+def project_hint(envelope: Envelope) -> str | None:
+    """The project an envelope names, un-normalised: the round-robin key of fair drains."""
+    return string_field(
+        todos_project_path_hint(envelope.data, envelope.metadata, option=None, cwd="")
+    )
+
+
+def _row(envelope: Envelope) -> InboxEvent:
+    return InboxEvent(
+        source=envelope.source,
+        event_id=envelope.id,
+        event_type=envelope.type,
+        subject=envelope.subject,
+        event_time=envelope.time,
+        data=envelope.data,
+        metadata=envelope.metadata,
+        project_hint=project_hint(envelope),
+    )
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def inbox_ingest(
+    items: Iterable[tuple[Any, object]],
+    *,
+    all_or_nothing: bool = True,
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> IngestReport:
+    """Store (position, envelope-object) pairs. Raises IngestRejected in all-or-nothing mode
+    when any envelope is invalid (nothing stored); dry runs validate and classify only."""
+    report = IngestReport()
+    seen = 0
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(%s, %s)",
+                    [ADVISORY_NAMESPACE, INGEST_LOCK_KEY],
+                )
+        batch_keys: set[tuple[str, str]] = set()
+        for chunk in _chunks(items, CHUNK):
+            valid: list[Envelope] = []
+            for position, obj in chunk:
+                try:
+                    if isinstance(
+                        obj, ApplicationError
+                    ):  # the reader already found it invalid
+                        raise obj
+                    valid.append(parse_envelope(obj))
+                except ApplicationError as exc:
+                    report.invalid.append({"at": position, "error": str(exc)})
+            existing = _existing_keys(valid)
+            rows = []
+            for envelope in valid:
+                key = (envelope.source, envelope.id)
+                ref = {"source": envelope.source, "id": envelope.id}
+                if key in existing or key in batch_keys:
+                    report.duplicate.append(ref)
+                    continue
+                batch_keys.add(key)
+                report.new.append(ref)
+                rows.append(_row(envelope))
+            if rows and not dry_run and not (all_or_nothing and report.invalid):
+                InboxEvent.objects.bulk_create(rows)
+            seen += len(chunk)
+            if progress:
+                progress(seen)
+        if all_or_nothing and report.invalid:
+            report.stored = False
+            transaction.set_rollback(True)
+            raise IngestRejected(report)
+        if dry_run:
+            report.stored = False
+            transaction.set_rollback(True)
+    return report
+
+
+def _existing_keys(envelopes: list[Envelope]) -> set[tuple[str, str]]:
+    by_source: dict[str, list[str]] = {}
+    for envelope in envelopes:
+        by_source.setdefault(envelope.source, []).append(envelope.id)
+    found: set[tuple[str, str]] = set()
+    for source, ids in by_source.items():
+        found.update(
+            InboxEvent.objects.filter(source=source, event_id__in=ids).values_list(
+                "source", "event_id"
+            )
+        )
+    return found

@@ -1,0 +1,60 @@
+"""Drain open work through admission (upstream `loops routes drain todos-task`, plus generic).
+
+Exit status 1 when any item hit a non-skippable error (`fatal > 0`), as upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from routing.cli import (
+    KINDS,
+    add_drain_arguments,
+    add_route_arguments,
+    drain_options_from_argparse,
+)
+from routing.drains import drain_run
+
+
+class Command(BaseCommand):
+    help = "Route open inbox events (or a source command's tasks) through admission."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("kind", help=f"route kind: {' or '.join(KINDS)}")
+        add_route_arguments(parser)
+        add_drain_arguments(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        drain = drain_options_from_argparse(options["kind"], options)
+        tty = sys.stderr.isatty()
+
+        def progress(report: Any) -> None:
+            if tty:
+                c = report.counts
+                self.stderr.write(
+                    f"\rconsidered={c['considered']} created={c['created']}", ending=""
+                )
+
+        report = drain_run(options=drain, progress=progress)
+        if tty:
+            self.stderr.write("")
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    report.to_dict(compact=drain.compact), sort_keys=True, default=str
+                )
+            )
+        else:
+            self.stdout.write(report.human())
+            if report.evidence_path:
+                self.stdout.write(f"evidence: {report.evidence_path}")
+        if report.error:
+            raise CommandError(f"drain failed: {report.error}")
+        if report.fatal:
+            raise CommandError(
+                f"route drain hit {report.fatal} non-skippable task error(s); see evidence file"
+            )

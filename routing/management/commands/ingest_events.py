@@ -1,0 +1,152 @@
+"""Load Hasna event envelopes into the inbox, in bulk and idempotently.
+
+FILE is JSON (one envelope or an array) or JSON Lines, or - for stdin. Every envelope is
+validated first; by default one invalid envelope means nothing is stored and the command
+exits 1 listing the bad lines. `--skip-invalid` stores the valid ones and reports the rest.
+A delivery already in the inbox (same source and id) is counted as duplicate, never stored
+twice.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import sys
+from collections.abc import Iterator
+from typing import IO, Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from routing.domain.errors import ValidationError
+from routing.inbox import IngestRejected, IngestReport, inbox_ingest
+
+PROGRESS_EVERY = 10_000
+
+
+class Command(BaseCommand):
+    help = "Load event envelopes (JSON or JSON Lines) into the inbox."
+    stealth_options = ("stdin",)
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("file", help="JSON or JSON Lines file, or - for stdin")
+        parser.add_argument(
+            "--skip-invalid",
+            action="store_true",
+            help="store valid envelopes, report the rest",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="validate and classify, store nothing",
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="print the summary as JSON"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        path = options["file"]
+        try:
+            stream: IO[bytes] = (
+                getattr(
+                    options.get("stdin") or sys.stdin,
+                    "buffer",
+                    options.get("stdin") or sys.stdin,
+                )
+                if path == "-"
+                else open(path, "rb")
+            )
+        except OSError as exc:
+            raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+        try:
+            items = self._envelopes(stream)
+            try:
+                report = inbox_ingest(
+                    items,
+                    all_or_nothing=not options["skip_invalid"],
+                    dry_run=options["dry_run"],
+                    progress=self._progress,
+                )
+            except IngestRejected as rejected:
+                self._summary(rejected.report, options)
+                raise CommandError(
+                    f"{rejected}; nothing stored (use --skip-invalid to store the valid ones)"
+                ) from None
+        finally:
+            if stream is not sys.stdin and path != "-":
+                stream.close()
+        self._summary(report, options)
+
+    def _progress(self, seen: int) -> None:
+        if seen >= PROGRESS_EVERY and seen % PROGRESS_EVERY < 1000:
+            self.stderr.write(f"ingest_events: {seen} envelopes read…")
+
+    def _summary(self, report: IngestReport, options: dict[str, Any]) -> None:
+        if options["json"]:
+            self.stdout.write(json.dumps(report.to_dict()))
+            return
+        verb = (
+            "would store"
+            if options["dry_run"]
+            else ("stored" if report.stored else "stored nothing")
+        )
+        self.stdout.write(
+            f"ingest_events: new={len(report.new)} duplicate={len(report.duplicate)} "
+            f"invalid={len(report.invalid)} ({verb})"
+        )
+        for bad in report.invalid[:50]:
+            self.stdout.write(f"  invalid {bad['at']}: {bad['error']}")
+        if len(report.invalid) > 50:
+            self.stdout.write(f"  … and {len(report.invalid) - 50} more")
+
+    def _envelopes(self, stream: Any) -> Iterator[tuple[str, object]]:
+        """(position, parsed JSON or a ValidationError) for each envelope in the stream."""
+        limit = settings.LOOPSWEB_MAX_EVENT_BYTES
+        head = stream.read(limit + 1)
+        if head.lstrip()[:1] == b"[":
+            body = head + stream.read(settings.LOOPSWEB_MAX_INGEST_BYTES)
+            if len(body) > settings.LOOPSWEB_MAX_INGEST_BYTES:
+                raise CommandError(
+                    f"JSON array is larger than {settings.LOOPSWEB_MAX_INGEST_BYTES} bytes; use JSON Lines"
+                )
+            try:
+                values = json.loads(body)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise CommandError(f"file is not valid JSON: {exc}") from None
+            for index, value in enumerate(values, start=1):
+                yield f"item {index}", value
+            return
+        if len(head) <= limit:
+            # Small input: one (possibly pretty-printed) envelope, or a few JSON lines.
+            try:
+                whole = json.loads(head)
+            except (ValueError, UnicodeDecodeError):
+                whole = None
+            if isinstance(whole, dict):
+                yield "item 1", whole
+                return
+        lines = itertools.chain(io.BytesIO(head), stream)
+        pending = b""
+        number = 0
+        for raw in lines:
+            # BytesIO(head) may end mid-line: join it with the stream's first line.
+            if not raw.endswith(b"\n"):
+                pending += raw
+                continue
+            line, pending = pending + raw, b""
+            number += 1
+            if line.strip():
+                yield self._line(number, line, limit)
+        if pending.strip():
+            yield self._line(number + 1, pending, limit)
+
+    @staticmethod
+    def _line(number: int, line: bytes, limit: int) -> tuple[str, object]:
+        where = f"line {number}"
+        if len(line) > limit:
+            return where, ValidationError(f"envelope is larger than {limit} bytes")
+        try:
+            return where, json.loads(line)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return where, ValidationError(f"invalid JSON: {exc}")

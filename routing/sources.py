@@ -1,0 +1,174 @@
+"""Where drains find work: the inbox, or an external command that prints tasks.
+
+Both yield `Candidate`s: an envelope to route plus what fair dispatch and filters need.
+The inbox is read with an iterator and only light tuples are kept, so a drain scanning a
+large inbox keeps a small, bounded memory footprint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from routing.domain.errors import ApplicationError, ValidationError
+from routing.domain.events import (
+    Envelope,
+    parse_envelope,
+    record_tags,
+    todos_project_path_hint,
+)
+from routing.domain.keys import TODOS_TASK
+from routing.models import OPEN_INBOX_STATES, InboxEvent
+
+TODOS_EVENT_PREFIX = "task."
+COMMAND_SOURCE = "command"
+INBOX_SOURCE = "inbox"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    envelope: Envelope
+    project: str  # round-robin key ("" when the event names no project)
+    tags: tuple[str, ...]
+    inbox_id: str | None = None
+
+
+def _inbox_queryset(route_key: str) -> Any:
+    rows = InboxEvent.objects.filter(state__in=OPEN_INBOX_STATES)
+    # todos-task drains take task events; generic drains take every other event type.
+    if route_key == TODOS_TASK:
+        rows = rows.filter(event_type__startswith=TODOS_EVENT_PREFIX)
+    else:
+        rows = rows.exclude(event_type__startswith=TODOS_EVENT_PREFIX)
+    return rows.order_by("received_at", "id")
+
+
+def scan_inbox(*, route_key: str, scan_limit: int) -> Iterator[Candidate]:
+    """Open inbox events (pending or deferred), oldest first, at most scan_limit of them.
+
+    Served by the partial index idx_inbox_open_received.
+    """
+    rows = _inbox_queryset(route_key)[:scan_limit]
+    for row in rows.iterator(chunk_size=2000):
+        envelope = Envelope(
+            id=row.event_id,
+            type=row.event_type,
+            source=row.source,
+            subject=row.subject,
+            time=row.event_time,
+            data=row.data,
+            metadata=row.metadata,
+            raw=row.envelope(),
+        )
+        yield Candidate(
+            envelope=envelope,
+            project=row.project_hint or "",
+            tags=tuple(record_tags(row.data)),
+            inbox_id=row.id,
+        )
+
+
+class SourceCommandError(ApplicationError):
+    pass
+
+
+def run_source_command(
+    command: str | Sequence[str],
+    *,
+    timeout: float,
+    max_bytes: int,
+    cwd: str | None = None,
+) -> list[Any]:
+    """Run the operator's source command as argv (no shell) and parse its JSON array.
+
+    The command comes from drain configuration, never from an event. Output beyond
+    max_bytes or a run beyond timeout kills the process group and fails the drain's scan.
+    """
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    if not argv:
+        raise ValidationError("--source-command is empty")
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise SourceCommandError(
+            f"source command failed to start: {argv[0]}: {exc.strerror}"
+        ) from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise SourceCommandError(
+            f"source command timed out after {timeout:g}s: {argv[0]}"
+        ) from None
+    if len(out) > max_bytes:
+        raise SourceCommandError(
+            f"source command printed more than {max_bytes} bytes: {argv[0]}"
+        )
+    if proc.returncode != 0:
+        tail = err.decode("utf-8", "replace").strip()[-300:]
+        raise SourceCommandError(
+            f"source command exited {proc.returncode}: {argv[0]}: {tail}"
+        )
+    try:
+        value = json.loads(out)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SourceCommandError(f"source command output is not JSON: {exc}") from None
+    if not isinstance(value, list):
+        raise SourceCommandError("source command must print a JSON array")
+    return value
+
+
+def task_envelope(task: Any) -> dict[str, Any]:
+    """Synthesize the drain event for a `todos --json ready` task (reference §5.2)."""
+    if not isinstance(task, dict):
+        raise ValidationError("source task must be a JSON object")
+    task_id = task.get("id") or task.get("task_id") or task.get("taskId")
+    if not isinstance(task_id, str) or not task_id.strip():
+        raise ValidationError("source task is missing its id")
+    return {
+        "id": f"drain-todos-task-{task_id}",
+        "type": "task.created",
+        "source": "@hasna/todos",
+        "subject": task_id,
+        "data": task,
+        "metadata": {"drained_by": "loopsweb", "drained_from": "todos ready"},
+    }
+
+
+def scan_command(
+    *, route_key: str, tasks: list[Any], scan_limit: int
+) -> Iterator[Candidate | ApplicationError]:
+    """Candidates from a source command's output: tasks for todos-task, envelopes otherwise.
+
+    A malformed entry is yielded as its error so the drain records it and continues.
+    """
+    for raw in tasks[:scan_limit]:
+        try:
+            envelope = parse_envelope(
+                task_envelope(raw) if route_key == TODOS_TASK else raw
+            )
+        except ApplicationError as exc:
+            yield exc
+            continue
+        project = todos_project_path_hint(
+            envelope.data, envelope.metadata, option=None, cwd=""
+        )
+        yield Candidate(
+            envelope=envelope,
+            project=project or "",
+            tags=tuple(record_tags(envelope.data)),
+        )
