@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("ops/", include("routing.ops_urls")),
+    path("api/v1/", include("routing.api_urls")),
+    path("", include("routing.metrics_urls")),
 ]
