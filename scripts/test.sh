@@ -7,17 +7,27 @@ PY=${PY:-.venv/bin/python}
 export PYTHONDONTWRITEBYTECODE=1
 
 work=$(mktemp -d /tmp/loopsweb-test.XXXXXX)
-cleanup() { [ -n "${started_pg:-}" ] && pg_stop; rm -rf "$work"; }
+pg_psql() { PGOPTIONS="-c client_min_messages=warning" "${PG_BIN:+$PG_BIN/}psql" -qX "${PG_TEST_URL%/*}/postgres" "$@"; }
+cleanup() {
+  [ -n "${pg_check_db:-}" ] && { pg_psql -c "DROP DATABASE IF EXISTS \"$pg_check_db\" WITH (FORCE)" || true; }
+  [ -n "${started_pg:-}" ] && pg_stop; rm -rf "$work"
+}
 trap cleanup EXIT
 
 run_suite() {  # $1 = label; the environment selects the database
   local rc=0
+  # Migration safety first (lock file, models, reversibility, additivity), with the plan on a
+  # scratch database of this backend: migrated, so the plan shows every migration applied.
+  echo "=== check_migrations on $1 ==="
+  LOOPSWEB_TESTING=1 DATABASE_URL="$CHECK_URL" "$PY" manage.py migrate --noinput -v0
+  LOOPSWEB_TESTING=1 DATABASE_URL="$CHECK_URL" "$PY" manage.py check_migrations
   echo "=== loopsweb test suite on $1 ==="
   "$PY" -m pytest -q "${@:2}" || rc=$?
   if [ "$rc" = 5 ]; then echo "no tests collected on $1" >&2; return 1; fi
   return "$rc"
 }
 
+CHECK_URL="sqlite:///$work/sqlite/check.sqlite3" \
 LOOPSWEB_DATA_DIR="$work/sqlite" DATABASE_URL="sqlite:///$work/sqlite/app.sqlite3" \
   SQLITE_TEST_NAME="$work/sqlite/test.sqlite3" run_suite SQLite "$@"
 
@@ -27,5 +37,9 @@ if [ -z "${PG_TEST_URL:-}" ]; then
   pg_start
   started_pg=1
 fi
+# check_migrations' scratch database: the test database's name + _check, on the same server.
+pg_check_db="$(basename "${PG_TEST_URL%%\?*}")_check"
+pg_psql -c "DROP DATABASE IF EXISTS \"$pg_check_db\" WITH (FORCE)" -c "CREATE DATABASE \"$pg_check_db\""
+CHECK_URL="${PG_TEST_URL%/*}/$pg_check_db" \
 LOOPSWEB_DATA_DIR="$work/pg" DATABASE_URL="$PG_TEST_URL" run_suite PostgreSQL "$@"
 echo "=== both suites passed (SQLite and PostgreSQL) ==="

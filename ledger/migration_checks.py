@@ -1,0 +1,757 @@
+"""Migration safety checks behind `manage.py check_migrations` and `manage.py lock_migrations`.
+
+loopsweb keeps upstream's 0.4.12 promise: a ledger upgrades in place, keeps its data, and stays
+usable by the previous release. These checks make the promise checkable in CI. Every finding
+names a file (a migration, the models module, or the lock file).
+
+Errors (the check fails):
+1. `released_edited` / `released_removed`: the lock file, `migrations.lock` at the repository
+   root, lists every released migration as `app/NNNN_name.py <sha256> [reason=TEXT]`. A
+   listed file must exist and still hash the same (SHA-256 of the file with CRLF read as LF).
+   A deployment that ran the old text would otherwise silently differ from a fresh one.
+2. `missing_migration`: the ledger/routing models have changes no migration describes (the
+   autodetector, as `makemigrations --check` runs it).
+3. `irreversible`: a ledger/routing migration has an operation that cannot be reversed
+   (RunPython without reverse_code, RunSQL without reverse_sql, or any operation whose
+   `reversible` is False, also inside SeparateDatabaseAndState), so `migrate ledger <earlier>`
+   would stop half-way.
+4. `non_additive`: every ledger/routing migration except the baseline, `ledger/0001_initial`
+   (the first release loopsweb upgrades from), must be additive, so that the previous release
+   keeps reading and writing a migrated database. An unreleased migration is measured against
+   the latest release (the state at every locked migration): for the tables and columns that
+   release knows, no RemoveField, DeleteModel, RenameField, RenameModel, AlterModelTable, no
+   AlterField that narrows (shorter max_length, NULL to NOT NULL, a type change other than a
+   widening, a renamed column, a new UNIQUE), no AddField NOT NULL without `db_default` (a
+   Python `default` is not enough: old code inserts rows without the column), no new
+   constraint; anywhere, no RunSQL that drops, renames, truncates, sets NOT NULL or changes a
+   column type, and no operation we cannot classify. Tables and columns only unreleased
+   migrations created may change freely. The exception is explicit: `lock_migrations --reason
+   app/name=WHY` releases a non-additive migration whose name contains `breaking` (see 5),
+   recording `reason=` in the lock file; it is then reported as a warning. Released migrations
+   were measured when they were locked and are frozen by their hash since.
+5. `unknown_applied`: the database has ledger/routing migrations applied that this code does
+   not have (a newer release migrated it). Their operations cannot be inspected from here.
+   Newer releases are held to rule 4, so an unknown migration is additive: it is reported as a
+   warning and accepted, the way upstream tolerates newer ledger rows. The one exception a
+   newer release can announce is in the name the database records: a migration named with
+   `breaking` (rule 4 forces that name on every reasoned non-additive migration) means this
+   code is too old for the database, and the check fails.
+Also errors: an unreadable lock file (`lock_file`), two leaf migrations in one app
+(`conflict`), a migration graph that does not load (`graph`), applied migrations whose
+dependencies are not applied (`inconsistent_history`), a database that cannot be read
+(`database`).
+
+Pending migrations are not an error: they are what the next `migrate` applies. The plan
+(applied and pending, per migration) is part of every report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from django.apps import apps as global_apps
+from django.conf import settings
+from django.db import DatabaseError, connections, models
+from django.db.migrations import operations as ops
+from django.db.migrations.autodetector import MigrationAutodetector
+from django.db.migrations.exceptions import InconsistentMigrationHistory
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.migration import Migration
+from django.db.migrations.operations.base import Operation
+from django.db.migrations.questioner import MigrationQuestioner
+from django.db.migrations.recorder import MigrationRecorder
+from django.db.migrations.state import ProjectState
+
+# The apps whose migrations we write and therefore hold to these rules.
+OUR_APPS: tuple[str, ...] = ("ledger", "routing")
+# The first release: its schema is what every later migration must stay compatible with.
+BASELINE: frozenset[tuple[str, str]] = frozenset({("ledger", "0001_initial")})
+# The name marker of a deliberately non-additive migration (rules 4 and 5).
+BREAKING_MARKER = re.compile(r"(^|_)breaking(_|$)")
+
+LOCK_LINE = re.compile(
+    r"^(?P<app>[a-z_][a-z0-9_]*)/(?P<name>\w+)\.py\s+(?P<sha>[0-9a-f]{64})"
+    r"(?:\s+reason=(?P<reason>\S.*?))?\s*$"
+)
+
+# Type changes that keep every value the old column could hold, and that old code can still
+# write (the new column accepts everything the old one did).
+WIDENINGS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("CharField", "TextField"),
+        ("SlugField", "CharField"),
+        ("SlugField", "TextField"),
+        ("EmailField", "CharField"),
+        ("EmailField", "TextField"),
+        ("URLField", "CharField"),
+        ("URLField", "TextField"),
+        ("SmallIntegerField", "IntegerField"),
+        ("SmallIntegerField", "BigIntegerField"),
+        ("IntegerField", "BigIntegerField"),
+        ("PositiveSmallIntegerField", "PositiveIntegerField"),
+        ("PositiveSmallIntegerField", "PositiveBigIntegerField"),
+        ("PositiveIntegerField", "PositiveBigIntegerField"),
+        ("PositiveSmallIntegerField", "IntegerField"),
+        ("PositiveSmallIntegerField", "BigIntegerField"),
+        ("PositiveIntegerField", "BigIntegerField"),
+        ("AutoField", "BigAutoField"),
+        ("SmallAutoField", "AutoField"),
+        ("SmallAutoField", "BigAutoField"),
+    }
+)
+# RunSQL statements that break code reading or writing the old schema.
+DESTRUCTIVE_SQL = re.compile(
+    r"\b(DROP|RENAME|TRUNCATE)\b|\bSET\s+NOT\s+NULL\b|\bALTER\s+COLUMN\s+\S+\s+(SET\s+DATA\s+)?TYPE\b",
+    re.IGNORECASE,
+)
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    file: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "file": self.file, "message": self.message}
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    app: str
+    name: str
+    applied: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"app": self.app, "name": self.name, "applied": self.applied}
+
+
+@dataclass
+class Report:
+    database: str
+    errors: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
+    plan: list[PlanEntry] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "database": self.database,
+            "errors": [f.to_dict() for f in self.errors],
+            "warnings": [f.to_dict() for f in self.warnings],
+            "plan": [p.to_dict() for p in self.plan],
+        }
+
+
+# --- the lock file --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    app: str
+    name: str
+    sha256: str
+    reason: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.app}/{self.name}.py"
+
+    def line(self) -> str:
+        tail = f" reason={self.reason}" if self.reason else ""
+        return f"{self.key} {self.sha256}{tail}"
+
+
+class LockFileError(ValueError):
+    pass
+
+
+def default_lock_path() -> Path:
+    return Path(settings.BASE_DIR) / "migrations.lock"
+
+
+def display_path(path: Path) -> str:
+    """The path relative to the repository root when it lies inside it (what people type)."""
+    try:
+        return str(path.resolve().relative_to(Path(settings.BASE_DIR).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def migration_sha256(path: Path) -> str:
+    # CRLF read as LF: a checkout with Windows line endings is the same release.
+    return hashlib.sha256(path.read_bytes().replace(b"\r\n", b"\n")).hexdigest()
+
+
+def read_lock(path: Path) -> list[LockEntry]:
+    """Entries of the lock file, in file order. Blank lines and `#` comments are skipped."""
+    entries: list[LockEntry] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = LOCK_LINE.match(line)
+        if not match:
+            raise LockFileError(
+                f"line {number}: expected `app/NNNN_name.py <sha256> [reason=TEXT]`, got {raw!r}"
+            )
+        entry = LockEntry(
+            match["app"], match["name"], match["sha"], match["reason"] or None
+        )
+        if entry.key in seen:
+            raise LockFileError(f"line {number}: {entry.key} is listed twice")
+        seen.add(entry.key)
+        entries.append(entry)
+    return entries
+
+
+def migrations_dir(app_label: str) -> Path | None:
+    """The directory of the app's migrations package (honours MIGRATION_MODULES)."""
+    module_name, _ = MigrationLoader.migrations_module(app_label)
+    if module_name is None:
+        return None
+    try:
+        module = import_module(module_name)
+    except ImportError:
+        return None
+    paths = list(getattr(module, "__path__", []))
+    return Path(paths[0]) if paths else None
+
+
+def migration_file(app_label: str, name: str) -> Path:
+    directory = migrations_dir(app_label)
+    if directory is None:
+        directory = Path(settings.BASE_DIR) / app_label / "migrations"
+    return directory / f"{name}.py"
+
+
+def _released_findings(entries: Iterable[LockEntry]) -> Iterator[Finding]:
+    for entry in entries:
+        path = migration_file(entry.app, entry.name)
+        shown = display_path(path)
+        if not path.is_file():
+            yield Finding(
+                "released_removed",
+                shown,
+                f"released migration {entry.key} is listed in the lock file but missing: "
+                "released migrations are never removed (restore it)",
+            )
+        elif (actual := migration_sha256(path)) != entry.sha256:
+            yield Finding(
+                "released_edited",
+                shown,
+                f"released migration {entry.key} was edited (sha256 {actual[:12]}…, "
+                f"locked {entry.sha256[:12]}…): restore it and put the change in a new migration",
+            )
+
+
+# --- operations -------------------------------------------------------------------------------
+
+
+def database_operations(operations: Iterable[Operation]) -> Iterator[Operation]:
+    """The operations that touch the database, looking inside SeparateDatabaseAndState."""
+    for op in operations:
+        if isinstance(op, ops.SeparateDatabaseAndState):
+            yield from database_operations(op.database_operations)
+        else:
+            yield op
+
+
+def irreversible_reason(op: Operation) -> str | None:
+    """Why `op` cannot be reversed, or None when it can."""
+    if isinstance(op, ops.RunPython) and op.reverse_code is None:
+        return "RunPython without reverse_code (use RunPython.noop when nothing needs undoing)"
+    if isinstance(op, ops.RunSQL) and op.reverse_sql is None:
+        return "RunSQL without reverse_sql"
+    if not op.reversible:
+        return f"{type(op).__name__} is not reversible"
+    return None
+
+
+def _sql_text(sql: Any) -> str:
+    if isinstance(sql, str):
+        return sql
+    if isinstance(sql, list | tuple):
+        parts = []
+        for item in sql:
+            # A list item may be a (sql, params) pair.
+            parts.append(item[0] if isinstance(item, list | tuple) else str(item))
+        return "\n".join(parts)
+    return str(sql)
+
+
+def _model_state(state: ProjectState, app_label: str, model_name: str) -> Any:
+    return state.models.get((app_label, model_name.lower()))
+
+
+def _field_narrowing(name: str, old: models.Field, new: models.Field) -> list[str]:
+    """What an AlterField from `old` to `new` takes away from code written for `old`."""
+    problems: list[str] = []
+    if old.db_column != new.db_column:
+        problems.append(
+            f"renames the column of {name} ({old.db_column or name} -> {new.db_column or name})"
+        )
+    if old.null and not new.null:
+        problems.append(f"makes {name} NOT NULL")
+    old_type, new_type = old.get_internal_type(), new.get_internal_type()
+    if old_type != new_type and (old_type, new_type) not in WIDENINGS:
+        problems.append(f"changes the type of {name} from {old_type} to {new_type}")
+    old_len, new_len = (
+        getattr(old, "max_length", None),
+        getattr(new, "max_length", None),
+    )
+    if old_len is not None and new_len is not None and new_len < old_len:
+        problems.append(f"shortens {name} from max_length {old_len} to {new_len}")
+    if old_len is None and new_len is not None and old_type == new_type:
+        problems.append(f"limits {name} to max_length {new_len}")
+    for attr in ("max_digits", "decimal_places"):
+        before, after = getattr(old, attr, None), getattr(new, attr, None)
+        if before is not None and after is not None and after < before:
+            problems.append(f"reduces {attr} of {name} from {before} to {after}")
+    if not (old.unique or old.primary_key) and new.unique and not new.primary_key:
+        problems.append(f"makes {name} unique (old code may write duplicates)")
+    if (
+        old.db_default is not models.NOT_PROVIDED
+        and new.db_default is models.NOT_PROVIDED
+        and not new.null
+    ):
+        problems.append(f"drops the database default of NOT NULL {name}")
+    return problems
+
+
+def non_additive_reasons(
+    op: Operation, app_label: str, released: ProjectState
+) -> list[str]:
+    """Why `op` would break the previous release on a migrated database ([] when additive).
+
+    `released` is the project state at the latest release (every locked migration): the
+    models and fields the previous release's code reads and writes. Tables and columns it does
+    not know (created by migrations not yet released) can change freely.
+    """
+
+    def known_model(name: str) -> Any:
+        return _model_state(released, app_label, name)
+
+    def known_field(model_name: str, field_name: str) -> models.Field | None:
+        model = known_model(model_name)
+        return model.fields.get(field_name) if model is not None else None
+
+    if isinstance(op, ops.CreateModel):
+        return []
+    if isinstance(op, ops.DeleteModel):
+        if known_model(op.name) is None:
+            return []
+        return [f"deletes model {op.name} (drops its table)"]
+    if isinstance(op, ops.RenameModel):
+        old = known_model(op.old_name)
+        if old is None or old.options.get("db_table"):
+            return []  # unknown to old code, or the table keeps its explicit name
+        return [f"renames model {op.old_name} to {op.new_name} (renames its table)"]
+    if isinstance(op, ops.AlterModelTable):
+        old = known_model(op.name)
+        if old is None or old.options.get("db_table") == op.table:
+            return []
+        return [f"renames the table of {op.name} to {op.table}"]
+    if isinstance(op, ops.RemoveField):
+        if known_field(op.model_name, op.name) is None:
+            return []
+        return [f"removes field {op.model_name}.{op.name} (drops its column)"]
+    if isinstance(op, ops.RenameField):
+        old_field = known_field(op.model_name, op.old_name)
+        if old_field is None or old_field.db_column:
+            return []  # unknown to old code, or the column keeps its explicit name
+        return [
+            f"renames field {op.model_name}.{op.old_name} to {op.new_name} (renames its column)"
+        ]
+    if isinstance(op, ops.AddField):
+        f = op.field
+        if (
+            known_model(op.model_name) is None
+            or f.many_to_many
+            or f.null
+            or f.db_default is not models.NOT_PROVIDED
+            or isinstance(f, models.GeneratedField)
+        ):
+            return []
+        return [
+            f"adds NOT NULL field {op.model_name}.{op.name} without db_default "
+            "(old code inserts rows without it; a Python default is not enough)"
+        ]
+    if isinstance(op, ops.AlterField):
+        old_field = known_field(op.model_name, op.name)
+        if old_field is None:
+            return []
+        return [
+            f"alters {op.model_name}.{op.name}: {p}"
+            for p in _field_narrowing(op.name, old_field, op.field)
+        ]
+    if isinstance(op, ops.AddConstraint):
+        if known_model(op.model_name) is None:
+            return []
+        return [
+            f"adds constraint {op.constraint.name} to existing {op.model_name} "
+            "(old code may write rows it refuses)"
+        ]
+    if isinstance(op, ops.AlterUniqueTogether):
+        old = known_model(op.name)
+        if old is None:
+            return []
+        before = {tuple(t) for t in old.options.get("unique_together", ())}
+        added = {tuple(t) for t in (op.unique_together or ())} - before
+        return (
+            [f"adds unique_together {sorted(added)} to existing {op.name}"]
+            if added
+            else []
+        )
+    if isinstance(op, ops.AlterOrderWithRespectTo):
+        if known_model(op.name) is None:
+            return []
+        return [f"adds or removes the _order column of {op.name}"]
+    if isinstance(op, ops.RunSQL):
+        match = DESTRUCTIVE_SQL.search(_sql_text(op.sql))
+        if match:
+            return [f"RunSQL contains {match.group(0).upper()!r}"]
+        return []
+    if isinstance(
+        op,
+        ops.AddIndex
+        | ops.RemoveIndex
+        | ops.RenameIndex
+        | ops.RemoveConstraint
+        | ops.AlterIndexTogether
+        | ops.AlterModelOptions
+        | ops.AlterModelManagers
+        | ops.AlterModelTableComment
+        | ops.RunPython,
+    ):
+        # Indexes and options do not change what old code reads or writes; RunPython changes
+        # data only, and its reversibility is checked separately.
+        return []
+    return [
+        f"{type(op).__name__} cannot be classified as additive "
+        "(release it with a reason if it is safe)"
+    ]
+
+
+def migration_non_additive_reasons(
+    migration: Migration, released: ProjectState
+) -> list[str]:
+    return [
+        reason
+        for op in database_operations(migration.operations)
+        for reason in non_additive_reasons(op, migration.app_label, released)
+    ]
+
+
+def released_state(loader: MigrationLoader, locked: Iterable[str]) -> ProjectState:
+    """The project state at the latest release: the baseline plus every locked migration."""
+    nodes = set(BASELINE)
+    for key in locked:
+        app_label, _, rest = key.partition("/")
+        nodes.add((app_label, rest.removesuffix(".py")))
+    return loader.project_state(sorted(n for n in nodes if n in loader.graph.nodes))
+
+
+def has_breaking_marker(name: str) -> bool:
+    return bool(BREAKING_MARKER.search(name))
+
+
+# --- the checks -------------------------------------------------------------------------------
+
+
+def _migration_path(migration: Migration) -> str:
+    try:
+        return display_path(Path(inspect.getfile(type(migration))))
+    except (TypeError, OSError):
+        return f"{migration.app_label}/migrations/{migration.name}.py"
+
+
+def _models_path(app_label: str) -> str:
+    module = global_apps.get_app_config(app_label).models_module
+    if module is not None and getattr(module, "__file__", None):
+        return display_path(Path(module.__file__))
+    return f"{app_label}/models.py"
+
+
+def _missing_migration_findings(loader: MigrationLoader) -> Iterator[Finding]:
+    # The base questioner never prompts and never exits (the non-interactive one calls
+    # sys.exit on a NOT NULL field without a default); it answers every question "no".
+    questioner = MigrationQuestioner(specified_apps=set(OUR_APPS), dry_run=True)
+    autodetector = MigrationAutodetector(
+        loader.project_state(), ProjectState.from_apps(global_apps), questioner
+    )
+    changes = autodetector.changes(
+        graph=loader.graph, trim_to_apps=set(OUR_APPS), convert_apps=set(OUR_APPS)
+    )
+    for app_label in sorted(changes):
+        described = [
+            op.describe()
+            for migration in changes[app_label]
+            for op in migration.operations
+        ]
+        yield Finding(
+            "missing_migration",
+            _models_path(app_label),
+            f"models of {app_label} have changes with no migration ({'; '.join(described)}): "
+            f"run `python manage.py makemigrations {app_label} -n <name>`",
+        )
+
+
+def _migration_findings(
+    loader: MigrationLoader, locked: Mapping[str, LockEntry]
+) -> tuple[list[Finding], list[Finding]]:
+    """Rules 3 and 4 over every ledger/routing migration on disk.
+
+    Rule 4 analyses unreleased migrations against the latest release. A released migration
+    was analysed by lock_migrations when it was locked and is frozen by its hash since, so it
+    is only reported when it was released with a reason.
+    """
+    errors: list[Finding] = []
+    warnings: list[Finding] = []
+    released = released_state(loader, locked)
+    for app_label, name in sorted(loader.disk_migrations):
+        if app_label not in OUR_APPS:
+            continue
+        migration = loader.disk_migrations[(app_label, name)]
+        path = _migration_path(migration)
+        for op in database_operations(migration.operations):
+            if reason := irreversible_reason(op):
+                errors.append(
+                    Finding(
+                        "irreversible",
+                        path,
+                        f"{app_label}.{name} cannot be reversed: {reason}; "
+                        f"`migrate {app_label} <earlier>` would stop half-way",
+                    )
+                )
+        if (app_label, name) in BASELINE:
+            continue
+        entry = locked.get(f"{app_label}/{name}.py")
+        if entry is not None:
+            if entry.reason and not has_breaking_marker(name):
+                errors.append(
+                    Finding(
+                        "non_additive",
+                        path,
+                        f"{app_label}.{name} was released as not additive ({entry.reason}) "
+                        "but its name lacks `breaking`, which older releases read to "
+                        "refuse the database",
+                    )
+                )
+            elif entry.reason:
+                warnings.append(
+                    Finding(
+                        "non_additive",
+                        path,
+                        f"{app_label}.{name} is not additive; released with the reason: "
+                        f"{entry.reason}",
+                    )
+                )
+            continue
+        problems = migration_non_additive_reasons(migration, released)
+        if problems:
+            errors.append(
+                Finding(
+                    "non_additive",
+                    path,
+                    f"{app_label}.{name} is not additive: {'; '.join(problems)}. The previous "
+                    "release would break on a migrated database: make it additive, or name "
+                    "it `..._breaking` and release it with `lock_migrations --reason "
+                    f"{app_label}/{name}=WHY`",
+                )
+            )
+    return errors, warnings
+
+
+def _known_names(loader: MigrationLoader) -> set[tuple[str, str]]:
+    known = set(loader.disk_migrations)
+    for migration in loader.disk_migrations.values():
+        known.update(tuple(r) for r in (migration.replaces or ()))
+    return known
+
+
+def _database_findings(report: Report, loader: MigrationLoader, database: str) -> None:
+    """Rule 5, inconsistent history and the plan, read from the database (read-only)."""
+    connection = connections[database]
+    recorder = MigrationRecorder(connection)
+    try:
+        applied = set(recorder.applied_migrations()) if recorder.has_table() else set()
+        loader.check_consistent_history(connection)
+    except InconsistentMigrationHistory as exc:
+        report.errors.append(Finding("inconsistent_history", database, str(exc)))
+    except DatabaseError as exc:
+        report.errors.append(
+            Finding("database", database, f"cannot read migration history: {exc}")
+        )
+        return
+    known = _known_names(loader)
+    for app_label, name in sorted(applied - known):
+        if app_label not in OUR_APPS:
+            continue
+        path = display_path(migration_file(app_label, name))
+        if has_breaking_marker(name):
+            report.errors.append(
+                Finding(
+                    "unknown_applied",
+                    path,
+                    f"{app_label}.{name} is applied on database {database!r} but unknown to "
+                    "this code, and its name marks it breaking: a newer release changed the "
+                    "schema incompatibly; run that release (or newer)",
+                )
+            )
+        else:
+            report.warnings.append(
+                Finding(
+                    "unknown_applied",
+                    path,
+                    f"{app_label}.{name} is applied on database {database!r} but unknown to "
+                    "this code (a newer release migrated it); accepted: newer migrations "
+                    "are additive unless named breaking",
+                )
+            )
+    seen: set[tuple[str, str]] = set()
+    for leaf in sorted(loader.graph.leaf_nodes()):
+        for node in loader.graph.forwards_plan(leaf):
+            if node not in seen:
+                seen.add(node)
+                report.plan.append(PlanEntry(node[0], node[1], node in applied))
+
+
+def check_migrations(
+    *, database: str = "default", lock_path: Path | None = None
+) -> Report:
+    """Run every check; never writes to the database or the lock file."""
+    lock_path = lock_path or default_lock_path()
+    report = Report(database=database)
+    locked: dict[str, LockEntry] = {}
+    try:
+        entries = read_lock(lock_path)
+    except FileNotFoundError:
+        report.errors.append(
+            Finding(
+                "lock_file",
+                display_path(lock_path),
+                "the lock file is missing (it lists the released migrations)",
+            )
+        )
+        entries = []
+    except LockFileError as exc:
+        report.errors.append(Finding("lock_file", display_path(lock_path), str(exc)))
+        entries = []
+    locked = {e.key: e for e in entries}
+    report.released = list(locked)
+    # Rule 1 reads files only, so it still runs when the graph below cannot be built.
+    report.errors.extend(_released_findings(entries))
+
+    try:
+        loader = MigrationLoader(None, ignore_no_migrations=True)
+    except Exception as exc:  # any import or graph error is itself the finding
+        # NodeNotFoundError carries the migration whose dependency is missing.
+        origin = getattr(exc, "origin", None)
+        where = (
+            _migration_path(origin)
+            if isinstance(origin, Migration)
+            else ", ".join(f"{app}/migrations" for app in OUR_APPS)
+        )
+        report.errors.append(Finding("graph", where, f"migrations do not load: {exc}"))
+        return report
+    conflicts = loader.detect_conflicts()
+    for app_label, names in sorted(conflicts.items()):
+        files = ", ".join(display_path(migration_file(app_label, n)) for n in names)
+        report.errors.append(
+            Finding(
+                "conflict",
+                files,
+                f"{app_label} has {len(names)} leaf migrations ({', '.join(names)}): "
+                "merge them (makemigrations --merge) or renumber one",
+            )
+        )
+    if not conflicts:  # like makemigrations, the autodetector needs one leaf per app
+        report.errors.extend(_missing_migration_findings(loader))
+    errors, warnings = _migration_findings(loader, locked)
+    report.errors.extend(errors)
+    report.warnings.extend(warnings)
+    _database_findings(report, loader, database)
+    return report
+
+
+# --- locking ---------------------------------------------------------------------------------
+
+
+def normalise_reason_key(key: str) -> str:
+    key = key.strip()
+    return key if key.endswith(".py") else f"{key}.py"
+
+
+def new_lock_entries(
+    *, lock_path: Path | None = None, reasons: Mapping[str, str] | None = None
+) -> tuple[list[LockEntry], list[str]]:
+    """Entries for every ledger/routing migration on disk that the lock does not list yet.
+
+    Returns (entries, problems). A migration cannot be released when it is irreversible, or
+    non-additive without a reason (and then `breaking` in its name); a reason naming no new
+    migration is a problem too (most likely a typo).
+    """
+    lock_path = lock_path or default_lock_path()
+    reasons = {normalise_reason_key(k): v.strip() for k, v in (reasons or {}).items()}
+    locked = {e.key for e in read_lock(lock_path)} if lock_path.exists() else set()
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    # Every migration of this release is measured against the previous release.
+    released = released_state(loader, locked)
+    entries: list[LockEntry] = []
+    problems: list[str] = []
+    for app_label, name in sorted(loader.disk_migrations):
+        if app_label not in OUR_APPS or f"{app_label}/{name}.py" in locked:
+            continue
+        migration = loader.disk_migrations[(app_label, name)]
+        key = f"{app_label}/{name}.py"
+        path = Path(inspect.getfile(type(migration)))
+        for op in database_operations(migration.operations):
+            if reason := irreversible_reason(op):
+                problems.append(f"{display_path(path)}: cannot be reversed: {reason}")
+        reason_text = reasons.pop(key, None)
+        if reason_text is not None and ("\n" in reason_text or not reason_text):
+            problems.append(f"{key}: a reason must be one non-empty line")
+        if (app_label, name) not in BASELINE:
+            found = migration_non_additive_reasons(migration, released)
+            if found and not reason_text:
+                problems.append(
+                    f"{display_path(path)}: not additive ({'; '.join(found)}); "
+                    f"pass --reason {app_label}/{name}=TEXT to release it anyway"
+                )
+            elif found and not has_breaking_marker(name):
+                problems.append(
+                    f"{display_path(path)}: not additive, so its name must contain `breaking`"
+                )
+            elif reason_text and not found:
+                problems.append(
+                    f"--reason {key}: the migration is additive, drop the reason"
+                )
+        entries.append(LockEntry(app_label, name, migration_sha256(path), reason_text))
+    for key in sorted(reasons):
+        problems.append(f"--reason {key}: not a migration that is about to be locked")
+    return entries, problems
+
+
+def append_lock_entries(lock_path: Path, entries: Iterable[LockEntry]) -> None:
+    text = lock_path.read_text(encoding="utf-8") if lock_path.exists() else ""
+    if text and not text.endswith("\n"):
+        text += "\n"
+    text += "".join(f"{e.line()}\n" for e in entries)
+    lock_path.write_text(text, encoding="utf-8")
