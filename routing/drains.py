@@ -353,7 +353,7 @@ def _precheck(plan: RoutePlan, now: datetime) -> tuple[str, str] | None:
         if not decision.allowed:
             return decision.reason or "", decision.reason_code or reasons.ROUTE_CAP
     if plan.pool_active:
-        assignment, _ = pool_assignment_now(plan, now)
+        assignment = pool_assignment_now(plan, now).assignment
         if assignment.deferred:
             return (
                 assignment.reason or "",

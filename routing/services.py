@@ -671,20 +671,29 @@ def _spec_reuse_or_create(plan: RoutePlan, body: dict[str, Any]) -> WorkflowSpec
     )
 
 
-def pool_assignment_now(
-    plan: RoutePlan, now: datetime
-) -> tuple[PoolAssignment, dict[str, datetime]]:
+@dataclass(frozen=True)
+class PoolView:
+    """A pool assignment with the loads and cooldowns it was decided on."""
+
+    assignment: PoolAssignment
+    loads: dict[str, int]
+    cooling: dict[str, datetime]
+
+
+def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
+    """Least-loaded assignment for this plan's pool from the ledger as it is now."""
     cooling = cooling_accounts(now=now)
     members_cooling = {p: until for p, until in cooling.items() if p in plan.pool}
+    loads = account_load().total()
     assignment = assign_pool_auth_profiles(
         list(plan.pool),
-        account_load().total(),
+        loads,
         plan.seed,
         list(plan.roles),
         plan.max_per_profile,
         cooling=tuple(members_cooling),
     )
-    return assignment, members_cooling
+    return PoolView(assignment=assignment, loads=loads, cooling=members_cooling)
 
 
 def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
@@ -739,12 +748,10 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
     assignment: PoolAssignment | None = None
     pool_seen: dict[str, Any] = {}
     if plan.pool_active and (decision is None or decision.allowed):
-        assignment, members_cooling = pool_assignment_now(plan, now)
-        load = account_load()
+        view = pool_assignment_now(plan, now)
+        assignment, members_cooling = view.assignment, view.cooling
         pool_seen = {
-            "accounts": {
-                p: load.running.get(p, 0) + load.reserved.get(p, 0) for p in plan.pool
-            },
+            "accounts": {p: view.loads.get(p, 0) for p in plan.pool},
             "cooling": {p: until.isoformat() for p, until in members_cooling.items()},
         }
         if assignment.deferred:
