@@ -29,3 +29,6 @@ lint: install
 format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+check-migrations: install
+	$(PY) manage.py check_migrations
