@@ -5,6 +5,9 @@ from __future__ import annotations
 from django.db import transaction
 from django_q.tasks import async_task
 
+from ledger.runner import run_workflow_run
+from ledger.services import runs_recover_expired
+
 
 def enqueue_run_workflow(run_id: str) -> None:
     """Hand an admitted run to the runner once the admitting transaction has committed.
@@ -14,5 +17,17 @@ def enqueue_run_workflow(run_id: str) -> None:
     delivery a no-op.
     """
     transaction.on_commit(
-        lambda: async_task("ledger.tasks.run_workflow", run_id, task_name=f"run-workflow-{run_id}")
+        lambda: async_task(
+            "ledger.tasks.run_workflow", run_id, task_name=f"run-workflow-{run_id}"
+        )
     )
+
+
+def run_workflow(run_id: str) -> str:
+    """django-q2 task: execute one admitted run (idempotent: a second delivery is a no-op)."""
+    return run_workflow_run(run_id)
+
+
+def recover_expired_runs() -> int:
+    """django-q2 task (every minute): fail running runs whose worker lease expired."""
+    return len(runs_recover_expired())

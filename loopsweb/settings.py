@@ -305,7 +305,21 @@ LOOPSWEB_STEP_START_POLL_SECONDS = env_int(
 )
 # Seconds between SIGTERM and SIGKILL when a step's process group is stopped.
 LOOPSWEB_KILL_GRACE_SECONDS = env_int("LOOPSWEB_KILL_GRACE_SECONDS", 5, minimum=0)
+# --- end runner ---
+
 # Largest JSON-array file `ingest_events` loads at once (JSON Lines files stream, unbounded).
 LOOPSWEB_MAX_INGEST_BYTES = env_int("LOOPSWEB_MAX_INGEST_BYTES", 256 * 1024 * 1024, minimum=1024)
 # Largest output accepted from a drain's --source-command, in bytes.
 LOOPSWEB_SOURCE_MAX_BYTES = env_int("LOOPSWEB_SOURCE_MAX_BYTES", 16 * 1024 * 1024, minimum=1024)
+
+# --- api ---
+# The event API (routing.api_views), API tokens and /metrics. Read through django.conf.settings
+# at request time, so tests may override them. The request body limit is
+# LOOPSWEB_MAX_EVENT_BYTES above: one limit for one envelope, whatever the entry point.
+
+# Most envelopes in one POST /api/v1/events array (larger batches: ingest_events).
+LOOPSWEB_API_MAX_EVENTS = env_int("LOOPSWEB_API_MAX_EVENTS", 1000, minimum=1)
+# Deepest bracket nesting of one envelope (API, ingest_events, route_event). Checked on the
+# text before parsing, so a hostile body cannot exhaust the parser's recursion.
+LOOPSWEB_MAX_JSON_DEPTH = env_int("LOOPSWEB_MAX_JSON_DEPTH", 32, minimum=2)
+# --- end api ---

@@ -16,4 +16,12 @@ class ScheduleSpec:
     minutes: int
 
 
-SCHEDULES: tuple[ScheduleSpec, ...] = ()
+SCHEDULES: tuple[ScheduleSpec, ...] = (
+    # Runs whose worker died stop pinning accounts and cap slots within a minute of their
+    # lease expiring (LOOPSWEB_RUN_LEASE_SECONDS).
+    ScheduleSpec(
+        name="recover-expired-runs",
+        func="ledger.tasks.recover_expired_runs",
+        minutes=1,
+    ),
+)

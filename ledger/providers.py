@@ -1,0 +1,251 @@
+"""Provider adapters: argv and environment for agent steps (DESIGN rule 7: never a shell).
+
+Every adapter turns an agent step into an argv list run with `shell=False`. The prompt, and
+so every value that came from an event, is ONE argv item after `--` (so a prompt that starts
+with `-` is never read as a flag), or, for providers that read a file, a 0600 file in a 0700
+temporary directory that the runner deletes after the step.
+
+Binaries come from `settings.LOOPSWEB_PROVIDER_BINARIES` (env `LOOPSWEB_<PROVIDER>_BIN`): a
+name looked up on PATH or an absolute path.
+
+How the account reaches the agent (the step's recorded `account_profile`, so the account the
+ledger counts is the account the agent uses):
+
+| provider  | argv                                                         | profile           |
+|-----------|--------------------------------------------------------------|-------------------|
+| codewith  | `codewith exec --sandbox S [--profile P] -- PROMPT`          | `--profile P` + env |
+| codex     | `codex exec --sandbox S -- PROMPT`                           | env `CODEX_PROFILE` |
+| claude    | `claude --print -- PROMPT`                                   | env `CLAUDE_PROFILE` |
+| cursor    | `cursor-agent --print -- PROMPT`                             | env `CURSOR_PROFILE` |
+| opencode  | `opencode run -- PROMPT`                                     | env `OPENCODE_PROFILE` |
+| aicopilot | `aicopilot --prompt-file FILE`                               | env `AICOPILOT_PROFILE` |
+
+Every agent also gets `LOOPSWEB_ACCOUNT_PROFILE`, `LOOPSWEB_ACCOUNT_TOOL`, `LOOPSWEB_RUN_ID`
+and `LOOPSWEB_STEP_ID`. Wrapper scripts map the profile env var to a provider's config
+directory where a provider keeps one login per directory.
+
+The child environment is the worker's minus loopsweb's own secrets and settings
+(`DATABASE_URL`, `SECRET_KEY`, `LOOPSWEB_*`, `PG*`, …): an agent never sees the database.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from routing.domain.errors import ApplicationError
+
+PROVIDER_UNKNOWN = "unknown agent provider: {provider}"
+BINARY_NOT_FOUND = (
+    "agent binary not found for provider {provider}: {binary} (set {env_var})"
+)
+PROMPT_MISSING = "agent step has no prompt"
+PROMPT_NUL = "agent prompt contains a NUL byte"
+PROFILE_INVALID = "auth profile is not a valid name: {profile!r}"
+CWD_MISSING = "working directory does not exist: {cwd}"
+COMMAND_MISSING = "command step has no command"
+COMMAND_INVALID = "command step arguments must be strings"
+ENV_INVALID = "step env must map names to strings"
+
+# Variables of the worker's environment an agent or command must not inherit.
+_DENY_NAMES = frozenset(
+    {"DATABASE_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE", "PG_TEST_URL"}
+)
+_DENY_PREFIXES = ("LOOPSWEB_", "PG", "Q_", "SQLITE_", "DATABASE_")
+# Profile names come from operator options, but they land next to flags: refuse anything that
+# could read as a flag or break a line.
+_PROFILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+:=-]{0,199}$")
+
+
+class ProviderError(ApplicationError):
+    """An agent or command step that cannot be started as written."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    provider: str
+    leading: tuple[str, ...]
+    sandbox_flag: str | None = None
+    profile_flag: str | None = None
+    profile_env: str | None = None
+    prompt_file_flag: str | None = None
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "codewith": Adapter(
+        "codewith",
+        ("exec",),
+        sandbox_flag="--sandbox",
+        profile_flag="--profile",
+        profile_env="CODEWITH_PROFILE",
+    ),
+    "codex": Adapter(
+        "codex", ("exec",), sandbox_flag="--sandbox", profile_env="CODEX_PROFILE"
+    ),
+    "claude": Adapter("claude", ("--print",), profile_env="CLAUDE_PROFILE"),
+    "cursor": Adapter("cursor", ("--print",), profile_env="CURSOR_PROFILE"),
+    "opencode": Adapter("opencode", ("run",), profile_env="OPENCODE_PROFILE"),
+    "aicopilot": Adapter(
+        "aicopilot",
+        (),
+        profile_env="AICOPILOT_PROFILE",
+        prompt_file_flag="--prompt-file",
+    ),
+}
+
+
+@dataclass
+class Invocation:
+    """What the runner executes: argv (never through a shell), cwd, env, files to delete."""
+
+    argv: list[str]
+    cwd: str | None
+    env: dict[str, str]
+    cleanup: list[Path] = field(default_factory=list)
+    provider: str | None = None
+
+    def remove_files(self) -> None:
+        for path in self.cleanup:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The worker's environment without loopsweb's secrets and settings, plus `extra`."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in _DENY_NAMES and not name.startswith(_DENY_PREFIXES)
+    }
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _binary(provider: str) -> str:
+    configured = settings.LOOPSWEB_PROVIDER_BINARIES.get(provider) or provider
+    found = shutil.which(configured)
+    if found is None:
+        raise ProviderError(
+            BINARY_NOT_FOUND.format(
+                provider=provider,
+                binary=configured,
+                env_var=f"LOOPSWEB_{provider.upper()}_BIN",
+            )
+        )
+    # Absolute: the process starts in the step's cwd, where a relative path would not resolve.
+    return os.path.abspath(found)
+
+
+def _check_cwd(cwd: Any) -> str | None:
+    if cwd is None or cwd == "":
+        return None
+    if not isinstance(cwd, str) or not os.path.isdir(cwd):
+        raise ProviderError(CWD_MISSING.format(cwd=cwd))
+    return cwd
+
+
+def agent_invocation(
+    *,
+    target: Mapping[str, Any],
+    profile: str | None,
+    tool: str | None,
+    run_id: str,
+    step_id: str,
+) -> Invocation:
+    """argv/env/cwd for an agent step (target `{type: agent, provider, prompt, cwd, …}`)."""
+    provider = str(target.get("provider") or "")
+    adapter = ADAPTERS.get(provider)
+    if adapter is None:
+        raise ProviderError(PROVIDER_UNKNOWN.format(provider=provider or "(none)"))
+    prompt = target.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ProviderError(PROMPT_MISSING)
+    if "\x00" in prompt:
+        raise ProviderError(PROMPT_NUL)
+    if profile is not None and not _PROFILE_RE.match(profile):
+        raise ProviderError(PROFILE_INVALID.format(profile=profile))
+    cwd = _check_cwd(target.get("cwd"))
+    argv = [_binary(provider), *adapter.leading]
+    sandbox = target.get("sandbox")
+    if adapter.sandbox_flag and isinstance(sandbox, str) and sandbox:
+        argv += [adapter.sandbox_flag, sandbox]
+    if adapter.profile_flag and profile:
+        argv += [adapter.profile_flag, profile]
+    env_extra = {
+        "LOOPSWEB_RUN_ID": run_id,
+        "LOOPSWEB_STEP_ID": step_id,
+        "LOOPSWEB_PROVIDER": provider,
+    }
+    if profile:
+        env_extra["LOOPSWEB_ACCOUNT_PROFILE"] = profile
+        if adapter.profile_env:
+            env_extra[adapter.profile_env] = profile
+    if tool:
+        env_extra["LOOPSWEB_ACCOUNT_TOOL"] = tool
+    cleanup: list[Path] = []
+    if adapter.prompt_file_flag:
+        directory = Path(tempfile.mkdtemp(prefix="loopsweb-prompt-"))  # mode 0700
+        cleanup.append(directory)
+        path = directory / "prompt.txt"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(prompt)
+        argv += [adapter.prompt_file_flag, str(path)]
+    else:
+        argv += ["--", prompt]
+    return Invocation(
+        argv=argv,
+        cwd=cwd,
+        env=child_environment(env_extra),
+        cleanup=cleanup,
+        provider=provider,
+    )
+
+
+def command_invocation(
+    *, target: Mapping[str, Any], run_id: str, step_id: str
+) -> Invocation:
+    """argv/env/cwd for a command step of a hand-written workflow.
+
+    `{command, args, cwd, env, shell}`: argv `[command, *args]`. Only `shell: true`, which
+    a hand-written workflow must ask for, runs `command` through `/bin/sh -c`; generated
+    route workflows never contain command steps, so no event text reaches a shell.
+    """
+    command = target.get("command")
+    if not isinstance(command, str) or not command:
+        raise ProviderError(COMMAND_MISSING)
+    args = target.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ProviderError(COMMAND_INVALID)
+    env = target.get("env") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ProviderError(ENV_INVALID)
+    if any("\x00" in part for part in [command, *args]):
+        raise ProviderError(COMMAND_INVALID)
+    cwd = _check_cwd(target.get("cwd"))
+    if target.get("shell") is True:
+        argv = ["/bin/sh", "-c", command, *args]
+    else:
+        argv = [command, *args]
+    return Invocation(
+        argv=argv,
+        cwd=cwd,
+        env=child_environment(
+            {"LOOPSWEB_RUN_ID": run_id, "LOOPSWEB_STEP_ID": step_id, **env}
+        ),
+    )
+
+
+def rate_limit_exit_codes(provider: str | None) -> frozenset[int]:
+    codes = settings.LOOPSWEB_RATE_LIMIT_EXIT_CODES.get(provider or "", frozenset())
+    return frozenset(codes)

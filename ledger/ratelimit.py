@@ -1,0 +1,159 @@
+"""Provider rate-limit detection and cooldown backoff: pure functions, no ORM (loopsweb).
+
+Contract:
+1. ``detect_rate_limit`` looks at an agent step's output tails and exit code. It reports a
+   rate limit when the exit code is one of the provider's rate-limit codes, or when the
+   step failed (non-zero exit) and its output mentions HTTP 429, "too many requests",
+   "rate limit" or "usage limit" (case-insensitive). Text alone never cools an account
+   after a successful step: a worker that edited rate-limiting code prints those words.
+2. When the output names when the limit lifts, the signal carries that deadline: a
+   ``Retry-After: <seconds | HTTP-date>`` header, "retry after N seconds", "try again in
+   N minutes", "resets in N hours" or "resets at <ISO time>". The latest deadline in the
+   future wins; deadlines further away than ``MAX_DEADLINE`` are clamped to it.
+3. ``cooldown_backoff`` is the fallback when no deadline was named:
+   ``base × 2^(reports−1)``, capped at ``cap`` (reports counts this episode's reports,
+   starting at 1).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+
+# A provider that says "come back in a month" is clamped: an operator can clear a cooldown,
+# but a typo'd reset time must not silently park an account for a year.
+MAX_DEADLINE = timedelta(days=7)
+SNIPPET_CHARS = 200
+
+_RATE_LIMIT_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"\bHTTP(?:/[\d.]+)?\s*(?:status\s*)?429\b", re.I),
+    re.compile(r"\b(?:status|error|code)(?:[ _-]?code)?\W{0,3}429\b", re.I),
+    re.compile(r"\b429\s+too\s+many\s+requests\b", re.I),
+    re.compile(r"\btoo\s+many\s+requests\b", re.I),
+    re.compile(r"\brate[\s_-]?limit", re.I),
+    re.compile(r"\busage[\s_-]?limit", re.I),
+)
+
+_UNIT_SECONDS = {
+    "s": 1,
+    "sec": 1,
+    "secs": 1,
+    "second": 1,
+    "seconds": 1,
+    "m": 60,
+    "min": 60,
+    "mins": 60,
+    "minute": 60,
+    "minutes": 60,
+    "h": 3600,
+    "hr": 3600,
+    "hrs": 3600,
+    "hour": 3600,
+    "hours": 3600,
+}
+_UNIT = r"(?:seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)\b"
+_AMOUNT = rf"(\d+(?:\.\d+)?)\s*({_UNIT})?"
+_RETRY_AFTER_HEADER = re.compile(r"\bretry-after\s*:\s*([^\r\n]+)", re.I)
+_RETRY_AFTER_TEXT = re.compile(rf"\bretry(?:ing)?\s+after\s+{_AMOUNT}", re.I)
+_IN_DURATION = re.compile(
+    rf"\b(?:try\s+again|resets?|available\s+again)\s+in\s+({_AMOUNT}(?:\s*(?:,|and)?\s*{_AMOUNT})*)",
+    re.I,
+)
+_DURATION_PART = re.compile(_AMOUNT, re.I)
+_RESETS_AT = re.compile(
+    r"\bresets?\s+(?:at|on)\s+"
+    r"(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?\s*(?:Z|UTC|[+-]\d{2}:?\d{2})?)",
+    re.I,
+)
+
+
+@dataclass(frozen=True)
+class RateLimitSignal:
+    """A rate limit seen in a step's output: the matching text and, when named, the deadline."""
+
+    snippet: str
+    until: datetime | None
+
+
+def _seconds(amount: str, unit: str | None) -> float:
+    return float(amount) * _UNIT_SECONDS.get((unit or "s").lower(), 1)
+
+
+def _parse_iso(text: str) -> datetime | None:
+    value = text.strip().replace(" ", "T", 1)
+    value = re.sub(r"\s*UTC$", "Z", value, flags=re.I).replace(" ", "")
+    if value.endswith(("Z", "z")):
+        value = value[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    # A reset time without an offset is read as UTC (the ledger's time zone).
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _deadlines(text: str, now: datetime) -> list[datetime]:
+    found: list[datetime] = []
+    for match in _RETRY_AFTER_HEADER.finditer(text):
+        value = match.group(1).strip()
+        number = re.match(r"(\d+(?:\.\d+)?)\s*$", value)
+        if number:
+            found.append(now + timedelta(seconds=float(number.group(1))))
+            continue
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            continue
+        found.append(when if when.tzinfo else when.replace(tzinfo=UTC))
+    for match in _RETRY_AFTER_TEXT.finditer(text):
+        found.append(now + timedelta(seconds=_seconds(match.group(1), match.group(2))))
+    for match in _IN_DURATION.finditer(text):
+        total = sum(
+            _seconds(part.group(1), part.group(2))
+            for part in _DURATION_PART.finditer(match.group(1))
+        )
+        found.append(now + timedelta(seconds=total))
+    for match in _RESETS_AT.finditer(text):
+        when = _parse_iso(match.group(1))
+        if when is not None:
+            found.append(when)
+    return found
+
+
+def detect_rate_limit(
+    *,
+    output: str,
+    exit_code: int | None,
+    rate_limit_exit_codes: Collection[int],
+    now: datetime,
+) -> RateLimitSignal | None:
+    """The rate limit an agent step reported, or None (contract in the module docstring)."""
+    by_exit_code = exit_code is not None and exit_code in rate_limit_exit_codes
+    failed = exit_code is None or exit_code != 0
+    match = None
+    for pattern in _RATE_LIMIT_PATTERNS:
+        match = pattern.search(output)
+        if match:
+            break
+    if not by_exit_code and not (failed and match):
+        return None
+    if match:
+        start = output.rfind("\n", 0, match.start()) + 1
+        end = output.find("\n", match.end())
+        snippet = output[start : end if end != -1 else len(output)].strip()
+    else:
+        snippet = f"exit code {exit_code}"
+    future = [when for when in _deadlines(output, now) if when > now]
+    until = min(max(future), now + MAX_DEADLINE) if future else None
+    return RateLimitSignal(snippet=snippet[:SNIPPET_CHARS], until=until)
+
+
+def cooldown_backoff(
+    *, reports: int, base_seconds: float, cap_seconds: float
+) -> timedelta:
+    """Exponential backoff for the ``reports``-th report of an episode (1-based), capped."""
+    exponent = max(0, min(reports - 1, 30))
+    return timedelta(seconds=min(cap_seconds, base_seconds * (2**exponent)))

@@ -1,0 +1,562 @@
+"""The workflow runner: executes one admitted run as real processes.
+
+`run_workflow_run(run_id)` is what the django-q2 task and `manage.py run_workflow` call:
+
+1. Claim the `queued` run (conditional update; a second delivery returns "not-claimed").
+2. Order the steps by `dependsOn`, ties (and steps without dependencies) by sequence. An
+   unknown dependency or a cycle fails the run before anything starts.
+3. Per step: `step_start` (admission lock + account re-check). While the step's account is
+   at its `maxPerProfile` cap or cooling down, wait and retry, renewing the lease.
+4. Run the process outside any transaction: `Popen(argv, start_new_session=True)`, so the
+   step and everything it spawns is one process group. Keep bounded stdout/stderr tails,
+   enforce `timeoutMs` and `idleTimeoutMs` by killing the group (SIGTERM, then SIGKILL after
+   LOOPSWEB_KILL_GRACE_SECONDS), renew the run lease about three times per lease.
+5. Record the step (exit code, pid, duration, tails). An agent step that reports a provider
+   rate limit puts its account in cooldown. A failed or timed-out step ends the run: the
+   remaining steps are skipped (runs are sequential and fail fast) and the run is
+   `failed` / `timed_out`; all steps succeeded → `succeeded`.
+   When a step's process exits, anything it left running in its group is killed.
+6. If the lease is lost (the run was cancelled, or recovered after a stall), the process
+   group is killed and nothing more is written.
+
+Nothing here holds a transaction across a process or a sleep: on SQLite every transaction
+holds the database write lock, and admissions must not wait on an agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.utils import timezone
+
+from ledger import services
+from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
+from ledger.providers import (
+    Invocation,
+    ProviderError,
+    agent_invocation,
+    command_invocation,
+    rate_limit_exit_codes,
+)
+from ledger.ratelimit import detect_rate_limit
+from routing.domain.errors import ApplicationError
+
+logger = logging.getLogger(__name__)
+
+NOT_CLAIMED = "not-claimed"
+LOST = "lease-lost"
+
+STEP_TIMED_OUT = "step timed out after {ms} ms"
+STEP_IDLE_TIMED_OUT = "step produced no output for {ms} ms (idle timeout)"
+STEP_EXIT_CODE = "step exited with code {code}"
+STEP_KILLED = "step was killed by signal {name}"
+STEP_SPAWN_FAILED = "step could not be started: {error}"
+STEP_KIND_UNKNOWN = "unknown step kind: {kind}"
+STEP_DEPENDS_UNKNOWN = "step {step_id} depends on unknown step {dependency}"
+STEP_SPEC_MISSING = "step {step_id} is not in the workflow spec"
+STEPS_CYCLE = "dependency cycle among steps: {steps}"
+RATE_LIMIT_NOTE = "; provider rate limit: {snippet}"
+SKIP_AFTER_FAILURE = "not run: step {step_id} {status}"
+RUN_STEP_FAILED = "step {step_id} {status}: {error}"
+RUN_FAILED_BEFORE_START = "workflow cannot run: {error}"
+RUNNER_CRASHED = "runner error: {error}"
+RUNNER_STOPPED = "runner stopped before the run finished"
+COOLDOWN_REASON = "{provider} rate limit on step {step_id} of run {run_id}: {snippet}"
+
+# How long output pipes may stay open after the step's process exited (a grandchild holding
+# them) before the rest of the group is killed.
+_PIPE_DRAIN_SECONDS = 0.5
+_SELECT_SECONDS = 0.1
+_READ_BYTES = 65536
+
+
+class PlanError(ApplicationError):
+    """The run's steps cannot be ordered (unknown dependency, cycle, missing spec)."""
+
+
+def execution_order(
+    steps: Sequence[tuple[str, int]], specs: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
+    """Step ids in run order: dependencies first, ties by sequence (pure; Kahn's algorithm)."""
+    sequence = dict(steps)
+    deps: dict[str, set[str]] = {}
+    for step_id, _ in steps:
+        if step_id not in specs:
+            raise PlanError(STEP_SPEC_MISSING.format(step_id=step_id))
+        raw = specs[step_id].get("dependsOn") or []
+        if isinstance(raw, str):
+            raw = [raw]
+        for dependency in raw:
+            if dependency not in sequence:
+                raise PlanError(
+                    STEP_DEPENDS_UNKNOWN.format(step_id=step_id, dependency=dependency)
+                )
+        deps[step_id] = set(raw)  # a step naming itself never becomes ready: a cycle
+    order: list[str] = []
+    placed: set[str] = set()
+    while len(order) < len(steps):
+        ready = [s for s in deps if s not in placed and deps[s] <= placed]
+        if not ready:
+            stuck = sorted(
+                (s for s in deps if s not in placed), key=sequence.__getitem__
+            )
+            raise PlanError(STEPS_CYCLE.format(steps=", ".join(stuck)))
+        nxt = min(ready, key=sequence.__getitem__)
+        order.append(nxt)
+        placed.add(nxt)
+    return order
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+class _Tail:
+    """The last `limit` bytes of a stream, and how many earlier bytes were dropped."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.buffer = bytearray()
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        self.buffer += data
+        excess = len(self.buffer) - self.limit
+        if excess > 0:
+            del self.buffer[:excess]
+            self.dropped += excess
+
+    def text(self) -> str:
+        body = self.buffer.decode("utf-8", "replace")
+        if self.dropped:
+            return f"[... {self.dropped} earlier bytes dropped ...]\n{body}"
+        return body
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    pid: int | None
+    exit_code: int | None
+    signal_name: str | None
+    stdout: str
+    stderr: str
+    duration_ms: int
+    timeout: str | None = None  # "total" or "idle"
+    lost: bool = False
+    spawn_error: str | None = None
+
+
+def kill_process_group(proc: subprocess.Popen[bytes], grace_seconds: float) -> None:
+    """SIGTERM the process group, wait up to `grace_seconds`, then SIGKILL what is left."""
+    pgid = proc.pid  # start_new_session: the step leads its own group
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_seconds
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        # Also reaches grandchildren that outlived a leader which obeyed SIGTERM.
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_process(
+    *,
+    invocation: Invocation,
+    timeout_seconds: float | None,
+    idle_timeout_seconds: float | None,
+    tail_bytes: int,
+    grace_seconds: float,
+    on_spawn: Callable[[int], None],
+    keep_alive: Callable[[], bool],
+    keep_alive_every: float,
+) -> ProcessResult:
+    """Run one step's process to the end; never raises for the process's own failures.
+
+    `keep_alive` (the lease renewal) is called every `keep_alive_every` seconds while the
+    process lives; False means the run is no longer ours and the group is killed.
+    """
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            invocation.argv,
+            cwd=invocation.cwd,
+            env=invocation.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except (OSError, ValueError) as exc:
+        return ProcessResult(
+            pid=None,
+            exit_code=None,
+            signal_name=None,
+            stdout="",
+            stderr="",
+            duration_ms=0,
+            spawn_error=STEP_SPAWN_FAILED.format(error=exc),
+        )
+    out, err = _Tail(tail_bytes), _Tail(tail_bytes)
+    timeout: str | None = None
+    lost = False
+    try:
+        on_spawn(proc.pid)
+        selector = selectors.DefaultSelector()
+        assert proc.stdout is not None and proc.stderr is not None
+        selector.register(proc.stdout, selectors.EVENT_READ, out)
+        selector.register(proc.stderr, selectors.EVENT_READ, err)
+        last_output = started
+        next_keep_alive = started + keep_alive_every
+        exited_at: float | None = None
+        while True:
+            if selector.get_map():
+                for key, _ in selector.select(_SELECT_SECONDS):
+                    data = os.read(key.fd, _READ_BYTES)
+                    if data:
+                        key.data.add(data)
+                        last_output = time.monotonic()
+                    else:
+                        selector.unregister(key.fileobj)
+            else:
+                # Both pipes closed but the process lives on: keep enforcing the limits.
+                time.sleep(_SELECT_SECONDS)
+            now = time.monotonic()
+            if proc.poll() is not None:
+                if not selector.get_map():
+                    break
+                # Exited; pipes still open means a grandchild holds them: give it a moment to
+                # flush, then end the whole group so the step cannot leave anything behind.
+                exited_at = exited_at or now
+                if now - exited_at > _PIPE_DRAIN_SECONDS:
+                    kill_process_group(proc, 0)
+                    break
+                continue
+            if timeout is not None or lost:
+                continue
+            if timeout_seconds and now - started >= timeout_seconds:
+                timeout = "total"
+            elif idle_timeout_seconds and now - last_output >= idle_timeout_seconds:
+                timeout = "idle"
+            elif now >= next_keep_alive:
+                next_keep_alive = now + keep_alive_every
+                lost = not keep_alive()
+            if timeout is not None or lost:
+                kill_process_group(proc, grace_seconds)
+        selector.close()
+    except BaseException:
+        # Whatever happened to the runner (an error, SystemExit from SIGTERM), the step's
+        # processes must not outlive it unrecorded.
+        kill_process_group(proc, 0)
+        raise
+    finally:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    code = proc.wait()
+    try:
+        # The step is over: whatever it left running in its group goes too. (The group id
+        # cannot be reused while any member is alive, so this never hits a stranger.)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    return ProcessResult(
+        pid=proc.pid,
+        exit_code=code if code >= 0 else None,
+        signal_name=signal.Signals(-code).name if code < 0 else None,
+        stdout=out.text(),
+        stderr=err.text(),
+        duration_ms=int((time.monotonic() - started) * 1000),
+        timeout=timeout,
+        lost=lost,
+    )
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def _positive_ms(*values: Any) -> int | None:
+    for value in values:
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int | float) and value > 0:
+            return int(value)
+    return None
+
+
+class _LeaseLost(Exception):
+    """The run is no longer this worker's (cancelled, recovered): stop writing."""
+
+
+class _RunExecution:
+    def __init__(self, run: WorkflowRun, worker: str) -> None:
+        self.run = run
+        self.worker = worker
+        lease = float(settings.LOOPSWEB_RUN_LEASE_SECONDS)
+        # Three renewals per lease: one slow write (SQLite busy wait) cannot lose the lease.
+        self.keep_alive_every = max(0.05, lease / 3)
+        self.poll_seconds = float(settings.LOOPSWEB_STEP_START_POLL_SECONDS)
+
+    # Renewal: any False is final; a database hiccup is not (the lease may still hold, and
+    # if it does not, recovery cleans up).
+    def keep_alive(self) -> bool:
+        try:
+            return services.run_lease_renew(run_id=self.run.id, worker=self.worker)
+        except DatabaseError:
+            logger.exception("lease renewal of run %s failed", self.run.id)
+            return True
+
+    def execute(self) -> str:
+        steps = list(
+            WorkflowStepRun.objects.filter(workflow_run_id=self.run.id).order_by(
+                "sequence"
+            )
+        )
+        specs = {
+            str(spec.get("id")): spec
+            for spec in services.steps_from_spec(self.run.workflow.steps_json)
+        }
+        by_id = {step.step_id: step for step in steps}
+        try:
+            order = execution_order([(s.step_id, s.sequence) for s in steps], specs)
+        except PlanError as exc:
+            return self._finalize(
+                RunStatus.FAILED, RUN_FAILED_BEFORE_START.format(error=exc)
+            )
+        failure: tuple[str, str, str] | None = None
+        for step_id in order:
+            step = by_id[step_id]
+            if failure is not None:
+                try:
+                    services.step_skip(
+                        step_run_id=step.id,
+                        reason=SKIP_AFTER_FAILURE.format(
+                            step_id=failure[0], status=failure[1]
+                        ),
+                    )
+                except services.LedgerError:
+                    raise _LeaseLost() from None
+                continue
+            status, error = self._run_step(step, specs[step_id])
+            if status != StepStatus.SUCCEEDED:
+                failure = (step_id, status, error or status)
+        if failure is None:
+            return self._finalize(RunStatus.SUCCEEDED, None)
+        step_id, status, error = failure
+        run_status = (
+            RunStatus.TIMED_OUT if status == StepStatus.TIMED_OUT else RunStatus.FAILED
+        )
+        return self._finalize(
+            run_status,
+            RUN_STEP_FAILED.format(step_id=step_id, status=status, error=error),
+        )
+
+    def _finalize(self, status: str, error: str | None) -> str:
+        try:
+            services.run_finalize(run_id=self.run.id, status=status, error=error)
+        except services.LedgerError:
+            raise _LeaseLost() from None
+        return status
+
+    def _wait_for_start(self, step: WorkflowStepRun) -> WorkflowStepRun:
+        next_renewal = time.monotonic() + self.keep_alive_every
+        while True:
+            try:
+                outcome = services.step_start(step_run_id=step.id, worker=self.worker)
+            except services.LedgerError:
+                raise _LeaseLost() from None
+            if outcome.started:
+                return outcome.step_run
+            # Debug only: the first refusal of each kind is a `step_waiting` event already.
+            logger.debug(
+                "run %s step %s waits: %s",
+                self.run.id,
+                step.step_id,
+                outcome.wait_reason,
+            )
+            delay = self.poll_seconds
+            if outcome.retry_at is not None:
+                until = (outcome.retry_at - timezone.now()).total_seconds()
+                delay = max(0.01, min(delay, until))
+            # step_start renewed the lease; sleep no longer than a renewal interval.
+            time.sleep(min(delay, self.keep_alive_every))
+            if time.monotonic() >= next_renewal:
+                next_renewal = time.monotonic() + self.keep_alive_every
+                if not self.keep_alive():
+                    raise _LeaseLost()
+
+    def _run_step(
+        self, step: WorkflowStepRun, spec: Mapping[str, Any]
+    ) -> tuple[str, str | None]:
+        step = self._wait_for_start(step)
+        target = spec.get("target") if isinstance(spec.get("target"), dict) else {}
+        kind = target.get("type") or spec.get("kind")
+        is_agent = kind == "agent"
+        try:
+            if is_agent:
+                invocation = agent_invocation(
+                    target=target,
+                    profile=step.account_profile or target.get("authProfile"),
+                    tool=step.account_tool,
+                    run_id=self.run.id,
+                    step_id=step.step_id,
+                )
+            elif kind == "command":
+                invocation = command_invocation(
+                    target=target, run_id=self.run.id, step_id=step.step_id
+                )
+            else:
+                raise ProviderError(STEP_KIND_UNKNOWN.format(kind=kind))
+        except ProviderError as exc:
+            return self._finish(step, StepStatus.FAILED, error=str(exc))
+        timeout_ms = _positive_ms(spec.get("timeoutMs"), target.get("timeoutMs"))
+        idle_ms = _positive_ms(spec.get("idleTimeoutMs"), target.get("idleTimeoutMs"))
+        try:
+            result = run_process(
+                invocation=invocation,
+                timeout_seconds=timeout_ms / 1000 if timeout_ms else None,
+                idle_timeout_seconds=idle_ms / 1000 if idle_ms else None,
+                tail_bytes=int(settings.LOOPSWEB_OUTPUT_TAIL_BYTES),
+                grace_seconds=float(settings.LOOPSWEB_KILL_GRACE_SECONDS),
+                on_spawn=lambda pid: services.step_process_record(
+                    step_run_id=step.id, pid=pid
+                ),
+                keep_alive=self.keep_alive,
+                keep_alive_every=self.keep_alive_every,
+            )
+        finally:
+            invocation.remove_files()
+        if result.lost:
+            raise _LeaseLost()
+        if result.spawn_error:
+            return self._finish(
+                step, StepStatus.FAILED, error=result.spawn_error, result=result
+            )
+        if result.timeout == "total":
+            status, error = StepStatus.TIMED_OUT, STEP_TIMED_OUT.format(ms=timeout_ms)
+        elif result.timeout == "idle":
+            status, error = StepStatus.TIMED_OUT, STEP_IDLE_TIMED_OUT.format(ms=idle_ms)
+        elif result.signal_name:
+            status, error = (
+                StepStatus.FAILED,
+                STEP_KILLED.format(name=result.signal_name),
+            )
+        elif result.exit_code != 0:
+            status, error = (
+                StepStatus.FAILED,
+                STEP_EXIT_CODE.format(code=result.exit_code),
+            )
+        else:
+            status, error = StepStatus.SUCCEEDED, None
+        if is_agent and result.timeout is None:
+            note = self._record_rate_limit(step, invocation.provider, result)
+            if note and error:
+                error += note
+        return self._finish(step, status, error=error, result=result)
+
+    def _record_rate_limit(
+        self, step: WorkflowStepRun, provider: str | None, result: ProcessResult
+    ) -> str | None:
+        signal_seen = detect_rate_limit(
+            output=f"{result.stdout}\n{result.stderr}",
+            exit_code=result.exit_code,
+            rate_limit_exit_codes=rate_limit_exit_codes(provider),
+            now=timezone.now(),
+        )
+        if signal_seen is None:
+            return None
+        if step.account_profile:
+            # Recorded before the step is finished, so no other step can start on the
+            # account in between and hit the same limit.
+            services.account_cooldown_record(
+                profile=step.account_profile,
+                tool=step.account_tool or provider,
+                until=signal_seen.until,
+                reason=COOLDOWN_REASON.format(
+                    provider=provider,
+                    step_id=step.step_id,
+                    run_id=self.run.id,
+                    snippet=signal_seen.snippet,
+                ),
+                step_run=step,
+            )
+        return RATE_LIMIT_NOTE.format(snippet=signal_seen.snippet)
+
+    def _finish(
+        self,
+        step: WorkflowStepRun,
+        status: str,
+        *,
+        error: str | None,
+        result: ProcessResult | None = None,
+    ) -> tuple[str, str | None]:
+        try:
+            services.step_finish(
+                step_run_id=step.id,
+                status=status,
+                exit_code=result.exit_code if result else None,
+                pid=result.pid if result else None,
+                duration_ms=result.duration_ms if result else None,
+                stdout=result.stdout if result else None,
+                stderr=result.stderr if result else None,
+                error=error,
+            )
+        except services.LedgerError:
+            raise _LeaseLost() from None
+        return status, error
+
+
+def run_workflow_run(run_id: str) -> str:
+    """Claim and execute one queued run; returns its final status.
+
+    Returns `not-claimed` when the run was not queued (a second delivery, a cancelled run)
+    and `lease-lost` when the run was taken away mid-way (cancelled or recovered); neither
+    writes anything further. An unexpected error fails the run (best effort) and re-raises.
+    """
+    worker = services.worker_identity()
+    run = services.run_claim(run_id=run_id, worker=worker)
+    if run is None:
+        logger.info("workflow run %s not claimed (not queued)", run_id)
+        return NOT_CLAIMED
+    execution = _RunExecution(run, worker)
+    try:
+        return execution.execute()
+    except _LeaseLost:
+        current = (
+            WorkflowRun.objects.filter(pk=run_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        logger.warning(
+            "workflow run %s was taken from this worker (now %s)", run_id, current
+        )
+        return LOST
+    except (Exception, KeyboardInterrupt, SystemExit) as exc:
+        # A bug, a database outage or the worker being stopped (SIGTERM/SIGINT in
+        # `manage.py run_workflow`): the step's process group is already gone (run_process
+        # kills it on the way out), so fail the run now rather than waiting for its lease.
+        logger.exception("workflow run %s stopped unexpectedly", run_id)
+        error = (
+            RUNNER_STOPPED
+            if isinstance(exc, KeyboardInterrupt | SystemExit)
+            else RUNNER_CRASHED.format(error=exc)
+        )
+        try:
+            services.run_finalize(run_id=run_id, status=RunStatus.FAILED, error=error)
+        except Exception:
+            logger.exception("could not fail workflow run %s; recovery will", run_id)
+        raise

@@ -1,0 +1,331 @@
+"""Helpers for the runner tests: the fake agent, hand-written workflows, child processes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from ledger.models import (
+    Loop,
+    RunStatus,
+    StepStatus,
+    WorkflowEvent,
+    WorkflowInvocation,
+    WorkflowRun,
+    WorkflowSpec,
+    WorkflowStepRun,
+    WorkflowWorkItem,
+    WorkItemStatus,
+)
+from routing.domain.templates import EVENT_WORKER_VERIFIER, step_account
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_AGENT = ROOT / "scripts" / "fake-agent"
+VENV_BIN = Path(sys.executable).parent
+PROVIDERS = ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
+
+_seq = itertools.count(1)
+
+
+@dataclass
+class FakeAgent:
+    """The fake agent wired in as every provider's binary, with its invocation records."""
+
+    record_dir: Path
+    tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def env(self, **values: str) -> None:
+        for name, value in values.items():
+            self.monkeypatch.setenv(f"FAKE_AGENT_{name.upper()}", value)
+
+    def configure(
+        self,
+        *,
+        default: dict[str, Any] | None = None,
+        profiles: dict[str, dict[str, Any]] | None = None,
+        steps: dict[str, dict[str, Any]] | None = None,
+    ) -> Path:
+        path = self.tmp_path / f"fake-agent-{next(_seq)}.json"
+        path.write_text(
+            json.dumps(
+                {
+                    "default": default or {},
+                    "profiles": profiles or {},
+                    "steps": steps or {},
+                }
+            )
+        )
+        self.monkeypatch.setenv("FAKE_AGENT_CONFIG", str(path))
+        return path
+
+    def records(self) -> list[dict[str, Any]]:
+        files = sorted(self.record_dir.glob("*.json"))
+        return [json.loads(f.read_text()) for f in files]
+
+
+def install_fake_agent(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> FakeAgent:
+    """Every provider's binary is the fake agent; fast polls and short grace for tests."""
+    record_dir = tmp_path / "agent-records"
+    record_dir.mkdir()
+    settings.LOOPSWEB_PROVIDER_BINARIES = {p: str(FAKE_AGENT) for p in PROVIDERS}
+    settings.LOOPSWEB_KILL_GRACE_SECONDS = 0.3
+    settings.LOOPSWEB_STEP_START_POLL_SECONDS = 0.05
+    settings.LOOPSWEB_RUN_LEASE_SECONDS = 30
+    settings.LOOPSWEB_COOLDOWN_BASE_SECONDS = 60
+    settings.LOOPSWEB_COOLDOWN_CAP_SECONDS = 3600
+    for name in list(os.environ):
+        if name.startswith("FAKE_AGENT_"):
+            monkeypatch.delenv(name)
+    # `#!/usr/bin/env python3` finds the venv's python first: no pyenv shim per agent start.
+    monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_AGENT_RECORD_DIR", str(record_dir))
+    return FakeAgent(record_dir=record_dir, tmp_path=tmp_path, monkeypatch=monkeypatch)
+
+
+def agent_step(
+    step_id: str,
+    *,
+    cwd: str | Path,
+    profile: str | None = "acctA",
+    provider: str = "codewith",
+    depends_on: list[str] | None = None,
+    prompt: str | None = None,
+    max_per_profile: int | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    routing: dict[str, Any] = {"role": step_id}
+    if max_per_profile is not None:
+        routing["maxPerProfile"] = max_per_profile
+    return {
+        "id": step_id,
+        "role": step_id,
+        "kind": "agent",
+        "dependsOn": depends_on if depends_on is not None else [],
+        "target": {
+            "type": "agent",
+            "provider": provider,
+            "authProfile": profile,
+            "cwd": str(cwd),
+            "prompt": prompt or f"Do the {step_id} part.",
+            "sandbox": "workspace-write",
+        },
+        "routing": routing,
+        **extra,
+    }
+
+
+def command_step(
+    step_id: str,
+    command: str,
+    *args: str,
+    cwd: str | Path | None = None,
+    depends_on: list[str] | None = None,
+    shell: bool = False,
+    env: dict[str, str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    target: dict[str, Any] = {
+        "type": "command",
+        "command": command,
+        "args": list(args),
+        "shell": shell,
+    }
+    if cwd is not None:
+        target["cwd"] = str(cwd)
+    if env:
+        target["env"] = env
+    step: dict[str, Any] = {"id": step_id, "kind": "command", "target": target, **extra}
+    if depends_on is not None:
+        step["dependsOn"] = depends_on
+    return step
+
+
+def admit_workflow(
+    steps: list[dict[str, Any]],
+    *,
+    route_key: str = "generic-event",
+    template_id: str | None = EVENT_WORKER_VERIFIER,
+) -> WorkflowRun:
+    """Rows exactly as admission leaves them (routing.services._admit), for any steps.
+
+    Generated route workflows are admitted through `route_event` in the tests; this builds
+    hand-written workflows (command steps, DAGs, timeouts) the same way.
+    """
+    n = next(_seq)
+    key = f"{route_key}:runner-test:evt-{n}-{time.time_ns()}"
+    invocation = WorkflowInvocation.objects.create(
+        template_id=template_id,
+        source_kind="event",
+        source_id=f"evt-{n}",
+        source_dedupe_key=key,
+        source_json={"kind": "event", "id": f"evt-{n}", "dedupeKey": key},
+        subject_kind="event",
+        subject_id=f"evt-{n}",
+        subject_json={"kind": "event", "id": f"evt-{n}"},
+        intent="route",
+    )
+    item = WorkflowWorkItem.objects.create(
+        route_key=route_key,
+        idempotency_key=key,
+        invocation=invocation,
+        source_type="build.failed",
+        source_ref=f"evt-{n}",
+        subject_ref=f"evt-{n}",
+        route_scope=route_key,
+        status=WorkItemStatus.QUEUED,
+    )
+    spec = WorkflowSpec.objects.create(
+        name=f"runner-test:{n}:{time.time_ns()}:workflow", steps_json=steps
+    )
+    now = timezone.now()
+    loop = Loop.objects.create(
+        name=f"runner-test:{n}:run",
+        schedule_json={"type": "once", "at": now.isoformat()},
+        target_json={
+            "type": "workflow",
+            "workflowId": spec.id,
+            "input": {
+                "workflowInvocationId": invocation.id,
+                "workflowWorkItemId": item.id,
+            },
+        },
+        overlap="skip",
+        max_attempts=1,
+        retry_delay_ms=60_000,
+        lease_ms=5_400_000,
+    )
+    item.attempts = 1
+    item.status = WorkItemStatus.ADMITTED
+    item.workflow, item.loop = spec, loop
+    item.last_reason = f"admitted by {route_key} route"
+    run = WorkflowRun.objects.create(
+        workflow=spec,
+        workflow_name=spec.name,
+        loop=loop,
+        invocation=invocation,
+        work_item=item,
+        idempotency_key=f"{item.id}:1",
+        status=RunStatus.QUEUED,
+    )
+    WorkflowStepRun.objects.bulk_create(
+        [
+            WorkflowStepRun(
+                workflow_run=run,
+                step_id=step["id"],
+                sequence=index,
+                status=StepStatus.PENDING,
+                account_profile=step_account(step)[0],
+                account_tool=step_account(step)[1],
+            )
+            for index, step in enumerate(steps)
+        ]
+    )
+    WorkflowEvent.objects.create(
+        workflow_run=run,
+        sequence=1,
+        event_type="created",
+        payload_json={"workItemId": item.id},
+    )
+    item.workflow_run = run
+    item.save()
+    return run
+
+
+def event_types(run: WorkflowRun) -> list[tuple[int, str, str | None]]:
+    return list(
+        WorkflowEvent.objects.filter(workflow_run=run)
+        .order_by("sequence")
+        .values_list("sequence", "event_type", "step_id")
+    )
+
+
+def steps_of(run: WorkflowRun) -> dict[str, WorkflowStepRun]:
+    return {s.step_id: s for s in WorkflowStepRun.objects.filter(workflow_run=run)}
+
+
+# --- child processes against the test database -------------------------------------------------
+
+
+def child_database_url() -> str:
+    """DATABASE_URL naming the database this test is using (the test database)."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    auth = quote(s.get("USER") or "", safe="")
+    if s.get("PASSWORD"):
+        auth += ":" + quote(s["PASSWORD"], safe="")
+    host = s.get("HOST") or "127.0.0.1"
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"postgres://{auth}@{host}{port}/{s['NAME']}"
+
+
+def spawn_runner(run_id: str, *, extra_env: dict[str, str]) -> subprocess.Popen[str]:
+    """`manage.py run_workflow RUN_ID` in its own session, on the test database."""
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=child_database_url(),
+        LOOPSWEB_TESTING="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
+        **extra_env,
+    )
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "run_workflow", run_id],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for(
+    condition: Callable[[], Any], *, timeout: float = 20.0, what: str = "condition"
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def kill_group_quietly(pid: int | None) -> None:
+    if not pid:
+        return
+    try:
+        os.killpg(pid, 9)
+    except OSError:
+        pass
+
+
+def iter_lines(text: str) -> Iterator[str]:
+    yield from (line for line in text.splitlines() if line.strip())
