@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef
 
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
@@ -66,9 +66,10 @@ def account_load() -> AccountLoad:
     """Load per account profile, the loopsweb way (load that cannot herd).
 
     - running: step runs in `running` with an account profile (upstream's count).
-    - reserved: for every run still `queued` (admitted, not claimed by the runner), its
-      earliest pending step that carries an account. Without this, one drain batch could
-      place every item on the same idle account before any of them starts.
+    - reserved: for every admitted run that has not started a step yet (still `queued`, or
+      claimed by the runner but before its first step starts), its earliest pending step that
+      carries an account. Without this, one drain batch could place every item on the same
+      idle account before any of them starts.
     Later steps of a started run count only once they run.
     """
     running = dict(
@@ -79,17 +80,21 @@ def account_load() -> AccountLoad:
         .annotate(n=Count("id"))
         .order_by()
     )
-    reserved: Counter[str] = Counter()
-    seen_runs: set[str] = set()
+    started = WorkflowStepRun.objects.filter(
+        workflow_run_id=OuterRef("workflow_run_id")
+    ).exclude(status=StepStatus.PENDING)
     pending = (
         WorkflowStepRun.objects.filter(
-            workflow_run__status=RunStatus.QUEUED,
+            workflow_run__status__in=(RunStatus.QUEUED, RunStatus.RUNNING),
             status=StepStatus.PENDING,
             account_profile__isnull=False,
         )
+        .exclude(Exists(started))
         .order_by("workflow_run_id", "sequence")
         .values_list("workflow_run_id", "account_profile")
     )
+    reserved: Counter[str] = Counter()
+    seen_runs: set[str] = set()
     for run_id, profile in pending:
         if run_id not in seen_runs:
             seen_runs.add(run_id)

@@ -1277,3 +1277,27 @@ def account_cooldown_record(
         row.reports = reports
         row.save()
     return row
+
+
+def runs_queued_stale(
+    *, older_than: timedelta, now: datetime | None = None
+) -> list[str]:
+    """Queued runs untouched for `older_than` (their django-q2 task was lost): ids to enqueue again.
+
+    Each returned run's updated_at is bumped, so a run is handed out again at most once per
+    window however often this is called; the runner's conditional claim makes any duplicate
+    delivery a no-op.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        ids = list(
+            WorkflowRun.objects.filter(
+                status=RunStatus.QUEUED, updated_at__lt=now - older_than
+            )
+            .order_by("created_at")
+            .values_list("id", flat=True)[:500]
+        )
+        WorkflowRun.objects.filter(id__in=ids, status=RunStatus.QUEUED).update(
+            updated_at=now
+        )
+    return ids

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.db import transaction
 from django_q.tasks import async_task
 
 from ledger.runner import run_workflow_run
-from ledger.services import runs_recover_expired
+from ledger.services import runs_queued_stale, runs_recover_expired
 
 
 def enqueue_run_workflow(run_id: str) -> None:
@@ -29,5 +32,13 @@ def run_workflow(run_id: str) -> str:
 
 
 def recover_expired_runs() -> int:
-    """django-q2 task (every minute): fail running runs whose worker lease expired."""
-    return len(runs_recover_expired())
+    """django-q2 task (every minute): fail running runs whose worker lease expired, and hand
+    queued runs whose task was lost (older than the broker's retry window) to the runner again."""
+    recovered = len(runs_recover_expired())
+    for run_id in runs_queued_stale(
+        older_than=timedelta(seconds=settings.Q_CLUSTER["retry"])
+    ):
+        async_task(
+            "ledger.tasks.run_workflow", run_id, task_name=f"run-workflow-{run_id}"
+        )
+    return recovered

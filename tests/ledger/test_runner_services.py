@@ -451,3 +451,25 @@ def test_runner_settings_come_from_the_environment_and_bad_values_are_refused(
     ]:
         bad = _runner_settings(tmp_path, **env)
         assert bad.returncode != 0 and message in bad.stderr
+
+
+@pytest.mark.django_db
+def test_queued_runs_whose_task_was_lost_are_handed_out_again_once_per_window() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger.models import WorkflowRun
+    from ledger.services import runs_queued_stale
+    from tests.routing.helpers import route
+
+    stale = route().run
+    fresh = route().run
+    WorkflowRun.objects.filter(pk=stale.pk).update(
+        updated_at=timezone.now() - timedelta(hours=1)
+    )
+    assert runs_queued_stale(older_than=timedelta(minutes=30)) == [stale.id]
+    assert (
+        runs_queued_stale(older_than=timedelta(minutes=30)) == []
+    )  # bumped: once per window
+    assert WorkflowRun.objects.get(pk=fresh.pk).status == "queued"

@@ -388,3 +388,23 @@ def test_bad_options_raise_a_clear_error(raw, message) -> None:  # type: ignore[
     with pytest.raises(ValidationError, match=message.replace("(", r"\(")):
         route(**raw)
     assert WorkflowWorkItem.objects.count() == 0
+
+
+def test_a_claimed_run_whose_first_step_has_not_started_still_reserves_its_account() -> (
+    None
+):
+    first = route(auth_profile_pool="acctA,acctB", max_per_profile=1)
+    # The runner claimed the run but has not started the worker step yet.
+    WorkflowRun.objects.filter(pk=first.run.pk).update(status="running")
+    second = route(auth_profile_pool="acctA,acctB", max_per_profile=1)
+    assert second.kind == "created"
+    assert second.account_profiles["worker"] != first.account_profiles["worker"]
+    assert (
+        route(auth_profile_pool="acctA,acctB", max_per_profile=1).reason_code
+        == "profile_cap"
+    )
+    # Once a step of the first run has run, its later steps no longer reserve anything.
+    WorkflowStepRun.objects.filter(workflow_run=first.run, step_id="worker").update(
+        status="succeeded"
+    )
+    assert route(auth_profile_pool="acctA,acctB", max_per_profile=1).kind == "created"
