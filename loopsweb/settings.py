@@ -211,7 +211,9 @@ X_FRAME_OPTIONS = "DENY"
 # django-q2: the ORM broker on the default database. `retry` must exceed `timeout`, or a
 # long task's lock expires and the task is handed out twice; catch_up off so a cluster that
 # was down does not replay every missed drain at once.
-Q_TIMEOUT = env_int("Q_TIMEOUT", 1800, minimum=1)
+# A workflow run is one task: the timeout matches the one-shot loop lease upstream gives a run
+# (90 min). A run that outlives it is killed and its lease recovery fails it cleanly.
+Q_TIMEOUT = env_int("Q_TIMEOUT", 5400, minimum=1)
 Q_RETRY = env_int("Q_RETRY", Q_TIMEOUT + 300, minimum=2)
 if Q_RETRY <= Q_TIMEOUT:
     raise ImproperlyConfigured(
