@@ -16,7 +16,7 @@ from django.db.models import Q
 from ledger.ids import new_id
 
 
-def _id_field() -> models.CharField:
+def id_field() -> models.CharField:
     return models.CharField(
         primary_key=True, max_length=32, default=new_id, editable=False
     )
@@ -137,7 +137,7 @@ class Overlap(models.TextChoices):
 class WorkflowInvocation(TimestampedModel):
     """One row per routed source event (per dedupe key)."""
 
-    id = _id_field()
+    id = id_field()
     workflow_id = models.CharField(max_length=32, null=True, blank=True)
     template_id = models.CharField(max_length=200, null=True, blank=True)
     source_kind = models.CharField(max_length=50)
@@ -185,7 +185,7 @@ class WorkflowInvocation(TimestampedModel):
 class WorkflowSpec(TimestampedModel):
     """A workflow definition (upstream calls the table `workflow_specs`; there is no `workflows`)."""
 
-    id = _id_field()
+    id = id_field()
     name = models.CharField(max_length=500)
     description = models.TextField(null=True, blank=True)
     version = models.IntegerField(default=1)
@@ -215,7 +215,7 @@ class WorkflowSpec(TimestampedModel):
 
 
 class Loop(TimestampedModel):
-    id = _id_field()
+    id = id_field()
     name = models.CharField(max_length=500)
     description = models.TextField(null=True, blank=True)
     status = models.CharField(
@@ -257,7 +257,7 @@ class Loop(TimestampedModel):
 
 
 class LoopRun(TimestampedModel):
-    id = _id_field()
+    id = id_field()
     loop = models.ForeignKey(
         Loop, on_delete=models.CASCADE, db_index=False, related_name="runs"
     )
@@ -312,7 +312,7 @@ class LoopRun(TimestampedModel):
 
 
 class WorkflowRun(TimestampedModel):
-    id = _id_field()
+    id = id_field()
     workflow = models.ForeignKey(
         WorkflowSpec, on_delete=models.CASCADE, db_index=False, related_name="runs"
     )
@@ -401,7 +401,7 @@ class WorkflowRun(TimestampedModel):
 
 
 class WorkflowStepRun(TimestampedModel):
-    id = _id_field()
+    id = id_field()
     workflow_run = models.ForeignKey(
         WorkflowRun, on_delete=models.CASCADE, db_index=False, related_name="step_runs"
     )
@@ -446,7 +446,7 @@ class WorkflowStepRun(TimestampedModel):
 
 
 class WorkflowEvent(models.Model):
-    id = _id_field()
+    id = id_field()
     workflow_run = models.ForeignKey(
         WorkflowRun, on_delete=models.CASCADE, db_index=False, related_name="events"
     )
@@ -473,7 +473,7 @@ class WorkflowEvent(models.Model):
 class WorkflowWorkItem(TimestampedModel):
     """The admission queue: one row per (route_key, idempotency_key)."""
 
-    id = _id_field()
+    id = id_field()
     route_key = models.CharField(max_length=100)
     idempotency_key = models.CharField(max_length=500)
     invocation = models.ForeignKey(
@@ -572,7 +572,7 @@ class WorkItemDeferral(models.Model):
     transaction.
     """
 
-    id = _id_field()
+    id = id_field()
     work_item = models.ForeignKey(
         WorkflowWorkItem,
         on_delete=models.CASCADE,

@@ -186,6 +186,18 @@ def _lock_run(run_id: str) -> WorkflowRun:
         raise NotFound(RUN_NOT_FOUND.format(run_id=run_id)) from None
 
 
+def _lock_step(step_run_id: str) -> tuple[WorkflowRun, WorkflowStepRun]:
+    """Lock a step's run row (as `_lock_run`), then the step row itself."""
+    try:
+        step = WorkflowStepRun.objects.only("id", "workflow_run_id").get(pk=step_run_id)
+    except WorkflowStepRun.DoesNotExist:
+        raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id)) from None
+    run = _lock_run(step.workflow_run_id)
+    return run, WorkflowStepRun.objects.select_for_update(no_key=True).get(
+        pk=step_run_id
+    )
+
+
 def _append_event(
     run_id: str,
     event_type: str,
@@ -625,16 +637,7 @@ def step_start(
     now = _now(now)
     with transaction.atomic():
         admission_lock()
-        try:
-            step = WorkflowStepRun.objects.only("id", "workflow_run_id").get(
-                pk=step_run_id
-            )
-        except WorkflowStepRun.DoesNotExist:
-            raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id)) from None
-        run = _lock_run(step.workflow_run_id)
-        step = WorkflowStepRun.objects.select_for_update(no_key=True).get(
-            pk=step_run_id
-        )
+        run, step = _lock_step(step_run_id)
         if (
             run.status != RunStatus.RUNNING
             or run.claimed_by != worker
@@ -767,16 +770,7 @@ def step_finish(
         raise LedgerError(STEP_STATUS_NOT_FINAL.format(status=status))
     now = _now(now)
     with transaction.atomic():
-        try:
-            step = WorkflowStepRun.objects.only("id", "workflow_run_id").get(
-                pk=step_run_id
-            )
-        except WorkflowStepRun.DoesNotExist:
-            raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id)) from None
-        run = _lock_run(step.workflow_run_id)
-        step = WorkflowStepRun.objects.select_for_update(no_key=True).get(
-            pk=step_run_id
-        )
+        run, step = _lock_step(step_run_id)
         if step.status != StepStatus.RUNNING or run.status != RunStatus.RUNNING:
             raise LedgerError(
                 STEP_NOT_RUNNING.format(
@@ -815,16 +809,7 @@ def step_skip(
     """Skip a pending (or running) step, e.g. after an earlier step failed; event `step_skipped`."""
     now = _now(now)
     with transaction.atomic():
-        try:
-            step = WorkflowStepRun.objects.only("id", "workflow_run_id").get(
-                pk=step_run_id
-            )
-        except WorkflowStepRun.DoesNotExist:
-            raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id)) from None
-        run = _lock_run(step.workflow_run_id)
-        step = WorkflowStepRun.objects.select_for_update(no_key=True).get(
-            pk=step_run_id
-        )
+        run, step = _lock_step(step_run_id)
         if step.status not in OPEN_STEP_STATUSES or run.status != RunStatus.RUNNING:
             raise LedgerError(
                 STEP_NOT_CLAIMABLE.format(

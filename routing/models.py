@@ -5,14 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from ledger.ids import new_id
-from ledger.models import WorkflowWorkItem
-
-
-def _id_field() -> models.CharField:
-    return models.CharField(
-        primary_key=True, max_length=32, default=new_id, editable=False
-    )
+from ledger.models import WorkflowWorkItem, id_field
 
 
 class InboxState(models.TextChoices):
@@ -30,7 +23,7 @@ OPEN_INBOX_STATES = (InboxState.PENDING, InboxState.DEFERRED)
 class InboxEvent(models.Model):
     """A delivered Hasna event envelope and where routing has taken it."""
 
-    id = _id_field()
+    id = id_field()
     source = models.CharField(max_length=200)
     event_id = models.CharField(max_length=500)
     event_type = models.CharField(max_length=200)
@@ -101,7 +94,7 @@ class InboxEvent(models.Model):
 class DrainRecord(models.Model):
     """One drain: its options, scope, timing, counts and compact per-item results."""
 
-    id = _id_field()
+    id = id_field()
     kind = models.CharField(max_length=40)
     name = models.CharField(max_length=200, null=True, blank=True)
     route_scope = models.CharField(max_length=200, null=True, blank=True)
@@ -137,7 +130,7 @@ class DrainRecord(models.Model):
 class ApiToken(models.Model):
     """A bearer token for the JSON API. Only its SHA-256 is stored; the token is shown once."""
 
-    id = _id_field()
+    id = id_field()
     name = models.CharField(max_length=100, unique=True)
     token_hash = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
