@@ -410,7 +410,7 @@ def _route_one(
             now=now,
         )
         if candidate.inbox_id and not dry_run:
-            _inbox_update(candidate.inbox_id, result, now)
+            inbox_record_route(candidate.inbox_id, result, now)
     result.dry_run = dry_run
     return result.to_dict()
 
@@ -423,7 +423,7 @@ _INBOX_STATE = {
 }
 
 
-def _inbox_update(inbox_id: str, result: RouteResult, now: datetime) -> None:
+def inbox_record_route(inbox_id: str, result: RouteResult, now: datetime) -> None:
     InboxEvent.objects.filter(pk=inbox_id).update(
         state=_INBOX_STATE[result.kind],
         work_item=result.work_item,
@@ -435,7 +435,9 @@ def _inbox_update(inbox_id: str, result: RouteResult, now: datetime) -> None:
     )
 
 
-def _inbox_note(candidate: Candidate, result: Mapping[str, Any], now: datetime) -> None:
+def inbox_record_hold(
+    candidate: Candidate, result: Mapping[str, Any], now: datetime
+) -> None:
     """Record a pre-checked or failed item on its inbox row (no admission happened)."""
     if not candidate.inbox_id:
         return
@@ -571,7 +573,7 @@ def _drain_loop(
                 "event": {"id": candidate.envelope.id, "type": candidate.envelope.type},
             }
         if (result.get("precheck") or result.get("fatal")) and not report.dry_run:
-            _inbox_note(candidate, result, now)
+            inbox_record_hold(candidate, result, now)
         _count(report, result)
         if progress:
             progress(report)

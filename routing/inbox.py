@@ -1,7 +1,8 @@
 """The event inbox: delivered envelopes, stored idempotently on (source, id).
 
 `inbox_ingest` is the one write path (the `ingest_events` command and the HTTP API):
-1. Every envelope is validated first; an invalid one is reported with its position.
+1. Every envelope is validated first (shape, storable values, column lengths); an invalid
+   one is reported with its position.
 2. With `all_or_nothing` (the default), any invalid envelope means nothing is stored.
 3. Valid envelopes are inserted unless (source, id) already exists: a duplicate delivery,
    within the batch or across batches, changes nothing and is reported as duplicate.
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.exceptions import ValidationError as ModelValidationError
 from django.db import connection, transaction
 
 from routing.domain.errors import ApplicationError
@@ -79,6 +81,40 @@ def _row(envelope: Envelope) -> InboxEvent:
     )
 
 
+# Envelope names for inbox columns, so a too-long value is reported as the producer sent it.
+_COLUMN_NAMES = {
+    "source": "event.source",
+    "event_id": "event.id",
+    "event_type": "event.type",
+    "subject": "event.subject",
+    "event_time": "event.time",
+    "project_hint": "project path",
+}
+
+
+_UNCHECKED_FIELDS = [
+    f.name for f in InboxEvent._meta.concrete_fields if f.name not in _COLUMN_NAMES
+]
+
+
+def _checked_row(envelope: Envelope) -> InboxEvent:
+    """The inbox row for an envelope, refused when a value overflows its column.
+
+    SQLite ignores varchar lengths and PostgreSQL raises mid-batch; checking each row first
+    keeps a rejected batch free of writes on both. `clean_fields` runs no queries.
+    """
+    row = _row(envelope)
+    try:
+        # Only the envelope's text columns: an empty `data` {} is valid though "blank".
+        row.clean_fields(exclude=_UNCHECKED_FIELDS)
+    except ModelValidationError as exc:
+        column, messages = next(iter(exc.message_dict.items()))
+        raise ApplicationError(
+            f"{_COLUMN_NAMES.get(column, column)}: {messages[0]}"
+        ) from None
+    return row
+
+
 def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
     chunk: list[Any] = []
     for item in items:
@@ -110,19 +146,20 @@ def inbox_ingest(
                 )
         batch_keys: set[tuple[str, str]] = set()
         for chunk in _chunks(items, CHUNK):
-            valid: list[Envelope] = []
+            valid: list[tuple[Envelope, InboxEvent]] = []
             for position, obj in chunk:
                 try:
                     if isinstance(
                         obj, ApplicationError
                     ):  # the reader already found it invalid
                         raise obj
-                    valid.append(parse_envelope(obj))
+                    envelope = parse_envelope(obj)
+                    valid.append((envelope, _checked_row(envelope)))
                 except ApplicationError as exc:
                     report.invalid.append({"at": position, "error": str(exc)})
-            existing = _existing_keys(valid)
+            existing = _existing_keys([envelope for envelope, _ in valid])
             rows = []
-            for envelope in valid:
+            for envelope, row in valid:
                 key = (envelope.source, envelope.id)
                 ref = {"source": envelope.source, "id": envelope.id}
                 if key in existing or key in batch_keys:
@@ -130,7 +167,7 @@ def inbox_ingest(
                     continue
                 batch_keys.add(key)
                 report.new.append(ref)
-                rows.append(_row(envelope))
+                rows.append(row)
             if rows and not dry_run and not (all_or_nothing and report.invalid):
                 InboxEvent.objects.bulk_create(rows)
             seen += len(chunk)

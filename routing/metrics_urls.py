@@ -1,6 +1,10 @@
 from __future__ import annotations
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
+
+from routing.metrics import metrics_view
 
 app_name = "metrics"
-urlpatterns: list[URLPattern] = []
+urlpatterns: list[URLPattern] = [
+    path("metrics", metrics_view, name="metrics"),
+]

@@ -1,6 +1,21 @@
+"""The /ops/ operator pages (staff only; see routing.ops_views)."""
+
 from __future__ import annotations
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
+
+from routing import ops_views
 
 app_name = "ops"
-urlpatterns: list[URLPattern] = []
+urlpatterns: list[URLPattern] = [
+    path("", ops_views.overview, name="overview"),
+    path("deferrals/", ops_views.deferrals, name="deferrals"),
+    path(
+        "deferrals/<str:item_id>/",
+        ops_views.work_item_deferrals,
+        name="work-item",
+    ),
+    path("accounts/", ops_views.accounts, name="accounts"),
+    path("drains/", ops_views.drains, name="drains"),
+    path("drains/<str:drain_id>/", ops_views.drain_detail, name="drain"),
+]

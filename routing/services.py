@@ -26,7 +26,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.db import models, transaction
 from django.utils import timezone
 
 from ledger.models import (
@@ -542,6 +543,49 @@ def plan_route(
     )
 
 
+def _column_limit(model: type[models.Model], name: str) -> int:
+    limit = model._meta.get_field(name).max_length
+    assert limit is not None
+    return limit
+
+
+def check_plan_fits_columns(plan: RoutePlan) -> None:
+    """Refuse a plan whose values overflow a ledger column, before anything is written.
+
+    SQLite ignores varchar lengths but PostgreSQL raises mid-transaction; checking the plan
+    keeps "bad input writes nothing, with a clear error" true on both (DESIGN rule 4).
+    """
+    checks: list[tuple[str, str | None, type[models.Model], str]] = [
+        ("idempotency key", plan.idempotency_key, WorkflowWorkItem, "idempotency_key"),
+        ("event.id", plan.envelope.id, WorkflowWorkItem, "source_ref"),
+        ("event.type", plan.envelope.type, WorkflowWorkItem, "source_type"),
+        ("subject", plan.subject_ref, WorkflowWorkItem, "subject_ref"),
+        ("project group", plan.project_group, WorkflowWorkItem, "project_group"),
+        ("route scope", plan.scope, WorkflowWorkItem, "route_scope"),
+        ("workflow name", plan.workflow_name, WorkflowSpec, "name"),
+        ("loop name", plan.loop_name, Loop, "name"),
+        (
+            "subject id",
+            plan.invocation_fields.get("subject_id"),
+            WorkflowInvocation,
+            "subject_id",
+        ),
+    ]
+    checks += [
+        ("pool account", member, WorkflowStepRun, "account_profile")
+        for member in plan.pool
+    ]
+    for step in plan.spec.get("steps") or []:
+        profile, tool = step_account(step)
+        checks.append(("step account", profile, WorkflowStepRun, "account_profile"))
+        checks.append(("step tool", tool, WorkflowStepRun, "account_tool"))
+        checks.append(("step id", step.get("id"), WorkflowStepRun, "step_id"))
+    for what, value, model, column in checks:
+        limit = _column_limit(model, column)
+        if isinstance(value, str) and len(value) > limit:
+            raise ValidationError(f"{what} is longer than {limit} characters")
+
+
 # --- stage 3: the admission transaction -------------------------------------------------------
 
 
@@ -959,7 +1003,7 @@ def route_event(
     if isinstance(envelope, Envelope):
         parsed = envelope
     elif isinstance(envelope, str):
-        parsed = load_envelope(envelope)
+        parsed = load_envelope(envelope, max_depth=settings.LOOPSWEB_MAX_JSON_DEPTH)
     else:
         parsed = parse_envelope(envelope)
     now = now or timezone.now()
@@ -972,6 +1016,7 @@ def route_event(
     )
     if isinstance(plan, RouteResult):
         return plan
+    check_plan_fits_columns(plan)
     if not options.dry_run:
         early = _early_dedupe(plan, now)
         if early is not None:

@@ -7,7 +7,6 @@ large inbox keeps a small, bounded memory footprint.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -16,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from routing.domain.errors import ApplicationError, ValidationError
 from routing.domain.events import (
     Envelope,
@@ -23,6 +24,7 @@ from routing.domain.events import (
     record_tags,
     todos_project_path_hint,
 )
+from routing.domain.jsontext import loads_limited
 from routing.domain.keys import TODOS_TASK
 from routing.models import OPEN_INBOX_STATES, InboxEvent
 
@@ -124,9 +126,14 @@ def run_source_command(
             f"source command exited {proc.returncode}: {argv[0]}: {tail}"
         )
     try:
-        value = json.loads(out)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise SourceCommandError(f"source command output is not JSON: {exc}") from None
+        # Depth-checked before parsing: hostile output cannot exhaust the parser's recursion.
+        value = loads_limited(
+            out, max_depth=settings.LOOPSWEB_MAX_JSON_DEPTH, array_wrapper=True
+        )
+    except ValidationError as exc:
+        raise SourceCommandError(
+            f"source command output is not acceptable JSON: {exc}"
+        ) from None
     if not isinstance(value, list):
         raise SourceCommandError("source command must print a JSON array")
     return value

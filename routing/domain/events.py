@@ -3,7 +3,9 @@
 Contract:
 1. An envelope is a JSON object with non-blank string ``id``, ``type`` and ``source``;
    ``data`` and ``metadata`` become ``{}`` when they are not objects. Violations raise
-   ``ValidationError`` with upstream's exact messages, checked in that order.
+   ``ValidationError`` with upstream's exact messages, checked in that order. An envelope
+   holding a value no database can store (NUL, unpaired surrogates, NaN) is refused too
+   (``routing.domain.jsontext``), so bad input fails here instead of inside an INSERT.
 2. ``task_field(record, *keys)``: for each key in turn, look in ``record``, then
    ``record.task``, ``record.payload``, ``record.payload.task``; the first non-blank
    string wins, trimmed. Non-strings never match.
@@ -15,7 +17,6 @@ Contract:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,12 @@ from routing.domain.errors import (
     EVENT_SOURCE_REQUIRED,
     EVENT_TYPE_REQUIRED,
     ValidationError,
+)
+from routing.domain.jsontext import (
+    DEFAULT_MAX_DEPTH,
+    JsonSyntaxError,
+    loads_limited,
+    unstorable_reason,
 )
 
 TAG_KEYS: tuple[str, ...] = ("tags", "task_tags", "taskTags")
@@ -107,7 +114,7 @@ def _required(obj: Mapping[str, Any], key: str, message: str) -> str:
 def parse_envelope(obj: object) -> Envelope:
     if not isinstance(obj, dict):
         raise ValidationError(EVENT_NOT_OBJECT)
-    return Envelope(
+    envelope = Envelope(
         id=_required(obj, "id", EVENT_ID_REQUIRED),
         type=_required(obj, "type", EVENT_TYPE_REQUIRED),
         source=_required(obj, "source", EVENT_SOURCE_REQUIRED),
@@ -117,14 +124,20 @@ def parse_envelope(obj: object) -> Envelope:
         metadata=object_field(obj.get("metadata")) or {},
         raw=obj,
     )
+    unstorable = unstorable_reason(obj)
+    if unstorable:
+        raise ValidationError(f"event JSON cannot be stored: {unstorable}")
+    return envelope
 
 
-def load_envelope(text: str) -> Envelope:
+def load_envelope(text: str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Envelope:
     """Parse envelope JSON text; invalid JSON is a ``ValidationError`` like any bad input."""
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValidationError(EVENT_INVALID_JSON.format(error=exc)) from exc
+        obj = loads_limited(text, max_depth=max_depth)
+    except JsonSyntaxError as exc:
+        raise ValidationError(EVENT_INVALID_JSON.format(error=exc.error)) from None
+    except ValidationError as exc:  # too deep, NaN, unstorable strings
+        raise ValidationError(f"event JSON is refused: {exc}") from None
     return parse_envelope(obj)
 
 

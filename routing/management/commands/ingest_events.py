@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from routing.domain.errors import ValidationError
+from routing.domain.jsontext import loads_limited
 from routing.inbox import IngestRejected, IngestReport, inbox_ingest
 
 PROGRESS_EVERY = 10_000
@@ -111,8 +112,10 @@ class Command(BaseCommand):
                     f"JSON array is larger than {settings.LOOPSWEB_MAX_INGEST_BYTES} bytes; use JSON Lines"
                 )
             try:
-                values = json.loads(body)
-            except (ValueError, UnicodeDecodeError) as exc:
+                values = loads_limited(
+                    body, max_depth=settings.LOOPSWEB_MAX_JSON_DEPTH, array_wrapper=True
+                )
+            except ValidationError as exc:
                 raise CommandError(f"file is not valid JSON: {exc}") from None
             for index, value in enumerate(values, start=1):
                 yield f"item {index}", value
@@ -120,9 +123,9 @@ class Command(BaseCommand):
         if len(head) <= limit:
             # Small input: one (possibly pretty-printed) envelope, or a few JSON lines.
             try:
-                whole = json.loads(head)
-            except (ValueError, UnicodeDecodeError):
-                whole = None
+                whole = loads_limited(head, max_depth=settings.LOOPSWEB_MAX_JSON_DEPTH)
+            except ValidationError:
+                whole = None  # read it as JSON Lines, reporting each bad line
             if isinstance(whole, dict):
                 yield "item 1", whole
                 return
@@ -147,6 +150,8 @@ class Command(BaseCommand):
         if len(line) > limit:
             return where, ValidationError(f"envelope is larger than {limit} bytes")
         try:
-            return where, json.loads(line)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return where, ValidationError(f"invalid JSON: {exc}")
+            return where, loads_limited(
+                line, max_depth=settings.LOOPSWEB_MAX_JSON_DEPTH
+            )
+        except ValidationError as exc:
+            return where, exc

@@ -1,0 +1,90 @@
+"""The one way into the JSON API and /metrics: a bearer token with a scope, or a staff session.
+
+Contract of `api_auth(scope, methods=..., allow_staff=...)`:
+1. `Authorization: Bearer <token>` present: the token must be live (401 otherwise) and carry
+   `scope` (403 otherwise). A bad token is refused even when a staff session is also present,
+   so a script never succeeds by accident through a browser cookie.
+2. No Authorization header: with `allow_staff` (read views) a staff session passes and a
+   signed-in non-staff user gets 403; anyone else, and every session on token-only views,
+   gets 401 with `WWW-Authenticate: Bearer`.
+3. Only then the method: anything outside `methods` is 405 with `Allow`. Authenticating first
+   means anonymous callers learn nothing, not even which methods exist.
+Every refusal is JSON `{"error": "..."}`. Views that accept token-only writes are also
+`csrf_exempt`: bearer tokens are not ambient credentials, so there is no CSRF to forge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import wraps
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from routing.models import ApiToken
+from routing.tokens import api_token_authenticate
+
+View = Callable[..., HttpResponse]
+
+AUTH_REQUIRED = "authentication required: send Authorization: Bearer <token>"
+AUTH_MALFORMED = "malformed Authorization header (expected: Bearer <token>)"
+AUTH_INVALID = "invalid or revoked token"
+AUTH_SCOPE = "this token lacks the {scope!r} scope"
+AUTH_NOT_STAFF = "staff access required"
+METHOD_NOT_ALLOWED = "method {method} not allowed"
+
+
+def json_error(message: str, status: int, **headers: str) -> JsonResponse:
+    response = JsonResponse({"error": message}, status=status)
+    for name, value in headers.items():
+        response[name.replace("_", "-")] = value
+    return response
+
+
+def _bearer(request: HttpRequest) -> str | None:
+    """The presented token; "" for a malformed header; None when there is no header."""
+    header = request.META.get("HTTP_AUTHORIZATION")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return ""
+    return token.strip()
+
+
+def api_auth(
+    scope: str, *, methods: Iterable[str] = ("GET",), allow_staff: bool = True
+) -> Callable[[View], View]:
+    allowed = tuple(methods)
+
+    def decorator(view: View) -> View:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            token = _bearer(request)
+            api_token: ApiToken | None = None
+            if token is not None:
+                if not token:
+                    return json_error(AUTH_MALFORMED, 401, WWW_Authenticate="Bearer")
+                api_token = api_token_authenticate(token)
+                if api_token is None:
+                    return json_error(AUTH_INVALID, 401, WWW_Authenticate="Bearer")
+                if scope not in (api_token.scopes or []):
+                    return json_error(AUTH_SCOPE.format(scope=scope), 403)
+            else:
+                user = getattr(request, "user", None) if allow_staff else None
+                if user is None or not user.is_authenticated:
+                    return json_error(AUTH_REQUIRED, 401, WWW_Authenticate="Bearer")
+                if not (user.is_active and user.is_staff):
+                    return json_error(AUTH_NOT_STAFF, 403)
+            if request.method not in allowed:
+                return json_error(
+                    METHOD_NOT_ALLOWED.format(method=request.method),
+                    405,
+                    Allow=", ".join(allowed),
+                )
+            request.api_token = api_token  # type: ignore[attr-defined]
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorator

@@ -1,0 +1,96 @@
+"""Query-string validation for the JSON API (Django forms, one per endpoint).
+
+Unknown parameters are refused rather than ignored: a typo in `max_active` or `status` must
+not silently drop a cap or a filter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from ledger.models import WorkItemStatus
+from routing.api_serializers import cursor_decode
+from routing.cli import KINDS
+from routing.domain.errors import ApplicationError
+from routing.domain.keys import ROUTE_KEYS
+from routing.services import OPTION_NAMES, route_options
+
+MAX_PAGE = 200
+DEFAULT_PAGE = 50
+# Route options the ingest endpoint takes from its query string. Dry runs are left out: the
+# events are stored either way, so a dry-run admission would report on rows it keeps.
+INGEST_ROUTE_OPTIONS = tuple(name for name in OPTION_NAMES if name != "dry_run")
+
+
+class StrictQueryForm(forms.Form):
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        unknown = sorted(set(self.data) - set(self.fields))
+        if unknown:
+            raise forms.ValidationError(f"unknown query parameter: {unknown[0]}")
+        return cleaned
+
+    def first_error(self) -> str:
+        for field, errors in self.errors.items():
+            prefix = "" if field == "__all__" else f"{field}: "
+            return f"{prefix}{errors[0]}"
+        return "invalid query"
+
+
+class CursorField(forms.CharField):
+    def clean(self, value: Any) -> Any:
+        text = super().clean(value)
+        if not text:
+            return None
+        try:
+            return cursor_decode(text)
+        except ValueError:
+            raise forms.ValidationError("invalid cursor") from None
+
+
+class PageForm(StrictQueryForm):
+    cursor = CursorField(required=False, max_length=200)
+    limit = forms.IntegerField(required=False, min_value=1, max_value=MAX_PAGE)
+
+    def clean_limit(self) -> int:
+        return self.cleaned_data.get("limit") or DEFAULT_PAGE
+
+
+class WorkItemQueryForm(PageForm):
+    status = forms.ChoiceField(required=False, choices=WorkItemStatus.choices)
+    route_scope = forms.CharField(required=False, max_length=200)
+    project = forms.CharField(required=False)
+    reason_code = forms.CharField(required=False, max_length=40)
+    account = forms.CharField(required=False, max_length=200)
+
+
+class DrainQueryForm(PageForm):
+    kind = forms.ChoiceField(required=False, choices=[(k, k) for k in ROUTE_KEYS])
+    route_scope = forms.CharField(required=False, max_length=200)
+
+
+class IngestQueryForm(StrictQueryForm):
+    """`route=now` routes the accepted events at once with `kind` and the route options."""
+
+    route = forms.ChoiceField(required=False, choices=[("now", "now")])
+    kind = forms.ChoiceField(required=False, choices=[(k, k) for k in KINDS])
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in INGEST_ROUTE_OPTIONS:
+            # Text here; route_options() parses and validates with the CLI's own messages.
+            self.fields[name] = forms.CharField(required=False, strip=True)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        raw = {n: cleaned[n] for n in INGEST_ROUTE_OPTIONS if cleaned.get(n)}
+        if raw and cleaned.get("route") != "now":
+            raise forms.ValidationError("route options need route=now")
+        try:
+            cleaned["route_options"] = route_options(raw)
+        except ApplicationError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        cleaned["kind"] = cleaned.get("kind") or "generic"
+        return cleaned

@@ -1,0 +1,327 @@
+"""JSON shapes of the API: `<thing>_to_dict` functions returning TypedDicts.
+
+Keys are camelCase like upstream's reports (DESIGN rule 6); times are ISO 8601 in UTC with a
+`Z`. Step output and drain evidence stay out of lists; details carry what the ops pages show.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime
+from typing import Any, TypedDict
+
+from ledger.models import (
+    WorkflowRun,
+    WorkflowStepRun,
+    WorkflowWorkItem,
+    WorkItemDeferral,
+)
+from routing.models import DrainRecord, InboxEvent
+from routing.ops_selectors import AccountRow
+from routing.services import work_item_to_dict
+
+
+def iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+# --- cursors ----------------------------------------------------------------------------------
+
+
+def cursor_encode(key: tuple[datetime, str]) -> str:
+    """An opaque page cursor: clients pass it back and never build one."""
+    raw = json.dumps([key[0].isoformat(), key[1]], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def cursor_decode(cursor: str) -> tuple[datetime, str]:
+    """The (timestamp, id) key of a cursor; ValueError when it is not one of ours."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        moment, row_id = json.loads(raw)
+        parsed = datetime.fromisoformat(moment)
+    except (binascii.Error, ValueError, TypeError):
+        raise ValueError("invalid cursor") from None
+    # Ids are printable ASCII; a forged cursor must not carry NUL or lone surrogates into
+    # the WHERE clause, where PostgreSQL raises instead of matching nothing.
+    if not (isinstance(row_id, str) and row_id.isascii() and row_id.isprintable()):
+        raise ValueError("invalid cursor")
+    if parsed.tzinfo is None:
+        raise ValueError("invalid cursor")
+    return parsed, row_id
+
+
+# --- work items -------------------------------------------------------------------------------
+
+
+class WorkItemDict(TypedDict):
+    id: str
+    routeKey: str
+    idempotencyKey: str
+    status: str
+    attempts: int
+    routeScope: str | None
+    projectKey: str | None
+    projectGroup: str | None
+    lastReason: str | None
+    reasonCode: str | None
+    workflowId: str | None
+    loopId: str | None
+    workflowRunId: str | None
+    sourceType: str
+    sourceRef: str
+    subjectRef: str
+    createdAt: str | None
+    updatedAt: str | None
+
+
+class DeferralDict(TypedDict):
+    id: str
+    reasonCode: str
+    reason: str
+    routeScope: str | None
+    projectKey: str | None
+    projectGroup: str | None
+    counts: Any
+    limits: Any
+    createdAt: str | None
+
+
+class StepDict(TypedDict):
+    id: str
+    stepId: str
+    sequence: int
+    status: str
+    accountProfile: str | None
+    accountTool: str | None
+    startedAt: str | None
+    finishedAt: str | None
+    exitCode: int | None
+    durationMs: int | None
+    error: str | None
+
+
+class RunDict(TypedDict):
+    id: str
+    workflowName: str
+    status: str
+    createdAt: str | None
+    startedAt: str | None
+    finishedAt: str | None
+    durationMs: int | None
+    error: str | None
+    steps: list[StepDict]
+
+
+class InboxRefDict(TypedDict):
+    id: str
+    source: str
+    eventId: str
+    type: str
+    state: str
+    receivedAt: str | None
+
+
+class WorkItemDetailDict(WorkItemDict):
+    deferrals: list[DeferralDict]
+    runs: list[RunDict]
+    inboxEvents: list[InboxRefDict]
+
+
+def work_item_summary(item: WorkflowWorkItem) -> WorkItemDict:
+    # work_item_to_dict is the admission report's shape; the API adds source and timestamps.
+    base = work_item_to_dict(item)
+    return WorkItemDict(
+        id=base["id"],
+        routeKey=base["routeKey"],
+        idempotencyKey=base["idempotencyKey"],
+        status=base["status"],
+        attempts=base["attempts"],
+        routeScope=base["routeScope"],
+        projectKey=base["projectKey"],
+        projectGroup=base["projectGroup"],
+        lastReason=base["lastReason"],
+        reasonCode=base["reasonCode"],
+        workflowId=base["workflowId"],
+        loopId=base["loopId"],
+        workflowRunId=base["workflowRunId"],
+        sourceType=item.source_type,
+        sourceRef=item.source_ref,
+        subjectRef=item.subject_ref,
+        createdAt=iso(item.created_at),
+        updatedAt=iso(item.updated_at),
+    )
+
+
+def deferral_to_dict(deferral: WorkItemDeferral) -> DeferralDict:
+    return DeferralDict(
+        id=deferral.id,
+        reasonCode=deferral.reason_code,
+        reason=deferral.reason,
+        routeScope=deferral.route_scope,
+        projectKey=deferral.project_key,
+        projectGroup=deferral.project_group,
+        counts=deferral.counts_json,
+        limits=deferral.limits_json,
+        createdAt=iso(deferral.created_at),
+    )
+
+
+def step_to_dict(step: WorkflowStepRun) -> StepDict:
+    return StepDict(
+        id=step.id,
+        stepId=step.step_id,
+        sequence=step.sequence,
+        status=step.status,
+        accountProfile=step.account_profile,
+        accountTool=step.account_tool,
+        startedAt=iso(step.started_at),
+        finishedAt=iso(step.finished_at),
+        exitCode=step.exit_code,
+        durationMs=step.duration_ms,
+        error=step.error,
+    )
+
+
+def run_to_dict(run: WorkflowRun) -> RunDict:
+    return RunDict(
+        id=run.id,
+        workflowName=run.workflow_name,
+        status=run.status,
+        createdAt=iso(run.created_at),
+        startedAt=iso(run.started_at),
+        finishedAt=iso(run.finished_at),
+        durationMs=run.duration_ms,
+        error=run.error,
+        steps=[step_to_dict(s) for s in run.step_runs.all()],
+    )
+
+
+def inbox_ref_to_dict(event: InboxEvent) -> InboxRefDict:
+    return InboxRefDict(
+        id=event.id,
+        source=event.source,
+        eventId=event.event_id,
+        type=event.event_type,
+        state=event.state,
+        receivedAt=iso(event.received_at),
+    )
+
+
+def work_item_detail_to_dict(item: WorkflowWorkItem) -> WorkItemDetailDict:
+    """Needs `api_selectors.work_item_detail`'s prefetches (else one query per relation row)."""
+    return WorkItemDetailDict(
+        **work_item_summary(item),
+        deferrals=[deferral_to_dict(d) for d in item.deferrals.all()],
+        runs=[run_to_dict(r) for r in item.runs.all()],
+        inboxEvents=[inbox_ref_to_dict(e) for e in item.inbox_events.all()],
+    )
+
+
+# --- drains -----------------------------------------------------------------------------------
+
+
+class DrainDict(TypedDict):
+    id: str
+    kind: str
+    name: str | None
+    routeScope: str | None
+    source: str
+    dryRun: bool
+    startedAt: str | None
+    finishedAt: str | None
+    durationMs: int | None
+    scanned: int
+    candidates: int
+    considered: int
+    created: int
+    deduped: int
+    throttled: int
+    skipped: int
+    fatal: int
+    error: str | None
+
+
+class DrainDetailDict(DrainDict):
+    options: Any
+    results: Any
+    evidencePath: str | None
+
+
+def drain_to_dict(drain: DrainRecord) -> DrainDict:
+    return DrainDict(
+        id=drain.id,
+        kind=drain.kind,
+        name=drain.name,
+        routeScope=drain.route_scope,
+        source=drain.source,
+        dryRun=drain.dry_run,
+        startedAt=iso(drain.started_at),
+        finishedAt=iso(drain.finished_at),
+        durationMs=drain.duration_ms,
+        scanned=drain.scanned,
+        candidates=drain.candidates,
+        considered=drain.considered,
+        created=drain.created,
+        deduped=drain.deduped,
+        throttled=drain.throttled,
+        skipped=drain.skipped,
+        fatal=drain.fatal,
+        error=drain.error,
+    )
+
+
+def drain_detail_to_dict(drain: DrainRecord) -> DrainDetailDict:
+    return DrainDetailDict(
+        **drain_to_dict(drain),
+        options=drain.options_json,
+        results=drain.results_json,
+        evidencePath=drain.evidence_path,
+    )
+
+
+# --- accounts ---------------------------------------------------------------------------------
+
+
+class CooldownDict(TypedDict):
+    until: str | None
+    remainingSeconds: int
+    reason: str | None
+    reports: int
+
+
+class AccountDict(TypedDict):
+    profile: str
+    tool: str | None
+    running: int
+    reserved: int
+    load: int
+    # --max-per-profile that applies (the strictest drain configuration naming the account)
+    maxPerProfile: int | None
+    atCap: bool
+    cooldown: CooldownDict | None
+
+
+def account_to_dict(row: AccountRow, *, now: datetime) -> AccountDict:
+    cooldown: CooldownDict | None = None
+    if row.cooldown is not None and row.cooling(now):
+        cooldown = CooldownDict(
+            until=iso(row.cooldown.until),
+            remainingSeconds=max(0, int((row.cooldown.until - now).total_seconds())),
+            reason=row.cooldown.reason,
+            reports=row.cooldown.reports,
+        )
+    return AccountDict(
+        profile=row.profile,
+        tool=row.tool,
+        running=row.running,
+        reserved=row.reserved,
+        load=row.load,
+        maxPerProfile=row.cap.limit if row.cap else None,
+        atCap=row.at_cap,
+        cooldown=cooldown,
+    )

@@ -1,0 +1,307 @@
+"""The JSON API under /api/v1/: event ingest for producers, reads for dashboards and scripts.
+
+`POST /events` takes the request apart in a fixed order, each step a 4xx with
+`{"error": ...}` and no write when it fails:
+1. auth (token with `ingest`), then the query string (IngestQueryForm), then the content
+   type (415), then the size: Content-Length, then the bytes actually read (413);
+2. the body: UTF-8, nesting depth, JSON, storable values (400; `routing.domain.jsontext`);
+   an array longer than LOOPSWEB_API_MAX_EVENTS is 413;
+3. with `route=now`, every envelope must plan under the given kind and options (400);
+4. `inbox_ingest`, all or nothing and idempotent on (source, id) (400 on any bad envelope);
+5. with `route=now`, each accepted event goes through `route_event` and its inbox row is
+   updated as a drain would, one transaction per event.
+The answer is 202: the events are stored; admitted runs start later.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from routing import api_selectors
+from routing.api_auth import api_auth, json_error
+from routing.api_forms import (
+    DrainQueryForm,
+    IngestQueryForm,
+    StrictQueryForm,
+    WorkItemQueryForm,
+)
+from routing.api_serializers import (
+    account_to_dict,
+    cursor_encode,
+    drain_detail_to_dict,
+    drain_to_dict,
+    work_item_detail_to_dict,
+    work_item_summary,
+)
+from routing.domain.errors import ApplicationError
+from routing.domain.events import Envelope, parse_envelope
+from routing.domain.jsontext import loads_limited
+from routing.drains import compact_result, inbox_record_hold, inbox_record_route
+from routing.inbox import IngestRejected, IngestReport, inbox_ingest
+from routing.models import DrainRecord, InboxEvent
+from routing.ops_selectors import account_rows, drain_configs
+from routing.services import (
+    SKIPPED,
+    RouteOptions,
+    RouteResult,
+    check_plan_fits_columns,
+    plan_route,
+    route_event,
+)
+from routing.sources import Candidate
+
+JSON_CONTENT_TYPE = "application/json"
+UNSUPPORTED_TYPE = "Content-Type must be application/json (UTF-8)"
+BODY_TOO_LARGE = "request body is larger than {limit} bytes"
+BATCH_TOO_LONG = "at most {limit} envelopes per request"
+BATCH_EMPTY = "the array holds no envelopes"
+NOT_ROUTABLE = "{n} envelope(s) cannot be routed as {kind}; first at {at}: {error}"
+NOT_FOUND = "not found"
+
+
+def _form_error(form: StrictQueryForm) -> JsonResponse:
+    return json_error(form.first_error(), 400)
+
+
+def _content_type_ok(request: HttpRequest) -> bool:
+    charset = (request.content_params or {}).get("charset", "utf-8").lower()
+    return request.content_type == JSON_CONTENT_TYPE and charset in ("utf-8", "utf8")
+
+
+def _read_body(request: HttpRequest, limit: int) -> bytes | None:
+    """The body, or None when it is larger than `limit` (judged before and while reading).
+
+    Reads from the stream instead of `request.body`, whose own size guard answers an HTML
+    400 rather than our JSON 413.
+    """
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:
+        return None
+    body = request.read(limit + 1)
+    return None if len(body) > limit else body
+
+
+def _plan_errors(
+    items: list[Any], *, kind: str, options: RouteOptions, cwd: str
+) -> list[dict[str, Any]]:
+    """Envelopes that are valid but cannot be routed with this kind and these options."""
+    errors: list[dict[str, Any]] = []
+    for position, obj in enumerate(items, start=1):
+        try:
+            envelope = parse_envelope(obj)
+        except ApplicationError:
+            continue  # inbox_ingest reports malformed envelopes, with every other one
+        try:
+            plan = plan_route(
+                kind=kind, envelope=envelope, options=options, env={}, cwd=cwd
+            )
+            if not isinstance(plan, RouteResult):
+                check_plan_fits_columns(plan)
+        except ApplicationError as exc:
+            errors.append({"at": f"item {position}", "error": str(exc)})
+    return errors
+
+
+def _route_accepted(
+    report: IngestReport,
+    envelopes: dict[tuple[str, str], Envelope],
+    *,
+    kind: str,
+    options: RouteOptions,
+    cwd: str,
+) -> list[dict[str, Any]]:
+    """Route each newly stored event now, recording the outcome on its inbox row.
+
+    The same steps as a drain's `_route_one` after its pre-check: route_event decides under
+    the admission lock, and the inbox row changes in the same transaction. The env is empty
+    so the scope never comes from the web server's environment.
+    """
+    inbox_ids: dict[tuple[str, str], str] = {}
+    by_source: dict[str, list[str]] = {}
+    for ref in report.new:
+        by_source.setdefault(ref["source"], []).append(ref["id"])
+    for source, ids in by_source.items():
+        rows = InboxEvent.objects.filter(source=source, event_id__in=ids)
+        for row_id, event_id in rows.values_list("id", "event_id"):
+            inbox_ids[(source, event_id)] = row_id
+    results = []
+    for ref in report.new:
+        key = (ref["source"], ref["id"])
+        envelope, inbox_id = envelopes[key], inbox_ids[key]
+        now = timezone.now()
+        try:
+            with transaction.atomic():
+                result = route_event(
+                    kind=kind, envelope=envelope, options=options, env={}, cwd=cwd
+                )
+                inbox_record_route(inbox_id, result, now)
+            results.append(compact_result(result.to_dict()))
+        except ApplicationError as exc:
+            # Planned successfully a moment ago, so this is rare (e.g. a template changed);
+            # record it on the row like a drain's fatal item and carry on with the batch.
+            failed = {
+                "kind": SKIPPED,
+                "fatal": True,
+                "reason": str(exc),
+                "event": {"id": envelope.id, "type": envelope.type},
+            }
+            inbox_record_hold(
+                Candidate(envelope=envelope, project="", tags=(), inbox_id=inbox_id),
+                failed,
+                now,
+            )
+            results.append(compact_result(failed))
+    return results
+
+
+@csrf_exempt
+@api_auth("ingest", methods=("POST",), allow_staff=False)
+def events(request: HttpRequest) -> HttpResponse:
+    query = IngestQueryForm(request.GET)
+    if not query.is_valid():
+        return _form_error(query)
+    if not _content_type_ok(request):
+        return json_error(UNSUPPORTED_TYPE, 415)
+    limit = settings.LOOPSWEB_MAX_EVENT_BYTES
+    body = _read_body(request, limit)
+    if body is None:
+        return json_error(BODY_TOO_LARGE.format(limit=limit), 413)
+    try:
+        payload = loads_limited(
+            body, max_depth=settings.LOOPSWEB_MAX_JSON_DEPTH, array_wrapper=True
+        )
+    except ApplicationError as exc:
+        return json_error(str(exc), 400)
+    items = payload if isinstance(payload, list) else [payload]
+    if not items:
+        return json_error(BATCH_EMPTY, 400)
+    if len(items) > settings.LOOPSWEB_API_MAX_EVENTS:
+        return json_error(
+            BATCH_TOO_LONG.format(limit=settings.LOOPSWEB_API_MAX_EVENTS), 413
+        )
+
+    route_now = query.cleaned_data["route"] == "now"
+    kind: str = query.cleaned_data["kind"]
+    options: RouteOptions = query.cleaned_data["route_options"]
+    cwd = os.getcwd()
+    if route_now:
+        unroutable = _plan_errors(items, kind=kind, options=options, cwd=cwd)
+        if unroutable:
+            first = unroutable[0]
+            message = NOT_ROUTABLE.format(
+                n=len(unroutable), kind=kind, at=first["at"], error=first["error"]
+            )
+            return JsonResponse({"error": message, "invalid": unroutable}, status=400)
+    try:
+        report = inbox_ingest(
+            (f"item {position}", obj) for position, obj in enumerate(items, start=1)
+        )
+    except IngestRejected as rejected:
+        return JsonResponse(
+            {"error": str(rejected), "invalid": rejected.report.invalid}, status=400
+        )
+    answer: dict[str, Any] = {
+        "accepted": report.new,
+        "duplicates": report.duplicate,
+    }
+    if route_now:
+        envelopes = {}
+        for obj in items:
+            envelope = parse_envelope(obj)  # all valid: inbox_ingest accepted every one
+            envelopes.setdefault((envelope.source, envelope.id), envelope)
+        answer["kind"] = kind
+        answer["results"] = _route_accepted(
+            report, envelopes, kind=kind, options=options, cwd=cwd
+        )
+    return JsonResponse(answer, status=202)
+
+
+@api_auth("read")
+def work_item_list(request: HttpRequest) -> HttpResponse:
+    form = WorkItemQueryForm(request.GET)
+    if not form.is_valid():
+        return _form_error(form)
+    q = form.cleaned_data
+    page = api_selectors.keyset_page(
+        api_selectors.work_items(
+            status=q["status"],
+            route_scope=q["route_scope"],
+            project=q["project"],
+            reason_code=q["reason_code"],
+            account=q["account"],
+        ),
+        time_field="created_at",
+        after=q["cursor"],
+        limit=q["limit"],
+    )
+    return JsonResponse(
+        {
+            "workItems": [work_item_summary(item) for item in page.rows],
+            "nextCursor": cursor_encode(page.next_key) if page.next_key else None,
+        }
+    )
+
+
+@api_auth("read")
+def work_item_detail(request: HttpRequest, item_id: str) -> HttpResponse:
+    form = StrictQueryForm(request.GET)
+    if not form.is_valid():
+        return _form_error(form)
+    # NUL cannot be in an id, and PostgreSQL refuses it even in a WHERE clause (a 500).
+    item = None if "\x00" in item_id else api_selectors.work_item_detail(item_id)
+    if item is None:
+        return json_error(NOT_FOUND, 404)
+    return JsonResponse(work_item_detail_to_dict(item))
+
+
+@api_auth("read")
+def account_list(request: HttpRequest) -> HttpResponse:
+    form = StrictQueryForm(request.GET)
+    if not form.is_valid():
+        return _form_error(form)
+    now = timezone.now()
+    rows = account_rows(drain_configs(now=now), now=now)
+    return JsonResponse({"accounts": [account_to_dict(row, now=now) for row in rows]})
+
+
+@api_auth("read")
+def drain_list(request: HttpRequest) -> HttpResponse:
+    form = DrainQueryForm(request.GET)
+    if not form.is_valid():
+        return _form_error(form)
+    q = form.cleaned_data
+    page = api_selectors.keyset_page(
+        api_selectors.drains(kind=q["kind"], route_scope=q["route_scope"]),
+        time_field="started_at",
+        after=q["cursor"],
+        limit=q["limit"],
+    )
+    return JsonResponse(
+        {
+            "drains": [drain_to_dict(drain) for drain in page.rows],
+            "nextCursor": cursor_encode(page.next_key) if page.next_key else None,
+        }
+    )
+
+
+@api_auth("read")
+def drain_detail(request: HttpRequest, drain_id: str) -> HttpResponse:
+    form = StrictQueryForm(request.GET)
+    if not form.is_valid():
+        return _form_error(form)
+    drain = (
+        None if "\x00" in drain_id else DrainRecord.objects.filter(pk=drain_id).first()
+    )
+    if drain is None:
+        return json_error(NOT_FOUND, 404)
+    return JsonResponse(drain_detail_to_dict(drain))

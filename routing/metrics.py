@@ -1,0 +1,249 @@
+"""`GET /metrics`: the ledger in the Prometheus text exposition format (version 0.0.4).
+
+Everything is computed from rows at scrape time (DESIGN rule 1), so a restarted web process
+reports the same numbers and several web processes never disagree:
+- gauges for live state: active work per route scope with its cap, running and reserved steps
+  per account with the per-profile cap, cooldowns, deferred items per reason code, the oldest
+  deferred item's age, inbox depth per open state;
+- counters summed from drain records (real drains only; dry runs are previews): drains and
+  their per-item results per route key, and drain durations as a summary (_sum and _count)
+  plus the latest drain's duration.
+A scrape runs a fixed number of queries, whatever the size of the ledger. Hand-written (no
+prometheus_client): the format is a few lines of text and this keeps the process stateless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Count, Sum
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+
+from routing.api_auth import api_auth
+from routing.domain.keys import ROUTE_KEYS
+from routing.models import DrainRecord, InboxEvent, InboxState
+from routing.ops_selectors import (
+    account_rows,
+    deferred_by_reason,
+    drain_configs,
+    scope_rows,
+)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Inbox states that make up its depth: waiting to be routed, or failed and needing a look.
+# Routed history (admitted, skipped) only grows and is no depth.
+DEPTH_STATES = (InboxState.PENDING, InboxState.DEFERRED, InboxState.FAILED)
+DRAIN_RESULTS = ("created", "deduped", "throttled", "skipped", "fatal")
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_value(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+@dataclass
+class Family:
+    name: str
+    kind: str  # gauge, counter, summary
+    help: str
+    samples: list[tuple[str, Labels, float]] = field(default_factory=list)
+
+    def add(self, value: float, suffix: str = "", **labels: str | None) -> None:
+        pairs = tuple((k, "" if v is None else str(v)) for k, v in labels.items())
+        self.samples.append((self.name + suffix, pairs, value))
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {escape_help(self.help)}"
+        yield f"# TYPE {self.name} {self.kind}"
+        for name, labels, value in self.samples:
+            text = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels)
+            yield (
+                f"{name}{{{text}}} {format_value(value)}"
+                if text
+                else (f"{name} {format_value(value)}")
+            )
+
+
+def collect(*, now: datetime) -> list[Family]:
+    """Every metric family, from a fixed number of queries (eleven)."""
+    configs = drain_configs(
+        now=now
+    )  # schedules + latest real drain per scope: 2 queries
+
+    active = Family(
+        "loopsweb_active_work_items",
+        "gauge",
+        "Work items admitted or running, per route scope (route_scope is empty for rows "
+        "written before scopes existed).",
+    )
+    scope_cap = Family(
+        "loopsweb_route_scope_max_active",
+        "gauge",
+        "--max-active of the route scope: the strictest of its drain schedules and its "
+        "latest drain. Absent when no cap is known.",
+    )
+    for row in scope_rows(configs):
+        active.add(row.active, route_scope=row.key)
+        if row.cap is not None:
+            scope_cap.add(row.cap.limit, route_scope=row.key)
+
+    running = Family(
+        "loopsweb_account_running_steps", "gauge", "Step runs running on the account."
+    )
+    reserved = Family(
+        "loopsweb_account_reserved_steps",
+        "gauge",
+        "Admitted runs not yet started whose next step is on the account.",
+    )
+    profile_cap = Family(
+        "loopsweb_account_max_per_profile",
+        "gauge",
+        "--max-per-profile that applies to the account (strictest pool naming it). Absent "
+        "when no pool routing caps it.",
+    )
+    cooldown = Family(
+        "loopsweb_account_cooldown_seconds",
+        "gauge",
+        "Seconds until a rate-limited account may take new steps (cooling accounts only).",
+    )
+    for account in account_rows(configs, now=now):
+        running.add(account.running, account=account.profile)
+        reserved.add(account.reserved, account=account.profile)
+        if account.cap is not None:
+            profile_cap.add(account.cap.limit, account=account.profile)
+        if account.cooldown is not None and account.cooling(now):
+            remaining = (account.cooldown.until - now).total_seconds()
+            cooldown.add(round(remaining, 3), account=account.profile)
+
+    deferred = Family(
+        "loopsweb_deferred_work_items",
+        "gauge",
+        "Deferred work items per reason code.",
+    )
+    oldest = Family(
+        "loopsweb_oldest_deferred_age_seconds",
+        "gauge",
+        "Age of the oldest deferred work item (0 when nothing is deferred).",
+    )
+    oldest_at: datetime | None = None
+    for row in deferred_by_reason():
+        deferred.add(row["n"], reason_code=row["reason_code"])
+        if row["oldest"] is not None and (
+            oldest_at is None or row["oldest"] < oldest_at
+        ):
+            oldest_at = row["oldest"]
+    oldest.add(
+        round(max(0.0, (now - oldest_at).total_seconds()), 3) if oldest_at else 0
+    )
+
+    inbox = Family(
+        "loopsweb_inbox_events",
+        "gauge",
+        "Inbox events waiting (pending, deferred) or failed, per state.",
+    )
+    depth = dict(
+        InboxEvent.objects.filter(state__in=DEPTH_STATES)
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for state in DEPTH_STATES:
+        inbox.add(depth.get(state, 0), state=state)
+
+    return [
+        active,
+        scope_cap,
+        running,
+        reserved,
+        profile_cap,
+        cooldown,
+        deferred,
+        oldest,
+        inbox,
+        *_drain_families(),
+    ]
+
+
+def _drain_families() -> list[Family]:
+    # Counter families carry their _total suffix in the 0.0.4 text format.
+    drains = Family(
+        "loopsweb_drains_total",
+        "counter",
+        "Drains run (dry runs excluded), per route key.",
+    )
+    items = Family(
+        "loopsweb_drain_items_total",
+        "counter",
+        "Items considered by drains, per route key and result.",
+    )
+    duration = Family(
+        "loopsweb_drain_duration_seconds", "summary", "Drain durations, per route key."
+    )
+    last = Family(
+        "loopsweb_drain_last_duration_seconds",
+        "gauge",
+        "Duration of the latest drain, per route key.",
+    )
+    last_time = Family(
+        "loopsweb_drain_last_timestamp_seconds",
+        "gauge",
+        "Start of the latest drain (Unix time), per route key.",
+    )
+    real = DrainRecord.objects.filter(dry_run=False)
+    totals: dict[str, dict[str, int]] = {}
+    for row in (
+        real.values("kind")
+        .annotate(
+            n=Count("id"),
+            ms=Sum("duration_ms"),
+            **{result: Sum(result) for result in DRAIN_RESULTS},
+        )
+        .order_by("kind")
+    ):
+        totals[row["kind"]] = row
+    for kind in sorted(set(ROUTE_KEYS) | set(totals)):
+        row = totals.get(kind, {})
+        drains.add(row.get("n", 0), kind=kind)
+        for result in DRAIN_RESULTS:
+            items.add(row.get(result) or 0, kind=kind, result=result)
+        duration.add((row.get("ms") or 0) / 1000, "_sum", kind=kind)
+        duration.add(row.get("n", 0), "_count", kind=kind)
+    # The latest drain per route key: one short index scan each (idx_drains_started); route
+    # keys are a fixed pair, so the query count stays fixed.
+    for kind in ROUTE_KEYS:
+        latest = (
+            real.filter(kind=kind)
+            .order_by("-started_at")
+            .only("started_at", "duration_ms")
+            .first()
+        )
+        if latest is not None:
+            last.add((latest.duration_ms or 0) / 1000, kind=kind)
+            last_time.add(round(latest.started_at.timestamp(), 3), kind=kind)
+    return [drains, items, duration, last, last_time]
+
+
+def render(families: Iterable[Family]) -> str:
+    lines: list[str] = []
+    for family in families:
+        lines.extend(family.render())
+    return "\n".join(lines) + "\n"
+
+
+@api_auth("metrics")
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(render(collect(now=timezone.now())), content_type=CONTENT_TYPE)

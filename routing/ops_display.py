@@ -1,0 +1,316 @@
+"""Pure display helpers of the /ops pages: times, deferral snapshots and server-side SVG charts.
+
+No ORM and no clock: callers pass `now`, so the output is a function of its arguments and
+tests need no database. Charts are plain SVG strings built with `format_html` (every label is
+escaped); there is no JavaScript and nothing loaded from elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+
+from routing.domain import reasons
+
+
+def utc_text(value: datetime | None) -> str:
+    """`2026-11-29 16:40:03 UTC` (the settings keep every datetime in UTC)."""
+    if value is None:
+        return "—"
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def relative_age(value: datetime | None, now: datetime) -> str:
+    """`3 min ago`, `2 h 5 min ago`, `in 12 min`, `4 days ago`."""
+    if value is None:
+        return ""
+    seconds = (now - value).total_seconds()
+    future = seconds < 0
+    seconds = abs(seconds)
+    if seconds < 60:
+        text = f"{int(seconds)} s"
+    elif seconds < 3600:
+        text = f"{int(seconds // 60)} min"
+    elif seconds < 86400 * 2:
+        hours, minutes = int(seconds // 3600), int(seconds % 3600 // 60)
+        text = f"{hours} h {minutes} min" if minutes and hours < 10 else f"{hours} h"
+    else:
+        days = int(seconds // 86400)
+        text = f"{days} days"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def reason_label(code: str | None) -> str:
+    if not code:
+        return "(no code)"
+    return reasons.LABELS.get(code, code)
+
+
+# --- deferral snapshots -----------------------------------------------------------------------
+
+# counts_json / limits_json keys (throttle report names) and how an operator reads them.
+_SNAPSHOT_ROWS = (
+    ("global", "maxActive", "route scope active"),
+    ("project", "maxActivePerProject", "project active"),
+    ("projectGroup", "maxActivePerProjectGroup", "project group active"),
+)
+
+
+@dataclass(frozen=True)
+class SnapshotLine:
+    label: str
+    seen: str
+    limit: str
+    full: bool
+
+
+def deferral_snapshot(
+    counts: Mapping[str, Any] | None, limits: Mapping[str, Any] | None
+) -> list[SnapshotLine]:
+    """What one deferral saw: each count beside its limit, then each pool account's load."""
+    counts, limits = counts or {}, limits or {}
+    lines = []
+    for count_key, limit_key, label in _SNAPSHOT_ROWS:
+        if count_key not in counts and limit_key not in limits:
+            continue
+        seen, limit = counts.get(count_key), limits.get(limit_key)
+        lines.append(
+            SnapshotLine(
+                label=label,
+                seen="—" if seen is None else str(seen),
+                limit="no cap" if limit is None else str(limit),
+                full=isinstance(seen, int) and isinstance(limit, int) and seen >= limit,
+            )
+        )
+    per_profile = limits.get("maxPerProfile")
+    accounts = counts.get("accounts")
+    cooling = counts.get("cooling") if isinstance(counts.get("cooling"), dict) else {}
+    if isinstance(accounts, dict):
+        for profile, load in sorted(accounts.items()):
+            until = cooling.get(profile)
+            lines.append(
+                SnapshotLine(
+                    label=f"account {profile} load"
+                    + (f" (cooling until {until})" if until else ""),
+                    seen=str(load),
+                    limit="no cap" if not per_profile else str(per_profile),
+                    full=bool(until)
+                    or (
+                        isinstance(per_profile, int)
+                        and per_profile > 0
+                        and isinstance(load, int)
+                        and load >= per_profile
+                    ),
+                )
+            )
+    return lines
+
+
+# --- charts -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadBar:
+    profile: str
+    running: int
+    reserved: int
+    cap: int | None
+    cooling: bool = False
+
+
+LABEL_W, BAR_W, ROW_H, PAD = 170, 440, 26, 8
+
+
+def load_chart_svg(bars: Sequence[LoadBar]) -> SafeString:
+    """Horizontal stacked bars: running then reserved steps per account, the cap as a line.
+
+    The scale is shared by every row (the largest load or cap), so bars compare.
+    """
+    if not bars:
+        return mark_safe("")
+    scale_max = max(
+        [1, *(b.running + b.reserved for b in bars), *(b.cap or 0 for b in bars)]
+    )
+    unit = BAR_W / scale_max
+    height = PAD * 2 + ROW_H * len(bars) + 18
+    width = LABEL_W + BAR_W + 150
+    parts: list[SafeString] = []
+    for i, bar in enumerate(bars):
+        y = PAD + i * ROW_H
+        run_w = round(bar.running * unit, 1)
+        res_w = round(bar.reserved * unit, 1)
+        total = bar.running + bar.reserved
+        cap_text = f"cap {bar.cap}" if bar.cap else "no cap"
+        over = bar.cap is not None and total >= bar.cap
+        summary = (
+            f"{bar.profile}: {bar.running} running, {bar.reserved} reserved, {cap_text}"
+        )
+        if bar.cooling:
+            summary += ", cooling down"
+        parts.append(
+            format_html(
+                '<g class="row{}"><title>{}</title>'
+                '<text class="label" x="{}" y="{}" text-anchor="end">{}</text>'
+                '<rect class="track" x="{}" y="{}" width="{}" height="{}"></rect>'
+                '<rect class="running" x="{}" y="{}" width="{}" height="{}"></rect>'
+                '<rect class="reserved" x="{}" y="{}" width="{}" height="{}"></rect>'
+                '<text class="value" x="{}" y="{}">{} / {}{}</text></g>',
+                " full" if over else "",
+                summary,
+                LABEL_W - 8,
+                y + 16,
+                bar.profile,
+                LABEL_W,
+                y + 4,
+                BAR_W,
+                ROW_H - 8,
+                LABEL_W,
+                y + 4,
+                run_w,
+                ROW_H - 8,
+                round(LABEL_W + run_w, 1),
+                y + 4,
+                res_w,
+                ROW_H - 8,
+                LABEL_W + BAR_W + 8,
+                y + 16,
+                total,
+                bar.cap if bar.cap else "∞",
+                " ❄" if bar.cooling else "",
+            )
+        )
+        if bar.cap:
+            x = round(LABEL_W + bar.cap * unit, 1)
+            parts.append(
+                format_html(
+                    '<line class="cap" x1="{}" x2="{}" y1="{}" y2="{}"></line>',
+                    x,
+                    x,
+                    y + 1,
+                    y + ROW_H - 1,
+                )
+            )
+    legend_y = height - 6
+    legend = format_html(
+        '<g class="legend"><rect class="running" x="{}" y="{}" width="10" height="10"></rect>'
+        '<text x="{}" y="{}">running</text>'
+        '<rect class="reserved" x="{}" y="{}" width="10" height="10"></rect>'
+        '<text x="{}" y="{}">reserved (admitted, not started)</text>'
+        '<line class="cap" x1="{}" x2="{}" y1="{}" y2="{}"></line>'
+        '<text x="{}" y="{}">--max-per-profile</text></g>',
+        LABEL_W,
+        legend_y - 9,
+        LABEL_W + 14,
+        legend_y,
+        LABEL_W + 80,
+        legend_y - 9,
+        LABEL_W + 94,
+        legend_y,
+        LABEL_W + 320,
+        LABEL_W + 320,
+        legend_y - 10,
+        legend_y + 1,
+        LABEL_W + 326,
+        legend_y,
+    )
+    return format_html(
+        '<svg class="ops-chart load-chart" xmlns="http://www.w3.org/2000/svg" '
+        'width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
+        'aria-label="Load per account">{}{}</svg>',
+        width,
+        height,
+        width,
+        height,
+        mark_safe("".join(parts)),
+        legend,
+    )
+
+
+CELL_W, CELL_H = 26, 22
+
+
+def timeline_svg(
+    accounts: Sequence[str],
+    hours: Sequence[datetime],
+    counts: Mapping[tuple[str, datetime], int],
+) -> SafeString:
+    """A 24-hour timeline: one row per account, one cell per UTC hour, shaded by steps started."""
+    if not accounts or not hours:
+        return mark_safe("")
+    peak = max([1, *counts.values()])
+    top = 18
+    width = LABEL_W + CELL_W * len(hours) + 10
+    height = top + CELL_H * len(accounts) + 6
+    parts: list[SafeString] = []
+    for j, hour in enumerate(hours):
+        if j % 3 == 0 or j == len(hours) - 1:
+            parts.append(
+                format_html(
+                    '<text class="hour" x="{}" y="12" text-anchor="middle">{}</text>',
+                    LABEL_W + j * CELL_W + CELL_W // 2,
+                    hour.strftime("%H:00"),
+                )
+            )
+    for i, profile in enumerate(accounts):
+        y = top + i * CELL_H
+        parts.append(
+            format_html(
+                '<text class="label" x="{}" y="{}" text-anchor="end">{}</text>',
+                LABEL_W - 8,
+                y + 15,
+                profile,
+            )
+        )
+        for j, hour in enumerate(hours):
+            n = counts.get((profile, hour), 0)
+            opacity = 0 if n == 0 else round(0.2 + 0.8 * n / peak, 2)
+            parts.append(
+                format_html(
+                    "<g><title>{} · {}–{} UTC: {} step{} started</title>"
+                    '<rect class="cell{}" x="{}" y="{}" width="{}" height="{}" '
+                    'fill-opacity="{}"></rect>{}</g>',
+                    profile,
+                    hour.strftime("%Y-%m-%d %H:00"),
+                    f"{(hour.hour + 1) % 24:02d}:00",
+                    n,
+                    "" if n == 1 else "s",
+                    "" if n else " empty",
+                    LABEL_W + j * CELL_W + 1,
+                    y + 1,
+                    CELL_W - 2,
+                    CELL_H - 2,
+                    opacity,
+                    format_html(
+                        '<text class="n" x="{}" y="{}" text-anchor="middle">{}</text>',
+                        LABEL_W + j * CELL_W + CELL_W // 2,
+                        y + 15,
+                        n,
+                    )
+                    if n
+                    else "",
+                )
+            )
+    return format_html(
+        '<svg class="ops-chart timeline" xmlns="http://www.w3.org/2000/svg" '
+        'width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
+        'aria-label="Steps started per hour per account, last 24 hours">{}</svg>',
+        width,
+        height,
+        width,
+        height,
+        mark_safe("".join(parts)),
+    )
+
+
+def options_text(options: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Drain options as (`--flag`, value) pairs for display, in a stable order."""
+    return [
+        (f"--{key.replace('_', '-')}", "yes" if value is True else str(value))
+        for key, value in sorted(options.items())
+        if key != "kind"
+    ]

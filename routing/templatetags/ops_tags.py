@@ -1,0 +1,39 @@
+"""Template filters of the /ops pages (thin wrappers over routing.ops_display)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django import template
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from routing import ops_display
+
+register = template.Library()
+
+
+@register.filter
+def when(value: datetime | None, now: datetime) -> SafeString | str:
+    """A UTC time with its relative age: `2026-11-29 16:40:03 UTC (3 min ago)`.
+
+    `now` comes from the view, so every time on a page is measured from the same instant.
+    """
+    if value is None:
+        return "—"
+    return format_html(
+        '<time datetime="{}">{}</time> <span class="ago">({})</span>',
+        value.isoformat(),
+        ops_display.utc_text(value),
+        ops_display.relative_age(value, now),
+    )
+
+
+@register.filter
+def ago(value: datetime | None, now: datetime) -> str:
+    return ops_display.relative_age(value, now)
+
+
+@register.filter
+def reason_label(code: str | None) -> str:
+    return ops_display.reason_label(code)
