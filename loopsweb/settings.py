@@ -311,9 +311,13 @@ LOOPSWEB_KILL_GRACE_SECONDS = env_int("LOOPSWEB_KILL_GRACE_SECONDS", 5, minimum=
 # --- end runner ---
 
 # Largest JSON-array file `ingest_events` loads at once (JSON Lines files stream, unbounded).
-LOOPSWEB_MAX_INGEST_BYTES = env_int("LOOPSWEB_MAX_INGEST_BYTES", 256 * 1024 * 1024, minimum=1024)
+LOOPSWEB_MAX_INGEST_BYTES = env_int(
+    "LOOPSWEB_MAX_INGEST_BYTES", 256 * 1024 * 1024, minimum=1024
+)
 # Largest output accepted from a drain's --source-command, in bytes.
-LOOPSWEB_SOURCE_MAX_BYTES = env_int("LOOPSWEB_SOURCE_MAX_BYTES", 16 * 1024 * 1024, minimum=1024)
+LOOPSWEB_SOURCE_MAX_BYTES = env_int(
+    "LOOPSWEB_SOURCE_MAX_BYTES", 16 * 1024 * 1024, minimum=1024
+)
 
 # --- api ---
 # The event API (routing.api_views), API tokens and /metrics. Read through django.conf.settings
