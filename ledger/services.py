@@ -39,12 +39,15 @@ from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     TERMINAL_RUN_STATUSES,
     AccountCooldown,
+    Loop,
     LoopStatus,
     RunStatus,
     SpecStatus,
     StepStatus,
     WorkflowEvent,
+    WorkflowInvocation,
     WorkflowRun,
+    WorkflowSpec,
     WorkflowStepRun,
     WorkflowWorkItem,
     WorkItemStatus,
@@ -56,6 +59,7 @@ from routing.domain.templates import (
     EVENT_WORKER_VERIFIER,
     TASK_LIFECYCLE,
     TODOS_TASK_WORKER_VERIFIER,
+    step_account,
 )
 from routing.lock import admission_lock
 
@@ -1286,3 +1290,81 @@ def runs_queued_stale(
             updated_at=now
         )
     return ids
+
+
+ONE_SHOT_LOOP_LEASE_MS = 5_400_000
+
+
+def work_item_admit(
+    *,
+    item: WorkflowWorkItem,
+    spec: WorkflowSpec,
+    invocation: WorkflowInvocation,
+    loop_name: str,
+    loop_description: str,
+    reason: str,
+    now: datetime,
+) -> tuple[Loop, WorkflowRun]:
+    """Admit a queued/deferred item onto `spec` (reference §2.1, §3.6 steps 10-11).
+
+    Call inside the admission transaction, after `admission_lock()`:
+    1. a one-shot loop (`once` schedule, max 1 attempt, 90-minute lease) targeting the spec;
+    2. the item becomes `admitted`: attempts + 1, bound to spec and loop, reason appended;
+    3. a `queued` run with one `pending` step run per step, each carrying the account it will
+       use (account_profile / account_tool, §2.3), and its `created` event; the item is bound
+       to the run so the runner finds it.
+    """
+    loop = Loop.objects.create(
+        name=loop_name,
+        description=loop_description,
+        schedule_json={"type": "once", "at": (now + timedelta(seconds=1)).isoformat()},
+        target_json={
+            "type": "workflow",
+            "workflowId": spec.id,
+            "input": {
+                "workflowInvocationId": invocation.id,
+                "workflowWorkItemId": item.id,
+            },
+        },
+        overlap="skip",
+        max_attempts=1,
+        retry_delay_ms=60_000,
+        lease_ms=ONE_SHOT_LOOP_LEASE_MS,
+    )
+    item.attempts += 1
+    item.status = WorkItemStatus.ADMITTED
+    item.workflow, item.loop = spec, loop
+    item.next_attempt_at = item.lease_expires_at = None
+    item.last_reason = f"{item.last_reason}; {reason}" if item.last_reason else reason
+    item.reason_code = None
+    run = WorkflowRun.objects.create(
+        workflow=spec,
+        workflow_name=spec.name,
+        loop=loop,
+        invocation=invocation,
+        work_item=item,
+        idempotency_key=f"{item.id}:{item.attempts}",
+        status=RunStatus.QUEUED,
+    )
+    WorkflowStepRun.objects.bulk_create(
+        [
+            WorkflowStepRun(
+                workflow_run=run,
+                step_id=step["id"],
+                sequence=index,
+                status=StepStatus.PENDING,
+                account_profile=step_account(step)[0],
+                account_tool=step_account(step)[1],
+            )
+            for index, step in enumerate(spec.steps_json)
+        ]
+    )
+    WorkflowEvent.objects.create(
+        workflow_run=run,
+        sequence=1,
+        event_type="created",
+        payload_json={"workItemId": item.id},
+    )
+    item.workflow_run = run
+    item.save()
+    return loop, run

@@ -22,7 +22,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,6 @@ from ledger.models import (
     KEEP_WORK_ITEM_STATUSES,
     Loop,
     SpecStatus,
-    StepStatus,
-    WorkflowEvent,
     WorkflowInvocation,
     WorkflowRun,
     WorkflowSpec,
@@ -45,6 +43,7 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.selectors import account_load, active_counts, cooling_accounts
+from ledger.services import work_item_admit
 from ledger.tasks import enqueue_run_workflow
 from routing.domain import reasons
 from routing.domain.eligibility import task_route_eligibility, todos_task_id
@@ -103,7 +102,6 @@ POOL_METADATA_KEYS = (
     "profilePool",
 )
 DEFAULT_MAX_PER_PROFILE = 2
-LOOP_LEASE_MS = 5_400_000
 PUBLIC_REASON_CHARS = 240
 
 CREATED, DEDUPED, THROTTLED, SKIPPED = "created", "deduped", "throttled", "skipped"
@@ -870,63 +868,16 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
         account_profiles = dict(assignment.profiles)
     spec = _spec_reuse_or_create(plan, body)
     noun = f"task {plan.task_id}" if plan.task_id else f"event {envelope.id}"
-    loop = Loop.objects.create(
-        name=plan.loop_name,
-        description=f"Run {spec.name} once for {noun}; idempotency={plan.idempotency_key}"
-        + (f"; event={envelope.id}" if plan.task_id else ""),
-        schedule_json={"type": "once", "at": (now + timedelta(seconds=1)).isoformat()},
-        target_json={
-            "type": "workflow",
-            "workflowId": spec.id,
-            "input": {
-                "workflowInvocationId": invocation.id,
-                "workflowWorkItemId": item.id,
-            },
-        },
-        overlap="skip",
-        max_attempts=1,
-        retry_delay_ms=60_000,
-        lease_ms=LOOP_LEASE_MS,
-    )
-    # Admit (§2.1): attempts + 1, bound to the spec and loop, reason appended.
-    item.attempts += 1
-    item.status = WorkItemStatus.ADMITTED
-    item.workflow, item.loop = spec, loop
-    item.next_attempt_at = item.lease_expires_at = None
-    item.last_reason = _join_reason(
-        item.last_reason, f"admitted by {plan.route_key} route"
-    )
-    item.reason_code = None
-    run = WorkflowRun.objects.create(
-        workflow=spec,
-        workflow_name=spec.name,
-        loop=loop,
+    loop, run = work_item_admit(
+        item=item,
+        spec=spec,
         invocation=invocation,
-        work_item=item,
-        idempotency_key=f"{item.id}:{item.attempts}",
-        status="queued",
+        loop_name=plan.loop_name,
+        loop_description=f"Run {spec.name} once for {noun}; idempotency={plan.idempotency_key}"
+        + (f"; event={envelope.id}" if plan.task_id else ""),
+        reason=f"admitted by {plan.route_key} route",
+        now=now,
     )
-    WorkflowStepRun.objects.bulk_create(
-        [
-            WorkflowStepRun(
-                workflow_run=run,
-                step_id=step["id"],
-                sequence=index,
-                status=StepStatus.PENDING,
-                account_profile=step_account(step)[0],
-                account_tool=step_account(step)[1],
-            )
-            for index, step in enumerate(spec.steps_json)
-        ]
-    )
-    WorkflowEvent.objects.create(
-        workflow_run=run,
-        sequence=1,
-        event_type="created",
-        payload_json={"workItemId": item.id},
-    )
-    item.workflow_run = run
-    item.save()
     if requeue is not None:
         requeue = {
             **requeue,

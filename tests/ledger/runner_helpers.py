@@ -19,9 +19,6 @@ from django.db import connection
 from django.utils import timezone
 
 from ledger.models import (
-    Loop,
-    RunStatus,
-    StepStatus,
     WorkflowEvent,
     WorkflowInvocation,
     WorkflowRun,
@@ -30,7 +27,8 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from routing.domain.templates import EVENT_WORKER_VERIFIER, step_account
+from ledger.services import work_item_admit
+from routing.domain.templates import EVENT_WORKER_VERIFIER
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_AGENT = ROOT / "scripts" / "fake-agent"
@@ -194,57 +192,15 @@ def admit_workflow(
     spec = WorkflowSpec.objects.create(
         name=f"runner-test:{n}:{time.time_ns()}:workflow", steps_json=steps
     )
-    now = timezone.now()
-    loop = Loop.objects.create(
-        name=f"runner-test:{n}:run",
-        schedule_json={"type": "once", "at": now.isoformat()},
-        target_json={
-            "type": "workflow",
-            "workflowId": spec.id,
-            "input": {
-                "workflowInvocationId": invocation.id,
-                "workflowWorkItemId": item.id,
-            },
-        },
-        overlap="skip",
-        max_attempts=1,
-        retry_delay_ms=60_000,
-        lease_ms=5_400_000,
-    )
-    item.attempts = 1
-    item.status = WorkItemStatus.ADMITTED
-    item.workflow, item.loop = spec, loop
-    item.last_reason = f"admitted by {route_key} route"
-    run = WorkflowRun.objects.create(
-        workflow=spec,
-        workflow_name=spec.name,
-        loop=loop,
+    _loop, run = work_item_admit(
+        item=item,
+        spec=spec,
         invocation=invocation,
-        work_item=item,
-        idempotency_key=f"{item.id}:1",
-        status=RunStatus.QUEUED,
+        loop_name=f"runner-test:{n}:run",
+        loop_description=f"runner test workflow {n}",
+        reason=f"admitted by {route_key} route",
+        now=timezone.now(),
     )
-    WorkflowStepRun.objects.bulk_create(
-        [
-            WorkflowStepRun(
-                workflow_run=run,
-                step_id=step["id"],
-                sequence=index,
-                status=StepStatus.PENDING,
-                account_profile=step_account(step)[0],
-                account_tool=step_account(step)[1],
-            )
-            for index, step in enumerate(steps)
-        ]
-    )
-    WorkflowEvent.objects.create(
-        workflow_run=run,
-        sequence=1,
-        event_type="created",
-        payload_json={"workItemId": item.id},
-    )
-    item.workflow_run = run
-    item.save()
     return run
 
 
