@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.db import connection
 from django.db.models import Count, Exists, OuterRef
 
 from ledger.models import (
@@ -32,23 +33,44 @@ class ActiveCounts:
     project_group: int | None
 
 
+_ACTIVE_SQL = f'SELECT COUNT(*) FROM "{WorkflowWorkItem._meta.db_table}" WHERE "status" IN (%s, %s)'
+
+
 def active_counts(
     *, scope: str | None, project_key: str | None, project_group: str | None
 ) -> ActiveCounts:
-    """Active (admitted or running) work items per cap dimension.
+    """Active (admitted or running) work items per cap dimension, in one round trip.
 
     - scope: items whose route_scope equals `scope` (NULL-scope rows never count); with no
       scope, every active item (upstream's unscoped global count).
     - project: items of `project_key` across all routes (0 with no key).
     - project_group: items of the group across all routes; None when no group is set.
+    One SELECT of scalar subqueries; each is served by its own (column, status) index.
     """
-    active = WorkflowWorkItem.objects.filter(status__in=ACTIVE_WORK_ITEM_STATUSES)
-    scope_n = active.filter(route_scope=scope).count() if scope else active.count()
-    project_n = active.filter(project_key=project_key).count() if project_key else 0
-    group_n = (
-        active.filter(project_group=project_group).count() if project_group else None
+    active = [str(s) for s in ACTIVE_WORK_ITEM_STATUSES]
+    parts: list[str] = []
+    params: list[str] = []
+    for column, value in (
+        ("route_scope", scope),
+        ("project_key", project_key),
+        ("project_group", project_group),
+    ):
+        if value:
+            parts.append(f'({_ACTIVE_SQL} AND "{column}" = %s)')
+            params += [*active, value]
+        elif column == "route_scope":
+            parts.append(f"({_ACTIVE_SQL})")
+            params += active
+        else:
+            parts.append("NULL")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {', '.join(parts)}", params)
+        scope_n, project_n, group_n = cursor.fetchone()
+    return ActiveCounts(
+        scope=scope_n,
+        project=project_n or 0,
+        project_group=group_n if project_group else None,
     )
-    return ActiveCounts(scope=scope_n, project=project_n, project_group=group_n)
 
 
 @dataclass(frozen=True)

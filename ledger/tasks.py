@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django_q.conf import Conf
 from django_q.tasks import async_task
 
 from ledger.runner import run_workflow_run
@@ -13,17 +14,29 @@ from ledger.services import runs_queued_stale, runs_recover_expired
 
 
 def enqueue_run_workflow(run_id: str) -> None:
-    """Hand an admitted run to the runner once the admitting transaction has committed.
+    """Hand an admitted run to the runner, visible exactly when the admission commits.
 
-    on_commit: a rolled-back admission never starts a run, and the worker never looks for a
-    run that is not yet visible. Delivery is at least once; the runner's claim makes a second
-    delivery a no-op.
+    - ORM broker (the default): the task row is written inside the admitting transaction, so
+      it commits or rolls back with the admission (nothing lost, nothing half-written) and a
+      worker never sees it before the run exists. Inside a transaction django-q2 also skips
+      the close-and-reconnect it does before every autocommit enqueue, which was most of an
+      admission's cost.
+    - Any other broker, or sync mode: on_commit, so a rolled-back admission never starts a run.
+    Delivery is at least once; the runner's conditional claim makes a second delivery a no-op.
     """
-    transaction.on_commit(
-        lambda: async_task(
-            "ledger.tasks.run_workflow", run_id, task_name=f"run-workflow-{run_id}"
-        )
-    )
+    # Sync mode (debugging) would run the whole workflow inside the admission: on_commit.
+    if (
+        Conf.ORM
+        and not Conf.SYNC
+        and transaction.get_connection(Conf.ORM).in_atomic_block
+    ):
+        _enqueue(run_id)
+    else:
+        transaction.on_commit(lambda: _enqueue(run_id))
+
+
+def _enqueue(run_id: str) -> None:
+    async_task("ledger.tasks.run_workflow", run_id, task_name=f"run-workflow-{run_id}")
 
 
 def run_workflow(run_id: str) -> str:
@@ -38,7 +51,5 @@ def recover_expired_runs() -> int:
     for run_id in runs_queued_stale(
         older_than=timedelta(seconds=settings.Q_CLUSTER["retry"])
     ):
-        async_task(
-            "ledger.tasks.run_workflow", run_id, task_name=f"run-workflow-{run_id}"
-        )
+        _enqueue(run_id)
     return recovered

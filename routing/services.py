@@ -600,18 +600,19 @@ def _join_reason(old: str | None, new: str | None) -> str | None:
     return new or old
 
 
-def _invocation_get_or_create(plan: RoutePlan) -> WorkflowInvocation:
+def _invocation_get_or_create(plan: RoutePlan) -> tuple[WorkflowInvocation, bool]:
     # Create-or-get by (source kind, dedupe key): an existing row is returned unchanged.
     existing = WorkflowInvocation.objects.filter(
         source_kind="event", source_dedupe_key=plan.idempotency_key
     ).first()
     if existing is not None:
-        return existing
-    return WorkflowInvocation.objects.create(
+        return existing, False
+    created = WorkflowInvocation.objects.create(
         source_kind="event",
         source_dedupe_key=plan.idempotency_key,
         **plan.invocation_fields,
     )
+    return created, True
 
 
 def _invocation_refresh(invocation: WorkflowInvocation, plan: RoutePlan) -> None:
@@ -740,7 +741,7 @@ def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
 
 def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
     envelope = plan.envelope
-    invocation = _invocation_get_or_create(plan)
+    invocation, invocation_created = _invocation_get_or_create(plan)
     existing = WorkflowWorkItem.objects.filter(
         route_key=plan.route_key, idempotency_key=plan.idempotency_key
     ).first()
@@ -827,7 +828,8 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
             "previousAttempts": item.attempts,
             "reason": item.last_reason,
         }
-    _invocation_refresh(invocation, plan)
+    if not invocation_created:  # a row made from this plan already holds these values
+        _invocation_refresh(invocation, plan)
 
     if deferred:
         assert decision is not None

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import transaction
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
@@ -83,16 +84,31 @@ def test_execution_order_puts_dependencies_first_and_breaks_ties_by_sequence() -
 # --- django-q2 ----------------------------------------------------------------------------------
 
 
-def test_admission_enqueues_the_run_workflow_task_on_commit(
-    tmp_path: Path, django_capture_on_commit_callbacks: Any
-) -> None:
-    with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        result = _route(tmp_path, auth_profile="acctA")
-    assert result.kind == CREATED and len(callbacks) == 1
+@pytest.mark.django_db(transaction=True)
+def test_admission_enqueues_the_run_in_its_own_transaction(tmp_path: Path) -> None:
+    result = _route(tmp_path, auth_profile="acctA")
+    assert result.kind == CREATED
     (queued,) = OrmQ.objects.all()
-    task = queued.task
-    assert task["func"] == "ledger.tasks.run_workflow"
-    assert task["args"] == (result.run.id,)
+    assert queued.task["func"] == "ledger.tasks.run_workflow"
+    assert queued.task["args"] == (result.run.id,)
+    # The task row commits or rolls back with the admission: a failed admission leaves none.
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert _route(tmp_path, auth_profile="acctA").kind == CREATED
+        raise RuntimeError("admission failed after enqueue")
+    assert OrmQ.objects.count() == 1 and WorkflowRun.objects.count() == 1
+
+
+def test_with_another_broker_or_sync_mode_the_run_is_enqueued_on_commit(
+    tmp_path: Path,
+    django_capture_on_commit_callbacks: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_q.conf import Conf
+
+    monkeypatch.setattr(Conf, "ORM", None)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        _route(tmp_path, auth_profile="acctA")
+    assert len(callbacks) == 1 and OrmQ.objects.count() == 0
 
 
 def test_the_run_workflow_task_runs_the_run_and_a_redelivery_is_a_no_op(
