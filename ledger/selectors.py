@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import Count, Exists, OuterRef
+from django.db.models import Count, Exists, OuterRef, Subquery
 
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
@@ -102,26 +102,31 @@ def account_load() -> AccountLoad:
         .annotate(n=Count("id"))
         .order_by()
     )
+    # Unstarted runs: queued, or claimed with every step still pending. Each reserves the
+    # account of its first account-carrying step; counted in SQL, one row per account.
     started = WorkflowStepRun.objects.filter(
         workflow_run_id=OuterRef("workflow_run_id")
     ).exclude(status=StepStatus.PENDING)
-    pending = (
+    first_account_step = (
+        WorkflowStepRun.objects.filter(
+            workflow_run_id=OuterRef("workflow_run_id"), account_profile__isnull=False
+        )
+        .order_by("sequence")
+        .values("sequence")[:1]
+    )
+    reserved = dict(
         WorkflowStepRun.objects.filter(
             workflow_run__status__in=(RunStatus.QUEUED, RunStatus.RUNNING),
             status=StepStatus.PENDING,
             account_profile__isnull=False,
+            sequence=Subquery(first_account_step),
         )
         .exclude(Exists(started))
-        .order_by("workflow_run_id", "sequence")
-        .values_list("workflow_run_id", "account_profile")
+        .values_list("account_profile")
+        .annotate(n=Count("id"))
+        .order_by()
     )
-    reserved: Counter[str] = Counter()
-    seen_runs: set[str] = set()
-    for run_id, profile in pending:
-        if run_id not in seen_runs:
-            seen_runs.add(run_id)
-            reserved[profile] += 1
-    return AccountLoad(running=running, reserved=dict(reserved))
+    return AccountLoad(running=running, reserved=reserved)
 
 
 def cooling_accounts(*, now: datetime) -> dict[str, datetime]:

@@ -909,11 +909,13 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
 
 def _early_dedupe(plan: RoutePlan, now: datetime) -> RouteResult | None:
     """A read before the lock: items that ran or run need no decision (§3.2.9)."""
-    item = (
-        WorkflowWorkItem.objects.select_related("workflow", "loop", "invocation")
-        .filter(route_key=plan.route_key, idempotency_key=plan.idempotency_key)
-        .first()
+    items = WorkflowWorkItem.objects.filter(
+        route_key=plan.route_key, idempotency_key=plan.idempotency_key
     )
+    # Most routed events are new: a narrow read first, the full rows only for a dedupe.
+    if not items.filter(status__in=KEEP_WORK_ITEM_STATUSES).exists():
+        return None
+    item = items.select_related("workflow", "loop", "invocation").first()
     if item is None or item.status not in KEEP_WORK_ITEM_STATUSES:
         return None
     readmission = readmission_decision(
