@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import Count, Exists, OuterRef, Subquery
+from django.db.models import Count
 
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     AccountCooldown,
     RunStatus,
     StepStatus,
+    WorkflowRun,
     WorkflowStepRun,
     WorkflowWorkItem,
 )
@@ -84,6 +85,29 @@ class AccountLoad:
         return dict(Counter(self.running) + Counter(self.reserved))
 
 
+# Reserved load in one pass over the steps of queued/running runs (few: bounded by the caps),
+# with window functions instead of a correlated subquery per step:
+# - rn = 1 marks each run's first account-carrying step;
+# - started > 0 marks a run that has begun a step (its later steps reserve nothing).
+_RESERVED_SQL = f"""
+SELECT account_profile, COUNT(*) FROM (
+    SELECT s.account_profile, s.status,
+           ROW_NUMBER() OVER (
+               PARTITION BY s.workflow_run_id
+               ORDER BY CASE WHEN s.account_profile IS NULL THEN 1 ELSE 0 END, s.sequence
+           ) AS rn,
+           SUM(CASE WHEN s.status <> %s THEN 1 ELSE 0 END) OVER (
+               PARTITION BY s.workflow_run_id
+           ) AS started
+    FROM "{WorkflowStepRun._meta.db_table}" s
+    JOIN "{WorkflowRun._meta.db_table}" r ON r.id = s.workflow_run_id
+    WHERE r.status IN (%s, %s)
+) firsts
+WHERE rn = 1 AND started = 0 AND account_profile IS NOT NULL AND status = %s
+GROUP BY account_profile
+"""
+
+
 def account_load() -> AccountLoad:
     """Load per account profile, the loopsweb way (load that cannot herd).
 
@@ -102,30 +126,17 @@ def account_load() -> AccountLoad:
         .annotate(n=Count("id"))
         .order_by()
     )
-    # Unstarted runs: queued, or claimed with every step still pending. Each reserves the
-    # account of its first account-carrying step; counted in SQL, one row per account.
-    started = WorkflowStepRun.objects.filter(
-        workflow_run_id=OuterRef("workflow_run_id")
-    ).exclude(status=StepStatus.PENDING)
-    first_account_step = (
-        WorkflowStepRun.objects.filter(
-            workflow_run_id=OuterRef("workflow_run_id"), account_profile__isnull=False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RESERVED_SQL,
+            [
+                str(StepStatus.PENDING),
+                str(RunStatus.QUEUED),
+                str(RunStatus.RUNNING),
+                str(StepStatus.PENDING),
+            ],
         )
-        .order_by("sequence")
-        .values("sequence")[:1]
-    )
-    reserved = dict(
-        WorkflowStepRun.objects.filter(
-            workflow_run__status__in=(RunStatus.QUEUED, RunStatus.RUNNING),
-            status=StepStatus.PENDING,
-            account_profile__isnull=False,
-            sequence=Subquery(first_account_step),
-        )
-        .exclude(Exists(started))
-        .values_list("account_profile")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+        reserved = dict(cursor.fetchall())
     return AccountLoad(running=running, reserved=reserved)
 
 
