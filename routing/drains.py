@@ -33,6 +33,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
@@ -42,7 +43,7 @@ from routing.domain.errors import ApplicationError, ValidationError
 from routing.domain.keys import route_key_for_kind
 from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from routing.domain.throttle import ThrottleCounts, admission_decision, parse_limit
-from routing.models import DrainRecord, InboxEvent, InboxState
+from routing.models import OPEN_INBOX_STATES, DrainRecord, InboxEvent, InboxState
 from routing.services import (
     CREATED,
     DEDUPED,
@@ -362,6 +363,22 @@ def _precheck(plan: RoutePlan, now: datetime) -> tuple[str, str] | None:
     return None
 
 
+def _claim(candidate: Candidate) -> bool:
+    """Take an inbox row for this drain (a conditional update; works on both databases).
+
+    Concurrent drains scan the same oldest rows; without a claim they would all route the
+    same events and spend their time on dedupes. Losing the claim means another drain took
+    the row since the scan: this one skips it.
+    """
+    return bool(
+        InboxEvent.objects.filter(
+            pk=candidate.inbox_id,
+            state__in=OPEN_INBOX_STATES,
+            route_attempts=candidate.route_attempts,
+        ).update(route_attempts=F("route_attempts") + 1)
+    )
+
+
 def _route_one(
     candidate: Candidate,
     options: DrainOptions,
@@ -369,7 +386,10 @@ def _route_one(
     cwd: str,
     now: datetime,
     dry_run: bool,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
+    """The result of routing one candidate; None when another drain claimed it first."""
+    if candidate.inbox_id and not dry_run and not _claim(candidate):
+        return None
     route = replace(
         options.route, dry_run=False
     )  # a dry drain rolls back its outer transaction
@@ -572,6 +592,8 @@ def _drain_loop(
                 "reason": f"{type(exc).__name__}: {exc}"[:640],
                 "event": {"id": candidate.envelope.id, "type": candidate.envelope.type},
             }
+        if result is None:  # claimed by a concurrent drain
+            continue
         if (result.get("precheck") or result.get("fatal")) and not report.dry_run:
             inbox_record_hold(candidate, result, now)
         _count(report, result)

@@ -39,6 +39,8 @@ class Candidate:
     project: str  # round-robin key ("" when the event names no project)
     tags: tuple[str, ...]
     inbox_id: str | None = None
+    # The inbox row's attempt counter as scanned: a drain claims the row by bumping it.
+    route_attempts: int = 0
 
 
 def _inbox_queryset(route_key: str) -> Any:
@@ -73,6 +75,7 @@ def scan_inbox(*, route_key: str, scan_limit: int) -> Iterator[Candidate]:
             project=row.project_hint or "",
             tags=tuple(record_tags(row.data)),
             inbox_id=row.id,
+            route_attempts=row.route_attempts,
         )
 
 

@@ -356,3 +356,15 @@ def test_two_drains_at_once_admit_nothing_twice() -> None:
     assert WorkflowWorkItem.objects.count() == 12 and WorkflowRun.objects.count() == 12
     assert sum(DrainRecord.objects.values_list("created", flat=True)) == 12
     assert os.environ.get("LOOPS_LOOP_NAME") is None
+
+
+def test_a_drain_skips_an_inbox_row_another_drain_claimed_after_the_scan() -> None:
+    from routing.drains import _claim
+    from routing.sources import scan_inbox
+
+    ingest(generic_event())
+    (candidate,) = scan_inbox(route_key="generic-event", scan_limit=10)
+    (stale,) = scan_inbox(route_key="generic-event", scan_limit=10)
+    assert _claim(candidate) is True
+    assert _claim(stale) is False  # the other drain's scan is now out of date
+    assert InboxEvent.objects.get().route_attempts == 1
