@@ -234,13 +234,18 @@ Q_CLUSTER = {
     "sync": env_bool("Q_SYNC", False),
 }
 
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper() or "INFO"
+if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(
+        f"LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {LOG_LEVEL!r}"
+    )
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {
         "handlers": ["console"],
-        "level": env_str("LOG_LEVEL", "INFO").upper() or "INFO",
+        "level": LOG_LEVEL,
     },
 }
 

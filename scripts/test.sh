@@ -6,6 +6,14 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export PYTHONDONTWRITEBYTECODE=1
 
+# The ops browser test drives Debian's Chromium through its ChromeDriver (never a downloaded
+# browser). Install them when missing and we can (as root); otherwise that test says how.
+if { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; } && [ "$(id -u)" = 0 ] \
+  && [ -z "${LOOPSWEB_SKIP_BROWSER:-}" ] && command -v apt-get >/dev/null; then
+  echo "test: installing Debian's chromium and chromium-driver for the browser test" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+
 work=$(mktemp -d /tmp/loopsweb-test.XXXXXX)
 pg_psql() { PGOPTIONS="-c client_min_messages=warning" "${PG_BIN:+$PG_BIN/}psql" -qX "${PG_TEST_URL%/*}/postgres" "$@"; }
 cleanup() {

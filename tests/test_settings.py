@@ -54,6 +54,10 @@ def _load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
             "DATABASE_URL must be sqlite:// or postgres://",
         ),
         ({"DATABASE_URL": "sqlite://:memory:"}, "must name a SQLite file"),
+        (
+            {"LOG_LEVEL": "loud"},
+            "LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL",
+        ),
     ],
 )
 def test_bad_environment_values_raise_improperly_configured(
