@@ -641,8 +641,13 @@ def _work_item_upsert(
     status: str,
     reason: str | None,
     reason_code: str | None,
+    save: bool,
 ) -> WorkflowWorkItem:
-    """§2.4: insert, or update a queued/deferred row (KEEP statuses never reach here)."""
+    """§2.4: insert, or update a queued/deferred row (KEEP statuses never reach here).
+
+    With `save=False` the row is left for the admission to write once, in its final
+    `admitted` state (same transaction, one statement instead of two).
+    """
     values = {
         "invocation": invocation,
         "source_type": plan.envelope.type,
@@ -655,7 +660,7 @@ def _work_item_upsert(
         "next_attempt_at": None,
     }
     if existing is None:
-        return WorkflowWorkItem.objects.create(
+        item = WorkflowWorkItem(
             route_key=plan.route_key,
             idempotency_key=plan.idempotency_key,
             status=status,
@@ -663,6 +668,9 @@ def _work_item_upsert(
             reason_code=reason_code,
             **values,
         )
+        if save:
+            item.save(force_insert=True)
+        return item
     item = existing
     for name, value in values.items():
         setattr(item, name, value)
@@ -677,7 +685,8 @@ def _work_item_upsert(
     item.reason_code = reason_code
     item.workflow = item.loop = item.workflow_run = None
     item.lease_expires_at = None
-    item.save()
+    if save:
+        item.save()
     return item
 
 
@@ -820,6 +829,7 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
         status=WorkItemStatus.DEFERRED if deferred else WorkItemStatus.QUEUED,
         reason=decision.reason if deferred else None,
         reason_code=decision.reason_code if deferred else None,
+        save=deferred,
     )
     requeue: dict[str, Any] | None = None
     if item.attempts > 0 and item.status == WorkItemStatus.QUEUED:
@@ -973,7 +983,8 @@ def route_event(
         return plan
     check_plan_fits_columns(plan)
     if not options.dry_run:
-        early = _early_dedupe(plan, now)
+        # Upstream's early dedupe (todos-task only): a finished or running task needs no lock.
+        early = _early_dedupe(plan, now) if plan.route_key == TODOS_TASK else None
         if early is not None:
             return early
         with transaction.atomic():
