@@ -1295,6 +1295,13 @@ def runs_queued_stale(
 ONE_SHOT_LOOP_LEASE_MS = 5_400_000
 
 
+def join_reason(old: str | None, new: str | None) -> str | None:
+    """Upstream's reason trail: `old; new` when both are set, else whichever is."""
+    if old and new:
+        return f"{old}; {new}"
+    return new or old
+
+
 def work_item_admit(
     *,
     item: WorkflowWorkItem,
@@ -1335,7 +1342,7 @@ def work_item_admit(
     item.status = WorkItemStatus.ADMITTED
     item.workflow, item.loop = spec, loop
     item.next_attempt_at = item.lease_expires_at = None
-    item.last_reason = f"{item.last_reason}; {reason}" if item.last_reason else reason
+    item.last_reason = join_reason(item.last_reason, reason)
     item.reason_code = None
     run = WorkflowRun.objects.create(
         workflow=spec,

@@ -43,7 +43,7 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.selectors import account_load, active_counts, cooling_accounts
-from ledger.services import work_item_admit
+from ledger.services import join_reason, work_item_admit
 from ledger.tasks import enqueue_run_workflow
 from routing.domain import reasons
 from routing.domain.eligibility import task_route_eligibility, todos_task_id
@@ -594,12 +594,6 @@ class _DryRunRollback(Exception):
         self.result = result
 
 
-def _join_reason(old: str | None, new: str | None) -> str | None:
-    if old and new:
-        return f"{old}; {new}"
-    return new or old
-
-
 def _invocation_get_or_create(plan: RoutePlan) -> tuple[WorkflowInvocation, bool]:
     # Create-or-get by (source kind, dedupe key): an existing row is returned unchanged.
     existing = WorkflowInvocation.objects.filter(
@@ -678,7 +672,7 @@ def _work_item_upsert(
         WorkItemStatus.QUEUED,
         WorkItemStatus.DEFERRED,
     ):
-        item.last_reason = _join_reason(item.last_reason, reason)
+        item.last_reason = join_reason(item.last_reason, reason)
     else:
         item.last_reason = reason if reason is not None else item.last_reason
     item.status = status
