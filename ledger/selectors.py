@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import connection
-from django.db.models import Count
 
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     AccountCooldown,
     RunStatus,
+    SpecStatus,
     StepStatus,
+    WorkflowInvocation,
     WorkflowRun,
+    WorkflowSpec,
     WorkflowStepRun,
     WorkflowWorkItem,
 )
@@ -108,42 +110,128 @@ GROUP BY account_profile
 """
 
 
-def account_load() -> AccountLoad:
-    """Load per account profile, the loopsweb way (load that cannot herd).
+# One statement for the whole pool picture: running steps, reserved steps and, when asked,
+# the accounts still cooling down. Rows are (kind, account_profile, n, until).
+_RUNNING_SQL = f"""
+SELECT 'running', account_profile, COUNT(*), NULL
+FROM "{WorkflowStepRun._meta.db_table}"
+WHERE status = %s AND account_profile IS NOT NULL
+GROUP BY account_profile
+"""
+_COOLING_SQL = f"""
+SELECT 'cooling', account_profile, NULL, "until"
+FROM "{AccountCooldown._meta.db_table}"
+WHERE "until" > %s
+"""
+
+
+@dataclass(frozen=True)
+class AccountState:
+    """Load per account and the accounts cooling down (profile → when it frees)."""
+
+    load: AccountLoad
+    cooling: dict[str, datetime]
+
+
+def account_state(*, now: datetime | None = None) -> AccountState:
+    """Load per account profile, the loopsweb way (load that cannot herd), in one round trip.
 
     - running: step runs in `running` with an account profile (upstream's count).
     - reserved: for every admitted run that has not started a step yet (still `queued`, or
       claimed by the runner but before its first step starts), its earliest pending step that
       carries an account. Without this, one drain batch could place every item on the same
       idle account before any of them starts.
+    - cooling (only with `now`): cooldowns still in force at `now`.
     Later steps of a started run count only once they run.
     """
-    running = dict(
-        WorkflowStepRun.objects.filter(
-            status=StepStatus.RUNNING, account_profile__isnull=False
-        )
-        .values_list("account_profile")
-        .annotate(n=Count("id"))
-        .order_by()
+    # The cooling rows come first when present: PostgreSQL types each UNION column from its
+    # first typed value, and only that branch has a timestamp.
+    parts = [_RUNNING_SQL, f"SELECT 'reserved', r.*, NULL FROM ({_RESERVED_SQL}) r"]
+    params: list[object] = [
+        str(StepStatus.RUNNING),
+        str(StepStatus.PENDING),
+        str(RunStatus.QUEUED),
+        str(RunStatus.RUNNING),
+        str(StepStatus.PENDING),
+    ]
+    if now is not None:
+        parts.insert(0, _COOLING_SQL)
+        params.insert(0, _db_datetime(now))
+    running: dict[str, int] = {}
+    reserved: dict[str, int] = {}
+    cooling: dict[str, datetime] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        for kind, profile, n, until in cursor.fetchall():
+            if kind == "running":
+                running[profile] = n
+            elif kind == "reserved":
+                reserved[profile] = n
+            else:
+                cooling[profile] = _aware(until)
+    return AccountState(
+        load=AccountLoad(running=running, reserved=reserved), cooling=cooling
     )
+
+
+def account_load() -> AccountLoad:
+    """Running and reserved load per account profile (see `account_state`)."""
+    return account_state().load
+
+
+def _db_datetime(value: datetime) -> object:
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def _aware(value: datetime | str) -> datetime:
+    # SQLite hands raw cursors the stored text (UTC, naive); PostgreSQL an aware datetime.
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class AdmissionRows:
+    """Ids of the rows an admission may reuse (None where there is none yet)."""
+
+    work_item_id: str | None
+    invocation_id: str | None
+    spec_id: str | None
+
+
+_ADMISSION_ROWS_SQL = f"""
+SELECT
+    (SELECT id FROM "{WorkflowWorkItem._meta.db_table}"
+     WHERE route_key = %s AND idempotency_key = %s),
+    (SELECT id FROM "{WorkflowInvocation._meta.db_table}"
+     WHERE source_kind = %s AND source_dedupe_key = %s),
+    (SELECT id FROM "{WorkflowSpec._meta.db_table}"
+     WHERE status = %s AND name = %s)
+"""
+
+
+def admission_rows(
+    *, route_key: str, idempotency_key: str, workflow_name: str
+) -> AdmissionRows:
+    """The work item, the event invocation and the active spec an admission would reuse.
+
+    One round trip of three unique-index lookups (the work items' (route_key,
+    idempotency_key) key, idx_workflow_invocations_dedupe, idx_workflows_name_active). Most routed events are new,
+    so the usual answer is three NULLs and no row is read in full.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
-            _RESERVED_SQL,
+            _ADMISSION_ROWS_SQL,
             [
-                str(StepStatus.PENDING),
-                str(RunStatus.QUEUED),
-                str(RunStatus.RUNNING),
-                str(StepStatus.PENDING),
+                route_key,
+                idempotency_key,
+                "event",
+                idempotency_key,
+                str(SpecStatus.ACTIVE),
+                workflow_name,
             ],
         )
-        reserved = dict(cursor.fetchall())
-    return AccountLoad(running=running, reserved=reserved)
-
-
-def cooling_accounts(*, now: datetime) -> dict[str, datetime]:
-    """Accounts cooling down after a provider rate limit, with the time each one frees."""
-    return dict(
-        AccountCooldown.objects.filter(until__gt=now).values_list(
-            "account_profile", "until"
-        )
+        item_id, invocation_id, spec_id = cursor.fetchone()
+    return AdmissionRows(
+        work_item_id=item_id, invocation_id=invocation_id, spec_id=spec_id
     )

@@ -79,7 +79,7 @@ class Family:
 
 
 def collect(*, now: datetime) -> list[Family]:
-    """Every metric family, from a fixed number of queries (eleven)."""
+    """Every metric family, from a fixed number of queries (ten)."""
     configs = drain_configs(
         now=now
     )  # schedules + latest real drain per scope: 2 queries

@@ -463,7 +463,7 @@ def account_rows(
     for `now` when `with_history`).
 
     Accounts come from the load, the cooldown table, the pools of the drain configurations
-    and the activity. Queries: account_load's two, the cooldowns, and step_activity's one
+    and the activity. Queries: account_load's one, the cooldowns, and step_activity's one
     when it is queried here.
     """
     if activity is None and with_history:

@@ -42,7 +42,7 @@ from ledger.models import (
     WorkItemDeferral,
     WorkItemStatus,
 )
-from ledger.selectors import account_load, active_counts, cooling_accounts
+from ledger.selectors import account_state, active_counts, admission_rows
 from ledger.services import join_reason, work_item_admit
 from ledger.tasks import enqueue_run_workflow
 from routing.domain import reasons
@@ -594,13 +594,18 @@ class _DryRunRollback(Exception):
         self.result = result
 
 
-def _invocation_get_or_create(plan: RoutePlan) -> tuple[WorkflowInvocation, bool]:
-    # Create-or-get by (source kind, dedupe key): an existing row is returned unchanged.
-    existing = WorkflowInvocation.objects.filter(
-        source_kind="event", source_dedupe_key=plan.idempotency_key
-    ).first()
-    if existing is not None:
-        return existing, False
+def _invocation_reuse_or_create(
+    plan: RoutePlan, invocation_id: str | None, item: WorkflowWorkItem | None
+) -> tuple[WorkflowInvocation, bool]:
+    """The event's invocation by (source kind, dedupe key), created when there is none.
+
+    An existing row is returned unchanged (the caller refreshes it). `invocation_id` comes
+    from `admission_rows`; the item's own invocation is used when it is that row.
+    """
+    if invocation_id is not None:
+        if item is not None and item.invocation_id == invocation_id:
+            return item.invocation, False
+        return WorkflowInvocation.objects.get(pk=invocation_id), False
     created = WorkflowInvocation.objects.create(
         source_kind="event",
         source_dedupe_key=plan.idempotency_key,
@@ -694,12 +699,14 @@ def _requeue_for_readmission(item: WorkflowWorkItem, reason: str) -> None:
     item.save()
 
 
-def _spec_reuse_or_create(plan: RoutePlan, body: dict[str, Any]) -> WorkflowSpec:
+def _spec_reuse_or_create(
+    plan: RoutePlan, body: dict[str, Any], active_id: str | None
+) -> WorkflowSpec:
+    """The active spec of this name when its content is the same; else archive it and
+    create a new one. `active_id` (from `admission_rows`) is that active spec, if any."""
     version, goal, steps = body.get("version") or 1, body.get("goal"), body["steps"]
-    current = WorkflowSpec.objects.filter(
-        name=plan.workflow_name, status=SpecStatus.ACTIVE
-    ).first()
-    if current is not None:
+    if active_id is not None:
+        current = WorkflowSpec.objects.get(pk=active_id)
         same = json.dumps(
             [current.version, current.goal_json, current.steps_json], sort_keys=True
         ) == json.dumps([version, goal, steps], sort_keys=True)
@@ -728,9 +735,9 @@ class PoolView:
 
 def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
     """Least-loaded assignment for this plan's pool from the ledger as it is now."""
-    cooling = cooling_accounts(now=now)
-    members_cooling = {p: until for p, until in cooling.items() if p in plan.pool}
-    loads = account_load().total()
+    state = account_state(now=now)
+    members_cooling = {p: until for p, until in state.cooling.items() if p in plan.pool}
+    loads = state.load.total()
     assignment = assign_pool_auth_profiles(
         list(plan.pool),
         loads,
@@ -744,10 +751,19 @@ def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
 
 def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
     envelope = plan.envelope
-    invocation, invocation_created = _invocation_get_or_create(plan)
-    existing = WorkflowWorkItem.objects.filter(
-        route_key=plan.route_key, idempotency_key=plan.idempotency_key
-    ).first()
+    found = admission_rows(
+        route_key=plan.route_key,
+        idempotency_key=plan.idempotency_key,
+        workflow_name=plan.workflow_name,
+    )
+    existing = None
+    if found.work_item_id is not None:
+        existing = WorkflowWorkItem.objects.select_related("invocation").get(
+            pk=found.work_item_id
+        )
+    invocation, invocation_created = _invocation_reuse_or_create(
+        plan, found.invocation_id, existing
+    )
     readmit_reason: str | None = None
     if existing is not None and existing.status in KEEP_WORK_ITEM_STATUSES:
         readmission = readmission_decision(
@@ -872,7 +888,7 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
     if assignment is not None and assignment.profiles:
         body = apply_pool_profiles(plan.spec, assignment.profiles)
         account_profiles = dict(assignment.profiles)
-    spec = _spec_reuse_or_create(plan, body)
+    spec = _spec_reuse_or_create(plan, body, found.spec_id)
     noun = f"task {plan.task_id}" if plan.task_id else f"event {envelope.id}"
     loop, run = work_item_admit(
         item=item,

@@ -107,8 +107,16 @@ def run(vendor: str) -> None:
     )  # fmt: skip
     report.table(
         "counting queries alone (median ms over repeated calls)",
-        ["work items", "active_counts", "account_load"],
-        [[s["size"], s["active_counts_ms"], s["account_load_ms"]] for s in per_size],
+        ["work items", "admission_rows", "active_counts", "account_state"],
+        [
+            [
+                s["size"],
+                s["admission_rows_ms"],
+                s["active_counts_ms"],
+                s["account_state_ms"],
+            ]
+            for s in per_size
+        ],  # fmt: skip
     )
     first, last = per_size[0], per_size[-1]
     growth = last["admission_ms"]["median"] / first["admission_ms"]["median"]
@@ -152,9 +160,12 @@ def run(vendor: str) -> None:
         last["ratio_bare_enqueue"],
         "x",
     )
-    reads = last["active_counts_ms"] + last["account_load_ms"]
+    reads = (
+        last["admission_rows_ms"] + last["active_counts_ms"] + last["account_state_ms"]
+    )
     report.figure(
-        f"decision reads alone (counts + account load) / bare inserts at {last['size']:,}",
+        f"decision reads alone (rows to reuse + counts + account state) / bare inserts "
+        f"at {last['size']:,}",
         round(reads / last["bare_ms"]["median"], 2),
         "x",
     )
@@ -392,8 +403,9 @@ def _enqueue(run_id: str) -> None:
 def measure_size(size: int, options: Any, events: _Events) -> dict[str, Any]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
 
-    from ledger.selectors import account_load, active_counts
+    from ledger.selectors import account_state, active_counts, admission_rows
     from tests.bench.seed import PROJECTS, project_group
 
     for _ in range(WARMUP):
@@ -445,15 +457,21 @@ def measure_size(size: int, options: Any, events: _Events) -> dict[str, Any]:
         enqueue.append((time.perf_counter() - start) * 1000)
 
     group = project_group(0)
-    counting: list[float] = []
-    loading: list[float] = []
-    for _ in range(QUERY_REPEATS):
+    reads: dict[str, list[float]] = {"rows": [], "counts": [], "state": []}
+    for n in range(QUERY_REPEATS):
+        start = time.perf_counter()
+        admission_rows(
+            route_key="generic-event",
+            idempotency_key=f"generic-event:ci:probe-{n}",
+            workflow_name=f"generic-probe-{n}",
+        )
+        reads["rows"].append((time.perf_counter() - start) * 1000)
         start = time.perf_counter()
         active_counts(scope=SCOPE, project_key=PROJECTS[0], project_group=group)
-        counting.append((time.perf_counter() - start) * 1000)
+        reads["counts"].append((time.perf_counter() - start) * 1000)
         start = time.perf_counter()
-        account_load()
-        loading.append((time.perf_counter() - start) * 1000)
+        account_state(now=timezone.now())
+        reads["state"].append((time.perf_counter() - start) * 1000)
 
     def summary(values: list[float]) -> dict[str, float]:
         return {
@@ -476,8 +494,9 @@ def measure_size(size: int, options: Any, events: _Events) -> dict[str, Any]:
         "queries_per_admission": queries,
         "queries_per_bare": bare_queries,
         "outcomes": dict(outcomes),
-        "active_counts_ms": round(harness.median(counting), 3),
-        "account_load_ms": round(harness.median(loading), 3),
+        "admission_rows_ms": round(harness.median(reads["rows"]), 3),
+        "active_counts_ms": round(harness.median(reads["counts"]), 3),
+        "account_state_ms": round(harness.median(reads["state"]), 3),
     }
 
 
@@ -513,10 +532,11 @@ LEDGER_TABLES = (
 
 
 def explain_counting_queries(options: Any, events: _Events) -> list[dict[str, Any]]:
-    """EXPLAIN each query that active_counts and account_load send, as they send it."""
+    """EXPLAIN each read an admission sends (selectors.py), as it sends it."""
     from django.db import connection
+    from django.utils import timezone
 
-    from ledger.selectors import account_load, active_counts
+    from ledger.selectors import account_state, active_counts, admission_rows
     from tests.bench.seed import PROJECTS, project_group
 
     captured: list[tuple[str, str, Any]] = []
@@ -526,17 +546,25 @@ def explain_counting_queries(options: Any, events: _Events) -> list[dict[str, An
         captured.append((label, sql, params))
         return execute(sql, params, many, context)
 
+    probe = events.next()["id"]
     with connection.execute_wrapper(capture):
+        label = "admission_rows"
+        admission_rows(
+            route_key="generic-event",
+            idempotency_key=f"generic-event:ci:{probe}",
+            workflow_name=f"generic-{probe}",
+        )
         label = "active_counts"
         active_counts(
             scope=SCOPE, project_key=PROJECTS[0], project_group=project_group(0)
         )
-        label = "account_load"
-        account_load()
-    # Names for the statements as selectors.py sends them today; if their number changes
-    # (say, three COUNTs merged into one round trip), fall back to "query k of n".
-    names = {"active_counts": ["scope count", "project count", "group count"],
-             "account_load": ["running steps per account", "reserved steps of queued runs"]}  # fmt: skip
+        label = "account_state"
+        account_state(now=timezone.now())
+    # Names for the statements as selectors.py sends them today; if their number changes,
+    # fall back to "query k of n".
+    names = {"admission_rows": ["item, invocation and active spec to reuse"],
+             "active_counts": ["scope, project and group counts"],
+             "account_state": ["running + reserved steps per account, cooldowns"]}  # fmt: skip
     totals = Counter(source for source, _, _ in captured)
     seen: Counter[str] = Counter()
     plans = []

@@ -252,7 +252,7 @@ def _populate(n: int) -> WorkflowWorkItem:
         ("/api/v1/work-items/{item}", 6),
         ("/api/v1/drains/{drain}", 2),
         # token + load (2) + cooldowns + drain schedules + latest drain per scope
-        ("/api/v1/accounts", 6),
+        ("/api/v1/accounts", 5),
     ],
 )
 def test_query_counts_do_not_grow_with_rows(
