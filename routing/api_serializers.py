@@ -244,6 +244,7 @@ class DrainDict(TypedDict):
     skipped: int
     fatal: int
     error: str | None
+    heldReason: str | None
 
 
 class DrainDetailDict(DrainDict):
@@ -272,6 +273,7 @@ def drain_to_dict(drain: DrainRecord) -> DrainDict:
         skipped=drain.skipped,
         fatal=drain.fatal,
         error=drain.error,
+        heldReason=drain.held_reason,
     )
 
 

@@ -55,7 +55,6 @@ from routing.services import (
     plan_route,
     route_event,
 )
-from routing.sources import Candidate
 
 JSON_CONTENT_TYPE = "application/json"
 UNSUPPORTED_TYPE = "Content-Type must be application/json (UTF-8)"
@@ -155,11 +154,7 @@ def _route_accepted(
                 "reason": str(exc),
                 "event": {"id": envelope.id, "type": envelope.type},
             }
-            inbox_record_hold(
-                Candidate(envelope=envelope, project="", tags=(), inbox_id=inbox_id),
-                failed,
-                now,
-            )
+            inbox_record_hold(inbox_id, failed, now)
             results.append(compact_result(failed))
     return results
 

@@ -1,15 +1,21 @@
 """Drains: take open work from a source and route it through admission (reference §5).
 
 `drain_run` is shared by the `drain` command and the django-q2 task `routing.tasks.drain`:
+0. One drain per (route, scope) at a time (upstream's overlap `skip`): a drain that finds
+   another of its scope running returns at once, writing nothing (`overlapSkipped`). A drain
+   whose scope is already at --max-active scans nothing (`heldReason`).
 1. Scan the source (inbox or an external command), apply the post-filters (tags, project
    path prefix), and order candidates fairly: round-robin across projects, oldest first within
-   a project (upstream takes source order and lets one busy project starve the rest).
+   a project (upstream takes source order and lets one busy project starve the rest). The
+   inbox scan keeps light rows; envelopes are loaded for the `limit` candidates only.
 2. For each candidate, until `max_dispatch` results are `created`: pre-check the caps with an
    unlocked read and hold back (reported as throttled with `precheck: true`; the inbox row
    becomes `deferred` with the reason and code) items whose scope, project, group or account
    pool is already full, without spending an admission on them; otherwise route it through
    `route_event`, which decides again under the admission lock. Only `created` counts toward
-   max_dispatch. An error on one item is recorded as `fatal` and the batch continues.
+   max_dispatch. An error on one item is recorded as `fatal` and the batch continues. Once
+   the scope (or a pool every candidate shares) is full, the rest are held unread, and a
+   full project or group holds its later candidates without another count.
 3. Store a drain record (options, scope, timing, counts, compact results) and, with
    `evidence_dir`, write the full report as a private JSON file.
 
@@ -43,6 +49,7 @@ from routing.domain.errors import ApplicationError, ValidationError
 from routing.domain.keys import route_key_for_kind
 from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from routing.domain.throttle import ThrottleCounts, admission_decision, parse_limit
+from routing.lock import admission_lock, drain_lock
 from routing.models import OPEN_INBOX_STATES, DrainRecord, InboxEvent, InboxState
 from routing.services import (
     CREATED,
@@ -62,6 +69,7 @@ from routing.sources import (
     COMMAND_SOURCE,
     INBOX_SOURCE,
     Candidate,
+    load_envelopes,
     run_source_command,
     scan_command,
     scan_inbox,
@@ -238,6 +246,11 @@ class DrainReport:
     evidence_path: str | None = None
     record_id: str | None = None
     error: str | None = None
+    # Set when the scope (or a pool every candidate shares) was full: at the start (nothing
+    # scanned) or part-way (the rest held unread).
+    held_reason: str | None = None
+    # Another drain of the same scope was running: this one did nothing (overlap `skip`).
+    overlapped: bool = False
 
     @property
     def fatal(self) -> int:
@@ -274,17 +287,25 @@ class DrainReport:
             "dryRun": self.dry_run,
             "durationMs": self.duration_ms,
             "error": self.error,
+            "heldReason": self.held_reason,
+            "overlapSkipped": self.overlapped,
             "results": self.compact_results() if compact else self.results,
             "evidencePath": self.evidence_path,
         }
 
     def human(self) -> str:
+        if self.overlapped:
+            return (
+                f"drain skipped: another {self.route_key} drain of scope "
+                f"{self.route_scope} is running (overlap skip)"
+            )
         c = self.counts
         prefix = "dry-run " if self.dry_run else ""
         return (
             f"{prefix}drained {self.options.source} queue ({self.route_key}, scope {self.route_scope}): "
             f"considered={c['considered']} created={c[CREATED]} deduped={c[DEDUPED]} "
             f"throttled={c[THROTTLED]} skipped={c[SKIPPED]} fatal={c['fatal']}"
+            + (f" (held: {self.held_reason})" if self.held_reason else "")
         )
 
 
@@ -363,20 +384,118 @@ def _precheck(plan: RoutePlan, now: datetime) -> tuple[str, str] | None:
     return None
 
 
-def _claim(candidate: Candidate) -> bool:
-    """Take an inbox row for this drain (a conditional update; works on both databases).
+def _claim(candidate: Candidate, **record: Any) -> bool:
+    """Take an inbox row for this drain: a conditional update, so it works on both databases.
 
     Concurrent drains scan the same oldest rows; without a claim they would all route the
     same events and spend their time on dedupes. Losing the claim means another drain took
-    the row since the scan: this one skips it.
+    the row since the scan: this one skips it. `record` (state, reason, ...) settles the row
+    in the same statement, for an item that is held or skipped without an admission.
     """
     return bool(
         InboxEvent.objects.filter(
             pk=candidate.inbox_id,
             state__in=OPEN_INBOX_STATES,
             route_attempts=candidate.route_attempts,
-        ).update(route_attempts=F("route_attempts") + 1)
+        ).update(route_attempts=F("route_attempts") + 1, **record)
     )
+
+
+def _hold_record(result: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """The inbox columns for an item held by a pre-check, skipped, or failed."""
+    state = InboxState.DEFERRED
+    if result.get("fatal"):
+        state = InboxState.FAILED
+    elif result["kind"] == SKIPPED:
+        state = InboxState.SKIPPED
+    return {
+        "state": state,
+        "last_reason": result.get("reason"),
+        "reason_code": result.get("reasonCode"),
+        "routed_at": now,
+        "updated_at": now,
+    }
+
+
+@dataclass
+class _Full:
+    """Caps this drain has seen full (reason, code), to hold later candidates without reads.
+
+    - `every`: the scope, or a pool that every candidate shares (--auth-profile-pool), is
+      full: every later candidate is held unread (not even planned), and their rows are
+      written with one UPDATE at the end of the drain.
+    - `keys`: a full project or group holds its later candidates without a count.
+    """
+
+    every: tuple[str, str] | None = None
+    keys: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    held_rows: list[str] = field(default_factory=list)
+
+    def held(self, plan: RoutePlan) -> tuple[str, str] | None:
+        for key in (("project", plan.project_path), ("group", plan.project_group)):
+            if key in self.keys:
+                return self.keys[key]
+        return None
+
+    def saw(
+        self, plan: RoutePlan, reason: str, code: str, *, shared_pool: bool
+    ) -> None:
+        if code == reasons.ROUTE_CAP or (
+            shared_pool and code in (reasons.PROFILE_CAP, reasons.COOLDOWN)
+        ):
+            self.every = (reason, code)
+        elif code == reasons.PROJECT_CAP and plan.project_path:
+            self.keys[("project", plan.project_path)] = (reason, code)
+        elif code == reasons.GROUP_CAP and plan.project_group:
+            self.keys[("group", plan.project_group)] = (reason, code)
+
+    def record_held_rows(self, now: datetime) -> None:
+        """One UPDATE for the rows held because everything was full (still open ones only:
+        a row another drain routed meanwhile keeps its outcome)."""
+        if self.held_rows and self.every is not None:
+            reason, code = self.every
+            InboxEvent.objects.filter(
+                pk__in=self.held_rows, state__in=OPEN_INBOX_STATES
+            ).update(
+                **_hold_record(
+                    {"kind": THROTTLED, "reason": reason, "reasonCode": code}, now
+                )
+            )
+
+
+def _held(
+    envelope: Any, reason: str, code: str, plan: RoutePlan | None = None
+) -> dict[str, Any]:
+    """A pre-check hold; without `plan` (held unread, everything full) no key is known."""
+    result: dict[str, Any] = {"kind": THROTTLED, "precheck": True}
+    if plan is not None:
+        result["idempotencyKey"] = plan.idempotency_key
+    result.update(reason=reason, reasonCode=code)
+    if plan is not None:
+        result["taskId"] = plan.task_id
+    result["event"] = {
+        "id": envelope.id,
+        "type": envelope.type,
+        "source": envelope.source,
+    }
+    return result
+
+
+def _scope_full(report: DrainReport, options: DrainOptions) -> tuple[str, str] | None:
+    """(reason, code) when the drain's scope is at --max-active before it scans anything."""
+    if options.route.limits.max_active is None:
+        return None
+    seen = active_counts(scope=report.route_scope, project_key=None, project_group=None)
+    decision = admission_decision(
+        scope=report.route_scope,
+        project_path=None,
+        project_group=None,
+        counts=ThrottleCounts(scope=seen.scope, project=0, project_group=None),
+        limits=options.route.limits,
+    )
+    if decision.allowed:
+        return None
+    return decision.reason or "", decision.reason_code or reasons.ROUTE_CAP
 
 
 def _route_one(
@@ -386,53 +505,68 @@ def _route_one(
     cwd: str,
     now: datetime,
     dry_run: bool,
+    full: _Full,
 ) -> dict[str, Any] | None:
-    """The result of routing one candidate; None when another drain claimed it first."""
-    if candidate.inbox_id and not dry_run and not _claim(candidate):
-        return None
+    """The result of routing one candidate; None when another drain claimed it first.
+
+    Writes (not in a dry run): one conditional UPDATE for an item skipped, or held by the
+    pre-check (none when its row already records that hold); otherwise one transaction under
+    the admission lock with the claim, the admission and the row's outcome.
+    """
+    envelope = candidate.envelope
+    assert envelope is not None, "load_envelopes() before routing"
+    settle = bool(candidate.inbox_id) and not dry_run
     route = replace(
         options.route, dry_run=False
     )  # a dry drain rolls back its outer transaction
     plan = plan_route(
-        kind=options.kind, envelope=candidate.envelope, options=route, env=env, cwd=cwd
+        kind=options.kind, envelope=envelope, options=route, env=env, cwd=cwd
     )
     if isinstance(plan, RouteResult):  # skipped by eligibility
-        return plan.to_dict()
+        result = plan.to_dict()
+        if settle and not _claim(candidate, **_hold_record(result, now)):
+            return None
+        return result
     already_routed = WorkflowWorkItem.objects.filter(
         route_key=plan.route_key,
         idempotency_key=plan.idempotency_key,
         status__in=KEEP_WORK_ITEM_STATUSES,
     ).exists()
     # Items that already ran or run are deduped by admission, never held by a pre-check.
-    held = None if already_routed else _precheck(plan, now)
+    held = None
+    if not already_routed:
+        held = full.held(plan) or _precheck(plan, now)
+    shared_pool = bool(options.route.auth_profile_pool)
     if held is not None:
-        reason, code = held
-        return {
-            "kind": THROTTLED,
-            "precheck": True,
-            "idempotencyKey": plan.idempotency_key,
-            "reason": reason,
-            "reasonCode": code,
-            "taskId": plan.task_id,
-            "event": {
-                "id": candidate.envelope.id,
-                "type": candidate.envelope.type,
-                "source": candidate.envelope.source,
-            },
-        }
+        full.saw(plan, *held, shared_pool=shared_pool)
+        result = _held(envelope, *held, plan=plan)
+        if (
+            settle
+            and not candidate.recorded_as(InboxState.DEFERRED, held[1], held[0])
+            and not _claim(candidate, **_hold_record(result, now))
+        ):
+            return None
+        return result
     with transaction.atomic():
-        result = route_event(
+        if settle:
+            # The admission lock before the row's: the order an API delivery takes them in.
+            admission_lock()
+            if not _claim(candidate):
+                return None
+        routed = route_event(
             kind=options.kind,
-            envelope=candidate.envelope,
+            envelope=envelope,
             options=route,
             env=env,
             cwd=cwd,
             now=now,
         )
-        if candidate.inbox_id and not dry_run:
-            inbox_record_route(candidate.inbox_id, result, now)
-    result.dry_run = dry_run
-    return result.to_dict()
+        if settle:
+            inbox_record_route(candidate.inbox_id, routed, now)
+    if routed.kind == THROTTLED and routed.reason_code:  # lost a race under the lock
+        full.saw(plan, routed.reason or "", routed.reason_code, shared_pool=shared_pool)
+    routed.dry_run = dry_run
+    return routed.to_dict()
 
 
 _INBOX_STATE = {
@@ -455,20 +589,25 @@ def inbox_record_route(inbox_id: str, result: RouteResult, now: datetime) -> Non
     )
 
 
-def inbox_record_hold(
+def _record_failure(
     candidate: Candidate, result: Mapping[str, Any], now: datetime
 ) -> None:
-    """Record a pre-checked or failed item on its inbox row (no admission happened)."""
-    if not candidate.inbox_id:
-        return
-    fatal = bool(result.get("fatal"))
-    InboxEvent.objects.filter(pk=candidate.inbox_id).update(
-        state=InboxState.FAILED if fatal else InboxState.DEFERRED,
-        last_reason=result.get("reason"),
-        reason_code=result.get("reasonCode"),
-        routed_at=now,
-        updated_at=now,
-    )
+    """Mark an open row failed, whether or not this drain's claim got to it first."""
+    if candidate.inbox_id:
+        scanned = candidate.route_attempts
+        InboxEvent.objects.filter(
+            pk=candidate.inbox_id,
+            state__in=OPEN_INBOX_STATES,
+            route_attempts__in=(scanned, scanned + 1),
+        ).update(route_attempts=scanned + 1, **_hold_record(result, now))
+
+
+def inbox_record_hold(
+    inbox_id: str | None, result: Mapping[str, Any], now: datetime
+) -> None:
+    """Record a failed or held item on its inbox row (no admission happened)."""
+    if inbox_id:
+        InboxEvent.objects.filter(pk=inbox_id).update(**_hold_record(result, now))
 
 
 def _write_evidence(
@@ -522,25 +661,46 @@ def drain_run(
         started_at=started,
         dry_run=dry_run,
     )
+    if dry_run:  # reads only: no need to keep other drains out
+        return _execute(report, environ, cwd, progress, clock)
+    with drain_lock(route_key, report.route_scope) as ours:
+        if ours:
+            return _execute(report, environ, cwd, progress, clock)
+    report.overlapped = True
+    report.duration_ms = int((time.monotonic() - clock) * 1000)
+    return report
+
+
+def _execute(
+    report: DrainReport,
+    env: Mapping[str, str],
+    cwd: str,
+    progress: Any,
+    clock: float,
+) -> DrainReport:
+    options = report.options
     try:
-        if dry_run:
+        if report.dry_run:
             try:
                 with transaction.atomic():
-                    _drain_loop(report, options, environ, cwd, progress)
+                    _drain_loop(report, options, env, cwd, progress)
                     raise _RollBack
             except _RollBack:
                 pass
         else:
-            _drain_loop(report, options, environ, cwd, progress)
+            _drain_loop(report, options, env, cwd, progress)
     except ApplicationError as exc:
         report.error = str(exc)
         report.counts["fatal"] += 1
     report.duration_ms = int((time.monotonic() - clock) * 1000)
     if options.evidence_dir:
         report.evidence_path = _write_evidence(
-            options.evidence_dir, route_key, started, report.to_dict(compact=False)
+            options.evidence_dir,
+            report.route_key,
+            report.started_at,
+            report.to_dict(compact=False),
         )
-    if not dry_run or options.record_dry_run:
+    if not report.dry_run or options.record_dry_run:
         report.record_id = _record(report).id
     return report
 
@@ -556,6 +716,10 @@ def _drain_loop(
     cwd: str,
     progress: Any,
 ) -> None:
+    full_scope = _scope_full(report, options)
+    if full_scope is not None:  # no scan, no source command: nothing could be admitted
+        report.held_reason = full_scope[0]
+        return
     scan_limit = options.effective_scan_limit
     if options.source == COMMAND_SOURCE:
         tasks = run_source_command(
@@ -568,7 +732,11 @@ def _drain_loop(
             route_key=report.route_key, tasks=tasks, scan_limit=scan_limit
         )
     else:
-        scanned = scan_inbox(route_key=report.route_key, scan_limit=scan_limit)
+        scanned = scan_inbox(
+            route_key=report.route_key,
+            scan_limit=scan_limit,
+            with_tags=bool(options.tags),
+        )
 
     filtered: list[Candidate] = []
     for entry in scanned:
@@ -579,26 +747,44 @@ def _drain_loop(
         if _passes_filters(entry, options, cwd):
             filtered.append(entry)
     report.candidates = len(filtered)
-    for candidate in fair_order(filtered)[: options.limit]:
+    chosen = load_envelopes(fair_order(filtered)[: options.limit])
+    del filtered  # only the chosen ones carry payloads; let the scan go
+    full = _Full()
+    for candidate in chosen:
         if report.counts[CREATED] >= options.max_dispatch:
             break
         now = timezone.now()
+        if full.every is not None:  # nothing more can be admitted in this drain
+            assert candidate.envelope is not None
+            report.held_reason = full.every[0]
+            reason, code = full.every
+            if (
+                candidate.inbox_id
+                and not report.dry_run
+                and not candidate.recorded_as(InboxState.DEFERRED, code, reason)
+            ):
+                full.held_rows.append(candidate.inbox_id)
+            _count(report, _held(candidate.envelope, *full.every))
+            continue
         try:
-            result = _route_one(candidate, options, env, cwd, now, report.dry_run)
+            result = _route_one(candidate, options, env, cwd, now, report.dry_run, full)
         except Exception as exc:  # one bad item never stops the batch (§5.2.3)
+            envelope = candidate.envelope
+            assert envelope is not None
             result = {
                 "kind": SKIPPED,
                 "fatal": True,
                 "reason": f"{type(exc).__name__}: {exc}"[:640],
-                "event": {"id": candidate.envelope.id, "type": candidate.envelope.type},
+                "event": {"id": envelope.id, "type": envelope.type},
             }
+            if not report.dry_run:
+                _record_failure(candidate, result, now)
         if result is None:  # claimed by a concurrent drain
             continue
-        if (result.get("precheck") or result.get("fatal")) and not report.dry_run:
-            inbox_record_hold(candidate, result, now)
         _count(report, result)
         if progress:
             progress(report)
+    full.record_held_rows(timezone.now())
 
 
 def _count(report: DrainReport, result: dict[str, Any]) -> None:
@@ -632,4 +818,5 @@ def _record(report: DrainReport) -> DrainRecord:
         results_json=report.compact_results(),
         evidence_path=report.evidence_path,
         error=report.error,
+        held_reason=report.held_reason,
     )

@@ -115,6 +115,9 @@ class DrainRecord(models.Model):
     results_json = models.JSONField(default=list)
     evidence_path = models.TextField(null=True, blank=True)
     error = models.TextField(null=True, blank=True)
+    # Why candidates were held without routing: the scope (or a pool every candidate
+    # shares) was full, at the start (nothing scanned) or part-way through the drain.
+    held_reason = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "routing_drains"

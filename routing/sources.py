@@ -1,8 +1,9 @@
 """Where drains find work: the inbox, or an external command that prints tasks.
 
 Both yield `Candidate`s: an envelope to route plus what fair dispatch and filters need.
-The inbox is read with an iterator and only light tuples are kept, so a drain scanning a
-large inbox keeps a small, bounded memory footprint.
+The inbox is scanned for light tuples (id, project, attempt counter) and envelopes are loaded
+only for the candidates a drain considers, so a drain scanning a large inbox keeps a small,
+bounded memory footprint.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import shlex
 import signal
 import subprocess
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -33,14 +34,27 @@ COMMAND_SOURCE = "command"
 INBOX_SOURCE = "inbox"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Candidate:
-    envelope: Envelope
+    # None for an inbox row as scanned: the drain loads envelopes only for the candidates it
+    # considers (load_envelopes), so a wide scan holds light tuples, not payloads.
+    envelope: Envelope | None
     project: str  # round-robin key ("" when the event names no project)
     tags: tuple[str, ...]
     inbox_id: str | None = None
     # The inbox row's attempt counter as scanned: a drain claims the row by bumping it.
     route_attempts: int = 0
+    # The row's state and reason as scanned: a hold that changes nothing writes nothing.
+    state: str = ""
+    reason_code: str | None = None
+    last_reason: str | None = None
+
+    def recorded_as(self, state: str, reason_code: str, reason: str) -> bool:
+        return (self.state, self.reason_code, self.last_reason) == (
+            state,
+            reason_code,
+            reason,
+        )
 
 
 def _inbox_queryset(route_key: str) -> Any:
@@ -53,30 +67,59 @@ def _inbox_queryset(route_key: str) -> Any:
     return rows.order_by("received_at", "id")
 
 
-def scan_inbox(*, route_key: str, scan_limit: int) -> Iterator[Candidate]:
+def scan_inbox(
+    *, route_key: str, scan_limit: int, with_tags: bool = False
+) -> Iterator[Candidate]:
     """Open inbox events (pending or deferred), oldest first, at most scan_limit of them.
 
-    Served by the partial index idx_inbox_open_received.
+    Served by the partial index idx_inbox_open_received. Yields light candidates (no
+    envelope, only the row's routing columns); `data` is read only `with_tags` (a tag
+    filter needs it), and then dropped.
     """
-    rows = _inbox_queryset(route_key)[:scan_limit]
+    columns = ["id", "project_hint", "route_attempts", "state", "reason_code"]
+    columns += ["last_reason"] + (["data"] if with_tags else [])
+    rows = _inbox_queryset(route_key)[:scan_limit].values_list(*columns)
     for row in rows.iterator(chunk_size=2000):
-        envelope = Envelope(
-            id=row.event_id,
-            type=row.event_type,
-            source=row.source,
-            subject=row.subject,
-            time=row.event_time,
-            data=row.data,
-            metadata=row.metadata,
-            raw=row.envelope(),
-        )
         yield Candidate(
-            envelope=envelope,
-            project=row.project_hint or "",
-            tags=tuple(record_tags(row.data)),
-            inbox_id=row.id,
-            route_attempts=row.route_attempts,
+            envelope=None,
+            project=row[1] or "",
+            tags=tuple(record_tags(row[6])) if with_tags else (),
+            inbox_id=row[0],
+            route_attempts=row[2],
+            state=row[3],
+            reason_code=row[4],
+            last_reason=row[5],
         )
+
+
+def inbox_envelope(row: InboxEvent) -> Envelope:
+    return Envelope(
+        id=row.event_id,
+        type=row.event_type,
+        source=row.source,
+        subject=row.subject,
+        time=row.event_time,
+        data=row.data,
+        metadata=row.metadata,
+        raw=row.envelope(),
+    )
+
+
+def load_envelopes(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates with their envelopes, in order: one query for the inbox rows.
+
+    A row deleted since the scan drops out.
+    """
+    wanted = [c.inbox_id for c in candidates if c.envelope is None and c.inbox_id]
+    rows = InboxEvent.objects.in_bulk(wanted) if wanted else {}
+    loaded: list[Candidate] = []
+    for candidate in candidates:
+        if candidate.envelope is not None:
+            loaded.append(candidate)
+        elif candidate.inbox_id in rows:
+            envelope = inbox_envelope(rows[candidate.inbox_id])
+            loaded.append(replace(candidate, envelope=envelope))
+    return loaded
 
 
 class SourceCommandError(ApplicationError):

@@ -9,10 +9,11 @@ project 3, project group 5, and a 5-account pool with --max-per-profile 2 — ev
 binds at some point.
 
 Work completes while the drains run: each admitted item "runs" for a fixed pseudo-random
-0.05–0.40 s (derived from its id, so the same under 1 or 8 drainers), and every drainer,
-between drains, finishes the items whose time is up (any drainer may finish any item, with a
-conditional UPDATE so exactly one does). Finishing frees the item's cap slots and its
-account, so the drains keep admitting until the inbox is empty.
+0.05–0.40 s (derived from its id, so the same under 1 or 8 drainers), and one completer
+process, standing in for the runner, finishes the items whose time is up (polling every 5 ms,
+a conditional UPDATE per item). It is the same single process in every configuration, so
+work completes at the same pace whatever the number of drainers. Finishing frees the item's
+cap slots and its account, so the drains keep admitting until the inbox is empty.
 
 Cap safety is checked three ways:
   - sampled: after every drain, each drainer counts active items per scope, project, group
@@ -32,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import select
 import subprocess
 import sys
 import time
@@ -62,6 +64,7 @@ CAPS: dict[str, Any] = {
 }
 DRAIN: dict[str, Any] = {"max_dispatch": 5, "limit": 20}
 HOLD_MIN, HOLD_MAX = 0.05, 0.40  # seconds an admitted item stays active
+COMPLETER_POLL = 0.005  # seconds between the completer's passes
 IDLE_SLEEP = (
     0.02  # a drain that admitted nothing waits this long (a scheduler would wait more)
 )
@@ -79,6 +82,9 @@ def hold_seconds(item_id: str) -> float:
 def main() -> None:
     if len(sys.argv) > 3 and sys.argv[1] == "--worker":
         worker(int(sys.argv[2]), float(sys.argv[3]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--completer":
+        completer()
         return
     if len(sys.argv) > 2 and sys.argv[1] == "--config":
         config(int(sys.argv[2]))
@@ -114,10 +120,10 @@ def main() -> None:
 
     report.table(
         "drains",
-        ["drainers", "admitted", "seconds", "admissions/s", "drain calls", "deduped",
+        ["drainers", "admitted", "seconds", "admissions/s", "drains run", "overlap skips", "deduped",
          "held by pre-check", "throttled under lock", "max active scope/project/group/account"],
         [
-            [n, r["admitted"], r["seconds"], r["admissions_per_s"], r["drains"], r["deduped"],
+            [n, r["admitted"], r["seconds"], r["admissions_per_s"], r["drains"], r["overlapped"], r["deduped"],
              r["prechecked"], r["throttled_locked"],
              "/".join(str(r["ledger"]["max_seen"][d]) for d in ("scope", "project", "group", "account"))]
             for n, r in results.items()
@@ -188,16 +194,10 @@ def config(drainers: int) -> None:
 
         envelopes = [(n, _envelope(n)) for n in range(EVENTS)]
         inbox_ingest(envelopes)
-        workers = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.bench.bench_drains",
-                    "--worker",
-                    str(i),
-                    str(budget),
-                ],
+
+        def spawn(*args: str) -> subprocess.Popen[str]:
+            return subprocess.Popen(
+                [sys.executable, "-m", "tests.bench.bench_drains", *args],
                 cwd=harness.ROOT,
                 env=harness.child_env(),
                 stdin=subprocess.PIPE,
@@ -205,17 +205,21 @@ def config(drainers: int) -> None:
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            for i in range(drainers)
-        ]
-        for proc in workers:  # every drainer has set Django up before the clock starts
+
+        workers = [spawn("--worker", str(i), str(budget)) for i in range(drainers)]
+        runner = spawn("--completer")
+        for proc in [
+            *workers,
+            runner,
+        ]:  # all have set Django up before the clock starts
             assert proc.stdout is not None
             line = proc.stdout.readline()
             if line.strip() != "ready":
                 raise SystemExit(
-                    f"drainer failed to start: {line}{proc.communicate()[1][-3000:]}"
+                    f"bench process failed to start: {line}{proc.communicate()[1][-3000:]}"
                 )
         go = time.time()
-        for proc in workers:
+        for proc in [*workers, runner]:
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()
@@ -225,6 +229,9 @@ def config(drainers: int) -> None:
             if proc.returncode != 0:
                 raise SystemExit(f"drainer exited {proc.returncode}: {err[-3000:]}")
             tallies.append(json.loads(out.strip().splitlines()[-1]))
+        out, err = runner.communicate("stop\n", timeout=120)
+        if runner.returncode != 0:
+            raise SystemExit(f"completer exited {runner.returncode}: {err[-3000:]}")
         print("RESULT " + json.dumps(analyse(go, tallies)), flush=True)
     finally:
         db.drop()
@@ -274,6 +281,7 @@ def analyse(go: float, tallies: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds": round(seconds, 2),
         "admissions_per_s": round(admitted / seconds, 2) if seconds > 0 else 0.0,
         "drains": sum(t["drains"] for t in tallies),
+        "overlapped": sum(t["overlapped"] for t in tallies),
         "deduped": sum(t["deduped"] for t in tallies),
         "prechecked": sum(t["prechecked"] for t in tallies),
         "throttled_locked": sum(t["throttled"] - t["prechecked"] for t in tallies),
@@ -399,10 +407,27 @@ def finish_due(now: datetime) -> int:
     return won
 
 
-def worker(index: int, budget: float) -> None:
+def completer() -> None:
+    """The runner's part: finish every item whose hold time is up, polling every 5 ms, until
+    the parent writes "stop". One process in every configuration, so work completes at the
+    same pace whatever the number of drainers."""
     harness.attach()
     from django.utils import timezone
 
+    print("ready", flush=True)
+    sys.stdin.readline()  # "go"
+    finished = 0
+    while True:
+        finished += finish_due(timezone.now())
+        readable, _, _ = select.select([sys.stdin], [], [], COMPLETER_POLL)
+        if readable:
+            sys.stdin.readline()  # "stop"
+            break
+    print(json.dumps({"finished": finished}), flush=True)
+
+
+def worker(index: int, budget: float) -> None:
+    harness.attach()
     from routing.drains import drain_options, drain_run
     from routing.models import OPEN_INBOX_STATES, InboxEvent
 
@@ -410,19 +435,23 @@ def worker(index: int, budget: float) -> None:
     print("ready", flush=True)
     sys.stdin.readline()  # "go"
     tally: dict[str, Any] = {
-        "worker": index, "drains": 0, "created": 0, "deduped": 0, "throttled": 0,
-        "prechecked": 0, "fatal": 0, "finished": 0, "samples": 0, "violations": [],
+        "worker": index, "drains": 0, "overlapped": 0, "created": 0, "deduped": 0, "throttled": 0,
+        "prechecked": 0, "fatal": 0, "samples": 0, "violations": [],
     }  # fmt: skip
     deadline = time.monotonic() + budget
     while time.monotonic() < deadline:
         report = drain_run(options=options, env={})
-        tally["drains"] += 1
-        for kind in ("created", "deduped", "throttled", "fatal"):
-            tally[kind] += report.counts[kind]
-        tally["prechecked"] += sum(1 for r in report.results if r.get("precheck"))
-        tally["samples"] += 1
-        tally["violations"] += violations_now()
-        tally["finished"] += finish_due(timezone.now())
+        if (
+            report.overlapped
+        ):  # another drainer is draining this scope: nothing happened
+            tally["overlapped"] += 1
+        else:
+            tally["drains"] += 1
+            for kind in ("created", "deduped", "throttled", "fatal"):
+                tally[kind] += report.counts[kind]
+            tally["prechecked"] += sum(1 for r in report.results if r.get("precheck"))
+            tally["samples"] += 1
+            tally["violations"] += violations_now()
         if (
             report.scanned == 0
             and not InboxEvent.objects.filter(state__in=OPEN_INBOX_STATES).exists()

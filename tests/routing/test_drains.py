@@ -16,6 +16,7 @@ from django.apps import apps
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ledger.models import WorkflowRun, WorkflowStepRun, WorkflowWorkItem
@@ -368,3 +369,146 @@ def test_a_drain_skips_an_inbox_row_another_drain_claimed_after_the_scan() -> No
     assert _claim(candidate) is True
     assert _claim(stale) is False  # the other drain's scan is now out of date
     assert InboxEvent.objects.get().route_attempts == 1
+
+
+# --- what a drain reads and writes (cheap when full, one drain per scope) ---------------------
+
+
+def _inbox_updates(captured: CaptureQueriesContext) -> int:
+    return sum(
+        1
+        for q in captured.captured_queries
+        if q["sql"].startswith('UPDATE "routing_inbox_events"')
+    )
+
+
+def test_a_drain_whose_scope_is_full_scans_nothing_and_says_why() -> None:
+    ingest(generic_event(), generic_event())
+    assert drain(max_active=1, max_dispatch=5).counts["created"] == 1
+    waiting = InboxEvent.objects.get(state="deferred")
+    before = (waiting.updated_at, waiting.route_attempts)
+
+    report = drain(max_active=1)
+    assert report.scanned == 0 and report.counts["considered"] == 0
+    assert (
+        report.held_reason == "scope generic-event active workflow limit reached (1/1)"
+    )
+    assert f"(held: {report.held_reason})" in report.human()
+    assert report.to_dict(compact=True)["heldReason"] == report.held_reason
+    record = DrainRecord.objects.get(pk=report.record_id)
+    assert record.held_reason == report.held_reason and record.scanned == 0
+    waiting.refresh_from_db()
+    assert (
+        waiting.updated_at,
+        waiting.route_attempts,
+    ) == before  # not read, not written
+
+
+def test_once_the_scope_fills_the_rest_are_held_unread_with_one_update() -> None:
+    updates = []
+    for n in (3, 12):
+        InboxEvent.objects.all().delete()
+        WorkflowWorkItem.objects.update(status="succeeded")  # free the scope
+        ingest(*(generic_event(project=f"/p{i}") for i in range(n)))
+        with CaptureQueriesContext(connection) as captured:
+            report = drain(max_active=1, max_dispatch=5)
+        kinds = [(r["kind"], r.get("reasonCode")) for r in report.results]
+        assert kinds[0] == ("created", None)
+        assert kinds[1:] == [("throttled", "route_cap")] * (n - 1)
+        assert report.held_reason and all(r["precheck"] for r in report.results[1:])
+        states = InboxEvent.objects.values_list("state", "reason_code")
+        assert sorted(states) == [("admitted", None)] + [("deferred", "route_cap")] * (
+            n - 1
+        )
+        updates.append(_inbox_updates(captured))
+    # the admitted row's claim and outcome, the first hold, then one UPDATE for all the
+    # rest: the same for 3 events and for 12
+    assert updates[0] == updates[1] == 4
+
+
+def test_a_hold_the_row_already_records_writes_nothing() -> None:
+    ingest(generic_event(project="/busy"))
+    drain(max_active_per_project=1)
+    ingest(generic_event(project="/busy"))
+    first = drain(max_active_per_project=1)
+    assert [r["reasonCode"] for r in first.results] == ["project_cap"]
+    held = InboxEvent.objects.get(state="deferred")
+    with CaptureQueriesContext(connection) as captured:
+        again = drain(max_active_per_project=1)
+    assert [r["reasonCode"] for r in again.results] == ["project_cap"]
+    assert _inbox_updates(captured) == 0
+    assert InboxEvent.objects.get(pk=held.pk).updated_at == held.updated_at
+
+
+def test_a_full_project_holds_its_later_candidates_without_another_count() -> None:
+    ingest(generic_event(project="/busy"))
+    drain(max_active_per_project=1)
+    ingest(*(generic_event(project="/busy") for _ in range(4)))
+    with CaptureQueriesContext(connection) as captured:
+        report = drain(max_active_per_project=1, max_dispatch=5)
+    assert [r["reasonCode"] for r in report.results] == ["project_cap"] * 4
+    counts = [
+        q for q in captured.captured_queries if "SELECT (SELECT COUNT(*)" in q["sql"]
+    ]
+    # One: the first candidate's pre-check (no --max-active, so no scope check at start).
+    assert len(counts) == 1
+
+
+def test_an_ineligible_event_leaves_the_inbox_as_skipped() -> None:
+    ingest(todos_event(tags=[]))
+    report = drain("todos-task")
+    assert [r["kind"] for r in report.results] == ["skipped"]
+    row = InboxEvent.objects.get()
+    assert row.state == "skipped" and row.last_reason == "missing explicit route opt-in"
+    assert drain("todos-task").scanned == 0  # not scanned again
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_drain_of_a_running_scope_steps_aside_and_writes_nothing() -> None:
+    from routing.lock import drain_lock
+
+    ingest(generic_event(), generic_event())
+    holding, release = threading.Event(), threading.Event()
+
+    def other_drain() -> None:  # holds the scope's drain lock from another connection
+        try:
+            with drain_lock("generic-event", "generic-event") as ours:
+                assert ours
+                holding.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other_drain)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        before = row_counts()
+        report = drain(max_dispatch=5)
+        assert report.overlapped and report.record_id is None
+        assert report.counts["considered"] == 0 and row_counts() == before
+        assert "overlap skip" in report.human()
+        assert report.to_dict(compact=True)["overlapSkipped"] is True
+        # Another scope is another drain.
+        assert drain(max_dispatch=1, max_active_scope="other").counts["created"] == 1
+        assert drain(max_dispatch=5, dry_run=True).overlapped is False  # reads only
+    finally:
+        release.set()
+        thread.join()
+    assert drain(max_dispatch=5).counts["created"] == 1  # the lock is free again
+
+
+def test_the_inbox_scan_is_light_and_envelopes_load_in_one_query() -> None:
+    from routing.sources import load_envelopes, scan_inbox
+
+    ingest(*(generic_event(project=f"/p{i}", title=f"t{i}") for i in range(3)))
+    scanned = list(scan_inbox(route_key="generic-event", scan_limit=10))
+    assert [c.envelope for c in scanned] == [None, None, None]
+    assert [c.project for c in scanned] == ["/p0", "/p1", "/p2"]
+    InboxEvent.objects.filter(pk=scanned[1].inbox_id).delete()
+    with CaptureQueriesContext(connection) as captured:
+        loaded = load_envelopes(list(reversed(scanned)))
+    assert len(captured) == 1
+    assert [c.envelope.data["title"] for c in loaded] == ["t2", "t0"]  # order kept
+    tagged = list(scan_inbox(route_key="generic-event", scan_limit=10, with_tags=True))
+    assert [c.envelope for c in tagged] == [None, None]
