@@ -1,11 +1,13 @@
 """Benchmark 4: peak memory of one drain that scans 100,000 inbox events.
 
 The inbox holds 100,000 pending generic events over 40 projects. Every pool account is
-already at --max-per-profile (the seeded live set: 12 accounts × 2), so the drain pre-checks
-each candidate it considers (three cap counts, then the pool) and holds it back: it scans the
-whole inbox window, fair-orders it and considers `limit` candidates without admitting any
-(max_dispatch 5 is never reached). That is the drain's worst case for memory: everything it
-scanned is alive at once, plus one result per considered candidate.
+already at --max-per-profile (the seeded live set: 12 accounts × 2), so the drain holds back
+every candidate it considers: the first after its pre-check (three cap counts, then the
+pool), and, since the pool is the drain's own (--auth-profile-pool, shared by every
+candidate), the rest unread. It scans the whole inbox window, fair-orders it and considers
+`limit` candidates without admitting any (max_dispatch 5 is never reached). That is the
+drain's worst case for memory: every scanned row is alive at once, the `limit` chosen ones
+with their envelopes, plus one result per considered candidate.
 
 The drain runs in a fresh child process (`--child`): its peak RSS (`ru_maxrss`) is what the
 drain needs on top of a Django process, with nothing the parent did (seeding) counted. The
@@ -25,9 +27,7 @@ from tests.bench import harness
 
 NAME = "drain_memory"
 INBOX = harness.scaled(100_000, 1_000)
-CONSIDER = harness.scaled(
-    5_000, 200
-)  # candidates pre-checked (each ~10 queries, ~10 ms)
+CONSIDER = harness.scaled(5_000, 200)  # candidates considered (all held)
 TARGET_MB = 300
 
 
@@ -180,7 +180,8 @@ def run(vendor: str) -> None:
     )
     report.note(
         f"max_dispatch 5, limit {CONSIDER:,} considered, scan_limit {INBOX:,}; every pool "
-        "account at --max-per-profile 2, so each considered candidate is held by the pre-check"
+        "account at --max-per-profile 2, so each considered candidate is held (the first after "
+        "its pre-check, the rest unread: the pool is shared by every candidate)"
     )
     report.finish()
 
