@@ -754,20 +754,13 @@ def _drain_loop(
         if report.counts[CREATED] >= options.max_dispatch:
             break
         now = timezone.now()
-        if full.every is not None:  # nothing more can be admitted in this drain
-            assert candidate.envelope is not None
-            report.held_reason = full.every[0]
-            reason, code = full.every
-            if (
-                candidate.inbox_id
-                and not report.dry_run
-                and not candidate.recorded_as(InboxState.DEFERRED, code, reason)
-            ):
-                full.held_rows.append(candidate.inbox_id)
-            _count(report, _held(candidate.envelope, *full.every))
-            continue
         try:
-            result = _route_one(candidate, options, env, cwd, now, report.dry_run, full)
+            if full.every is not None:  # nothing more can be admitted in this drain
+                result = _hold_unread(candidate, full, report)
+            else:
+                result = _route_one(
+                    candidate, options, env, cwd, now, report.dry_run, full
+                )
         except Exception as exc:  # one bad item never stops the batch (§5.2.3)
             envelope = candidate.envelope
             assert envelope is not None
@@ -785,6 +778,23 @@ def _drain_loop(
         if progress:
             progress(report)
     full.record_held_rows(timezone.now())
+
+
+def _hold_unread(
+    candidate: Candidate, full: _Full, report: DrainReport
+) -> dict[str, Any]:
+    """Hold a candidate once the scope (or the shared pool) is full: no read, and its row is
+    written with the others at the end (unless it already records this very hold)."""
+    assert full.every is not None and candidate.envelope is not None
+    reason, code = full.every
+    report.held_reason = reason
+    if (
+        candidate.inbox_id
+        and not report.dry_run
+        and not candidate.recorded_as(InboxState.DEFERRED, code, reason)
+    ):
+        full.held_rows.append(candidate.inbox_id)
+    return _held(candidate.envelope, reason, code)
 
 
 def _count(report: DrainReport, result: dict[str, Any]) -> None:
