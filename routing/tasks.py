@@ -13,11 +13,14 @@ def drain(
     """Run one drain. `name` is the schedule's name: the drain's default --max-active scope.
 
     Delivered twice (broker redelivery, two clusters), it admits nothing twice: every
-    admission dedupes on the work item's (route, idempotency key) under the admission lock.
+    admission dedupes on the work item's (route, idempotency key) under the admission lock,
+    and a delivery that overlaps a running drain of its scope steps aside.
     """
     report = drain_run(options=drain_options(kind, options or {}, name=name))
     return {
         "drainId": report.record_id,
         **{k: v for k, v in report.counts.items()},
         "error": report.error,
+        "heldReason": report.held_reason,
+        "overlapSkipped": report.overlapped,
     }

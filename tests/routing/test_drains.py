@@ -489,6 +489,9 @@ def test_a_second_drain_of_a_running_scope_steps_aside_and_writes_nothing() -> N
         assert report.counts["considered"] == 0 and row_counts() == before
         assert "overlap skip" in report.human()
         assert report.to_dict(compact=True)["overlapSkipped"] is True
+        from routing.tasks import drain as drain_task  # the scheduled drain says so too
+
+        assert drain_task("generic", {"max_dispatch": 5})["overlapSkipped"] is True
         # Another scope is another drain.
         assert drain(max_dispatch=1, max_active_scope="other").counts["created"] == 1
         assert drain(max_dispatch=5, dry_run=True).overlapped is False  # reads only
