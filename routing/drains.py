@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -49,7 +49,7 @@ from routing.domain.errors import ApplicationError, ValidationError
 from routing.domain.keys import route_key_for_kind
 from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from routing.domain.throttle import ThrottleCounts, admission_decision, parse_limit
-from routing.lock import admission_lock, drain_lock
+from routing.lock import drain_lock
 from routing.models import OPEN_INBOX_STATES, DrainRecord, InboxEvent, InboxState
 from routing.services import (
     CREATED,
@@ -375,11 +375,11 @@ def _precheck(plan: RoutePlan, now: datetime) -> tuple[str, str] | None:
         if not decision.allowed:
             return decision.reason or "", decision.reason_code or reasons.ROUTE_CAP
     if plan.pool_active:
-        assignment = pool_assignment_now(plan, now).assignment
-        if assignment.deferred:
+        view = pool_assignment_now(plan, now)
+        if view.assignment.deferred:  # the reason admission would give
             return (
-                assignment.reason or "",
-                assignment.reason_code or reasons.PROFILE_CAP,
+                view.deferral_reason,
+                view.assignment.reason_code or reasons.PROFILE_CAP,
             )
     return None
 
@@ -510,8 +510,9 @@ def _route_one(
     """The result of routing one candidate; None when another drain claimed it first.
 
     Writes (not in a dry run): one conditional UPDATE for an item skipped, or held by the
-    pre-check (none when its row already records that hold); otherwise one transaction under
-    the admission lock with the claim, the admission and the row's outcome.
+    pre-check (none when its row already records that hold); otherwise one transaction: the
+    admission (under the admission lock), then the claim with the row's outcome, both undone
+    when another drain took the row first.
     """
     envelope = candidate.envelope
     assert envelope is not None, "load_envelopes() before routing"
@@ -547,22 +548,23 @@ def _route_one(
         ):
             return None
         return result
-    with transaction.atomic():
-        if settle:
-            # The admission lock before the row's: the order an API delivery takes them in.
-            admission_lock()
-            if not _claim(candidate):
-                return None
-        routed = route_event(
-            kind=options.kind,
-            envelope=envelope,
-            options=route,
-            env=env,
-            cwd=cwd,
-            now=now,
-        )
-        if settle:
-            inbox_record_route(candidate.inbox_id, routed, now)
+    try:
+        with transaction.atomic():
+            routed = route_event(
+                kind=options.kind,
+                envelope=envelope,
+                options=route,
+                env=env,
+                cwd=cwd,
+                now=now,
+            )
+            # The claim comes last, with the outcome: the row is locked after the admission
+            # lock and the work item, the order every other writer of inbox rows takes them
+            # in (an API delivery, an operator's requeue). Lost: undo the admission.
+            if settle and not _claim(candidate, **_route_record(routed, now)):
+                raise _ClaimLost
+    except _ClaimLost:
+        return None
     if routed.kind == THROTTLED and routed.reason_code:  # lost a race under the lock
         full.saw(plan, routed.reason or "", routed.reason_code, shared_pool=shared_pool)
     routed.dry_run = dry_run
@@ -577,29 +579,34 @@ _INBOX_STATE = {
 }
 
 
-def inbox_record_route(inbox_id: str, result: RouteResult, now: datetime) -> None:
-    InboxEvent.objects.filter(pk=inbox_id).update(
-        state=_INBOX_STATE[result.kind],
-        work_item=result.work_item,
-        last_reason=result.reason
+class _ClaimLost(Exception):
+    """Another drain took the inbox row while this one routed it."""
+
+
+def _route_record(result: RouteResult, now: datetime) -> dict[str, Any]:
+    """The inbox columns for a routed item: where it went and why."""
+    return {
+        "state": _INBOX_STATE[result.kind],
+        "work_item": result.work_item,
+        "last_reason": result.reason
         or (result.work_item.last_reason if result.work_item else None),
-        reason_code=result.reason_code,
-        routed_at=now,
-        updated_at=now,
-    )
+        "reason_code": result.reason_code,
+        "routed_at": now,
+        "updated_at": now,
+    }
+
+
+def inbox_record_route(inbox_id: str, result: RouteResult, now: datetime) -> None:
+    InboxEvent.objects.filter(pk=inbox_id).update(**_route_record(result, now))
 
 
 def _record_failure(
     candidate: Candidate, result: Mapping[str, Any], now: datetime
 ) -> None:
-    """Mark an open row failed, whether or not this drain's claim got to it first."""
+    """Mark the row failed, unless another drain took it since the scan (a failed attempt's
+    own claim rolled back with it)."""
     if candidate.inbox_id:
-        scanned = candidate.route_attempts
-        InboxEvent.objects.filter(
-            pk=candidate.inbox_id,
-            state__in=OPEN_INBOX_STATES,
-            route_attempts__in=(scanned, scanned + 1),
-        ).update(route_attempts=scanned + 1, **_hold_record(result, now))
+        _claim(candidate, **_hold_record(result, now))
 
 
 def inbox_record_hold(
@@ -770,7 +777,11 @@ def _drain_loop(
                 "reason": f"{type(exc).__name__}: {exc}"[:640],
                 "event": {"id": envelope.id, "type": envelope.type},
             }
-            if not report.dry_run:
+            if isinstance(exc, OperationalError):
+                # Passing (a deadlock, a locked database, a dropped connection): the row
+                # stays open for a later drain; the drain still reports it as fatal.
+                result["reason"] += " (left open for a later drain)"
+            elif not report.dry_run:
                 _record_failure(candidate, result, now)
         if result is None:  # claimed by a concurrent drain
             continue

@@ -732,6 +732,15 @@ class PoolView:
     loads: dict[str, int]
     cooling: dict[str, datetime]
 
+    @property
+    def deferral_reason(self) -> str:
+        """Why the pool defers (a cooldown says when the first member frees)."""
+        reason = self.assignment.reason or "pool deferred"
+        if self.assignment.reason_code == reasons.COOLDOWN and self.cooling:
+            first_free = min(self.cooling.values())
+            reason = f"{reason} until {first_free.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+        return reason
+
 
 def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
     """Least-loaded assignment for this plan's pool from the ledger as it is now."""
@@ -817,10 +826,7 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
             "cooling": {p: until.isoformat() for p, until in members_cooling.items()},
         }
         if assignment.deferred:
-            reason = assignment.reason or "pool deferred"
-            if assignment.reason_code == reasons.COOLDOWN and members_cooling:
-                first_free = min(members_cooling.values())
-                reason = f"{reason} until {first_free.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+            reason = view.deferral_reason
             decision = pool_deferral_decision(
                 scope=plan.scope,
                 project_path=plan.project_path,
