@@ -1111,6 +1111,9 @@ def work_item_requeue(
         raise ValidationError(REQUEUE_REASON_REQUIRED)
     now = _now(now)
     with transaction.atomic():
+        # Before the item's row: a drain holds this lock when it locks the item's inbox row
+        # and then the item, so taking it first here keeps the two from deadlocking.
+        admission_lock()
         item = _get_item(item_id)
         if item.status not in REQUEUEABLE_STATUSES:
             raise LedgerError(

@@ -49,7 +49,7 @@ from routing.domain.errors import ApplicationError, ValidationError
 from routing.domain.keys import route_key_for_kind
 from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from routing.domain.throttle import ThrottleCounts, admission_decision, parse_limit
-from routing.lock import drain_lock
+from routing.lock import admission_lock, drain_lock
 from routing.models import OPEN_INBOX_STATES, DrainRecord, InboxEvent, InboxState
 from routing.services import (
     CREATED,
@@ -510,9 +510,8 @@ def _route_one(
     """The result of routing one candidate; None when another drain claimed it first.
 
     Writes (not in a dry run): one conditional UPDATE for an item skipped, or held by the
-    pre-check (none when its row already records that hold); otherwise one transaction: the
-    admission (under the admission lock), then the claim with the row's outcome, both undone
-    when another drain took the row first.
+    pre-check (none when its row already records that hold); otherwise one transaction under
+    the admission lock: the claim, the admission and the row's outcome.
     """
     envelope = candidate.envelope
     assert envelope is not None, "load_envelopes() before routing"
@@ -548,23 +547,25 @@ def _route_one(
         ):
             return None
         return result
-    try:
-        with transaction.atomic():
-            routed = route_event(
-                kind=options.kind,
-                envelope=envelope,
-                options=route,
-                env=env,
-                cwd=cwd,
-                now=now,
-            )
-            # The claim comes last, with the outcome: the row is locked after the admission
-            # lock and the work item, the order every other writer of inbox rows takes them
-            # in (an API delivery, an operator's requeue). Lost: undo the admission.
-            if settle and not _claim(candidate, **_route_record(routed, now)):
-                raise _ClaimLost
-    except _ClaimLost:
-        return None
+    with transaction.atomic():
+        if settle:
+            # The admission lock first: every writer of inbox rows and work items that could
+            # meet this one (an API delivery, an operator's requeue) takes it first too, so
+            # locking the row before the work item cannot deadlock. A lost claim costs one
+            # statement, not an admission.
+            admission_lock()
+            if not _claim(candidate):
+                return None
+        routed = route_event(
+            kind=options.kind,
+            envelope=envelope,
+            options=route,
+            env=env,
+            cwd=cwd,
+            now=now,
+        )
+        if settle:
+            inbox_record_route(candidate.inbox_id, routed, now)
     if routed.kind == THROTTLED and routed.reason_code:  # lost a race under the lock
         full.saw(plan, routed.reason or "", routed.reason_code, shared_pool=shared_pool)
     routed.dry_run = dry_run
@@ -579,25 +580,16 @@ _INBOX_STATE = {
 }
 
 
-class _ClaimLost(Exception):
-    """Another drain took the inbox row while this one routed it."""
-
-
-def _route_record(result: RouteResult, now: datetime) -> dict[str, Any]:
-    """The inbox columns for a routed item: where it went and why."""
-    return {
-        "state": _INBOX_STATE[result.kind],
-        "work_item": result.work_item,
-        "last_reason": result.reason
-        or (result.work_item.last_reason if result.work_item else None),
-        "reason_code": result.reason_code,
-        "routed_at": now,
-        "updated_at": now,
-    }
-
-
 def inbox_record_route(inbox_id: str, result: RouteResult, now: datetime) -> None:
-    InboxEvent.objects.filter(pk=inbox_id).update(**_route_record(result, now))
+    InboxEvent.objects.filter(pk=inbox_id).update(
+        state=_INBOX_STATE[result.kind],
+        work_item=result.work_item,
+        last_reason=result.reason
+        or (result.work_item.last_reason if result.work_item else None),
+        reason_code=result.reason_code,
+        routed_at=now,
+        updated_at=now,
+    )
 
 
 def _record_failure(

@@ -421,9 +421,9 @@ def test_once_the_scope_fills_the_rest_are_held_unread_with_one_update() -> None
             n - 1
         )
         updates.append(_inbox_updates(captured))
-    # the admitted row's claim with its outcome, the first hold, then one UPDATE for all
-    # the rest: the same for 3 events and for 12
-    assert updates[0] == updates[1] == 3
+    # the admitted row's claim and its outcome, the first hold, then one UPDATE for all the
+    # rest: the same for 3 events and for 12
+    assert updates[0] == updates[1] == 4
 
 
 def test_a_hold_the_row_already_records_writes_nothing() -> None:
@@ -521,8 +521,9 @@ def test_the_inbox_scan_is_light_and_envelopes_load_in_one_query() -> None:
 def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
     monkeypatch,
 ) -> None:  # type: ignore[no-untyped-def]
-    """Both lock the work item before the inbox row (on PostgreSQL the opposite orders
-    deadlocked: the drain claimed the row first, the requeue reopens the item's rows)."""
+    """The drain locks the inbox row, then the item; the requeue the item, then its inbox
+    rows. Both take the admission lock first, so on PostgreSQL they queue instead of
+    deadlocking (without it on the requeue side, this deadlocked)."""
     import time
 
     from ledger.services import work_item_requeue
