@@ -935,15 +935,17 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
 
 def _early_dedupe(plan: RoutePlan, now: datetime) -> RouteResult | None:
     """A read before the lock: items that ran or run need no decision (§3.2.9)."""
-    items = WorkflowWorkItem.objects.filter(
-        route_key=plan.route_key, idempotency_key=plan.idempotency_key
+    # One unique-key look-up (no ORDER BY, no second read); most routed events find nothing.
+    found = list(
+        WorkflowWorkItem.objects.filter(
+            route_key=plan.route_key,
+            idempotency_key=plan.idempotency_key,
+            status__in=KEEP_WORK_ITEM_STATUSES,
+        ).select_related("workflow", "loop", "invocation")[:1]
     )
-    # Most routed events are new: a narrow read first, the full rows only for a dedupe.
-    if not items.filter(status__in=KEEP_WORK_ITEM_STATUSES).exists():
+    if not found:
         return None
-    item = items.select_related("workflow", "loop", "invocation").first()
-    if item is None or item.status not in KEEP_WORK_ITEM_STATUSES:
-        return None
+    item = found[0]
     readmission = readmission_decision(
         route_key=plan.route_key,
         status=item.status,
