@@ -467,17 +467,15 @@ def _held(
     envelope: Any, reason: str, code: str, plan: RoutePlan | None = None
 ) -> dict[str, Any]:
     """A pre-check hold; without `plan` (held unread, everything full) no key is known."""
-    result: dict[str, Any] = {"kind": THROTTLED, "precheck": True}
-    if plan is not None:
-        result["idempotencyKey"] = plan.idempotency_key
-    result.update(reason=reason, reasonCode=code)
-    if plan is not None:
-        result["taskId"] = plan.task_id
-    result["event"] = {
-        "id": envelope.id,
-        "type": envelope.type,
-        "source": envelope.source,
+    result: dict[str, Any] = {
+        "kind": THROTTLED,
+        "precheck": True,
+        "reason": reason,
+        "reasonCode": code,
+        "event": {"id": envelope.id, "type": envelope.type, "source": envelope.source},
     }
+    if plan is not None:
+        result.update(idempotencyKey=plan.idempotency_key, taskId=plan.task_id)
     return result
 
 
