@@ -94,6 +94,23 @@ def text_of(driver: Any, css: str) -> str:
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
 
 
+def follow(driver: Any, element: Any) -> None:
+    """Click a link or submit button and wait until the next page has loaded.
+
+    A click returns as soon as the event is dispatched; without the wait the next read can
+    still see the old page (or its URL), which made the login step flaky.
+    """
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old_page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    wait = WebDriverWait(driver, 60)
+    wait.until(expected_conditions.staleness_of(old_page))
+    wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
 def test_an_operator_walks_the_ops_pages_in_chromium(
     browser: Any, live_server: Any
 ) -> None:
@@ -111,7 +128,7 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     assert "/admin/login/" in browser.current_url
     browser.find_element(By.NAME, "username").send_keys("operator")
     browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
     assert browser.current_url == f"{live_server.url}/ops/"
 
     # Overview: caps per scope, account load, cooldowns, deferral reasons, last drains.
@@ -136,7 +153,7 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
         "drains",
     }
     screenshot(browser, "02-admin-index")
-    next(a for a in links if a.text == "Deferrals").click()
+    follow(browser, next(a for a in links if a.text == "Deferrals"))
 
     # Deferrals: grouped, then one item's history.
     assert text_of(browser, "#content h1") == "Deferrals"
@@ -146,14 +163,14 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     assert "held by pre-check" in text_of(browser, "#inbox")
     screenshot(browser, "03-deferrals")
     browser.get(f"{live_server.url}/ops/deferrals/?project_key=/srv/history")
-    browser.find_element(By.CSS_SELECTOR, "#items tbody a").click()
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "#items tbody a"))
     rows = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")
     assert len(rows) == 3
     assert "route scope active: 1 / 1" in rows[0].text and "route_cap" in rows[0].text
     screenshot(browser, "04-deferral-history")
 
     # Accounts: the table, and both SVG charts laid out with a bar and cells per account.
-    browser.find_element(By.LINK_TEXT, "Accounts").click()
+    follow(browser, browser.find_element(By.LINK_TEXT, "Accounts"))
     assert text_of(browser, "#content h1") == "Accounts"
     assert "acct-00" in text_of(browser, "#table")
     chart = browser.find_element(By.CSS_SELECTOR, "svg.load-chart")
@@ -164,13 +181,16 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     screenshot(browser, "05-accounts")
 
     # Drains: the list, then one drain's per-item results.
-    browser.find_element(By.LINK_TEXT, "Drains").click()
+    follow(browser, browser.find_element(By.LINK_TEXT, "Drains"))
     assert text_of(browser, "#content h1") == "Drains"
     screenshot(browser, "06-drains")
     record = DrainRecord.objects.get(pk=report.record_id)
-    browser.find_element(
-        By.CSS_SELECTOR, f"#drains a[href='/ops/drains/{record.id}/']"
-    ).click()
+    follow(
+        browser,
+        browser.find_element(
+            By.CSS_SELECTOR, f"#drains a[href='/ops/drains/{record.id}/']"
+        ),
+    )
     results = browser.find_elements(By.CSS_SELECTOR, "#results tbody tr")
     assert len(results) == record.considered == 4
     assert [r.text.split()[1] for r in results] == [
