@@ -254,7 +254,7 @@ def spawn_runner(run_id: str, *, extra_env: dict[str, str]) -> subprocess.Popen[
 
 
 def wait_for(
-    condition: Callable[[], Any], *, timeout: float = 20.0, what: str = "condition"
+    condition: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition"
 ) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

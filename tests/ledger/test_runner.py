@@ -206,7 +206,7 @@ def test_a_step_past_its_timeout_is_killed_with_its_whole_process_group(
     assert not process_alive(record["pid"])
     assert record["child_pid"]
     wait_for(
-        lambda: not process_alive(record["child_pid"]), timeout=5, what="grandchild"
+        lambda: not process_alive(record["child_pid"]), timeout=30, what="grandchild"
     )
 
 

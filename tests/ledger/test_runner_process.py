@@ -103,7 +103,7 @@ def test_a_sigkilled_worker_is_recovered_after_its_lease_and_the_next_item_is_ad
         assert blocked.kind == THROTTLED
 
         os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=10)
+        child.wait(timeout=60)
         assert process_alive(agent_pid)  # the agent outlives its worker (own session)
 
         run.refresh_from_db()
@@ -170,7 +170,7 @@ def test_cancelling_a_running_run_stops_its_worker_and_the_agent(
 
         services.run_cancel(run_id=run.id, reason="operator stop")
 
-        _, stderr = child.communicate(timeout=15)
+        _, stderr = child.communicate(timeout=60)
         assert child.returncode != 0
         assert f"run {run.id} was taken from this worker: cancelled" in stderr
         wait_for(lambda: not process_alive(agent_pid), what="the agent to be killed")
@@ -216,7 +216,7 @@ def test_a_worker_at_the_account_cap_waits_and_starts_when_a_slot_frees(
             step_run_id=blocker_step.id, status=StepStatus.SUCCEEDED, exit_code=0
         )
 
-        stdout, stderr = child.communicate(timeout=20)
+        stdout, stderr = child.communicate(timeout=60)
         assert child.returncode == 0, stderr
         assert stdout.strip() == f"run {run.id} succeeded"
         step.refresh_from_db()
@@ -240,7 +240,7 @@ def test_sigterm_to_the_worker_kills_the_agent_and_fails_the_run_at_once(
 
         os.kill(child.pid, signal.SIGTERM)
 
-        child.communicate(timeout=15)
+        child.communicate(timeout=60)
         assert child.returncode == 128 + signal.SIGTERM
         assert not process_alive(agent_pid)
         run.refresh_from_db()
