@@ -69,6 +69,10 @@ class ProviderError(ApplicationError):
     """An agent or command step that cannot be started as written."""
 
 
+# Every provider a route may name (`--provider`), in the order messages and filters list them.
+PROVIDERS = ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
+
+
 @dataclass(frozen=True)
 class Adapter:
     provider: str

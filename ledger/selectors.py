@@ -5,6 +5,11 @@ Each count is its own indexed query so that the cost stays flat as history grows
   - project: idx_workflow_work_items_project (project_key, status)
   - group:   idx_workflow_work_items_group   (project_group, status)
   - running steps: idx_workflow_step_runs_status; queued runs: idx_workflow_runs_status.
+
+Time windows are primary-key ranges: ledger ids start with their creation time in ms (see
+ledger.ids), so "created since T" is a key range even where a table has no timestamp index
+(`created_since`, `created_before`); `distinct_values` lists an indexed column's values with
+a loose index scan. The admin filters and the ops pages share these.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from django.db import connection
+from django.db.models import Model, QuerySet
 
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
@@ -235,3 +242,45 @@ def admission_rows(
     return AdmissionRows(
         work_item_id=item_id, invocation_id=invocation_id, spec_id=spec_id
     )
+
+
+# --- time windows and indexed values ----------------------------------------------------------
+
+
+def id_floor(moment: datetime) -> str:
+    """The smallest ledger id created at or after `moment` (ids start with their ms time)."""
+    return f"{int(moment.timestamp() * 1000) & 0xFFFFFFFFFFFF:012x}"
+
+
+def created_since(queryset: QuerySet[Any], moment: datetime) -> QuerySet[Any]:
+    """Rows created at or after `moment`, as a primary-key range (see the module docstring)."""
+    return queryset.filter(pk__gte=id_floor(moment))
+
+
+def created_before(queryset: QuerySet[Any], moment: datetime) -> QuerySet[Any]:
+    return queryset.filter(pk__lt=id_floor(moment))
+
+
+def distinct_values(
+    model: type[Model], field_name: str, *, limit: int = 100
+) -> list[str]:
+    """Up to `limit` distinct non-NULL values of an indexed column, smallest first.
+
+    A loose index scan (a recursive CTE that jumps to the next larger value) costs one index
+    probe per distinct value, where `SELECT DISTINCT` reads every row: the difference between
+    a millisecond and a second on a million work items. Portable to SQLite and PostgreSQL.
+    """
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    column = qn(model._meta.get_field(field_name).column)
+    sql = (
+        f"WITH RECURSIVE vals(v) AS ("
+        f" SELECT MIN({column}) FROM {table}"
+        f" UNION ALL"
+        f" SELECT (SELECT MIN({column}) FROM {table} WHERE {column} > vals.v)"
+        f" FROM vals WHERE vals.v IS NOT NULL"
+        f") SELECT v FROM vals WHERE v IS NOT NULL LIMIT %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [limit])
+        return [row[0] for row in cursor.fetchall()]

@@ -1,4 +1,5 @@
-"""django-q2 tasks of the ledger: thin adapters that call one service each."""
+"""django-q2 tasks of the ledger: thin adapters that call one service each. Their dotted
+paths (`ledger.tasks.run_workflow`, …) are stored in schedules and queued tasks: they never move."""
 
 from __future__ import annotations
 

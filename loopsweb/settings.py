@@ -99,7 +99,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "routing.middleware.RejectUnstorablePathMiddleware",
+    "loopsweb.middleware.RejectUnstorablePathMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -325,7 +325,7 @@ LOOPSWEB_SOURCE_MAX_BYTES = env_int(
 )
 
 # --- api ---
-# The event API (routing.api_views), API tokens and /metrics. Read through django.conf.settings
+# The event API (routing.api.views), API tokens and /metrics. Read through django.conf.settings
 # at request time, so tests may override them. The request body limit is
 # LOOPSWEB_MAX_EVENT_BYTES above: one limit for one envelope, whatever the entry point.
 

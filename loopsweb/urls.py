@@ -5,7 +5,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("ops/", include("routing.ops_urls")),
-    path("api/v1/", include("routing.api_urls")),
-    path("", include("routing.metrics_urls")),
+    path("ops/", include("routing.ops.urls")),
+    path("api/v1/", include("routing.api.urls")),
+    path("", include("routing.metrics.urls")),
 ]

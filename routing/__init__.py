@@ -1,0 +1,10 @@
+"""The decisions, in layers (a module imports only from its own layer or below;
+tests/test_layers.py enforces it):
+
+- `domain/`: pure rules (throttle, pool, scope, eligibility, keys, reasons), no ORM;
+- `models.py`, `admission/`: the routing app's rows (inbox, drain records, API tokens) and the
+  admission transaction, above `ledger`;
+- `drains/`, `tasks.py`: drains, the inbox, sources, schedules, django-q2 entry points;
+- `api/`, `ops/`, `metrics/`, `templatetags/`: the web surfaces;
+- `management/`: commands and their shared arguments.
+"""

@@ -7,3 +7,9 @@ class RoutingConfig(AppConfig):
     name = "routing"
     verbose_name = "Routing"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from ledger.signals import work_item_requeued
+        from routing.drains.inbox import inbox_reopen_requeued
+
+        work_item_requeued.connect(inbox_reopen_requeued, dispatch_uid="inbox-reopen")

@@ -1,4 +1,5 @@
-"""django-q2 tasks of routing: thin adapters over the drain service."""
+"""django-q2 tasks of routing: thin adapters over the drain service. Their dotted paths
+(`routing.tasks.drain`) are stored in schedules and queued tasks: they never move."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from routing.api.tokens import api_token_authenticate
 from routing.models import ApiToken
-from routing.tokens import api_token_authenticate
 
 View = Callable[..., HttpResponse]
 

@@ -11,11 +11,10 @@ from typing import Any
 from django import forms
 
 from ledger.models import WorkItemStatus
-from routing.api_serializers import cursor_decode
-from routing.cli import KINDS
+from routing.admission import OPTION_NAMES, route_options
+from routing.api.serializers import cursor_decode
 from routing.domain.errors import ApplicationError
-from routing.domain.keys import ROUTE_KEYS
-from routing.services import OPTION_NAMES, route_options
+from routing.domain.keys import KINDS, ROUTE_KEYS
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 50

@@ -18,9 +18,9 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemDeferral,
 )
+from routing.admission import work_item_to_dict
 from routing.models import DrainRecord, InboxEvent
-from routing.ops_selectors import AccountRow
-from routing.services import work_item_to_dict
+from routing.ops.accounts import AccountRow
 
 
 def iso(moment: datetime | None) -> str | None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from routing import api_views
+from routing.api import views as api_views
 
 app_name = "api"
 urlpatterns: list[URLPattern] = [

@@ -24,15 +24,23 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from routing import api_selectors
-from routing.api_auth import api_auth, json_error
-from routing.api_forms import (
+from routing.admission import (
+    SKIPPED,
+    RouteOptions,
+    RouteResult,
+    check_plan_fits_columns,
+    plan_route,
+    route_event,
+)
+from routing.api import selectors as api_selectors
+from routing.api.auth import api_auth, json_error
+from routing.api.forms import (
     DrainQueryForm,
     IngestQueryForm,
     StrictQueryForm,
     WorkItemQueryForm,
 )
-from routing.api_serializers import (
+from routing.api.serializers import (
     account_to_dict,
     cursor_encode,
     drain_detail_to_dict,
@@ -44,17 +52,10 @@ from routing.domain.errors import ApplicationError
 from routing.domain.events import Envelope, parse_envelope
 from routing.domain.jsontext import loads_limited
 from routing.drains import compact_result, inbox_record_hold, inbox_record_route
-from routing.inbox import IngestRejected, IngestReport, inbox_ingest
+from routing.drains.configs import drain_configs
+from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest
 from routing.models import DrainRecord, InboxEvent
-from routing.ops_selectors import account_rows, drain_configs
-from routing.services import (
-    SKIPPED,
-    RouteOptions,
-    RouteResult,
-    check_plan_fits_columns,
-    plan_route,
-    route_event,
-)
+from routing.ops.accounts import account_rows
 
 JSON_CONTENT_TYPE = "application/json"
 UNSUPPORTED_TYPE = "Content-Type must be application/json (UTF-8)"

@@ -27,6 +27,8 @@ from routing.domain.events import task_field
 TODOS_TASK = "todos-task"
 GENERIC_EVENT = "generic-event"
 ROUTE_KEYS: tuple[str, ...] = (TODOS_TASK, GENERIC_EVENT)
+# The route kinds a command or the API names (`route_event KIND`, `drain KIND`, `kind=`).
+KINDS = ("todos-task", "generic")
 
 KIND_TODOS_TASK = "todos-task"
 KIND_GENERIC = "generic"

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError as ModelValidationError
 from django.db import connection, transaction
 
+from ledger.lock import ADVISORY_NAMESPACE
+from ledger.models import WorkflowWorkItem
 from routing.domain.errors import ApplicationError
 from routing.domain.events import (
     Envelope,
@@ -26,8 +29,7 @@ from routing.domain.events import (
     string_field,
     todos_project_path_hint,
 )
-from routing.lock import ADVISORY_NAMESPACE
-from routing.models import InboxEvent
+from routing.models import InboxEvent, InboxState
 
 INGEST_LOCK_KEY = 2
 CHUNK = 1000
@@ -195,3 +197,23 @@ def _existing_keys(envelopes: list[Envelope]) -> set[tuple[str, str]]:
             )
         )
     return found
+
+
+def inbox_reopen_requeued(
+    sender: type[WorkflowWorkItem],
+    *,
+    item: WorkflowWorkItem,
+    now: datetime,
+    **kwargs: Any,
+) -> None:
+    """Receiver of `ledger.signals.work_item_requeued`: the events that produced a requeued
+    item go back to `pending` (inside the requeue's transaction), so the next drain routes
+    it again."""
+    InboxEvent.objects.filter(work_item_id=item.id).exclude(
+        state=InboxState.PENDING
+    ).update(
+        state=InboxState.PENDING,
+        reason_code=None,
+        last_reason=item.last_reason,
+        updated_at=now,
+    )

@@ -26,333 +26,53 @@ written (no drain record unless `record_dry_run`).
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import uuid
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import OperationalError, transaction
-from django.db.models import F
 from django.utils import timezone
 
+from ledger.lock import admission_lock, drain_lock
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
 from ledger.selectors import active_counts
-from routing.domain import reasons
-from routing.domain.errors import ApplicationError, ValidationError
-from routing.domain.keys import route_key_for_kind
-from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
-from routing.domain.throttle import ThrottleCounts, admission_decision, parse_limit
-from routing.lock import admission_lock, drain_lock
-from routing.models import OPEN_INBOX_STATES, DrainRecord, InboxEvent, InboxState
-from routing.services import (
+from routing.admission import (
     CREATED,
-    DEDUPED,
     SKIPPED,
     THROTTLED,
-    RouteOptions,
     RoutePlan,
     RouteResult,
-    normalize_project_path,
     plan_route,
     pool_assignment_now,
     route_event,
-    route_options,
 )
-from routing.sources import (
+from routing.domain import reasons
+from routing.domain.errors import ApplicationError
+from routing.domain.keys import route_key_for_kind
+from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
+from routing.domain.throttle import ThrottleCounts, admission_decision
+from routing.drains.candidates import _passes_filters, fair_order
+from routing.drains.options import DrainOptions
+from routing.drains.outcomes import (
+    _claim,
+    _hold_record,
+    _record_failure,
+    inbox_record_route,
+)
+from routing.drains.report import DrainReport, _count, _record, _write_evidence
+from routing.drains.sources import (
     COMMAND_SOURCE,
-    INBOX_SOURCE,
     Candidate,
     load_envelopes,
     run_source_command,
     scan_command,
     scan_inbox,
 )
-
-DRAIN_OPTION_NAMES = (
-    "max_dispatch",
-    "limit",
-    "scan_limit",
-    "tags",
-    "project_path_prefix",
-    "source",
-    "source_command",
-    "source_timeout",
-    "evidence_dir",
-    "compact",
-    "record_dry_run",
-)
-
-
-@dataclass(frozen=True)
-class DrainOptions:
-    kind: str
-    route: RouteOptions = field(default_factory=RouteOptions)
-    max_dispatch: int = 1
-    limit: int = 50
-    scan_limit: int | None = None
-    tags: tuple[str, ...] = ()
-    project_path_prefix: str | None = None
-    source: str = INBOX_SOURCE
-    source_command: str | None = None
-    source_timeout: int = 60
-    evidence_dir: str | None = None
-    compact: bool = False
-    record_dry_run: bool = False
-    name: str | None = None
-
-    @property
-    def filters_applied(self) -> bool:
-        return bool(self.tags or self.project_path_prefix)
-
-    @property
-    def effective_scan_limit(self) -> int:
-        # Upstream: max(limit, 500) when post-filters apply, else limit. Fair dispatch needs to
-        # see past the first project's backlog, so the inbox always scans a wider window.
-        if self.scan_limit is not None:
-            return self.scan_limit
-        return (
-            max(self.limit, 500)
-            if (self.filters_applied or self.source == INBOX_SOURCE)
-            else self.limit
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, **self.route.to_dict()}
-        for name in DRAIN_OPTION_NAMES:
-            value = getattr(self, name)
-            if name == "tags":
-                value = ",".join(value) if value else None
-            if value not in (None, False, "", ()):
-                out[name] = value
-        return out
-
-
-def _positive(flag: str, value: Any, default: int) -> int:
-    parsed = parse_limit(flag, value)
-    return default if parsed is None else parsed
-
-
-def drain_options(
-    kind: str, raw: Mapping[str, Any], *, name: str | None = None
-) -> DrainOptions:
-    """Validate drain options from argv, a schedule's kwargs or an API body."""
-    route_key_for_kind(kind)
-    drain_raw = {k: raw[k] for k in DRAIN_OPTION_NAMES if raw.get(k) is not None}
-    route_raw = {
-        k: v
-        for k, v in raw.items()
-        if k not in DRAIN_OPTION_NAMES and k != "kind" and v is not None
-    }
-    source = drain_raw.get("source") or INBOX_SOURCE
-    if source not in (INBOX_SOURCE, COMMAND_SOURCE):
-        raise ValidationError("--source must be inbox or command")
-    command = drain_raw.get("source_command")
-    if source == COMMAND_SOURCE and not command:
-        raise ValidationError("--source command needs --source-command")
-    tags = drain_raw.get("tags") or ()
-    if isinstance(tags, str):
-        tags = tuple(t.strip() for t in tags.split(",") if t.strip())
-    scan_limit = parse_limit("--scan-limit", drain_raw.get("scan_limit"))
-    prefix = drain_raw.get("project_path_prefix")
-    return DrainOptions(
-        kind=kind,
-        route=route_options(route_raw),
-        max_dispatch=_positive("--max-dispatch", drain_raw.get("max_dispatch"), 1),
-        limit=_positive("--limit", drain_raw.get("limit"), 50),
-        scan_limit=scan_limit,
-        tags=tuple(tags),
-        project_path_prefix=prefix.strip()
-        if isinstance(prefix, str) and prefix.strip()
-        else None,
-        source=source,
-        source_command=command,
-        source_timeout=_positive(
-            "--source-timeout", drain_raw.get("source_timeout"), 60
-        ),
-        evidence_dir=drain_raw.get("evidence_dir") or None,
-        compact=bool(drain_raw.get("compact")),
-        record_dry_run=bool(drain_raw.get("record_dry_run")),
-        name=name,
-    )
-
-
-# --- fair ordering and filters ----------------------------------------------------------------
-
-
-def fair_order(candidates: Iterable[Candidate]) -> list[Candidate]:
-    """Round-robin across projects (in order of each project's oldest candidate), oldest
-    first within a project."""
-    queues: OrderedDict[str, list[Candidate]] = OrderedDict()
-    for candidate in candidates:
-        queues.setdefault(candidate.project, []).append(candidate)
-    ordered: list[Candidate] = []
-    depth = 0
-    while True:
-        layer = [queue[depth] for queue in queues.values() if depth < len(queue)]
-        if not layer:
-            return ordered
-        ordered.extend(layer)
-        depth += 1
-
-
-def _under(path: str, prefix: str) -> bool:
-    path, prefix = path.rstrip("/") or "/", prefix.rstrip("/") or "/"
-    return path == prefix or path.startswith(prefix if prefix == "/" else prefix + "/")
-
-
-def _passes_filters(candidate: Candidate, options: DrainOptions, cwd: str) -> bool:
-    if options.tags and not set(options.tags) <= set(candidate.tags):
-        return False
-    if options.project_path_prefix:
-        if not candidate.project:
-            return False
-        prefix = normalize_project_path(options.project_path_prefix, cwd=cwd)
-        if not _under(normalize_project_path(candidate.project, cwd=cwd), prefix):
-            return False
-    return True
-
-
-# --- the drain --------------------------------------------------------------------------------
-
-
-@dataclass
-class DrainReport:
-    options: DrainOptions
-    route_key: str
-    route_scope: str
-    started_at: datetime
-    dry_run: bool
-    scanned: int = 0
-    candidates: int = 0
-    results: list[dict[str, Any]] = field(default_factory=list)
-    counts: dict[str, int] = field(
-        default_factory=lambda: {
-            "considered": 0,
-            CREATED: 0,
-            DEDUPED: 0,
-            THROTTLED: 0,
-            SKIPPED: 0,
-            "fatal": 0,
-        }
-    )
-    duration_ms: int = 0
-    evidence_path: str | None = None
-    record_id: str | None = None
-    error: str | None = None
-    # Set when the scope (or a pool every candidate shares) was full: at the start (nothing
-    # scanned) or part-way (the rest held unread).
-    held_reason: str | None = None
-    # Another drain of the same scope was running: this one did nothing (overlap `skip`).
-    overlapped: bool = False
-
-    @property
-    def fatal(self) -> int:
-        return self.counts["fatal"]
-
-    def compact_results(self) -> list[dict[str, Any]]:
-        return [compact_result(r) for r in self.results]
-
-    def to_dict(self, *, compact: bool) -> dict[str, Any]:
-        return {
-            "drainId": self.record_id,
-            "drainedAt": self.started_at.isoformat().replace("+00:00", "Z"),
-            "kind": self.options.kind,
-            "routeKey": self.route_key,
-            "routeScope": self.route_scope,
-            "name": self.options.name,
-            "source": self.options.source,
-            "templateId": self.options.route.template,
-            "tags": list(self.options.tags),
-            "projectPathPrefix": self.options.project_path_prefix,
-            "limit": self.options.limit,
-            "scanLimit": self.options.effective_scan_limit,
-            "filtersApplied": self.options.filters_applied,
-            "scanned": self.scanned,
-            "candidates": self.candidates,
-            "scanExhausted": self.scanned >= self.options.effective_scan_limit,
-            "considered": self.counts["considered"],
-            "created": self.counts[CREATED],
-            "deduped": self.counts[DEDUPED],
-            "throttled": self.counts[THROTTLED],
-            "skipped": self.counts[SKIPPED],
-            "fatal": self.counts["fatal"],
-            "maxDispatch": self.options.max_dispatch,
-            "dryRun": self.dry_run,
-            "durationMs": self.duration_ms,
-            "error": self.error,
-            "heldReason": self.held_reason,
-            "overlapSkipped": self.overlapped,
-            "results": self.compact_results() if compact else self.results,
-            "evidencePath": self.evidence_path,
-        }
-
-    def human(self) -> str:
-        if self.overlapped:
-            return (
-                f"drain skipped: another {self.route_key} drain of scope "
-                f"{self.route_scope} is running (overlap skip)"
-            )
-        c = self.counts
-        prefix = "dry-run " if self.dry_run else ""
-        return (
-            f"{prefix}drained {self.options.source} queue ({self.route_key}, scope {self.route_scope}): "
-            f"considered={c['considered']} created={c[CREATED]} deduped={c[DEDUPED]} "
-            f"throttled={c[THROTTLED]} skipped={c[SKIPPED]} fatal={c['fatal']}"
-            + (f" (held: {self.held_reason})" if self.held_reason else "")
-        )
-
-
-COMPACT_FIELDS = (
-    "kind",
-    "taskId",
-    "eventId",
-    "idempotencyKey",
-    "reason",
-    "reasonCode",
-    "workItemId",
-    "workItemStatus",
-    "loopId",
-    "loopName",
-    "workflowId",
-    "workflowName",
-    "accountProfiles",
-    "routeScope",
-    "requeue",
-    "precheck",
-    "fatal",
-)
-
-
-def compact_result(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The §5.3 compact fields of one full result."""
-    item = result.get("workItem") or {}
-    flat = {
-        "kind": result.get("kind"),
-        "taskId": result.get("taskId") or (result.get("event") or {}).get("subject"),
-        "eventId": (result.get("event") or {}).get("id"),
-        "idempotencyKey": result.get("idempotencyKey"),
-        "reason": result.get("reason"),
-        "reasonCode": result.get("reasonCode"),
-        "workItemId": item.get("id"),
-        "workItemStatus": item.get("status"),
-        "loopId": (result.get("loop") or {}).get("id"),
-        "loopName": (result.get("loop") or {}).get("name"),
-        "workflowId": (result.get("workflow") or {}).get("id"),
-        "workflowName": (result.get("workflow") or {}).get("name"),
-        "accountProfiles": result.get("accountProfiles"),
-        "routeScope": result.get("routeScope"),
-        "requeue": result.get("requeue"),
-        "precheck": result.get("precheck"),
-        "fatal": result.get("fatal"),
-    }
-    return {k: v for k, v in flat.items() if v is not None}
+from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
 
 
 def _precheck(plan: RoutePlan, now: datetime) -> tuple[str, str] | None:
@@ -382,39 +102,6 @@ def _precheck(plan: RoutePlan, now: datetime) -> tuple[str, str] | None:
                 view.assignment.reason_code or reasons.PROFILE_CAP,
             )
     return None
-
-
-def _claim(candidate: Candidate, **record: Any) -> bool:
-    """Take an inbox row for this drain: a conditional update, so it works on both databases.
-
-    Concurrent drains scan the same oldest rows; without a claim they would all route the
-    same events and spend their time on dedupes. Losing the claim means another drain took
-    the row since the scan: this one skips it. `record` (state, reason, ...) settles the row
-    in the same statement, for an item that is held or skipped without an admission.
-    """
-    return bool(
-        InboxEvent.objects.filter(
-            pk=candidate.inbox_id,
-            state__in=OPEN_INBOX_STATES,
-            route_attempts=candidate.route_attempts,
-        ).update(route_attempts=F("route_attempts") + 1, **record)
-    )
-
-
-def _hold_record(result: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    """The inbox columns for an item held by a pre-check, skipped, or failed."""
-    state = InboxState.DEFERRED
-    if result.get("fatal"):
-        state = InboxState.FAILED
-    elif result["kind"] == SKIPPED:
-        state = InboxState.SKIPPED
-    return {
-        "state": state,
-        "last_reason": result.get("reason"),
-        "reason_code": result.get("reasonCode"),
-        "routed_at": now,
-        "updated_at": now,
-    }
 
 
 @dataclass
@@ -568,67 +255,6 @@ def _route_one(
         full.saw(plan, routed.reason or "", routed.reason_code, shared_pool=shared_pool)
     routed.dry_run = dry_run
     return routed.to_dict()
-
-
-_INBOX_STATE = {
-    CREATED: InboxState.ADMITTED,
-    DEDUPED: InboxState.ADMITTED,
-    THROTTLED: InboxState.DEFERRED,
-    SKIPPED: InboxState.SKIPPED,
-}
-
-
-def inbox_record_route(inbox_id: str, result: RouteResult, now: datetime) -> None:
-    InboxEvent.objects.filter(pk=inbox_id).update(
-        state=_INBOX_STATE[result.kind],
-        work_item=result.work_item,
-        last_reason=result.reason
-        or (result.work_item.last_reason if result.work_item else None),
-        reason_code=result.reason_code,
-        routed_at=now,
-        updated_at=now,
-    )
-
-
-def _record_failure(
-    candidate: Candidate, result: Mapping[str, Any], now: datetime
-) -> None:
-    """Mark the row failed, unless another drain took it since the scan (a failed attempt's
-    own claim rolled back with it)."""
-    if candidate.inbox_id:
-        _claim(candidate, **_hold_record(result, now))
-
-
-def inbox_record_hold(
-    inbox_id: str | None, result: Mapping[str, Any], now: datetime
-) -> None:
-    """Record a failed or held item on its inbox row (no admission happened)."""
-    if inbox_id:
-        InboxEvent.objects.filter(pk=inbox_id).update(**_hold_record(result, now))
-
-
-def _write_evidence(
-    directory: str, route_key: str, started_at: datetime, report: dict[str, Any]
-) -> str:
-    """Write the full report privately: directory 0700, file 0600, never overwriting."""
-    path = Path(directory)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    stamp = (
-        started_at.strftime("%Y%m%dT%H%M%S") + f"{started_at.microsecond // 1000:03d}Z"
-    )
-    while True:
-        target = path / f"{route_key}-drain-{stamp}-{uuid.uuid4().hex[:8]}.json"
-        try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            continue
-        break
-    report = {**report, "evidencePath": str(target)}
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(report, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    return str(target)
 
 
 def drain_run(
@@ -796,38 +422,3 @@ def _hold_unread(
     ):
         full.held_rows.append(candidate.inbox_id)
     return _held(candidate.envelope, reason, code)
-
-
-def _count(report: DrainReport, result: dict[str, Any]) -> None:
-    report.results.append(result)
-    report.counts["considered"] += 1
-    if result.get("fatal"):
-        report.counts["fatal"] += 1
-    report.counts[result["kind"]] += 1
-
-
-def _record(report: DrainReport) -> DrainRecord:
-    c = report.counts
-    return DrainRecord.objects.create(
-        kind=report.route_key,
-        name=report.options.name,
-        route_scope=report.route_scope,
-        source=report.options.source,
-        dry_run=report.dry_run,
-        options_json=report.options.to_dict(),
-        started_at=report.started_at,
-        finished_at=timezone.now(),
-        duration_ms=report.duration_ms,
-        scanned=report.scanned,
-        candidates=report.candidates,
-        considered=c["considered"],
-        created=c[CREATED],
-        deduped=c[DEDUPED],
-        throttled=c[THROTTLED],
-        skipped=c[SKIPPED],
-        fatal=c["fatal"],
-        results_json=report.compact_results(),
-        evidence_path=report.evidence_path,
-        error=report.error,
-        held_reason=report.held_reason,
-    )

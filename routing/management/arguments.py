@@ -1,6 +1,6 @@
 """Command-line options shared by `route_event`, `drain` and `schedule_drain`.
 
-Limits are parsed as text and validated by `routing.services.route_options`, so every
+Limits are parsed as text and validated by `routing.admission.route_options`, so every
 entry point (argv, schedules, the API) reports bad values with the same upstream message.
 """
 
@@ -14,10 +14,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import CommandError
 
+from routing.admission import OPTION_NAMES, RouteOptions, route_options
 from routing.domain.errors import ROUTE_KIND_INVALID, ValidationError
-from routing.services import OPTION_NAMES, RouteOptions, route_options
-
-KINDS = ("todos-task", "generic")
+from routing.domain.keys import KINDS
 
 
 def add_route_arguments(parser: argparse.ArgumentParser) -> None:

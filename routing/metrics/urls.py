@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from routing.metrics import metrics_view
+from routing.metrics.views import metrics_view
 
 app_name = "metrics"
 urlpatterns: list[URLPattern] = [

@@ -22,15 +22,12 @@ from django.db.models import Count, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from routing.api_auth import api_auth
+from routing.api.auth import api_auth
 from routing.domain.keys import ROUTE_KEYS
+from routing.drains.configs import drain_configs
 from routing.models import DrainRecord, InboxEvent, InboxState
-from routing.ops_selectors import (
-    account_rows,
-    deferred_by_reason,
-    drain_configs,
-    scope_rows,
-)
+from routing.ops.accounts import account_rows
+from routing.ops.selectors import deferred_by_reason, scope_rows
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Inbox states that make up its depth: waiting to be routed, or failed and needing a look.

@@ -1,10 +1,10 @@
-"""The /ops/ operator pages (staff only; see routing.ops_views)."""
+"""The /ops/ operator pages (staff only; see routing.ops.views)."""
 
 from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from routing import ops_views
+from routing.ops import views as ops_views
 
 app_name = "ops"
 urlpatterns: list[URLPattern] = [

@@ -1,7 +1,7 @@
 """The /ops pages: what waits and why, which account carries what, what each drain did.
 
 Staff only, in the admin's look (the templates extend `admin/base_site.html` and get
-`admin.site.each_context`). Every page reads through routing.ops_selectors, so its query
+`admin.site.each_context`). Every page reads through routing.ops.selectors, so its query
 count is fixed whatever the number of rows (tests assert it), and takes `now` once so every
 relative age on a page is measured from the same instant.
 """
@@ -23,12 +23,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 
-from ledger.admin import CappedCountPaginator
+from ledger.admin.base import CappedCountPaginator
 from ledger.models import WorkflowWorkItem
-from routing import ops_selectors as sel
 from routing.domain import reasons
+from routing.drains import configs as drain_configs
 from routing.models import DrainRecord, InboxEvent
-from routing.ops_display import (
+from routing.ops import accounts as account_selectors
+from routing.ops import selectors as sel
+from routing.ops.display import (
     LoadBar,
     deferral_snapshot,
     load_chart_svg,
@@ -77,8 +79,8 @@ def _page(paginator: Paginator, request: HttpRequest) -> Page:
 @staff_required
 def overview(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    configs = sel.drain_configs(now=now)
-    accounts = sel.account_rows(configs)
+    configs = drain_configs.drain_configs(now=now)
+    accounts = account_selectors.account_rows(configs)
     live = sel.live_work()
     return _render(
         request,
@@ -158,11 +160,11 @@ def work_item_deferrals(request: HttpRequest, item_id: str) -> HttpResponse:
 @staff_required
 def accounts(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    schedules = sel.scheduled_drains()
-    configs = sel.drain_configs(now=now, schedules=schedules)
-    activity = sel.step_activity(now=now)
-    rows = sel.account_rows(configs, activity=activity)
-    hours = sel.timeline_hours(now)
+    schedules = drain_configs.scheduled_drains()
+    configs = drain_configs.drain_configs(now=now, schedules=schedules)
+    activity = account_selectors.step_activity(now=now)
+    rows = account_selectors.account_rows(configs, activity=activity)
+    hours = account_selectors.timeline_hours(now)
     starts: dict[tuple[str, datetime], int] = {}
     for stat in activity:
         if stat["hour"] is not None:
@@ -202,7 +204,7 @@ def drains(request: HttpRequest) -> HttpResponse:
         "drains",
         now=now,
         page=page,
-        schedules=sel.scheduled_drains(),
+        schedules=drain_configs.scheduled_drains(),
     )
 
 

@@ -1,4 +1,4 @@
-"""Template filters of the /ops pages (thin wrappers over routing.ops_display)."""
+"""Template filters of the /ops pages (thin wrappers over routing.ops.display)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from routing import ops_display
+from routing.ops import display as ops_display
 
 register = template.Library()
 

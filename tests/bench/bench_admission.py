@@ -212,7 +212,7 @@ def run(vendor: str) -> None:
 
 
 def _options() -> Any:
-    from routing.services import route_options
+    from routing.admission import route_options
     from tests.bench.seed import ACCOUNTS
 
     return route_options({**CAPS, "auth_profile_pool": ",".join(ACCOUNTS)})
@@ -245,7 +245,7 @@ def _events() -> _Events:
 
 
 def _admit(options: Any, event: dict[str, Any]) -> Any:
-    from routing.services import route_event
+    from routing.admission import route_event
 
     return route_event(kind="generic", envelope=event, options=options, env={})
 
@@ -291,9 +291,9 @@ def _bare_rows(
         WorkflowStepRun,
         WorkflowWorkItem,
     )
+    from routing.admission import plan_route
     from routing.domain.events import parse_envelope
     from routing.domain.templates import step_account
-    from routing.services import plan_route
 
     plan = plan_route(
         kind="generic",

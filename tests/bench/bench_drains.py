@@ -17,7 +17,7 @@ cap slots and its account, so the drains keep admitting until the inbox is empty
 
 Cap safety is checked three ways:
   - sampled: after every drain, each drainer counts active items per scope, project, group
-    and account (unlocked reads, like tests/routing/race_worker.py); any count above its cap
+    and account (unlocked reads, like tests/routing/admission/race_worker.py); any count above its cap
     is a violation;
   - end state: the same counts once all drainers have exited;
   - from the ledger, exactly: every admission's interval (run created → finished) is swept
@@ -227,7 +227,7 @@ def config(key: str) -> None:
     db = harness.start(f"{NAME}_{drainers}{'_split' if split else ''}")
     budget = BASELINE_SECONDS if drainers == 1 else DEADLINE
     try:
-        from routing.inbox import inbox_ingest
+        from routing.drains.inbox import inbox_ingest
 
         envelopes = [(n, _envelope(n)) for n in range(EVENTS)]
         inbox_ingest(envelopes)

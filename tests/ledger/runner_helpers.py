@@ -161,7 +161,7 @@ def admit_workflow(
     route_key: str = "generic-event",
     template_id: str | None = EVENT_WORKER_VERIFIER,
 ) -> WorkflowRun:
-    """Rows exactly as admission leaves them (routing.services._admit), for any steps.
+    """Rows exactly as admission leaves them (routing.admission._admit), for any steps.
 
     Generated route workflows are admitted through `route_event` in the tests; this builds
     hand-written workflows (command steps, DAGs, timeouts) the same way.

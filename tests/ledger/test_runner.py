@@ -24,7 +24,7 @@ from ledger.models import (
 )
 from ledger.runner import NOT_CLAIMED, run_workflow_run
 from ledger.selectors import account_load
-from routing.services import CREATED, RouteResult, route_event, route_options
+from routing.admission import CREATED, RouteResult, route_event, route_options
 from tests.ledger.runner_helpers import (
     FAKE_AGENT,
     FakeAgent,

@@ -27,7 +27,7 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.selectors import account_load
-from routing.services import CREATED, THROTTLED, route_event, route_options
+from routing.admission import CREATED, THROTTLED, route_event, route_options
 from tests.ledger.runner_helpers import (
     VENV_BIN,
     admit_workflow,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from routing.services import RouteOptions, RouteResult, route_event, route_options
+from routing.admission import RouteOptions, RouteResult, route_event, route_options
 
 _seq = itertools.count(1)
 

@@ -11,13 +11,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from routing.cli import (
+from routing.drains import drain_run
+from routing.management.arguments import (
     KINDS,
     add_drain_arguments,
     add_route_arguments,
     drain_options_from_argparse,
 )
-from routing.drains import drain_run
 
 
 class Command(BaseCommand):

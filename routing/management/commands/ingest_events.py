@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from routing.domain.errors import ValidationError
 from routing.domain.jsontext import loads_limited
-from routing.inbox import IngestRejected, IngestReport, inbox_ingest
+from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest
 
 PROGRESS_EVERY = 10_000
 

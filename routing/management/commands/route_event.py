@@ -12,14 +12,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from routing.cli import (
+from routing.admission import route_event
+from routing.domain.errors import ROUTE_KIND_INVALID, ApplicationError
+from routing.management.arguments import (
     KINDS,
     add_route_arguments,
     options_from_argparse,
     read_event_text,
 )
-from routing.domain.errors import ROUTE_KIND_INVALID, ApplicationError
-from routing.services import route_event
 
 
 class Command(BaseCommand):

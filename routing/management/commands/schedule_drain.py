@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_q.models import Schedule
 
-from routing.cli import (
+from routing.management.arguments import (
     add_drain_arguments,
     add_route_arguments,
     drain_options_from_argparse,

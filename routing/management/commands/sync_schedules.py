@@ -1,4 +1,4 @@
-"""Upsert the built-in schedules from routing.schedules by name, in one transaction."""
+"""Upsert the built-in schedules from routing.drains.schedules by name, in one transaction."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django_q.models import Schedule
 
-from routing.schedules import SCHEDULES
+from routing.drains.schedules import SCHEDULES
 
 
 class Command(BaseCommand):

@@ -27,10 +27,10 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.runner import PlanError, execution_order
+from routing.admission import CREATED, DEDUPED, RouteResult, route_event, route_options
 from routing.domain.errors import ValidationError
+from routing.drains.schedules import SCHEDULES
 from routing.models import InboxEvent, InboxState
-from routing.schedules import SCHEDULES
-from routing.services import CREATED, DEDUPED, RouteResult, route_event, route_options
 from tests.ledger.runner_helpers import (
     FakeAgent,
     admit_workflow,
@@ -428,7 +428,7 @@ def _runner_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[
     )
     return subprocess.run(
         [sys.executable, "-c", code],
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
         env={**base, "DJANGO_SETTINGS_MODULE": "loopsweb.settings"},
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 """One racing router process (run by test_admission_race): routes events and churns.
 
-Usage: python -m tests.routing.race_worker WORKER_ID ROUTES SEED
+Usage: python -m tests.routing.admission.race_worker WORKER_ID ROUTES SEED
 Prints one JSON line: {"created": n, "throttled": n, "violations": [...]}.
 
 After each admission it reads the active counts without any lock: a count above its cap,
@@ -21,7 +21,7 @@ django.setup()
 
 from ledger.models import WorkflowRun, WorkflowStepRun, WorkflowWorkItem  # noqa: E402
 from ledger.selectors import account_load, active_counts  # noqa: E402
-from routing.services import route_event, route_options  # noqa: E402
+from routing.admission import route_event, route_options  # noqa: E402
 
 CAPS = {
     "max_active": 5,

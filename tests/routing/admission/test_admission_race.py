@@ -12,9 +12,9 @@ import pytest
 from django.db import connection
 
 from ledger.selectors import account_load, active_counts
-from tests.routing.race_worker import CAPS, PROJECTS
+from tests.routing.admission.race_worker import CAPS, PROJECTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
@@ -35,7 +35,14 @@ def test_eight_concurrent_routers_never_exceed_any_cap() -> None:
     env = {**os.environ, "DATABASE_URL": _database_url()}
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.routing.race_worker", str(i), "25", "7"],
+            [
+                sys.executable,
+                "-m",
+                "tests.routing.admission.race_worker",
+                str(i),
+                "25",
+                "7",
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,

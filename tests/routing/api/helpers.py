@@ -8,8 +8,8 @@ from typing import Any
 from django.apps import apps
 from django.test import Client
 
+from routing.api.tokens import api_token_create
 from routing.models import ApiToken
-from routing.tokens import api_token_create
 
 EVENTS_URL = "/api/v1/events"
 

@@ -13,9 +13,9 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve, reverse
 from django.urls.resolvers import RegexPattern, RoutePattern
 from django.utils import timezone
 
+from routing.api.tokens import api_token_revoke
 from routing.models import ApiToken, InboxEvent
-from routing.tokens import api_token_revoke
-from tests.routing.api_helpers import EVENTS_URL, bearer, make_token, post_events
+from tests.routing.api.helpers import EVENTS_URL, bearer, make_token, post_events
 from tests.routing.helpers import generic_event
 
 pytestmark = pytest.mark.django_db

@@ -30,7 +30,7 @@ from django.test.testcases import LiveServerThread, _StaticFilesHandler
 
 from ledger.models import WorkflowRun, WorkflowWorkItem
 from routing.models import InboxEvent
-from tests.routing.api_helpers import make_token
+from tests.routing.api.helpers import make_token
 from tests.routing.helpers import generic_event
 
 DELIVERIES = 100

@@ -24,7 +24,7 @@ from django.test import Client, override_settings
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from tests.routing.api_helpers import EVENTS_URL, bearer, make_token, row_counts
+from tests.routing.api.helpers import EVENTS_URL, bearer, make_token, row_counts
 
 pytestmark = pytest.mark.django_db
 

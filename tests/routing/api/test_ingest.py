@@ -9,7 +9,7 @@ from django.test import Client
 
 from ledger.models import WorkflowRun, WorkflowWorkItem
 from routing.models import InboxEvent
-from tests.routing.api_helpers import (
+from tests.routing.api.helpers import (
     EVENTS_URL,
     bearer,
     make_token,
@@ -133,7 +133,7 @@ def test_a_body_longer_than_its_content_length_claims_is_cut_at_the_limit(
     # A client that lies about (or omits) Content-Length is judged on the bytes read.
     from django.test import RequestFactory
 
-    from routing.api_views import events
+    from routing.api.views import events
 
     settings.LOOPSWEB_MAX_EVENT_BYTES = 1024
     body = json.dumps(generic_event(blob="y" * 2000)).encode()

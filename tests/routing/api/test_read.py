@@ -15,7 +15,7 @@ from django.utils import timezone
 from ledger.models import AccountCooldown, WorkflowWorkItem, WorkItemDeferral
 from routing.models import DrainRecord, InboxEvent
 from tests.factories import make_run, make_step_run, make_work_item
-from tests.routing.api_helpers import bearer, make_token
+from tests.routing.api.helpers import bearer, make_token
 
 pytestmark = pytest.mark.django_db
 

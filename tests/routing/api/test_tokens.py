@@ -11,9 +11,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
+from routing.api.tokens import api_token_authenticate
 from routing.models import ApiToken
-from routing.tokens import api_token_authenticate
-from tests.routing.api_helpers import bearer
+from tests.routing.api.helpers import bearer
 
 pytestmark = pytest.mark.django_db
 

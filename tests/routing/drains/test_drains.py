@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from ledger.models import WorkflowRun, WorkflowStepRun, WorkflowWorkItem
 from routing.drains import drain_options, drain_run
-from routing.inbox import inbox_ingest
+from routing.drains.inbox import inbox_ingest
 from routing.models import DrainRecord, InboxEvent
 from tests.routing.helpers import generic_event, todos_event
 
@@ -360,8 +360,8 @@ def test_two_drains_at_once_admit_nothing_twice() -> None:
 
 
 def test_a_drain_skips_an_inbox_row_another_drain_claimed_after_the_scan() -> None:
-    from routing.drains import _claim
-    from routing.sources import scan_inbox
+    from routing.drains.outcomes import _claim
+    from routing.drains.sources import scan_inbox
 
     ingest(generic_event())
     (candidate,) = scan_inbox(route_key="generic-event", scan_limit=10)
@@ -465,7 +465,7 @@ def test_an_ineligible_event_leaves_the_inbox_as_skipped() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_second_drain_of_a_running_scope_steps_aside_and_writes_nothing() -> None:
-    from routing.lock import drain_lock
+    from ledger.lock import drain_lock
 
     ingest(generic_event(), generic_event())
     holding, release = threading.Event(), threading.Event()
@@ -502,7 +502,7 @@ def test_a_second_drain_of_a_running_scope_steps_aside_and_writes_nothing() -> N
 
 
 def test_the_inbox_scan_is_light_and_envelopes_load_in_one_query() -> None:
-    from routing.sources import load_envelopes, scan_inbox
+    from routing.drains.sources import load_envelopes, scan_inbox
 
     ingest(*(generic_event(project=f"/p{i}", title=f"t{i}") for i in range(3)))
     scanned = list(scan_inbox(route_key="generic-event", scan_limit=10))
@@ -527,7 +527,7 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
     import time
 
     from ledger.services import work_item_requeue
-    from routing import drains
+    from routing.drains import run as drains
 
     ingest(todos_event("t1"))
     assert drain("todos-task").counts["created"] == 1
@@ -585,8 +585,8 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
 
 
 def test_a_failure_never_overwrites_what_another_drain_recorded() -> None:
-    from routing.drains import _claim, _record_failure
-    from routing.sources import scan_inbox
+    from routing.drains.outcomes import _claim, _record_failure
+    from routing.drains.sources import scan_inbox
 
     ingest(generic_event())
     (stale,) = scan_inbox(route_key="generic-event", scan_limit=10)
@@ -604,7 +604,7 @@ def test_a_failure_never_overwrites_what_another_drain_recorded() -> None:
 def test_a_passing_database_error_leaves_the_row_open(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from django.db import OperationalError
 
-    from routing import drains
+    from routing.drains import run as drains
 
     def locked(**kwargs):  # type: ignore[no-untyped-def]
         raise OperationalError("database is locked")

@@ -13,10 +13,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ledger.models import AccountCooldown, WorkflowWorkItem
-from routing.metrics import escape_label
+from routing.metrics.views import escape_label
 from routing.models import DrainRecord, InboxEvent
 from tests.factories import make_run, make_step_run, make_work_item
-from tests.routing.api_helpers import bearer, make_token
+from tests.routing.api.helpers import bearer, make_token
 
 pytestmark = pytest.mark.django_db
 

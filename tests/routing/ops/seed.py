@@ -18,7 +18,7 @@ from django.utils import timezone
 from ledger.models import RunStatus, StepStatus, WorkflowWorkItem
 from ledger.services import account_cooldown_record
 from routing.drains import DrainReport, drain_options, drain_run
-from routing.inbox import inbox_ingest
+from routing.drains.inbox import inbox_ingest
 from tests.factories import make_run, make_step_run, make_work_item
 from tests.routing.helpers import generic_event, route
 

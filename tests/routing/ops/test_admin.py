@@ -12,15 +12,15 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from ledger import admin as ledger_admin
+from ledger.admin import actions as ledger_admin
 from ledger.models import WorkflowRun, WorkflowWorkItem
 from ledger.services import run_finalize, work_item_cancel
 from routing.drains import drain_options, drain_run
-from routing.inbox import inbox_ingest
+from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
 from tests.factories import make_run, make_step_run, make_work_item
-from tests.routing import ops_seed
 from tests.routing.helpers import generic_event, route
+from tests.routing.ops import seed as ops_seed
 
 pytestmark = pytest.mark.django_db
 

@@ -21,15 +21,15 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from routing.models import DrainRecord
-from tests.routing import ops_seed
 from tests.routing.helpers import generic_event
+from tests.routing.ops import seed as ops_seed
 
 # transaction=True: the live server thread reads what the test wrote, so it must be committed.
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[3] / "artifacts" / "screenshots"
 # Flags for this machine's closed network: no background connections, no sandbox as root.
 CHROMIUM_FLAGS = (
     "--headless",

@@ -8,7 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ledger.ids import new_id
-from routing.ops_display import (
+from ledger.selectors import id_floor
+from routing.drains.configs import drain_config, strictest
+from routing.ops.accounts import RATE_LIMIT_MARK
+from routing.ops.display import (
     LoadBar,
     deferral_snapshot,
     load_chart_svg,
@@ -16,7 +19,6 @@ from routing.ops_display import (
     timeline_svg,
     utc_text,
 )
-from routing.ops_selectors import RATE_LIMIT_MARK, drain_config, id_floor, strictest
 
 NOW = datetime(2026, 11, 29, 16, 40, 3, tzinfo=UTC)
 

@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from ledger.models import WorkflowWorkItem
 from routing.models import DrainRecord
-from tests.routing import ops_seed
 from tests.routing.helpers import generic_event
+from tests.routing.ops import seed as ops_seed
 
 pytestmark = pytest.mark.django_db
 

@@ -1,0 +1,186 @@
+"""The lifecycle actions (requeue, cancel, dead-letter, retry): a confirmation page that
+shows how many rows the action touches, then one service call per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+
+from ledger import services
+from routing.domain.errors import ApplicationError
+
+# --- lifecycle actions ------------------------------------------------------------------------
+
+# One action request runs one short transaction per row; bound the batch so a request
+# finishes well inside a proxy timeout. Larger clean-ups belong in a command.
+MAX_ACTION_ROWS = 500
+
+
+class ActionReasonForm(forms.Form):
+    reason = forms.CharField(
+        label="Reason",
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+    )
+
+    def __init__(self, *args: Any, required: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["reason"].required = required
+
+
+@dataclass(frozen=True)
+class LifecycleAction:
+    """One confirmed admin action: what it is called and the service it runs per row."""
+
+    name: str  # the admin action's name (the POSTed `action`)
+    title: str
+    done: str  # past tense for the message: "requeued"
+    explanation: str
+    apply: Callable[[str, str | None], object]
+    reason_required: bool = True
+    default_reason: str = ""
+
+
+def run_lifecycle_action(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet,
+    action: LifecycleAction,
+) -> TemplateResponse | None:
+    """First POST: a confirmation page with the count and a reason field. Confirmed POST:
+    call the service once per row, then `message_user` with how many changed and why the
+    others did not (each service refuses rows whose status does not allow the change)."""
+    opts = model_admin.model._meta
+    ids = list(
+        queryset.order_by("pk").values_list("pk", flat=True)[: MAX_ACTION_ROWS + 1]
+    )
+    if len(ids) > MAX_ACTION_ROWS:
+        model_admin.message_user(
+            request,
+            f"Select at most {MAX_ACTION_ROWS} {opts.verbose_name_plural} per action "
+            f"(narrow the list with the filters).",
+            messages.ERROR,
+        )
+        return None
+    if request.POST.get("confirm") == "yes":
+        form = ActionReasonForm(request.POST, required=action.reason_required)
+        if form.is_valid():
+            reason = form.cleaned_data["reason"].strip() or None
+            done, refused = 0, []
+            for pk in ids:
+                try:
+                    action.apply(pk, reason)
+                    done += 1
+                except ApplicationError as exc:
+                    refused.append(str(exc))
+            noun = opts.verbose_name if done == 1 else opts.verbose_name_plural
+            model_admin.message_user(
+                request,
+                f"{action.done.capitalize()} {done} {noun}.",
+                messages.SUCCESS if done else messages.WARNING,
+            )
+            if refused:
+                more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+                model_admin.message_user(
+                    request,
+                    f"{len(refused)} not {action.done}: {'; '.join(refused[:5])}{more}",
+                    messages.WARNING,
+                )
+            return None
+    else:
+        form = ActionReasonForm(
+            initial={"reason": action.default_reason}, required=action.reason_required
+        )
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(
+        request,
+        "admin/ledger/confirm_action.html",
+        {
+            **model_admin.admin_site.each_context(request),
+            "title": action.title,
+            "subtitle": None,
+            "opts": opts,
+            "action": action,
+            "ids": ids,
+            "count": len(ids),
+            "noun": opts.verbose_name if len(ids) == 1 else opts.verbose_name_plural,
+            "preview": list(
+                model_admin.model.objects.filter(pk__in=ids[:20]).order_by("-pk")
+            ),
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": model_admin.media,
+        },
+    )
+
+
+REQUEUE = LifecycleAction(
+    name="requeue_items",
+    title="Requeue work items",
+    done="requeued",
+    explanation=(
+        "Upstream `routes requeue`: only succeeded, failed, dead-letter and cancelled items "
+        "go back to queued (bindings cleared, attempts kept); their inbox events reopen so "
+        "the next drain admits them again. A reason is required."
+    ),
+    apply=lambda pk, reason: services.work_item_requeue(
+        item_id=pk, reason=reason or ""
+    ),
+)
+CANCEL_ITEMS = LifecycleAction(
+    name="cancel_items",
+    title="Cancel work items",
+    done="cancelled",
+    explanation=(
+        "Queued, deferred, admitted and running items become cancelled; a run still in "
+        "progress is cancelled with its item (its process is stopped)."
+    ),
+    apply=lambda pk, reason: services.work_item_cancel(item_id=pk, reason=reason or ""),
+    default_reason=services.CANCEL_REASON_DEFAULT,
+)
+DEAD_LETTER = LifecycleAction(
+    name="dead_letter_items",
+    title="Dead-letter work items",
+    done="dead-lettered",
+    explanation=(
+        "Parks items as dead_letter until someone requeues them; later deliveries of their "
+        "events dedupe. Admitted or running items must be cancelled first."
+    ),
+    apply=lambda pk, reason: services.work_item_dead_letter(
+        item_id=pk, reason=reason or ""
+    ),
+    default_reason="dead-lettered by operator",
+)
+RETRY_RUNS = LifecycleAction(
+    name="retry_runs",
+    title="Retry workflow runs",
+    done="retried",
+    explanation=(
+        "The work item of each failed, timed-out or cancelled run (its latest run) is "
+        "requeued; the next drain admits it as a new run. The reason is optional."
+    ),
+    apply=lambda pk, reason: services.run_retry(run_id=pk, reason=reason),
+    reason_required=False,
+)
+CANCEL_RUNS = LifecycleAction(
+    name="cancel_runs",
+    title="Cancel workflow runs",
+    done="cancelled",
+    explanation=(
+        "Queued and running runs are cancelled with their open steps and work item; a "
+        "running step's process is stopped."
+    ),
+    apply=lambda pk, reason: services.run_cancel(
+        run_id=pk, reason=reason or services.CANCEL_REASON_DEFAULT
+    ),
+    default_reason=services.CANCEL_REASON_DEFAULT,
+)

@@ -1,0 +1,167 @@
+"""Admins of runs, step runs, workflow events, loops and loop runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+
+from ledger.admin.actions import CANCEL_RUNS, RETRY_RUNS, run_lifecycle_action
+from ledger.admin.base import LedgerAdmin, admin_link, changelist_link
+from ledger.admin.filters import (
+    AccountProfileFilter,
+    AgeFilter,
+    EventTypeFilter,
+    ProviderFilter,
+)
+from ledger.models import (
+    Loop,
+    LoopRun,
+    WorkflowEvent,
+    WorkflowRun,
+    WorkflowStepRun,
+)
+
+
+class StepRunInline(admin.TabularInline):
+    model = WorkflowStepRun
+    fields = (
+        "step_id",
+        "sequence",
+        "status",
+        "account_profile",
+        "account_tool",
+        "exit_code",
+        "started_at",
+        "duration_ms",
+    )
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    ordering = ("sequence",)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(LedgerAdmin):
+    list_display = (
+        "id",
+        "workflow_name",
+        "status",
+        "work_item_link",
+        "started_at",
+        "finished_at",
+        "duration_ms",
+    )
+    list_filter = ("status", AccountProfileFilter, ProviderFilter, AgeFilter)
+    search_fields = ("=id", "workflow_name", "=work_item__id", "idempotency_key")
+    list_select_related = ("work_item",)
+    raw_id_fields = ("workflow", "loop", "loop_run", "invocation", "work_item")
+    readonly_fields = ("id", "work_item_link", "invocation_link", "events_link")
+    inlines = [StepRunInline]
+    actions = ("retry_runs", "cancel_runs")
+
+    @admin.action(description="Retry selected failed runs…", permissions=["operate"])
+    def retry_runs(
+        self, request: HttpRequest, queryset: QuerySet
+    ) -> TemplateResponse | None:
+        return run_lifecycle_action(self, request, queryset, RETRY_RUNS)
+
+    @admin.action(description="Cancel selected runs…", permissions=["operate"])
+    def cancel_runs(
+        self, request: HttpRequest, queryset: QuerySet
+    ) -> TemplateResponse | None:
+        return run_lifecycle_action(self, request, queryset, CANCEL_RUNS)
+
+    @admin.display(description="work item")
+    def work_item_link(self, obj: WorkflowRun) -> str:
+        return admin_link(obj.work_item, obj.work_item_id)
+
+    @admin.display(description="invocation")
+    def invocation_link(self, obj: WorkflowRun) -> str:
+        return admin_link(obj.invocation)
+
+    @admin.display(description="events")
+    def events_link(self, obj: WorkflowRun) -> str:
+        return changelist_link(WorkflowEvent, "events of this run", workflow_run=obj.pk)
+
+
+@admin.register(WorkflowStepRun)
+class WorkflowStepRunAdmin(LedgerAdmin):
+    list_display = (
+        "id",
+        "step_id",
+        "status",
+        "account_profile",
+        "account_tool",
+        "run_link",
+        "exit_code",
+        "duration_ms",
+        "started_at",
+    )
+    list_filter = ("status", ProviderFilter, AccountProfileFilter, AgeFilter)
+    search_fields = ("=id", "step_id", "=workflow_run__id", "account_profile")
+    list_select_related = ("workflow_run",)
+    raw_id_fields = ("workflow_run",)
+    readonly_fields = ("id", "run_link")
+
+    @admin.display(description="workflow run")
+    def run_link(self, obj: WorkflowStepRun) -> str:
+        return admin_link(obj.workflow_run)
+
+
+@admin.register(WorkflowEvent)
+class WorkflowEventAdmin(LedgerAdmin):
+    list_display = (
+        "id",
+        "workflow_run",
+        "sequence",
+        "event_type",
+        "step_id",
+        "created_at",
+    )
+    list_filter = (EventTypeFilter, AgeFilter)
+    search_fields = ("=id", "=workflow_run__id")
+    list_select_related = ("workflow_run",)
+    raw_id_fields = ("workflow_run",)
+
+
+@admin.register(Loop)
+class LoopAdmin(LedgerAdmin):
+    list_display = (
+        "id",
+        "name",
+        "status",
+        "next_run_at",
+        "max_attempts",
+        "lease_ms",
+        "updated_at",
+    )
+    list_filter = ("status",)
+    search_fields = ("=id", "name")
+
+
+@admin.register(LoopRun)
+class LoopRunAdmin(LedgerAdmin):
+    list_display = (
+        "id",
+        "loop_name",
+        "status",
+        "attempt",
+        "scheduled_for",
+        "started_at",
+        "exit_code",
+    )
+    list_filter = ("status",)
+    search_fields = ("=id", "loop_name")
+    list_select_related = ("loop",)
+    raw_id_fields = ("loop",)

@@ -1,0 +1,92 @@
+"""Lifecycle writes of the ledger, one module per stage; this package re-exports their API.
+
+- `common`: messages (upstream wording), status sets, errors, row locks, event append;
+- `work_items`: the admit write admission calls, operator actions (requeue, retry, cancel,
+  dead-letter);
+- `runs`: claim, lease, finalize, cancel, lease recovery, the cascade of a run's end;
+- `steps`: step start (account cap and cooldown from the rows), process record, finish, skip;
+- `cooldowns`: account cooldowns after rate limits;
+- `processes`: stopping the process group a step left behind.
+
+Rules every service follows:
+
+- Short `transaction.atomic()` blocks. On SQLite each one takes the database write lock at
+  BEGIN (IMMEDIATE), so no transaction is ever held across a subprocess or a sleep; the runner
+  calls one service per state change.
+- Lock order, to keep PostgreSQL free of deadlocks: the admission lock (when taken) first,
+  then the run row (`select_for_update(no_key=True)`), then its steps, work item, loop, spec.
+  Every service that appends an event holds the run row lock, which is what makes the
+  per-run `sequence = MAX + 1` safe on PostgreSQL (SQLite's write lock covers it already).
+- Conditional updates (`filter(status=<expected>)`) for claims, so a second delivery or a
+  racing recovery changes nothing.
+
+Layer: `ledger` (imports `ledger.*` and `routing.domain` only).
+"""
+
+from ledger.services.common import (
+    CANCEL_REASON_DEFAULT,
+    RUN_NOT_FOUND,
+    RUN_NOT_QUEUED,
+    LedgerError,
+    NotFound,
+    step_spec,
+    steps_from_spec,
+    worker_identity,
+)
+from ledger.services.cooldowns import account_cooldown_record
+from ledger.services.processes import kill_step_process_group
+from ledger.services.runs import (
+    RecoveredRun,
+    run_cancel,
+    run_claim,
+    run_finalize,
+    run_lease_renew,
+    runs_queued_stale,
+    runs_recover_expired,
+)
+from ledger.services.steps import (
+    StepStart,
+    step_finish,
+    step_process_record,
+    step_skip,
+    step_start,
+)
+from ledger.services.work_items import (
+    join_reason,
+    run_retry,
+    work_item_admit,
+    work_item_cancel,
+    work_item_dead_letter,
+    work_item_requeue,
+)
+
+__all__ = [
+    "CANCEL_REASON_DEFAULT",
+    "RUN_NOT_FOUND",
+    "RUN_NOT_QUEUED",
+    "LedgerError",
+    "NotFound",
+    "RecoveredRun",
+    "StepStart",
+    "account_cooldown_record",
+    "join_reason",
+    "kill_step_process_group",
+    "run_cancel",
+    "run_claim",
+    "run_finalize",
+    "run_lease_renew",
+    "run_retry",
+    "runs_queued_stale",
+    "runs_recover_expired",
+    "step_finish",
+    "step_process_record",
+    "step_skip",
+    "step_spec",
+    "step_start",
+    "steps_from_spec",
+    "work_item_admit",
+    "work_item_cancel",
+    "work_item_dead_letter",
+    "work_item_requeue",
+    "worker_identity",
+]

@@ -1,0 +1,212 @@
+"""What every lifecycle service shares: messages (upstream wording where upstream has
+one, reference §2), status sets, errors, row locks in the documented order, event append.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Max
+from django.utils import timezone
+
+from ledger.models import (
+    StepStatus,
+    WorkflowEvent,
+    WorkflowRun,
+    WorkflowStepRun,
+    WorkItemStatus,
+)
+from routing.domain.errors import ApplicationError
+from routing.domain.keys import GENERIC_EVENT, TODOS_TASK
+from routing.domain.templates import (
+    EVENT_WORKER_VERIFIER,
+    TASK_LIFECYCLE,
+    TODOS_TASK_WORKER_VERIFIER,
+)
+
+# --- messages ---------------------------------------------------------------------------------
+
+RUN_NOT_FOUND = "workflow run not found: {run_id}"
+RUN_NOT_QUEUED = "workflow run is not queued: {run_id} status={status}"
+RUN_ALREADY_TERMINAL = "workflow run is already terminal: {run_id} status={status}"
+RUN_NOT_RETRYABLE = "workflow run is not retryable: {run_id} status={status}"
+RUN_NOT_LATEST = "workflow run is not the latest run of work item {item_id}: {run_id}"
+RUN_WITHOUT_WORK_ITEM = "workflow run has no work item: {run_id}"
+RUN_STATUS_NOT_TERMINAL = "not a terminal workflow run status: {status}"
+STEP_NOT_FOUND = "workflow step run not found: {step_run_id}"
+STEP_NOT_CLAIMABLE = (
+    "workflow step is not claimable: {run_id}/{step_id} status={status}"
+)
+STEP_NOT_RUNNING = "workflow step is not running: {run_id}/{step_id} status={status}"
+STEP_STATUS_NOT_FINAL = "not a final workflow step status: {status}"
+WORK_ITEM_NOT_FOUND = "workflow work item not found: {item_id}"
+WORK_ITEM_NOT_REQUEUEABLE = (
+    "workflow work item is not requeueable: {item_id} status={status}"
+)
+WORK_ITEM_NOT_CANCELLABLE = (
+    "workflow work item is not cancellable: {item_id} status={status}"
+)
+WORK_ITEM_NOT_DEAD_LETTERABLE = (
+    "workflow work item is not dead-letterable: {item_id} status={status}"
+)
+WORK_ITEM_NOT_RUNNABLE = "workflow work item is not runnable: {item_id} status={status}"
+REQUEUE_REASON_REQUIRED = "routes requeue requires --reason <text>"
+REASON_REQUIRED = "a reason is required"
+
+# Reasons and errors written to rows (stable text operators search for).
+LEASE_EXPIRED_STEP_ERROR = (
+    "worker lease expired before completion (claimed_by={claimed_by})"
+)
+LEASE_EXPIRED_RUN_ERROR = (
+    "workflow run lease expired before completion (claimed_by={claimed_by})"
+)
+LEASE_EXPIRED_ITEM_REASON = "parent loop run lease expired before completion"
+ARCHIVE_REASON = "terminal generated one-shot route workflow"
+CANCEL_REASON_DEFAULT = "cancelled by operator"
+RUN_RETRY_REASON = "retry of workflow run {run_id}"
+WAIT_COOLING = "account {profile} is cooling down until {until}"
+WAIT_AT_CAPACITY = "account {profile} is at capacity ({running}/{limit} running steps)"
+
+# Statuses (reference §2.1).
+REQUEUEABLE_STATUSES = (
+    WorkItemStatus.SUCCEEDED,
+    WorkItemStatus.FAILED,
+    WorkItemStatus.DEAD_LETTER,
+    WorkItemStatus.CANCELLED,
+)
+RUNNABLE_STATUSES = (
+    WorkItemStatus.ADMITTED,
+    WorkItemStatus.QUEUED,
+    WorkItemStatus.DEFERRED,
+    WorkItemStatus.RUNNING,
+)
+CANCELLABLE_STATUSES = (
+    WorkItemStatus.QUEUED,
+    WorkItemStatus.DEFERRED,
+    WorkItemStatus.ADMITTED,
+    WorkItemStatus.RUNNING,
+)
+DEAD_LETTERABLE_STATUSES = (
+    WorkItemStatus.QUEUED,
+    WorkItemStatus.DEFERRED,
+    WorkItemStatus.SUCCEEDED,
+    WorkItemStatus.FAILED,
+    WorkItemStatus.CANCELLED,
+)
+STEP_CLAIMABLE_STATUSES = (StepStatus.PENDING, StepStatus.FAILED, StepStatus.TIMED_OUT)
+STEP_FINAL_STATUSES = (StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.TIMED_OUT)
+OPEN_STEP_STATUSES = (StepStatus.PENDING, StepStatus.RUNNING)
+# The generated templates of each route key: only their specs are archived automatically.
+GENERATED_TEMPLATES_BY_ROUTE_KEY: dict[str, frozenset[str]] = {
+    TODOS_TASK: frozenset({TODOS_TASK_WORKER_VERIFIER, TASK_LIFECYCLE}),
+    GENERIC_EVENT: frozenset({EVENT_WORKER_VERIFIER}),
+}
+
+
+class LedgerError(ApplicationError):
+    """A lifecycle change that the current state does not allow."""
+
+
+class NotFound(LedgerError):
+    pass
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def worker_identity() -> str:
+    """`<host>:<pid>` of this process: stored as `claimed_by`; recovery reads the host back."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _now(now: datetime | None) -> datetime:
+    return now if now is not None else timezone.now()
+
+
+def _lease() -> timedelta:
+    return timedelta(seconds=float(settings.LOOPSWEB_RUN_LEASE_SECONDS))
+
+
+def _ms(delta: timedelta) -> int:
+    return max(0, int(delta.total_seconds() * 1000))
+
+
+def _clean_text(value: str | None) -> str | None:
+    # PostgreSQL text cannot hold NUL; agent output sometimes does.
+    return value.replace("\x00", "\ufffd") if value is not None else None
+
+
+def _lock_run(run_id: str) -> WorkflowRun:
+    try:
+        return (
+            # of=self: lock the run row only (the loop join is nullable, and the spec and loop
+            # rows are not ours to lock here).
+            WorkflowRun.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("workflow", "loop")
+            .get(pk=run_id)
+        )
+    except WorkflowRun.DoesNotExist:
+        raise NotFound(RUN_NOT_FOUND.format(run_id=run_id)) from None
+
+
+def _lock_step(step_run_id: str) -> tuple[WorkflowRun, WorkflowStepRun]:
+    """Lock a step's run row (as `_lock_run`), then the step row itself."""
+    try:
+        step = WorkflowStepRun.objects.only("id", "workflow_run_id").get(pk=step_run_id)
+    except WorkflowStepRun.DoesNotExist:
+        raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id)) from None
+    run = _lock_run(step.workflow_run_id)
+    return run, WorkflowStepRun.objects.select_for_update(no_key=True).get(
+        pk=step_run_id
+    )
+
+
+def _append_event(
+    run_id: str,
+    event_type: str,
+    *,
+    step_id: str | None = None,
+    payload: dict[str, Any] | None = None,
+) -> WorkflowEvent:
+    # The caller holds the run row lock (or SQLite's write lock): MAX+1 cannot race.
+    last = WorkflowEvent.objects.filter(workflow_run_id=run_id).aggregate(
+        m=Max("sequence")
+    )["m"]
+    return WorkflowEvent.objects.create(
+        workflow_run_id=run_id,
+        sequence=(last or 0) + 1,
+        event_type=event_type,
+        step_id=step_id,
+        payload_json=payload,
+    )
+
+
+def steps_from_spec(steps_json: Any) -> list[dict[str, Any]]:
+    """The step dicts of a spec's `steps_json` (a list; older rows may wrap it in a dict)."""
+    if isinstance(steps_json, dict):
+        steps_json = steps_json.get("steps")
+    if not isinstance(steps_json, list):
+        return []
+    return [step for step in steps_json if isinstance(step, dict)]
+
+
+def step_spec(run: WorkflowRun, step_id: str) -> dict[str, Any]:
+    for step in steps_from_spec(run.workflow.steps_json):
+        if step.get("id") == step_id:
+            return step
+    return {}
+
+
+def _max_per_profile(step: dict[str, Any]) -> int | None:
+    routing = step.get("routing")
+    if not isinstance(routing, dict):
+        target = step.get("target")
+        routing = target.get("routing") if isinstance(target, dict) else None
+    value = routing.get("maxPerProfile") if isinstance(routing, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value

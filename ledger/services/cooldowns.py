@@ -1,0 +1,70 @@
+"""Account cooldowns after a provider rate limit: the latest deadline wins; the backoff
+grows with repeated reports (ledger.ratelimit).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+
+from ledger.lock import admission_lock
+from ledger.models import (
+    AccountCooldown,
+    WorkflowStepRun,
+)
+from ledger.ratelimit import cooldown_backoff
+from ledger.services.common import _clean_text, _now
+
+# --- account cooldowns ------------------------------------------------------------------------
+
+
+def account_cooldown_record(
+    *,
+    profile: str,
+    tool: str | None,
+    until: datetime | None,
+    reason: str,
+    step_run: WorkflowStepRun | None = None,
+    now: datetime | None = None,
+) -> AccountCooldown:
+    """Record that `profile` reported a provider rate limit; it cools until the deadline.
+
+    1. One row per account profile (upsert), under the admission lock: cooling changes what
+       admission and step starts decide, so it is serialised with them.
+    2. `reports` counts the reports of the current episode: +1 while the account is cooling
+       or freed less than LOOPSWEB_COOLDOWN_CAP_SECONDS ago, else it starts again at 1 (so
+       yesterday's limits do not lengthen today's backoff).
+    3. Deadline: `until` when the provider named one, else exponential backoff
+       (base × 2^(reports−1), capped). The row keeps the LATEST deadline of all overlapping
+       reports; reason, tool and step follow the report that set the kept deadline.
+    """
+    now = _now(now)
+    cap = float(settings.LOOPSWEB_COOLDOWN_CAP_SECONDS)
+    with transaction.atomic():
+        admission_lock()
+        row = (
+            AccountCooldown.objects.select_for_update(no_key=True)
+            .filter(pk=profile)
+            .first()
+        )
+        in_episode = row is not None and row.until > now - timedelta(seconds=cap)
+        reports = row.reports + 1 if row is not None and in_episode else 1
+        deadline = until
+        if deadline is None:
+            deadline = now + cooldown_backoff(
+                reports=reports,
+                base_seconds=float(settings.LOOPSWEB_COOLDOWN_BASE_SECONDS),
+                cap_seconds=cap,
+            )
+        if row is None:
+            row = AccountCooldown(account_profile=profile)
+        if row.until is None or not in_episode or deadline >= row.until:
+            row.until = deadline
+            row.reason = _clean_text(reason)
+            row.account_tool = tool
+            row.step_run = step_run
+        row.reports = reports
+        row.save()
+    return row

@@ -1,0 +1,290 @@
+"""Work items: the admit write that admission calls inside its transaction, and the
+operator actions (requeue, retry of a run, cancel, dead-letter).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+
+from ledger.lock import admission_lock
+from ledger.models import (
+    TERMINAL_RUN_STATUSES,
+    Loop,
+    RunStatus,
+    StepStatus,
+    WorkflowEvent,
+    WorkflowInvocation,
+    WorkflowRun,
+    WorkflowSpec,
+    WorkflowStepRun,
+    WorkflowWorkItem,
+    WorkItemStatus,
+)
+from ledger.services.common import (
+    CANCELLABLE_STATUSES,
+    DEAD_LETTERABLE_STATUSES,
+    REASON_REQUIRED,
+    REQUEUE_REASON_REQUIRED,
+    REQUEUEABLE_STATUSES,
+    RUN_NOT_FOUND,
+    RUN_NOT_LATEST,
+    RUN_NOT_RETRYABLE,
+    RUN_RETRY_REASON,
+    RUN_WITHOUT_WORK_ITEM,
+    WORK_ITEM_NOT_CANCELLABLE,
+    WORK_ITEM_NOT_DEAD_LETTERABLE,
+    WORK_ITEM_NOT_FOUND,
+    WORK_ITEM_NOT_REQUEUEABLE,
+    LedgerError,
+    NotFound,
+    _now,
+)
+from ledger.services.runs import run_cancel
+from ledger.signals import work_item_requeued
+from routing.domain.errors import ValidationError
+from routing.domain.templates import (
+    step_account,
+)
+
+
+def run_retry(
+    *, run_id: str, reason: str | None = None, now: datetime | None = None
+) -> WorkflowWorkItem:
+    """Requeue the work item of a failed, timed-out or cancelled run for re-admission.
+
+    The run must be the item's latest run (the one the item is bound to); the item is then
+    requeued exactly as `work_item_requeue` does (attempts kept), with `reason` or
+    `retry of workflow run <id>`. The next drain admits it again as a new run.
+    """
+    run = WorkflowRun.objects.filter(pk=run_id).first()
+    if run is None:
+        raise NotFound(RUN_NOT_FOUND.format(run_id=run_id))
+    if run.status not in (RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED):
+        raise LedgerError(RUN_NOT_RETRYABLE.format(run_id=run.id, status=run.status))
+    if not run.work_item_id:
+        raise LedgerError(RUN_WITHOUT_WORK_ITEM.format(run_id=run.id))
+    return work_item_requeue(
+        item_id=run.work_item_id,
+        reason=reason or RUN_RETRY_REASON.format(run_id=run.id),
+        expected_run_id=run.id,
+        now=now,
+    )
+
+
+# --- work items (operator actions) ------------------------------------------------------------
+
+
+def _get_item(item_id: str) -> WorkflowWorkItem:
+    item = (
+        WorkflowWorkItem.objects.select_for_update(no_key=True)
+        .filter(pk=item_id)
+        .first()
+    )
+    if item is None:
+        raise NotFound(WORK_ITEM_NOT_FOUND.format(item_id=item_id))
+    return item
+
+
+def work_item_requeue(
+    *,
+    item_id: str,
+    reason: str,
+    expected_run_id: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowWorkItem:
+    """Operator requeue (upstream `routes requeue`, 0.4.12 semantics, reference §2.1).
+
+    1. `reason` is mandatory (`routes requeue requires --reason <text>`).
+    2. Only from succeeded/failed/dead_letter/cancelled (else
+       `workflow work item is not requeueable: <id> status=<status>`; unknown id →
+       `workflow work item not found: <id>`).
+    3. → `queued`; workflow, loop, workflow_run, lease and next_attempt_at cleared;
+       `last_reason` = the reason; attempts kept (the next admission makes them N+1).
+    4. Inbox events that produced the item are reopened (`pending`), so the next drain
+       routes it again: requeue means "admit this again", and the inbox is how loopsweb
+       re-delivers.
+    """
+    if not reason or not reason.strip():
+        raise ValidationError(REQUEUE_REASON_REQUIRED)
+    now = _now(now)
+    with transaction.atomic():
+        # Before the item's row: a drain holds this lock when it locks the item's inbox row
+        # and then the item, so taking it first here keeps the two from deadlocking.
+        admission_lock()
+        item = _get_item(item_id)
+        if item.status not in REQUEUEABLE_STATUSES:
+            raise LedgerError(
+                WORK_ITEM_NOT_REQUEUEABLE.format(item_id=item.id, status=item.status)
+            )
+        if expected_run_id is not None and item.workflow_run_id != expected_run_id:
+            raise LedgerError(
+                RUN_NOT_LATEST.format(item_id=item.id, run_id=expected_run_id)
+            )
+        item.status = WorkItemStatus.QUEUED
+        item.workflow = None
+        item.loop = None
+        item.workflow_run = None
+        item.lease_expires_at = None
+        item.next_attempt_at = None
+        item.last_reason = reason.strip()
+        item.reason_code = None
+        item.save()
+        # The inbox (routing) reopens the events that produced the item: requeue means
+        # "admit this again", and the inbox is how loopsweb re-delivers.
+        work_item_requeued.send(sender=WorkflowWorkItem, item=item, now=now)
+    return item
+
+
+def work_item_cancel(
+    *, item_id: str, reason: str, now: datetime | None = None
+) -> WorkflowWorkItem:
+    """Cancel a work item that is queued, deferred, admitted or running.
+
+    A bound run that is not terminal is cancelled with it (`run_cancel`, which also cancels
+    the item). Otherwise the item alone → `cancelled` with the reason and its lease cleared.
+    Terminal items → `workflow work item is not cancellable: <id> status=<status>`.
+    """
+    if not reason or not reason.strip():
+        raise ValidationError(REASON_REQUIRED)
+    now = _now(now)
+    with transaction.atomic():
+        item = _get_item(item_id)
+        if item.status not in CANCELLABLE_STATUSES:
+            raise LedgerError(
+                WORK_ITEM_NOT_CANCELLABLE.format(item_id=item.id, status=item.status)
+            )
+        open_run = (
+            WorkflowRun.objects.filter(work_item_id=item.id)
+            .exclude(status__in=TERMINAL_RUN_STATUSES)
+            .values_list("id", flat=True)
+            .first()
+        )
+    if open_run is not None:
+        # Runs are locked before items (lock order), so the run cancel is its own transaction.
+        try:
+            run_cancel(run_id=open_run, reason=reason.strip(), now=now)
+        except LedgerError:
+            pass  # it ended meanwhile; cancel the item below if it is still open
+    with transaction.atomic():
+        item = _get_item(item_id)
+        if item.status in CANCELLABLE_STATUSES:
+            item.status = WorkItemStatus.CANCELLED
+            item.lease_expires_at = None
+            item.last_reason = reason.strip()
+            item.save()
+    return item
+
+
+def work_item_dead_letter(
+    *, item_id: str, reason: str, now: datetime | None = None
+) -> WorkflowWorkItem:
+    """Park a work item as `dead_letter` until an operator requeues it.
+
+    From queued, deferred, succeeded, failed or cancelled; an admitted or running item must be
+    cancelled first (`workflow work item is not dead-letterable: <id> status=<status>`).
+    next_attempt_at and lease cleared, `last_reason` = reason. A dead-lettered item dedupes
+    every later delivery of its event (it is in upstream's KEEP set).
+    """
+    if not reason or not reason.strip():
+        raise ValidationError(REASON_REQUIRED)
+    with transaction.atomic():
+        item = _get_item(item_id)
+        if item.status not in DEAD_LETTERABLE_STATUSES:
+            raise LedgerError(
+                WORK_ITEM_NOT_DEAD_LETTERABLE.format(
+                    item_id=item.id, status=item.status
+                )
+            )
+        item.status = WorkItemStatus.DEAD_LETTER
+        item.next_attempt_at = None
+        item.lease_expires_at = None
+        item.last_reason = reason.strip()
+        item.save()
+    return item
+
+
+ONE_SHOT_LOOP_LEASE_MS = 5_400_000
+
+
+def join_reason(old: str | None, new: str | None) -> str | None:
+    """Upstream's reason trail: `old; new` when both are set, else whichever is."""
+    if old and new:
+        return f"{old}; {new}"
+    return new or old
+
+
+def work_item_admit(
+    *,
+    item: WorkflowWorkItem,
+    spec: WorkflowSpec,
+    invocation: WorkflowInvocation,
+    loop_name: str,
+    loop_description: str,
+    reason: str,
+    now: datetime,
+) -> tuple[Loop, WorkflowRun]:
+    """Admit a queued/deferred item onto `spec` (reference §2.1, §3.6 steps 10-11).
+
+    Call inside the admission transaction, after `admission_lock()`:
+    1. a one-shot loop (`once` schedule, max 1 attempt, 90-minute lease) targeting the spec;
+    2. the item becomes `admitted`: attempts + 1, bound to spec and loop, reason appended;
+    3. a `queued` run with one `pending` step run per step, each carrying the account it will
+       use (account_profile / account_tool, §2.3), and its `created` event; the item is bound
+       to the run so the runner finds it.
+    """
+    loop = Loop.objects.create(
+        name=loop_name,
+        description=loop_description,
+        schedule_json={"type": "once", "at": (now + timedelta(seconds=1)).isoformat()},
+        target_json={
+            "type": "workflow",
+            "workflowId": spec.id,
+            "input": {
+                "workflowInvocationId": invocation.id,
+                "workflowWorkItemId": item.id,
+            },
+        },
+        overlap="skip",
+        max_attempts=1,
+        retry_delay_ms=60_000,
+        lease_ms=ONE_SHOT_LOOP_LEASE_MS,
+    )
+    item.attempts += 1
+    item.status = WorkItemStatus.ADMITTED
+    item.workflow, item.loop = spec, loop
+    item.next_attempt_at = item.lease_expires_at = None
+    item.last_reason = join_reason(item.last_reason, reason)
+    item.reason_code = None
+    run = WorkflowRun.objects.create(
+        workflow=spec,
+        workflow_name=spec.name,
+        loop=loop,
+        invocation=invocation,
+        work_item=item,
+        idempotency_key=f"{item.id}:{item.attempts}",
+        status=RunStatus.QUEUED,
+    )
+    WorkflowStepRun.objects.bulk_create(
+        [
+            WorkflowStepRun(
+                workflow_run=run,
+                step_id=step["id"],
+                sequence=index,
+                status=StepStatus.PENDING,
+                account_profile=step_account(step)[0],
+                account_tool=step_account(step)[1],
+            )
+            for index, step in enumerate(spec.steps_json)
+        ]
+    )
+    WorkflowEvent.objects.create(
+        workflow_run=run,
+        sequence=1,
+        event_type="created",
+        payload_json={"workItemId": item.id},
+    )
+    item.workflow_run = run
+    item.save()
+    return loop, run

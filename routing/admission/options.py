@@ -1,0 +1,152 @@
+"""Route options (the `route_event` / `drain` / API options, upstream names) and their
+validation: `route_options(raw)` -> RouteOptions, or ValidationError naming the option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.providers import PROVIDERS
+from routing.domain.errors import ValidationError
+from routing.domain.pool import drop_blank
+from routing.domain.templates import (
+    parse_pool,
+)
+from routing.domain.throttle import (
+    ThrottleLimits,
+    parse_limit,
+)
+
+ROLES = ("triage", "planner", "worker", "verifier")
+POOL_METADATA_KEYS = (
+    "auth_profile_pool",
+    "authProfilePool",
+    "codewith_profile_pool",
+    "codewithProfilePool",
+    "profile_pool",
+    "profilePool",
+)
+DEFAULT_MAX_PER_PROFILE = 2
+
+
+# --- options ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RouteOptions:
+    """The upstream `routes create` options (validated; see `route_options`)."""
+
+    template: str | None = None
+    provider: str = "codewith"
+    auth_profile: str | None = None
+    auth_profile_pool: tuple[str, ...] = ()
+    pins: Mapping[str, str | None] = field(default_factory=dict)
+    max_active: int | None = None
+    max_active_scope: str | None = None
+    max_active_per_project: int | None = None
+    max_active_per_project_group: int | None = None
+    project_group: str | None = None
+    project_path: str | None = None
+    max_per_profile: int | None = None
+    name_prefix: str | None = None
+    dry_run: bool = False
+
+    @property
+    def limits(self) -> ThrottleLimits:
+        return ThrottleLimits(
+            max_active=self.max_active,
+            max_active_per_project=self.max_active_per_project,
+            max_active_per_project_group=self.max_active_per_project_group,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as plain JSON (drain records, schedules)."""
+        out: dict[str, Any] = {}
+        for name in OPTION_NAMES:
+            value = (
+                getattr(self, name)
+                if name not in PIN_OPTIONS
+                else self.pins.get(PIN_OPTIONS[name])
+            )
+            if name == "auth_profile_pool":
+                value = ",".join(value) if value else None
+            if value not in (None, False, ""):
+                out[name] = value
+        return out
+
+
+PIN_OPTIONS = {
+    "triage_auth_profile": "triage",
+    "planner_auth_profile": "planner",
+    "worker_auth_profile": "worker",
+    "verifier_auth_profile": "verifier",
+}
+OPTION_NAMES = (
+    "template",
+    "provider",
+    "auth_profile",
+    "auth_profile_pool",
+    *PIN_OPTIONS,
+    "max_active",
+    "max_active_scope",
+    "max_active_per_project",
+    "max_active_per_project_group",
+    "project_group",
+    "project_path",
+    "max_per_profile",
+    "name_prefix",
+    "dry_run",
+)
+
+
+def _text(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(f"--{name.replace('_', '-')} must be a string")
+    return value.strip() or None
+
+
+def route_options(raw: Mapping[str, Any]) -> RouteOptions:
+    """Validate option values (from argv, a schedule or an API body) into RouteOptions.
+
+    Unknown keys are refused, so a typo never silently drops a cap.
+    """
+    unknown = sorted(set(raw) - set(OPTION_NAMES))
+    if unknown:
+        raise ValidationError(f"unknown route option: {unknown[0]}")
+    provider = _text("provider", raw.get("provider")) or "codewith"
+    if provider not in PROVIDERS:
+        raise ValidationError(f"--provider must be one of {', '.join(PROVIDERS)}")
+    pool_raw = raw.get("auth_profile_pool")
+    if isinstance(pool_raw, (list, tuple)):
+        pool = tuple(drop_blank([str(p) for p in pool_raw]))
+    else:
+        pool = tuple(parse_pool(_text("auth_profile_pool", pool_raw)))
+    dry_run = raw.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise ValidationError("--dry-run must be a boolean")
+    return RouteOptions(
+        template=_text("template", raw.get("template")),
+        provider=provider,
+        auth_profile=_text("auth_profile", raw.get("auth_profile")),
+        auth_profile_pool=pool,
+        pins={role: _text(flag, raw.get(flag)) for flag, role in PIN_OPTIONS.items()},
+        max_active=parse_limit("--max-active", raw.get("max_active")),
+        max_active_scope=_text("max_active_scope", raw.get("max_active_scope")),
+        max_active_per_project=parse_limit(
+            "--max-active-per-project", raw.get("max_active_per_project")
+        ),
+        max_active_per_project_group=parse_limit(
+            "--max-active-per-project-group", raw.get("max_active_per_project_group")
+        ),
+        project_group=_text("project_group", raw.get("project_group")),
+        project_path=_text("project_path", raw.get("project_path")),
+        max_per_profile=parse_limit(
+            "--max-per-profile", raw.get("max_per_profile"), allow_zero=True
+        ),
+        name_prefix=_text("name_prefix", raw.get("name_prefix")),
+        dry_run=dry_run,
+    )

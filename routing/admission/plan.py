@@ -1,0 +1,324 @@
+"""Stage 1 of admission, the plan (no store access): validate the envelope, check
+eligibility, resolve the project path, group, route scope, idempotency key, names,
+template and the render-time account per role. Bad input raises ValidationError.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.db import models
+
+from ledger.models import (
+    Loop,
+    WorkflowInvocation,
+    WorkflowSpec,
+    WorkflowStepRun,
+    WorkflowWorkItem,
+)
+from routing.admission.options import (
+    DEFAULT_MAX_PER_PROFILE,
+    POOL_METADATA_KEYS,
+    ROLES,
+    RouteOptions,
+)
+from routing.admission.results import SKIPPED, RouteResult
+from routing.domain.eligibility import task_route_eligibility, todos_task_id
+from routing.domain.errors import ValidationError
+from routing.domain.events import (
+    Envelope,
+    first_string,
+    generic_project_path_hint,
+    project_group_hint,
+    task_field,
+    todos_project_path_hint,
+)
+from routing.domain.keys import (
+    TODOS_TASK,
+    generic_event_key,
+    generic_names,
+    generic_pool_seed,
+    pr_fingerprint_from_task,
+    route_key_for_kind,
+    todos_task_key,
+    todos_task_names,
+)
+from routing.domain.pool import drop_blank
+from routing.domain.scope import resolve_route_scope
+from routing.domain.templates import (
+    parse_pool,
+    pool_roles_by_step,
+    pool_routing_active,
+    render_workflow,
+    resolve_role_profiles,
+    roles_for_template,
+    step_account,
+    template_for,
+)
+from routing.domain.throttle import (
+    ThrottleLimits,
+)
+
+# --- stage 1: the plan (no store access) ------------------------------------------------------
+
+
+def normalize_project_path(path: str, *, cwd: str) -> str:
+    """Absolute, symlinks resolved, and the git work tree's top level when inside one.
+
+    Walks up looking for `.git` instead of running git: no subprocess per admission, and no
+    event value anywhere near a command line.
+    """
+    resolved = os.path.abspath(os.path.join(cwd, os.path.expanduser(path)))
+    try:
+        real = os.path.realpath(resolved, strict=True)
+    except OSError:
+        return resolved
+    for candidate in (Path(real), *Path(real).parents):
+        if (candidate / ".git").exists():
+            return str(candidate)
+    return real
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    route_key: str
+    envelope: Envelope
+    task_id: str | None
+    idempotency_key: str
+    subject_ref: str
+    project_path: str
+    project_group: str | None
+    scope: str
+    limits: ThrottleLimits
+    template_id: str
+    roles: tuple[str, ...]
+    provider: str
+    pool: tuple[str, ...]
+    pool_active: bool
+    max_per_profile: int | None
+    seed: str
+    workflow_name: str
+    loop_name: str
+    spec: dict[str, Any]
+    invocation_fields: dict[str, Any]
+
+
+def _event_pool(envelope: Envelope) -> list[str]:
+    for record in (envelope.data, envelope.metadata):
+        value = first_string(dict(record), POOL_METADATA_KEYS)
+        if value:
+            return parse_pool(value)
+        for key in POOL_METADATA_KEYS:
+            if isinstance(record.get(key), list):
+                return drop_blank([str(p) for p in record[key]])
+    return []
+
+
+def plan_route(
+    *,
+    kind: str,
+    envelope: Envelope,
+    options: RouteOptions,
+    env: Mapping[str, str],
+    cwd: str,
+) -> RoutePlan | RouteResult:
+    """Everything decidable without the store; a RouteResult when the event is skipped."""
+    route_key = route_key_for_kind(kind)
+    template_id = template_for(route_key, options.template)
+    data, metadata = envelope.data, envelope.metadata
+    task_id: str | None = None
+    if route_key == TODOS_TASK:
+        task_id = todos_task_id(data)
+        eligibility = task_route_eligibility(data, metadata)
+        if not eligibility.eligible:
+            return RouteResult(
+                kind=SKIPPED,
+                idempotency_key=None,
+                event=envelope,
+                reason=eligibility.reason,
+                task_id=task_id,
+                eligibility=eligibility.to_dict(),
+                dry_run=options.dry_run,
+            )
+        raw_path = todos_project_path_hint(
+            data, metadata, option=options.project_path, cwd=cwd
+        )
+        key = todos_task_key(task_id, pr_fingerprint=pr_fingerprint_from_task(data))
+        workflow_name, loop_name = todos_task_names(options.name_prefix, task_id, key)
+        seed = task_id
+        subject_ref = task_id
+        title = task_field(data, "title")
+        body = task_field(data, "description")
+    else:
+        raw_path = generic_project_path_hint(
+            data, metadata, option=options.project_path, cwd=cwd
+        )
+        key = generic_event_key(envelope.source, envelope.type, envelope.id)
+        workflow_name, loop_name = generic_names(
+            options.name_prefix, envelope.source, envelope.type, envelope.id
+        )
+        seed = generic_pool_seed(envelope.source, envelope.type, envelope.id)
+        subject_ref = envelope.subject or envelope.id
+        title = first_string(dict(data), ("title", "summary"))
+        body = first_string(dict(data), ("message", "description", "body"))
+
+    project_path = normalize_project_path(raw_path, cwd=cwd)
+    project_group = project_group_hint(data, metadata, option=options.project_group)
+    scope = resolve_route_scope(
+        explicit=options.max_active_scope, env=env, route_key=route_key
+    )
+    roles = roles_for_template(template_id)
+    pool = list(options.auth_profile_pool) or (
+        [] if options.auth_profile else _event_pool(envelope)
+    )
+    pins = {role: options.pins.get(role) for role in ROLES}
+    pool_active = pool_routing_active(provider=options.provider, pool=pool, pins=pins)
+    max_per_profile = options.max_per_profile
+    if pool_active and max_per_profile is None:
+        max_per_profile = DEFAULT_MAX_PER_PROFILE
+    profiles = resolve_role_profiles(
+        roles=roles, pool=pool, seed=seed, auth_profile=options.auth_profile, pins=pins
+    )
+    spec = render_workflow(
+        template_id=template_id,
+        provider=options.provider,
+        title=title,
+        description=body,
+        project_path=project_path,
+        route_key=route_key,
+        profiles=profiles,
+    )
+    if pool_active and max_per_profile:
+        # The runner re-checks the account's cap when a step starts (no stacking at start).
+        for step_id in pool_roles_by_step(spec):
+            for step in spec["steps"]:
+                if step["id"] == step_id:
+                    step["routing"]["maxPerProfile"] = max_per_profile
+
+    account_policy = (
+        "role-explicit" if any(pins.values()) else ("pool" if pool else "single")
+    )
+    if route_key == TODOS_TASK:
+        subject = {
+            "kind": "task",
+            "id": task_id,
+            "path": project_path,
+            "raw": {"title": title, "description": body},
+        }
+        raw_source = {
+            "type": envelope.type,
+            "source": envelope.source,
+            "subject": envelope.subject,
+        }
+    else:
+        subject = {
+            "kind": "event",
+            "id": subject_ref,
+            "path": project_path,
+            "raw": {"message": body},
+        }
+        raw_source = {"source": envelope.source, "type": envelope.type}
+    invocation_fields = {
+        "template_id": template_id,
+        "source_id": envelope.id,
+        "source_json": {
+            "kind": "event",
+            "id": envelope.id,
+            "dedupeKey": key,
+            "raw": raw_source,
+        },
+        "subject_kind": subject["kind"],
+        "subject_id": subject["id"],
+        "subject_path": project_path,
+        "subject_json": subject,
+        "intent": "route",
+        "scope_json": {
+            "projectPath": project_path,
+            "projectGroup": project_group,
+            "worktreePolicy": "auto",
+            "permissions": "bypass",
+            "manualBreakGlass": False,
+            "accountPolicy": account_policy,
+            "providerRouting": {
+                "provider": options.provider,
+                "pool": pool,
+                "poolRouting": pool_active,
+            },
+            "concurrencyGroup": project_group or project_path,
+            "routeScope": scope,
+            "routeThrottle": {
+                **options.limits.to_dict(),
+                "maxPerProfile": max_per_profile,
+            },
+        },
+        "output_policy_json": {"report": "always", "createTask": "on_failure"},
+    }
+    return RoutePlan(
+        route_key=route_key,
+        envelope=envelope,
+        task_id=task_id,
+        idempotency_key=key,
+        subject_ref=subject_ref,
+        project_path=project_path,
+        project_group=project_group,
+        scope=scope,
+        limits=options.limits,
+        template_id=template_id,
+        roles=roles,
+        provider=options.provider,
+        pool=tuple(pool),
+        pool_active=pool_active,
+        max_per_profile=max_per_profile,
+        seed=seed,
+        workflow_name=workflow_name,
+        loop_name=loop_name,
+        spec=spec,
+        invocation_fields=invocation_fields,
+    )
+
+
+def _column_limit(model: type[models.Model], name: str) -> int:
+    limit = model._meta.get_field(name).max_length
+    assert limit is not None
+    return limit
+
+
+def check_plan_fits_columns(plan: RoutePlan) -> None:
+    """Refuse a plan whose values overflow a ledger column, before anything is written.
+
+    SQLite ignores varchar lengths but PostgreSQL raises mid-transaction; checking the plan
+    keeps "bad input writes nothing, with a clear error" true on both (DESIGN rule 4).
+    """
+    checks: list[tuple[str, str | None, type[models.Model], str]] = [
+        ("idempotency key", plan.idempotency_key, WorkflowWorkItem, "idempotency_key"),
+        ("event.id", plan.envelope.id, WorkflowWorkItem, "source_ref"),
+        ("event.type", plan.envelope.type, WorkflowWorkItem, "source_type"),
+        ("subject", plan.subject_ref, WorkflowWorkItem, "subject_ref"),
+        ("project group", plan.project_group, WorkflowWorkItem, "project_group"),
+        ("route scope", plan.scope, WorkflowWorkItem, "route_scope"),
+        ("workflow name", plan.workflow_name, WorkflowSpec, "name"),
+        ("loop name", plan.loop_name, Loop, "name"),
+        (
+            "subject id",
+            plan.invocation_fields.get("subject_id"),
+            WorkflowInvocation,
+            "subject_id",
+        ),
+    ]
+    checks += [
+        ("pool account", member, WorkflowStepRun, "account_profile")
+        for member in plan.pool
+    ]
+    for step in plan.spec.get("steps") or []:
+        profile, tool = step_account(step)
+        checks.append(("step account", profile, WorkflowStepRun, "account_profile"))
+        checks.append(("step tool", tool, WorkflowStepRun, "account_tool"))
+        checks.append(("step id", step.get("id"), WorkflowStepRun, "step_id"))
+    for what, value, model, column in checks:
+        limit = _column_limit(model, column)
+        if isinstance(value, str) and len(value) > limit:
+            raise ValidationError(f"{what} is longer than {limit} characters")

@@ -1,0 +1,31 @@
+"""Drains: take open work from a source and route it through admission (reference §5).
+
+- `inbox`: ingest of envelopes into the inbox (idempotent on source and id);
+- `sources`: where candidates come from (the inbox, an external command);
+- `candidates`: post-filters and the fair order;
+- `run`: `drain_run`, the drain itself (overlap skip, pre-checks, holds, routing);
+- `outcomes`: what a drain writes on an inbox row;
+- `report`: the report, the drain record, the evidence file;
+- `options`: drain options; `configs`: the caps drain schedules and records configure;
+- `schedules`: the periodic tasks every installation has.
+
+Layer: above admission; imports `ledger.*`, `routing.domain`, `routing.models` and
+`routing.admission`, never the web surfaces. The django-q2 entry points are in
+`routing.tasks` (their dotted paths are stored in schedules, so they never move).
+"""
+
+from routing.drains.options import DRAIN_OPTION_NAMES, DrainOptions, drain_options
+from routing.drains.outcomes import inbox_record_hold, inbox_record_route
+from routing.drains.report import DrainReport, compact_result
+from routing.drains.run import drain_run
+
+__all__ = [
+    "DRAIN_OPTION_NAMES",
+    "DrainOptions",
+    "DrainReport",
+    "compact_result",
+    "drain_options",
+    "drain_run",
+    "inbox_record_hold",
+    "inbox_record_route",
+]

@@ -1,0 +1,219 @@
+"""A drain's report: counts, compact results (upstream fields), the stored drain record
+and the private (0600) evidence file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.utils import timezone
+
+from routing.admission import (
+    CREATED,
+    DEDUPED,
+    SKIPPED,
+    THROTTLED,
+)
+from routing.drains.options import DrainOptions
+from routing.models import DrainRecord
+
+# --- the drain --------------------------------------------------------------------------------
+
+
+@dataclass
+class DrainReport:
+    options: DrainOptions
+    route_key: str
+    route_scope: str
+    started_at: datetime
+    dry_run: bool
+    scanned: int = 0
+    candidates: int = 0
+    results: list[dict[str, Any]] = field(default_factory=list)
+    counts: dict[str, int] = field(
+        default_factory=lambda: {
+            "considered": 0,
+            CREATED: 0,
+            DEDUPED: 0,
+            THROTTLED: 0,
+            SKIPPED: 0,
+            "fatal": 0,
+        }
+    )
+    duration_ms: int = 0
+    evidence_path: str | None = None
+    record_id: str | None = None
+    error: str | None = None
+    # Set when the scope (or a pool every candidate shares) was full: at the start (nothing
+    # scanned) or part-way (the rest held unread).
+    held_reason: str | None = None
+    # Another drain of the same scope was running: this one did nothing (overlap `skip`).
+    overlapped: bool = False
+
+    @property
+    def fatal(self) -> int:
+        return self.counts["fatal"]
+
+    def compact_results(self) -> list[dict[str, Any]]:
+        return [compact_result(r) for r in self.results]
+
+    def to_dict(self, *, compact: bool) -> dict[str, Any]:
+        return {
+            "drainId": self.record_id,
+            "drainedAt": self.started_at.isoformat().replace("+00:00", "Z"),
+            "kind": self.options.kind,
+            "routeKey": self.route_key,
+            "routeScope": self.route_scope,
+            "name": self.options.name,
+            "source": self.options.source,
+            "templateId": self.options.route.template,
+            "tags": list(self.options.tags),
+            "projectPathPrefix": self.options.project_path_prefix,
+            "limit": self.options.limit,
+            "scanLimit": self.options.effective_scan_limit,
+            "filtersApplied": self.options.filters_applied,
+            "scanned": self.scanned,
+            "candidates": self.candidates,
+            "scanExhausted": self.scanned >= self.options.effective_scan_limit,
+            "considered": self.counts["considered"],
+            "created": self.counts[CREATED],
+            "deduped": self.counts[DEDUPED],
+            "throttled": self.counts[THROTTLED],
+            "skipped": self.counts[SKIPPED],
+            "fatal": self.counts["fatal"],
+            "maxDispatch": self.options.max_dispatch,
+            "dryRun": self.dry_run,
+            "durationMs": self.duration_ms,
+            "error": self.error,
+            "heldReason": self.held_reason,
+            "overlapSkipped": self.overlapped,
+            "results": self.compact_results() if compact else self.results,
+            "evidencePath": self.evidence_path,
+        }
+
+    def human(self) -> str:
+        if self.overlapped:
+            return (
+                f"drain skipped: another {self.route_key} drain of scope "
+                f"{self.route_scope} is running (overlap skip)"
+            )
+        c = self.counts
+        prefix = "dry-run " if self.dry_run else ""
+        return (
+            f"{prefix}drained {self.options.source} queue ({self.route_key}, scope {self.route_scope}): "
+            f"considered={c['considered']} created={c[CREATED]} deduped={c[DEDUPED]} "
+            f"throttled={c[THROTTLED]} skipped={c[SKIPPED]} fatal={c['fatal']}"
+            + (f" (held: {self.held_reason})" if self.held_reason else "")
+        )
+
+
+COMPACT_FIELDS = (
+    "kind",
+    "taskId",
+    "eventId",
+    "idempotencyKey",
+    "reason",
+    "reasonCode",
+    "workItemId",
+    "workItemStatus",
+    "loopId",
+    "loopName",
+    "workflowId",
+    "workflowName",
+    "accountProfiles",
+    "routeScope",
+    "requeue",
+    "precheck",
+    "fatal",
+)
+
+
+def compact_result(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The §5.3 compact fields of one full result."""
+    item = result.get("workItem") or {}
+    flat = {
+        "kind": result.get("kind"),
+        "taskId": result.get("taskId") or (result.get("event") or {}).get("subject"),
+        "eventId": (result.get("event") or {}).get("id"),
+        "idempotencyKey": result.get("idempotencyKey"),
+        "reason": result.get("reason"),
+        "reasonCode": result.get("reasonCode"),
+        "workItemId": item.get("id"),
+        "workItemStatus": item.get("status"),
+        "loopId": (result.get("loop") or {}).get("id"),
+        "loopName": (result.get("loop") or {}).get("name"),
+        "workflowId": (result.get("workflow") or {}).get("id"),
+        "workflowName": (result.get("workflow") or {}).get("name"),
+        "accountProfiles": result.get("accountProfiles"),
+        "routeScope": result.get("routeScope"),
+        "requeue": result.get("requeue"),
+        "precheck": result.get("precheck"),
+        "fatal": result.get("fatal"),
+    }
+    return {k: v for k, v in flat.items() if v is not None}
+
+
+def _write_evidence(
+    directory: str, route_key: str, started_at: datetime, report: dict[str, Any]
+) -> str:
+    """Write the full report privately: directory 0700, file 0600, never overwriting."""
+    path = Path(directory)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    stamp = (
+        started_at.strftime("%Y%m%dT%H%M%S") + f"{started_at.microsecond // 1000:03d}Z"
+    )
+    while True:
+        target = path / f"{route_key}-drain-{stamp}-{uuid.uuid4().hex[:8]}.json"
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        break
+    report = {**report, "evidencePath": str(target)}
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    return str(target)
+
+
+def _count(report: DrainReport, result: dict[str, Any]) -> None:
+    report.results.append(result)
+    report.counts["considered"] += 1
+    if result.get("fatal"):
+        report.counts["fatal"] += 1
+    report.counts[result["kind"]] += 1
+
+
+def _record(report: DrainReport) -> DrainRecord:
+    c = report.counts
+    return DrainRecord.objects.create(
+        kind=report.route_key,
+        name=report.options.name,
+        route_scope=report.route_scope,
+        source=report.options.source,
+        dry_run=report.dry_run,
+        options_json=report.options.to_dict(),
+        started_at=report.started_at,
+        finished_at=timezone.now(),
+        duration_ms=report.duration_ms,
+        scanned=report.scanned,
+        candidates=report.candidates,
+        considered=c["considered"],
+        created=c[CREATED],
+        deduped=c[DEDUPED],
+        throttled=c[THROTTLED],
+        skipped=c[SKIPPED],
+        fatal=c["fatal"],
+        results_json=report.compact_results(),
+        evidence_path=report.evidence_path,
+        error=report.error,
+        held_reason=report.held_reason,
+    )

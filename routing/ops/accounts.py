@@ -1,0 +1,190 @@
+"""Account rows for /ops/accounts/, the API and /metrics: running and reserved load,
+`--max-per-profile`, cooldowns, step outcomes over time windows, the hourly timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import (
+    Case,
+    Count,
+    DateTimeField,
+    F,
+    Q,
+    When,
+)
+from django.db.models.functions import TruncHour
+from django.utils import timezone
+
+from ledger.models import (
+    AccountCooldown,
+    WorkflowStepRun,
+)
+from ledger.runner import RATE_LIMIT_NOTE
+from ledger.selectors import account_load, created_since
+from routing.drains.configs import Cap, DrainConfig, strictest
+from routing.ops.selectors import FAILED_STEP_STATUSES
+
+# Step runs are created at admission and start later (a verifier waits for its worker, a step
+# waits for a cooling or full account; cooldowns are capped at an hour, steps at their
+# timeouts). A step that started inside a window was created at most this long before it,
+# which bounds the primary-key range the time-window counts read: 9 days of steps for a
+# 7-day window, not the whole history.
+STEP_START_SLACK = timedelta(days=2)
+# The runner appends this to the error of a step that hit a provider rate limit.
+RATE_LIMIT_MARK = RATE_LIMIT_NOTE.split(":")[0].strip("; ")
+
+
+# --- accounts ---------------------------------------------------------------------------------
+
+
+@dataclass
+class AccountRow:
+    profile: str
+    running: int = 0
+    reserved: int = 0
+    cap: Cap | None = None
+    tool: str | None = None
+    cooldown: AccountCooldown | None = None
+    # Last 7 days, from step runs that started in the window.
+    steps_24h: int = 0
+    steps_7d: int = 0
+    failed_7d: int = 0
+    rate_limited_7d: int = 0
+    breakdown: list[StepBreakdown] = field(default_factory=list)
+
+    @property
+    def load(self) -> int:
+        return self.running + self.reserved
+
+    @property
+    def at_cap(self) -> bool:
+        return self.cap is not None and self.load >= self.cap.limit
+
+    def cooling(self, now: datetime) -> bool:
+        return self.cooldown is not None and self.cooldown.until > now
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    role: str
+    provider: str | None
+    steps_24h: int
+    steps_7d: int
+    failed_7d: int
+    rate_limited_7d: int
+
+
+def account_rows(
+    configs: Sequence[DrainConfig],
+    *,
+    now: datetime | None = None,
+    with_history: bool = False,
+    activity: Sequence[Mapping[str, Any]] | None = None,
+) -> list[AccountRow]:
+    """Every known account: load (running + reserved), cap, cooldown; with history, its
+    step counts by role and provider (from `activity`, step_activity's rows, or queried
+    for `now` when `with_history`).
+
+    Accounts come from the load, the cooldown table, the pools of the drain configurations
+    and the activity. Queries: account_load's one, the cooldowns, and step_activity's one
+    when it is queried here.
+    """
+    if activity is None and with_history:
+        activity = step_activity(now=now or timezone.now())
+    load = account_load()
+    rows: dict[str, AccountRow] = {}
+
+    def row(profile: str) -> AccountRow:
+        if profile not in rows:
+            rows[profile] = AccountRow(
+                profile=profile,
+                cap=strictest(
+                    (c for c in configs if profile in c.pool),
+                    lambda c: c.max_per_profile,
+                ),
+            )
+        return rows[profile]
+
+    for profile, n in load.running.items():
+        row(profile).running = n
+    for profile, n in load.reserved.items():
+        row(profile).reserved = n
+    for cooldown in AccountCooldown.objects.order_by("account_profile"):
+        account = row(cooldown.account_profile)
+        account.cooldown = cooldown
+        account.tool = account.tool or cooldown.account_tool
+    for config in configs:
+        for profile in config.pool:
+            row(profile)
+    if activity is not None:
+        breakdown: dict[tuple[str, str, str | None], list[int]] = {}
+        for stat in activity:
+            key = (stat["account_profile"], stat["step_id"], stat["account_tool"])
+            sums = breakdown.setdefault(key, [0, 0, 0, 0])
+            sums[0] += stat["n"] if stat["hour"] is not None else 0
+            sums[1] += stat["n"]
+            sums[2] += stat["failed"]
+            sums[3] += stat["rate_limited"]
+        for (profile, role, tool), (day, week, failed, limited) in sorted(
+            breakdown.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")
+        ):
+            account = row(profile)
+            account.tool = account.tool or tool
+            account.steps_24h += day
+            account.steps_7d += week
+            account.failed_7d += failed
+            account.rate_limited_7d += limited
+            account.breakdown.append(
+                StepBreakdown(
+                    role=role,
+                    provider=tool,
+                    steps_24h=day,
+                    steps_7d=week,
+                    failed_7d=failed,
+                    rate_limited_7d=limited,
+                )
+            )
+    return sorted(rows.values(), key=lambda r: r.profile)
+
+
+def step_activity(*, now: datetime) -> list[dict[str, Any]]:
+    """Steps started in the last 7 days per (account, role, provider, hour), one GROUP BY.
+
+    `hour` is the UTC hour for steps started in the last 24 h and NULL before, so the same
+    rows give the 7-day totals, the 24-hour totals and the hourly timeline. Per row: n
+    steps; failed (failed or timed out); rate_limited (the runner noted a provider limit).
+    """
+    week, day = now - timedelta(days=7), now - timedelta(hours=24)
+    steps = created_since(WorkflowStepRun.objects.all(), week - STEP_START_SLACK)
+    return list(
+        steps.filter(started_at__gte=week, account_profile__isnull=False)
+        .annotate(
+            # Truncate the CASE, not CASE the truncation: TruncHour converts its result to
+            # an aware UTC datetime on every backend; a CASE around it would not.
+            hour=TruncHour(
+                Case(
+                    When(started_at__gte=day, then=F("started_at")),
+                    default=None,
+                    output_field=DateTimeField(),
+                )
+            )
+        )
+        .values("account_profile", "step_id", "account_tool", "hour")
+        .annotate(
+            n=Count("id"),
+            failed=Count("id", filter=Q(status__in=FAILED_STEP_STATUSES)),
+            rate_limited=Count("id", filter=Q(error__contains=RATE_LIMIT_MARK)),
+        )
+        .order_by()
+    )
+
+
+def timeline_hours(now: datetime) -> list[datetime]:
+    """The 24 UTC hour buckets ending with the current one, oldest first."""
+    current = now.replace(minute=0, second=0, microsecond=0)
+    return [current - timedelta(hours=23 - i) for i in range(24)]
