@@ -41,6 +41,8 @@ from ledger.services.runs import (
     run_claim,
     run_finalize,
     run_lease_renew,
+    run_park,
+    run_resume,
     runs_queued_stale,
     runs_recover_expired,
 )
@@ -75,6 +77,8 @@ __all__ = [
     "run_claim",
     "run_finalize",
     "run_lease_renew",
+    "run_park",
+    "run_resume",
     "run_retry",
     "runs_queued_stale",
     "runs_recover_expired",
