@@ -12,8 +12,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 from django_q.models import Task
 
+from ledger.capacity import run_capacity
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
 from routing.api.tokens import api_token_create
 from tests.ledger.runner_helpers import child_database_url
@@ -97,6 +99,17 @@ def test_make_run_executes_runs_up_to_the_caps_and_drains_still_fire_on_time(
             timeout=90,
             what="six steps running at once",
         )
+        # /ops/ capacity: the run cluster's six workers reported themselves, all busy.
+        capacity = wait_until(
+            lambda: (
+                (c := run_capacity(now=timezone.now())).workers == 6
+                and c.busy == 6
+                and c
+            ),
+            timeout=30,
+            what="six busy run workers on /ops/",
+        )
+        assert [c.cluster for c in capacity.clusters] == ["loopsweb-runs"]
         scheduled = manage(
             env,
             "schedule_drain",
