@@ -30,6 +30,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("drains", "tests.bench.bench_drains"),
     ("drain_memory", "tests.bench.bench_drain_memory"),
     ("pages", "tests.bench.bench_pages"),
+    ("run_latency", "tests.bench.bench_run_latency"),
 ]
 
 
