@@ -387,6 +387,8 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
         + (f"; event={envelope.id}" if plan.task_id else ""),
         reason=f"admitted by {plan.route_key} route",
         now=now,
+        max_attempts=plan.max_attempts,
+        retry_delay_ms=plan.retry_delay_ms,
     )
     if requeue is not None:
         requeue = {
