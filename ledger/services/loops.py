@@ -52,7 +52,12 @@ from ledger.services.common import (
     _now,
 )
 from ledger.services.processes import _kill_leftovers
-from ledger.services.runs import _end_run, _finish_open_steps, run_again
+from ledger.services.runs import (
+    _end_run,
+    _finish_open_steps,
+    _maybe_archive_spec,
+    run_again,
+)
 
 PAUSE, RESUME, ARCHIVE, STOP, DELETE = "pause", "resume", "archive", "stop", "delete"
 LOOP_ACTIONS = (PAUSE, RESUME, ARCHIVE, STOP, DELETE)
@@ -248,6 +253,15 @@ def _halt(
         )
         change.cancelled_runs.append(run.id)
         to_kill.append((was_running, run.claimed_by))
+    if not parks:
+        # Items a pause parked have no open run left to archive their spec: do it here.
+        for run_id in (
+            WorkflowWorkItem.objects.filter(pk__in=list(change.items))
+            .exclude(workflow_run__isnull=True)
+            .values_list("workflow_run_id", flat=True)
+        ):
+            if run_id not in change.cancelled_runs:
+                _maybe_archive_spec(_lock_run(run_id), now)
     if action == DELETE:
         loop.delete()  # items and runs keep their rows; their loop reference is cleared
     return to_kill

@@ -18,8 +18,8 @@ from django.utils import timezone
 from ledger.lock import admission_lock
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
-    AccountCooldown,
     TERMINAL_RUN_STATUSES,
+    AccountCooldown,
     LoopStatus,
     RunStatus,
     SpecStatus,
@@ -38,10 +38,10 @@ from ledger.services.common import (
     LEASE_EXPIRED_STEP_ERROR,
     OPEN_STEP_STATUSES,
     REASON_REQUIRED,
-    RUN_ALREADY_TERMINAL,
-    RUN_STATUS_NOT_TERMINAL,
     RETRY_PENDING_REASON,
     RETRY_PENDING_REASON_WITH_ERROR,
+    RUN_ALREADY_TERMINAL,
+    RUN_STATUS_NOT_TERMINAL,
     RUNNABLE_STATUSES,
     WORK_ITEM_NOT_RUNNABLE,
     LedgerError,

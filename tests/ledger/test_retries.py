@@ -22,7 +22,13 @@ from ledger.models import (
 )
 from ledger.runner import NOT_DUE, run_workflow_run
 from ledger.selectors import active_counts
-from routing.admission import CREATED, THROTTLED, RouteResult, route_event, route_options
+from routing.admission import (
+    CREATED,
+    THROTTLED,
+    RouteResult,
+    route_event,
+    route_options,
+)
 from routing.domain.errors import ValidationError
 from routing.domain.retry import retry_backoff_seconds
 from tests.ledger.runner_helpers import FakeAgent, install_fake_agent
@@ -173,9 +179,7 @@ def test_the_backoff_is_respected_and_doubles_up_to_the_cap(
     second.refresh_from_db()
     assert second.status == RunStatus.QUEUED and second.started_at is None
     # At the due time it runs; the second failure doubles the delay (120 s), capped at 100 s.
-    assert services.run_claim(
-        run_id=second.id, worker="w:1", now=second.scheduled_for
-    )
+    assert services.run_claim(run_id=second.id, worker="w:1", now=second.scheduled_for)
     second_end = second.scheduled_for + timedelta(seconds=2)  # type: ignore[operator]
     services.run_finalize(
         run_id=second.id, status=RunStatus.TIMED_OUT, error="slow", now=second_end
@@ -208,7 +212,9 @@ def test_caps_count_a_retrying_item_as_active_while_it_waits(
     other = _route(tmp_path, auth_profile="acctA", **caps)
     assert other.kind == THROTTLED
     assert other.reason == "scope nightly active workflow limit reached (1/1)"
-    assert active_counts(scope="nightly", project_key=None, project_group=None).scope == 1
+    assert (
+        active_counts(scope="nightly", project_key=None, project_group=None).scope == 1
+    )
 
 
 def test_a_cancelled_run_is_never_retried(agent: FakeAgent, tmp_path: Path) -> None:
