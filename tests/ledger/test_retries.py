@@ -264,3 +264,61 @@ def test_retry_options_reach_drain_and_schedule_records() -> None:
     # A schedule replays its stored options: the values parse back unchanged.
     again = drain_options("generic", {k: v for k, v in stored.items() if k != "kind"})
     assert again.route == drain.route
+
+
+def test_the_ops_item_page_shows_each_attempt_and_why_it_ended(
+    agent: FakeAgent, tmp_path: Path, admin_client: Any
+) -> None:
+    from django.urls import reverse
+
+    agent.configure(steps={"worker": {"exit": 3}})
+    result = _route(tmp_path, auth_profile="acctA", max_attempts=3, retry_backoff="5m")
+    item_id = result.work_item.id  # type: ignore[union-attr]
+    assert run_workflow_run(result.run.id) == RunStatus.FAILED  # type: ignore[union-attr]
+    page = admin_client.get(reverse("ops:work-item", args=[item_id]))
+    assert page.status_code == 200
+    body = page.content.decode()
+    runs = page.context["runs"]
+    assert [(r.attempt, r.status) for r in runs] == [(2, "queued"), (1, "failed")]
+    assert WORKER_FAILED in body and "retry due" in body
+    assert f"attempt failed; retry pending: {WORKER_FAILED}" in body
+
+
+def test_the_commands_take_the_retry_options() -> None:
+    import ast
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    call_command(
+        "schedule_drain",
+        "nightly",
+        "generic",
+        "--every",
+        "5m",
+        "--max-attempts",
+        "3",
+        "--retry-backoff",
+        "30s",
+        stdout=io.StringIO(),
+    )
+    stored = ast.literal_eval(Schedule.objects.get(name="nightly").kwargs)["options"]
+    assert stored["max_attempts"] == 3 and stored["retry_backoff"] == 30
+
+    out = io.StringIO()
+    event = {"id": "evt-cmd-retry", "type": "t", "source": "s", "data": {}}
+    call_command(
+        "route_event",
+        "generic",
+        "--event-json",
+        json.dumps(event),
+        "--max-attempts",
+        "2",
+        "--json",
+        stdout=out,
+    )
+    loop_id = json.loads(out.getvalue())["loop"]["id"]
+    from ledger.models import Loop
+
+    assert Loop.objects.get(pk=loop_id).max_attempts == 2
