@@ -322,3 +322,33 @@ def test_the_commands_take_the_retry_options() -> None:
     from ledger.models import Loop
 
     assert Loop.objects.get(pk=loop_id).max_attempts == 2
+
+
+def test_a_run_whose_lease_expired_is_retried_when_attempts_are_left(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    from django.utils import timezone
+
+    from ledger.tasks import run_workflow
+
+    result = _route(tmp_path, auth_profile="acctA", max_attempts=2, retry_backoff="1h")
+    run = services.run_claim(run_id=result.run.id, worker="gone-host:1")  # type: ignore[union-attr]
+    assert run is not None
+    later = timezone.now() + timedelta(hours=1)
+    (recovered,) = services.runs_recover_expired(now=later)
+    assert recovered.run_id == run.id
+    item = WorkflowWorkItem.objects.get(pk=run.work_item_id)
+    assert item.status == WorkItemStatus.ADMITTED
+    assert item.last_reason == (
+        "attempt failed; retry pending: workflow run lease expired before completion "
+        "(claimed_by=gone-host:1)"
+    )
+    retry = WorkflowRun.objects.get(pk=item.workflow_run_id)
+    assert retry.scheduled_for == later + timedelta(hours=1)
+    # The django-q2 task delivered early (a stale hand-over) schedules it for its due time.
+    Schedule.objects.filter(name=f"run-workflow-{retry.id}").delete()
+    assert run_workflow(retry.id) == NOT_DUE
+    assert (
+        Schedule.objects.get(name=f"run-workflow-{retry.id}").next_run
+        == retry.scheduled_for
+    )

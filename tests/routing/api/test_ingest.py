@@ -234,9 +234,7 @@ def test_route_now_stores_the_retry_options_on_the_loop(
     )
     assert response.status_code == 202
     (created,) = response.json()["results"]
-    item = WorkflowWorkItem.objects.select_related("loop").get(
-        pk=created["workItemId"]
-    )
+    item = WorkflowWorkItem.objects.select_related("loop").get(pk=created["workItemId"])
     assert (item.loop.max_attempts, item.loop.retry_delay_ms) == (3, 120_000)
 
 
