@@ -369,13 +369,12 @@ def _end_run(
     item_reason: str | None,
     now: datetime,
     event_payload: dict[str, Any] | None = None,
-    item_status: str | None = None,
     archive: bool = True,
 ) -> WorkflowRun | None:
     """Set the run terminal and cascade. The caller holds the admission lock and the run row.
 
-    Returns the retry run when a loop-level retry was scheduled. `item_status` overrides the
-    item's status (loop status cascades); `archive=False` keeps the spec (a paused loop).
+    Returns the retry run when a loop-level retry was scheduled. `archive=False` keeps the
+    spec (a paused loop runs it again on resume).
     """
     run.status = status
     run.finished_at = now
@@ -400,7 +399,7 @@ def _end_run(
     if retry is None:
         _cascade_work_item(
             run,
-            status=item_status or _work_item_status_for_run(status),
+            status=_work_item_status_for_run(status),
             reason=item_reason,
             now=now,
         )
