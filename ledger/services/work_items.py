@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
+from ledger.loads import apply_load_delta, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
     TERMINAL_RUN_STATUSES,
@@ -266,19 +267,20 @@ def work_item_admit(
         idempotency_key=f"{item.id}:{item.attempts}",
         status=RunStatus.QUEUED,
     )
-    WorkflowStepRun.objects.bulk_create(
-        [
-            WorkflowStepRun(
-                workflow_run=run,
-                step_id=step["id"],
-                sequence=index,
-                status=StepStatus.PENDING,
-                account_profile=step_account(step)[0],
-                account_tool=step_account(step)[1],
-            )
-            for index, step in enumerate(spec.steps_json)
-        ]
-    )
+    steps = [
+        WorkflowStepRun(
+            workflow_run=run,
+            step_id=step["id"],
+            sequence=index,
+            status=StepStatus.PENDING,
+            account_profile=step_account(step)[0],
+            account_tool=step_account(step)[1],
+        )
+        for index, step in enumerate(spec.steps_json)
+    ]
+    WorkflowStepRun.objects.bulk_create(steps)
+    # The new run reserves its first account-carrying step (ledger.loads).
+    apply_load_delta(run_load(run.status, steps))
     WorkflowEvent.objects.create(
         workflow_run=run,
         sequence=1,
