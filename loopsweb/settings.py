@@ -319,6 +319,9 @@ LOOPSWEB_KILL_GRACE_SECONDS = env_int("LOOPSWEB_KILL_GRACE_SECONDS", 5, minimum=
 LOOPSWEB_MAX_INGEST_BYTES = env_int(
     "LOOPSWEB_MAX_INGEST_BYTES", 256 * 1024 * 1024, minimum=1024
 )
+# Most candidates a drain decides in one admission transaction (one lock hold, counts read
+# once, rows written in bulk); 1 routes them one at a time.
+LOOPSWEB_DRAIN_BATCH_SIZE = env_int("LOOPSWEB_DRAIN_BATCH_SIZE", 50, minimum=1)
 # Largest output accepted from a drain's --source-command, in bytes.
 LOOPSWEB_SOURCE_MAX_BYTES = env_int(
     "LOOPSWEB_SOURCE_MAX_BYTES", 16 * 1024 * 1024, minimum=1024
