@@ -25,6 +25,7 @@ from ledger.models import (
 )
 from ledger.selectors import account_load
 from routing.domain.errors import ApplicationError
+from tests.account_loads import assert_account_counts_match_rows
 from tests.routing.helpers import generic_event, route
 
 pytestmark = pytest.mark.django_db
@@ -65,6 +66,7 @@ def test_pause_defers_the_items_cancels_the_run_and_resume_runs_them_again() -> 
     again = WorkflowRun.objects.get(pk=item.workflow_run_id)
     assert again.status == RunStatus.QUEUED and again.loop_id == loop.id
     assert item.attempts == 1  # the same admission
+    assert_account_counts_match_rows()
 
 
 def test_archive_defers_with_loop_archived_and_records_where_it_came_from() -> None:

@@ -108,6 +108,9 @@ def test_a_run_failing_twice_then_succeeding_with_three_attempts_succeeds_once_a
     spec = runs[0].workflow
     spec.refresh_from_db()
     assert spec.status == SpecStatus.ARCHIVED  # only once the last attempt ended
+    from tests.account_loads import assert_account_counts_match_rows
+
+    assert_account_counts_match_rows()
     # The agent really ran three times (worker, worker, worker + verifier).
     assert [r["step"] for r in agent.records()] == [
         "worker",
@@ -352,3 +355,26 @@ def test_a_run_whose_lease_expired_is_retried_when_attempts_are_left(
         Schedule.objects.get(name=f"run-workflow-{retry.id}").next_run
         == retry.scheduled_for
     )
+
+
+def test_a_drain_stores_the_retry_options_on_every_loop_it_admits() -> None:
+    from ledger.models import Loop
+    from routing.drains import drain_options, drain_run
+    from routing.drains.inbox import inbox_ingest
+    from tests.account_loads import assert_account_counts_match_rows
+    from tests.routing.helpers import generic_event
+
+    inbox_ingest(
+        enumerate([generic_event(project=f"/srv/d{i}") for i in range(3)], start=1)
+    )
+    report = drain_run(
+        options=drain_options(
+            "generic",
+            {"max_attempts": "3", "retry_backoff": "90", "max_dispatch": "3"},
+        )
+    )
+    assert report.counts["created"] == 3
+    assert set(Loop.objects.values_list("max_attempts", "retry_delay_ms")) == {
+        (3, 90_000)
+    }
+    assert_account_counts_match_rows()
