@@ -8,18 +8,19 @@ else (drains, schedules, recovery) stays on the main cluster's queue.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
-from django_q.models import OrmQ
+from django_q.models import OrmQ, Schedule
 from django_q.signing import BadSignature, SignedPackage
 from django_q.tasks import async_task
 
-from ledger.runner import run_workflow_run
+from ledger.models import WorkflowRun
+from ledger.runner import NOT_DUE, run_workflow_run
 from ledger.services import runs_queued_stale, runs_recover_expired
 
 RUN_TASK = "ledger.tasks.run_workflow"
@@ -29,7 +30,7 @@ RUN_TASK = "ledger.tasks.run_workflow"
 LOST_TASK_AFTER = timedelta(seconds=30)
 
 
-def enqueue_run_workflow(run_id: str) -> None:
+def enqueue_run_workflow(run_id: str, *, not_before: datetime | None = None) -> None:
     """Hand an admitted run to the runner, visible exactly when the admission commits.
 
     - ORM broker (the default): the task row is written inside the admitting transaction, so
@@ -39,6 +40,9 @@ def enqueue_run_workflow(run_id: str) -> None:
       admission's cost.
     - Any other broker, or sync mode: on_commit, so a rolled-back admission never starts a run.
     Delivery is at least once; the runner's conditional claim makes a second delivery a no-op.
+
+    `not_before` (a retry's backoff): the run is handed over then, through a one-off
+    django-q2 schedule (which fires up to ~30 s late; the claim never starts it early).
     """
     # Sync mode (debugging) would run the whole workflow inside the admission: on_commit.
     if (
@@ -46,12 +50,33 @@ def enqueue_run_workflow(run_id: str) -> None:
         and not Conf.SYNC
         and transaction.get_connection(Conf.ORM).in_atomic_block
     ):
-        _enqueue(run_id)
+        _enqueue(run_id, not_before)
     else:
-        transaction.on_commit(lambda: _enqueue(run_id))
+        transaction.on_commit(lambda: _enqueue(run_id, not_before))
 
 
-def _enqueue(run_id: str, *, delay: float = 0.0) -> None:
+def _enqueue(
+    run_id: str, not_before: datetime | None = None, *, delay: float = 0.0
+) -> None:
+    """The run's task on the run cluster's queue: now, in `delay` seconds, or at `not_before`."""
+    if not_before is not None and not_before > timezone.now():
+        # One schedule per run (by name): a second hand-over moves it, never duplicates it.
+        # It fires on the main cluster (the one that runs schedules) and queues the task on
+        # the run cluster's queue (q_options cluster).
+        Schedule.objects.update_or_create(
+            name=f"run-workflow-{run_id}",
+            defaults={
+                "func": RUN_TASK,
+                "args": repr((run_id,)),
+                "kwargs": repr(
+                    {"q_options": {"cluster": settings.LOOPSWEB_RUN_CLUSTER}}
+                ),
+                "schedule_type": Schedule.ONCE,
+                "repeats": -1,
+                "next_run": not_before,
+            },
+        )
+        return
     options: dict[str, object] = {"cluster": settings.LOOPSWEB_RUN_CLUSTER}
     if delay > 0 and Conf.ORM:
         options["broker"] = _DelayedOrm(settings.LOOPSWEB_RUN_CLUSTER, delay)
@@ -87,14 +112,25 @@ def run_workflow(run_id: str) -> str:
     """django-q2 task: execute one admitted run (idempotent: a second delivery is a no-op).
 
     While a step waits for its account the run goes back to the queue (hand_back_run) instead
-    of holding this worker; the next delivery resumes it.
+    of holding this worker; the next delivery resumes it. A retry delivered before its
+    backoff ended (a stale-run hand-over) is handed over again for its due time.
     """
     # Sync mode (debugging) runs tasks inline: a hand-back would recurse, so wait inline.
-    return run_workflow_run(run_id, hand_back=None if Conf.SYNC else hand_back_run)
+    result = run_workflow_run(run_id, hand_back=None if Conf.SYNC else hand_back_run)
+    if result == NOT_DUE:
+        due = (
+            WorkflowRun.objects.filter(pk=run_id)
+            .values_list("scheduled_for", flat=True)
+            .first()
+        )
+        if due is not None:
+            _enqueue(run_id, due)
+    return result
 
 
 def runs_with_a_task() -> set[str]:
-    """Ids of the runs that have a task in the broker (waiting, delayed or being executed).
+    """Ids of the runs that have a task coming: a broker row (waiting, delayed or being
+    executed) or a pending one-off schedule (a retry waiting for its backoff).
 
     Reads the ORM broker's rows and opens their signed payloads; a row this installation
     cannot read (signed with another key) does not count, so its run is enqueued again.
@@ -109,6 +145,12 @@ def runs_with_a_task() -> set[str]:
         args = task.get("args") or ()
         if task.get("func") == RUN_TASK and args:
             ids.add(str(args[0]))
+    scheduled = (
+        Schedule.objects.filter(func=RUN_TASK, name__startswith="run-workflow-")
+        .exclude(repeats=0)  # fired (django-q2 keeps a ONCE schedule it did not delete)
+        .values_list("name", flat=True)
+    )
+    ids.update(name.removeprefix("run-workflow-") for name in scheduled)
     return ids
 
 

@@ -57,7 +57,7 @@ def development_secret_key(path: Path) -> str:
         raise ImproperlyConfigured(f"cannot read {path}: {exc}") from None
     if key:
         return key
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     candidate = "dev-" + secrets.token_urlsafe(40)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0003_admission_records_leases_cooldowns'),
+        ('ledger', '0004_account_loads'),
     ]
 
     operations = [
