@@ -44,11 +44,11 @@ def test_two_run_clusters_share_twenty_runs_and_run_each_exactly_once(
     project.mkdir()
     records = tmp_path / "records"
     records.mkdir()
-    # The clusters belong to the suite's installation (its data dir, so its key): they read
-    # the tasks this process queues.
+    # The clusters belong to the suite's installation (its key): they read the tasks this
+    # process queues.
     env = terminal_env(
         Path(settings.DATA_DIR),
-        DEBUG="1",
+        SECRET_KEY=settings.SECRET_KEY,
         DATABASE_URL=child_database_url(),
         LOOPSWEB_RUN_WORKERS="3",
         FAKE_AGENT_SLEEP="1",
