@@ -199,3 +199,24 @@ def test_a_task_signed_with_another_key_does_not_count_as_the_run_s_task(
     assert run.id not in tasks.runs_with_a_task()
     tasks.recover_expired_runs()
     assert len(_run_rows(run.id)) == 1
+
+
+# The scheduler closes old connections first: the rows must be committed.
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_s_one_off_schedule_queues_the_run_on_the_run_cluster_s_queue(
+    tmp_path: Path,
+) -> None:
+    from django_q.models import Schedule
+    from django_q.scheduler import scheduler
+
+    run = admit_workflow([agent_step("worker", cwd=tmp_path, profile=None)])
+    tasks.enqueue_run_workflow(
+        run.id, not_before=timezone.now() + timedelta(seconds=30)
+    )
+    assert _run_rows(run.id) == []
+    assert run.id in tasks.runs_with_a_task()  # a pending schedule is its task
+    Schedule.objects.filter(name=f"run-workflow-{run.id}").update(
+        next_run=timezone.now() - timedelta(seconds=1)
+    )
+    scheduler()  # what the main cluster's scheduler does when the schedule is due
+    assert [r.key for r in _run_rows(run.id)] == ["loopsweb-runs"]
