@@ -405,6 +405,10 @@ LOOPSWEB_KILL_GRACE_SECONDS = env_int("LOOPSWEB_KILL_GRACE_SECONDS", 5, minimum=
 LOOPSWEB_MAX_INGEST_BYTES = env_int(
     "LOOPSWEB_MAX_INGEST_BYTES", 256 * 1024 * 1024, minimum=1024
 )
+# How long a drain that lost its database connection keeps trying to store its record.
+LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS = env_int(
+    "LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS", 30, minimum=0
+)
 # Largest output accepted from a drain's --source-command, in bytes.
 LOOPSWEB_SOURCE_MAX_BYTES = env_int(
     "LOOPSWEB_SOURCE_MAX_BYTES", 16 * 1024 * 1024, minimum=1024
