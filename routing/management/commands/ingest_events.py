@@ -158,8 +158,9 @@ class Command(BaseCommand):
         for line in _bounded_lines(head, stream, limit):
             number += 1
             if line is None:
-                yield f"line {number}", ValidationError(
-                    f"envelope is larger than {limit} bytes"
+                yield (
+                    f"line {number}",
+                    ValidationError(f"envelope is larger than {limit} bytes"),
                 )
             elif line.strip():
                 yield self._line(number, line, limit)
