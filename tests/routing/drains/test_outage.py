@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -149,3 +150,59 @@ def test_a_database_gone_for_good_ends_the_drain_with_its_report_and_says_no_rec
     assert states["admitted"] + states["pending"] == EVENTS
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM routing_drains").fetchone() == (0,)
+
+
+def test_the_api_answers_a_json_503_while_the_database_is_down(
+    server: PrivateServer, tmp_path: Path
+) -> None:
+    """Issue 17 #4 through the real web server: during an outage the API answers JSON."""
+    import urllib.error
+    import urllib.request
+
+    from tests.test_make_run import _free_port, _wait_for
+
+    url = server.create_database("outage_api")
+    _manage(url, tmp_path, "migrate", "--noinput", "-v0")
+    created = subprocess.run(
+        [sys.executable, "manage.py", "api_token", "create", "dash", "--scope", "read"],
+        cwd=ROOT,
+        env=_env(url, tmp_path),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    token = next(w for w in created.stdout.split() if w.startswith("lw_"))
+    port = _free_port()
+    web = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=_env(url, tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    def get() -> tuple[int, str, bytes]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/v1/accounts",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.headers["Content-Type"], answer.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers["Content-Type"], exc.read()
+
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/admin/login/", time.monotonic() + 60)
+        assert get()[0] == 200
+        server.stop()
+        status, content_type, body = get()
+        assert status == 503 and content_type == "application/json"
+        assert json.loads(body)["error"].startswith("database unavailable")
+        server.start()
+        assert get()[0] == 200
+    finally:
+        os.killpg(web.pid, signal.SIGTERM)
+        web.wait(timeout=60)
