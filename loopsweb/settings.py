@@ -399,6 +399,10 @@ LOOPSWEB_STEP_START_POLL_SECONDS = env_int(
 )
 # Seconds between SIGTERM and SIGKILL when a step's process group is stopped.
 LOOPSWEB_KILL_GRACE_SECONDS = env_int("LOOPSWEB_KILL_GRACE_SECONDS", 5, minimum=0)
+# Loop-level retries (--max-attempts): the delay doubles per failed attempt up to this cap.
+LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = env_int(
+    "LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS", 3600, minimum=0
+)
 # --- end runner ---
 
 # Largest JSON-array file `ingest_events` loads at once (JSON Lines files stream, unbounded).
@@ -409,6 +413,9 @@ LOOPSWEB_MAX_INGEST_BYTES = env_int(
 LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS = env_int(
     "LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS", 30, minimum=0
 )
+# Most candidates a drain decides in one admission transaction (one lock hold, counts read
+# once, rows written in bulk); 1 routes them one at a time.
+LOOPSWEB_DRAIN_BATCH_SIZE = env_int("LOOPSWEB_DRAIN_BATCH_SIZE", 50, minimum=1)
 # Largest output accepted from a drain's --source-command, in bytes.
 LOOPSWEB_SOURCE_MAX_BYTES = env_int(
     "LOOPSWEB_SOURCE_MAX_BYTES", 16 * 1024 * 1024, minimum=1024
