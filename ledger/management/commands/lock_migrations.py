@@ -76,7 +76,12 @@ class Command(BaseCommand):
         for entry in entries:
             self.stdout.write(f"{'would add' if dry_run else 'added'}: {entry.line()}")
         if entries and not dry_run:
-            append_lock_entries(lock_path, entries)
+            try:
+                append_lock_entries(lock_path, entries)
+            except OSError as exc:
+                raise CommandError(
+                    f"cannot write {display_path(lock_path)}: {exc.strerror}"
+                ) from None
         self.stdout.write(
             f"lock_migrations: {len(entries)} migration(s) "
             f"{'would be added' if dry_run else 'added'} to {display_path(lock_path)}"
