@@ -239,6 +239,19 @@ def test_the_fatal_message_names_the_evidence_file_only_when_there_is_one(
 # --- #10 JSON Lines are read bounded ---------------------------------------------------------------
 
 
+def _sqlite_env(data_dir: Path) -> dict[str, str]:
+    # A throwaway SQLite file whatever the suite's backend: this is about reading the file.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME"}
+    }
+    env.update(
+        LOOPSWEB_DATA_DIR=str(data_dir), DJANGO_SETTINGS_MODULE="loopsweb.settings"
+    )
+    return env
+
+
 def _ingest_peak_rss_kb(path: Path, data_dir: Path) -> tuple[int, str]:
     code = (
         "import django, io, resource; django.setup(); "
@@ -249,11 +262,7 @@ def _ingest_peak_rss_kb(path: Path, data_dir: Path) -> tuple[int, str]:
         "except SystemExit: pass\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); print(out.getvalue())"
     )
-    env = {
-        **os.environ,
-        "LOOPSWEB_DATA_DIR": str(data_dir),
-        "DJANGO_SETTINGS_MODULE": "loopsweb.settings",
-    }
+    env = _sqlite_env(data_dir)
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
@@ -274,11 +283,7 @@ def test_an_overlong_json_lines_line_is_refused_without_reading_it_whole(
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
         cwd=ROOT,
-        env={
-            **os.environ,
-            "LOOPSWEB_DATA_DIR": str(tmp_path / "data"),
-            "DJANGO_SETTINGS_MODULE": "loopsweb.settings",
-        },
+        env=_sqlite_env(tmp_path / "data"),
         check=True,
         timeout=300,
     )

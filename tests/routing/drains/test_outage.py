@@ -22,7 +22,7 @@ from tests.routing.helpers import generic_event
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
-EVENTS = 400
+EVENTS = 600
 
 
 @pytest.fixture
@@ -109,8 +109,13 @@ def test_a_short_outage_stops_the_drain_which_records_itself_when_the_database_i
     server: PrivateServer, tmp_path: Path
 ) -> None:
     url = _prepared(server, tmp_path, "outage_short")
+    # Small batches: the batched admission path, slow enough to be caught part-way.
     proc = _drain_until_some_admitted(
-        url, tmp_path, server, LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS="60"
+        url,
+        tmp_path,
+        server,
+        LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS="60",
+        LOOPSWEB_DRAIN_BATCH_SIZE="5",
     )
     time.sleep(3)
     server.start()
@@ -134,8 +139,13 @@ def test_a_database_gone_for_good_ends_the_drain_with_its_report_and_says_no_rec
     server: PrivateServer, tmp_path: Path
 ) -> None:
     url = _prepared(server, tmp_path, "outage_for_good")
+    # One candidate at a time: the other admission path.
     proc = _drain_until_some_admitted(
-        url, tmp_path, server, LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS="2"
+        url,
+        tmp_path,
+        server,
+        LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS="2",
+        LOOPSWEB_DRAIN_BATCH_SIZE="1",
     )
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
