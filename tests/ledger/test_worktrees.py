@@ -324,3 +324,12 @@ def test_the_run_pages_show_the_worktree_path_and_branch(
         f"/ops/deferrals/{result.work_item.id}/"
     ).content.decode()
     assert f"{path} on branch {branch} (kept until" in ops_page
+
+
+def test_sync_schedules_installs_the_periodic_prune() -> None:
+    from django_q.models import Schedule
+
+    call_command("sync_schedules", stdout=io.StringIO())
+    schedule = Schedule.objects.get(name="prune-worktrees")
+    assert schedule.func == "ledger.tasks.prune_worktrees"
+    assert schedule.schedule_type == Schedule.MINUTES and schedule.minutes == 15

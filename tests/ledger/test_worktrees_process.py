@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,9 @@ from ledger.models import RunStatus, WorkflowRun
 from ledger.worktrees import worktree_branch, worktree_dir
 from routing.admission import CREATED, route_event, route_options
 from tests.ledger.runner_helpers import (
+    ROOT,
     VENV_BIN,
+    child_database_url,
     git,
     git_project,
     kill_group_quietly,
@@ -112,4 +116,54 @@ def test_two_runs_of_one_project_work_at_once_each_in_its_own_worktree(
     # The project itself is untouched and lists no leftover worktree or branch.
     assert sorted(p.name for p in project.iterdir()) == [".git", "README"]
     assert git(project, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert git(project, "branch", "--list", "loopsweb/*").strip() == ""
+
+
+def test_a_failed_runs_worktree_is_kept_until_prune_worktrees_removes_it(
+    tmp_path: Path,
+) -> None:
+    project = git_project(tmp_path / "repo")
+    run = _admit(project, 3)
+    records = tmp_path / "records"
+    records.mkdir()
+    child = spawn_runner(
+        run.id,
+        extra_env={
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "FAKE_AGENT_RECORD_DIR": str(records),
+            "FAKE_AGENT_EXIT": "2",
+        },
+    )
+    try:
+        _out, err = child.communicate(timeout=120)
+    finally:
+        kill_group_quietly(child.pid if child.poll() is None else None)
+    assert child.returncode == 1 and "step exited with code 2" in err
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    kept = Path(run.worktree_path)
+    assert kept == worktree_dir(run.id) and (kept / "README").exists()
+
+    def prune(*args: str) -> dict[str, Any]:
+        env = {**os.environ, "DATABASE_URL": child_database_url()}
+        done = subprocess.run(
+            [sys.executable, "manage.py", "prune_worktrees", "--json", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert prune()["pruned"] == []  # kept for LOOPSWEB_WORKTREE_KEEP_SECONDS
+    assert kept.exists()
+    report = prune("--keep-seconds", "0")
+    assert [(p["runId"], p["status"]) for p in report["pruned"]] == [
+        (run.id, RunStatus.FAILED)
+    ]
+    assert not kept.exists()
+    run.refresh_from_db()
+    assert run.worktree_removed_at is not None
     assert git(project, "branch", "--list", "loopsweb/*").strip() == ""
