@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import CHILD_TEST_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.sqlite, pytest.mark.slow]
@@ -112,8 +114,8 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
         if k
         not in {
             "DATABASE_URL",
-            "LOOPSWEB_TESTING",
             "SQLITE_TEST_NAME",
+            *CHILD_TEST_ENV,
             # The suite's own isolation settings: make run chooses its demo root itself.
             "LOOPSWEB_PROJECT_ROOTS",
             "LOOPSWEB_WORKTREE_DIR",

@@ -11,6 +11,7 @@ from typing import Any
 from ledger.providers import PROVIDERS
 from routing.domain.errors import ValidationError
 from routing.domain.pool import drop_blank
+from routing.domain.retry import parse_max_attempts, parse_retry_backoff
 from routing.domain.sandbox import (
     DEFAULT_SANDBOX,
     DEFAULT_WORKTREE_MODE,
@@ -60,6 +61,10 @@ class RouteOptions:
     worktree_mode: str = DEFAULT_WORKTREE_MODE
     sandbox: str = DEFAULT_SANDBOX
     manual_break_glass: bool = False
+    # Loop-level retries: attempts per admission (None = 1) and the first retry's delay in
+    # seconds (None = 60), doubled per further failure up to LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS.
+    max_attempts: int | None = None
+    retry_backoff: int | None = None
     dry_run: bool = False
 
     @property
@@ -112,6 +117,8 @@ OPTION_NAMES = (
     "worktree_mode",
     "sandbox",
     "manual_break_glass",
+    "max_attempts",
+    "retry_backoff",
     "dry_run",
 )
 
@@ -169,5 +176,7 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
         worktree_mode=parse_worktree_mode(raw.get("worktree_mode")),
         sandbox=parse_sandbox(raw.get("sandbox")),
         manual_break_glass=break_glass,
+        max_attempts=parse_max_attempts(raw.get("max_attempts")),
+        retry_backoff=parse_retry_backoff(raw.get("retry_backoff")),
         dry_run=dry_run,
     )

@@ -53,6 +53,7 @@ from routing.domain.keys import (
     todos_task_names,
 )
 from routing.domain.pool import drop_blank
+from routing.domain.retry import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF_SECONDS
 from routing.domain.sandbox import (
     WORKTREE_REQUIRED,
     sandbox_preflight,
@@ -117,6 +118,9 @@ class RoutePlan:
     spec: dict[str, Any]
     invocation_fields: dict[str, Any]
     sandbox_preflight: tuple[dict[str, str], ...] = ()
+    # Loop-level retries stored on the admitted one-shot loop (max_attempts, retry_delay_ms).
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry_delay_ms: int = DEFAULT_RETRY_BACKOFF_SECONDS * 1000
 
 
 def _event_pool(envelope: Envelope) -> list[str]:
@@ -310,6 +314,13 @@ def plan_route(
         spec=spec,
         invocation_fields=invocation_fields,
         sandbox_preflight=tuple(preflight),
+        max_attempts=options.max_attempts or DEFAULT_MAX_ATTEMPTS,
+        retry_delay_ms=1000
+        * (
+            options.retry_backoff
+            if options.retry_backoff is not None
+            else DEFAULT_RETRY_BACKOFF_SECONDS
+        ),
     )
 
 

@@ -236,7 +236,6 @@ def configure_environment(url: str, data_dir: Path) -> None:
     # The benchmarks' projects are fake paths under /srv (never created, never run).
     os.environ["LOOPSWEB_PROJECT_ROOTS"] = "/srv"
     os.environ["DJANGO_SETTINGS_MODULE"] = "loopsweb.settings"
-    os.environ.pop("LOOPSWEB_TESTING", None)
 
 
 def attach() -> None:

@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('ledger', '0003_admission_records_leases_cooldowns'),
+        ('ledger', '0004_account_loads'),
     ]
 
     operations = [
