@@ -35,6 +35,7 @@ PATH_EMPTY = (
 PATH_NOT_ABSOLUTE = "project path must be an absolute path: {path!r}"
 PATH_DOTDOT = "project path must not contain '..' segments: {path!r}"
 PATH_NUL = "project path contains a NUL byte"
+PATH_UNRESOLVABLE = "project path {path!r} cannot be resolved: {error}"
 PATH_OUTSIDE = "project path {path} resolves to {real}, outside LOOPSWEB_PROJECT_ROOTS"
 DIR_MISSING = "project directory does not exist: {path}"
 REQUIRED_NOT_GIT = (
@@ -68,7 +69,12 @@ def _checked_real(path: str | None, roots: Sequence[str]) -> tuple[str, str]:
         raise ProjectPathError(PATH_NOT_ABSOLUTE.format(path=path))
     if ".." in Path(path).parts:
         raise ProjectPathError(PATH_DOTDOT.format(path=path))
-    real = os.path.realpath(path)
+    try:
+        real = os.path.realpath(path)
+    except OSError as exc:  # a name too long, a symlink loop, ...
+        raise ProjectPathError(
+            PATH_UNRESOLVABLE.format(path=path, error=exc.strerror)
+        ) from None
     root = _inside(real, roots)
     if root is None:
         raise ProjectPathError(PATH_OUTSIDE.format(path=path, real=real))
@@ -81,8 +87,13 @@ def project_path_resolve(path: str | None, roots: Sequence[str] | None = None) -
     candidate = Path(real)
     # The git top level, but never above the root: the agent may not reach past it.
     while True:
-        if (candidate / ".git").exists():
-            return str(candidate)
+        try:
+            if (candidate / ".git").exists():
+                return str(candidate)
+        except OSError as exc:
+            raise ProjectPathError(
+                PATH_UNRESOLVABLE.format(path=path, error=exc.strerror)
+            ) from None
         if str(candidate) == root or candidate.parent == candidate:
             return real
         candidate = candidate.parent
@@ -102,4 +113,7 @@ def is_git_work_tree(project: str) -> bool:
 
     `.git` is a directory in a clone and a file in a linked worktree or submodule.
     """
-    return (Path(project) / ".git").exists()
+    try:
+        return (Path(project) / ".git").exists()
+    except OSError:
+        return False

@@ -190,6 +190,15 @@ def plan_route(
 
     # Inside LOOPSWEB_PROJECT_ROOTS or refused, before anything is written; never the
     # directory of the process that routes (no cwd fallback).
+    if raw_path is not None and _utf8_size(raw_path) > MAX_INDEX_ENTRY_BYTES:
+        # Refused before the file system is asked (a path that long is no directory anyway).
+        raise ValidationError(
+            INDEX_ENTRY_TOO_LONG.format(
+                what="project path",
+                size=_utf8_size(raw_path),
+                limit=MAX_INDEX_ENTRY_BYTES,
+            )
+        )
     project_path = project_path_resolve(raw_path)
     git_work_tree = is_git_work_tree(project_path)
     if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree:
