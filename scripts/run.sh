@@ -16,8 +16,26 @@ if [ ! -e "$data_dir/loopsweb.env" ]; then
   (umask 077 && printf '%s\n' \
     "# loopsweb installation settings (NAME=value); the environment wins over this file." \
     "# Written by \`make run\` for development; production sets DEBUG=0 and SECRET_KEY." \
-    "DEBUG=1" "LOOPSWEB_HTTPS=0" >"$data_dir/loopsweb.env")
+    "DEBUG=1" "LOOPSWEB_HTTPS=0" \
+    "LOOPSWEB_PROJECT_ROOTS=${LOOPSWEB_PROJECT_ROOTS:-$(realpath -m "$data_dir")/projects}" \
+    >"$data_dir/loopsweb.env")
   echo "loopsweb: wrote $data_dir/loopsweb.env (development settings of this installation)"
+fi
+
+# Agents run only inside LOOPSWEB_PROJECT_ROOTS. Unless one is set, make run uses a demo root
+# in the data directory with one git project in it, so a first routed event can run.
+if [ -z "${LOOPSWEB_PROJECT_ROOTS:-}" ]; then
+  export LOOPSWEB_PROJECT_ROOTS="$(realpath -m "$data_dir")/projects"
+  demo="$LOOPSWEB_PROJECT_ROOTS/demo"
+  mkdir -p "$demo"
+  if command -v git >/dev/null && [ ! -e "$demo/.git" ]; then
+    git -c init.defaultBranch=main -C "$demo" init -q
+    printf 'A demo project for loopsweb agents.\n' > "$demo/README"
+    git -C "$demo" add README
+    git -C "$demo" -c user.name=loopsweb -c user.email=loopsweb@localhost \
+      commit -q -m "demo project"
+  fi
+  echo "loopsweb: demo project root $LOOPSWEB_PROJECT_ROOTS (project: $demo)"
 fi
 
 "$PY" manage.py migrate --no-input -v0

@@ -47,8 +47,13 @@ from ledger.services.runs import (
     run_claim,
     run_finalize,
     run_lease_renew,
+<<<<<<< HEAD
     run_park,
     run_resume,
+=======
+    run_worktree_record,
+    run_worktree_removed,
+>>>>>>> main
     runs_queued_stale,
     runs_recover_expired,
 )
@@ -92,6 +97,8 @@ __all__ = [
     "run_park",
     "run_resume",
     "run_retry",
+    "run_worktree_record",
+    "run_worktree_removed",
     "runs_queued_stale",
     "runs_recover_expired",
     "step_finish",

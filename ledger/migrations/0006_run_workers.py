@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0004_account_loads'),
+        ('ledger', '0005_run_worktree'),
     ]
 
     operations = [
