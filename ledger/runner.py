@@ -5,13 +5,6 @@
 1. Claim the `queued` run (conditional update; a second delivery returns "not-claimed").
 2. Order the steps by `dependsOn`, ties (and steps without dependencies) by sequence. An
    unknown dependency or a cycle fails the run before anything starts.
-<<<<<<< HEAD
-3. Per step: `step_start` (admission lock + account re-check). While the step's account is
-   at its `maxPerProfile` cap or cooling down: as a django-q2 task, park the run and hand
-   its task back to the queue with a delay (the worker is free meanwhile; the next delivery
-   resumes after the steps already done); inline (`manage.py run_workflow`), wait and retry,
-   renewing the lease.
-=======
 3. Isolation, before the first step: a run whose agent steps ask for a worktree
    (`worktreeMode` auto on a git work tree, or required) gets its own `git worktree` on a
    new branch (ledger.worktrees), recorded on the run before it is made; every step works
@@ -19,11 +12,13 @@
    LOOPSWEB_PROJECT_ROOTS, or a worktree git cannot make fails the run before any step.
    The worktree is removed when the run succeeds and kept (then pruned) when it does not.
 3b. Per step: `step_start` (admission lock + account re-check). While the step's account is
-   at its `maxPerProfile` cap or cooling down, wait and retry, renewing the lease. An agent
+   at its `maxPerProfile` cap or cooling down: as a django-q2 task, park the run and hand
+   its task back to the queue with a delay (the worker is free meanwhile; the next delivery
+   resumes after the steps already done, in the worktree the run already has); inline
+   (`manage.py run_workflow`), wait and retry, renewing the lease. An agent
    step's directory is checked against the project roots again (a root may be gone since
    admission) and a generated step passes the sandbox preflight again, against the worktree
    the run actually has.
->>>>>>> main
 4. Run the process outside any transaction: `Popen(argv, start_new_session=True)`, so the
    step and everything it spawns is one process group. Keep bounded stdout/stderr tails,
    enforce `timeoutMs` and `idleTimeoutMs` by killing the group (SIGTERM, then SIGKILL after
@@ -435,6 +430,13 @@ class _RunExecution:
             if wanted[1] == WORKTREE_REQUIRED:
                 raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
             return None  # auto: the project directory, under the provider's own sandbox
+        if self.run.worktree_path and self.run.worktree_branch:
+            # A resumed run (handed back while a step waited): the worktree it already has.
+            return Worktree(
+                project=project,
+                path=self.run.worktree_path,
+                branch=self.run.worktree_branch,
+            )
         path, branch = str(worktree_dir(self.run.id)), worktree_branch(self.run.id)
         if not services.run_worktree_record(
             run_id=self.run.id, worker=self.worker, path=path, branch=branch

@@ -47,13 +47,10 @@ from ledger.services.runs import (
     run_claim,
     run_finalize,
     run_lease_renew,
-<<<<<<< HEAD
     run_park,
     run_resume,
-=======
     run_worktree_record,
     run_worktree_removed,
->>>>>>> main
     runs_queued_stale,
     runs_recover_expired,
 )
