@@ -6,7 +6,8 @@
 - `runs`: claim, lease, finalize, cancel, lease recovery, the cascade of a run's end;
 - `steps`: step start (account cap and cooldown from the rows), process record, finish, skip;
 - `cooldowns`: account cooldowns after rate limits;
-- `processes`: stopping the process group a step left behind.
+- `processes`: stopping the process group a step left behind;
+- `loops`: loop status actions (pause, resume, archive, stop, delete) and their cascades.
 
 Rules every service follows:
 
@@ -34,6 +35,11 @@ from ledger.services.common import (
     worker_identity,
 )
 from ledger.services.cooldowns import account_cooldown_record
+from ledger.services.loops import (
+    LOOP_ACTIONS,
+    LoopChange,
+    loop_status_change,
+)
 from ledger.services.processes import kill_step_process_group
 from ledger.services.runs import (
     RecoveredRun,
@@ -41,6 +47,8 @@ from ledger.services.runs import (
     run_claim,
     run_finalize,
     run_lease_renew,
+    run_worktree_record,
+    run_worktree_removed,
     runs_queued_stale,
     runs_recover_expired,
 )
@@ -69,16 +77,21 @@ __all__ = [
     "AdmitRows",
     "LedgerError",
     "NotFound",
+    "LOOP_ACTIONS",
+    "LoopChange",
     "RecoveredRun",
     "StepStart",
     "account_cooldown_record",
     "join_reason",
     "kill_step_process_group",
+    "loop_status_change",
     "run_cancel",
     "run_claim",
     "run_finalize",
     "run_lease_renew",
     "run_retry",
+    "run_worktree_record",
+    "run_worktree_removed",
     "runs_queued_stale",
     "runs_recover_expired",
     "step_finish",

@@ -44,10 +44,15 @@ class RouteResult:
     requeue: dict[str, Any] | None = None
     eligibility: dict[str, Any] | None = None
     task_id: str | None = None
+    sandbox_preflight: list[dict[str, str]] | None = None
     dry_run: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "dryRun": self.dry_run}
+        if self.kind == THROTTLED:
+            # §3.8: a throttled route is a skip whose work item waits at the source.
+            out["skipped"] = True
+            out["queuedAtSource"] = True
         if self.idempotency_key:
             out["idempotencyKey"] = self.idempotency_key
         if self.reason:
@@ -80,6 +85,8 @@ class RouteResult:
             out["throttle"] = self.throttle.to_dict()
         if self.requeue is not None:
             out["requeue"] = self.requeue
+        if self.sandbox_preflight is not None:
+            out["sandboxPreflight"] = self.sandbox_preflight
         return out
 
     def human(self) -> str:

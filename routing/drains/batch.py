@@ -387,6 +387,8 @@ def _admit_fresh(
         loop_description=loop_description(plan, spec),
         reason=admitted_reason(plan),
         now=now,
+        max_attempts=plan.max_attempts,
+        retry_delay_ms=plan.retry_delay_ms,
     )
     pending.invocations.append(invocation)
     pending.specs.append(spec)
@@ -410,6 +412,7 @@ def _admit_fresh(
         account_profiles=account_profiles,
         route_scope=plan.scope if account_profiles else None,
         task_id=plan.task_id,
+        sandbox_preflight=list(plan.sandbox_preflight),
     )
     return result, admitted.load
 

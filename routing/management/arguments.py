@@ -53,12 +53,37 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         help="cap on active items per project group, across routes",
     )
     add("--project-group", help="project group of the routed work")
-    add("--project-path", help="project path when the event names none")
+    add(
+        "--project-path",
+        help="absolute project path when the event names none (inside LOOPSWEB_PROJECT_ROOTS)",
+    )
+    add(
+        "--worktree-mode",
+        help="off, auto (default: a git worktree per run when the project is a git work tree) or required",
+    )
+    add(
+        "--sandbox",
+        help="agent sandbox: read-only, workspace-write (default) or danger-full-access",
+    )
+    add(
+        "--manual-break-glass",
+        action="store_true",
+        help="record manual break-glass evidence (lets --sandbox danger-full-access pass the preflight)",
+    )
     add(
         "--max-per-profile",
         help="defer when every pool account carries this many steps (default 2; 0 disables)",
     )
     add("--name-prefix", help="prefix of generated workflow and loop names")
+    add(
+        "--max-attempts",
+        help="runs per admission: a failed or timed-out run is retried until this many (default 1)",
+    )
+    add(
+        "--retry-backoff",
+        help="delay before the first retry (30, 30s, 5m, 1h; default 60s), doubled per "
+        "further failure up to LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS",
+    )
     add("--dry-run", action="store_true", help="decide and report, write nothing")
     add("--json", action="store_true", help="print one JSON object")
 
