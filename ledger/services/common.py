@@ -10,9 +10,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Max
+from django.db import connection
+from django.db.models import Subquery
 from django.utils import timezone
 
+from ledger.ids import new_id
 from ledger.models import (
     StepStatus,
     WorkflowEvent,
@@ -168,10 +170,20 @@ def _lock_step(
     sequence order): the step itself and its run's steps, which say what load the run puts
     on its accounts before and after the change (ledger.loads)."""
     try:
-        step = WorkflowStepRun.objects.only("id", "workflow_run_id").get(pk=step_run_id)
-    except WorkflowStepRun.DoesNotExist:
+        # The run row found through the step and locked in one statement (as `_lock_run`).
+        run = (
+            WorkflowRun.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("workflow", "loop")
+            .get(
+                pk=Subquery(
+                    WorkflowStepRun.objects.filter(pk=step_run_id).values(
+                        "workflow_run_id"
+                    )[:1]
+                )
+            )
+        )
+    except WorkflowRun.DoesNotExist:
         raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id)) from None
-    run = _lock_run(step.workflow_run_id)
     steps = list(
         WorkflowStepRun.objects.select_for_update(no_key=True)
         .filter(workflow_run_id=run.id)
@@ -183,24 +195,40 @@ def _lock_step(
     raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id))
 
 
+_EVENTS = WorkflowEvent._meta.db_table
+_APPEND_EVENT_SQL = f"""
+INSERT INTO "{_EVENTS}"
+    (id, workflow_run_id, sequence, event_type, step_id, payload_json, created_at)
+SELECT %s, %s, COALESCE(MAX(sequence), 0) + 1, %s, %s, %s, %s
+FROM "{_EVENTS}" WHERE workflow_run_id = %s
+"""
+
+
 def _append_event(
     run_id: str,
     event_type: str,
     *,
     step_id: str | None = None,
     payload: dict[str, Any] | None = None,
-) -> WorkflowEvent:
-    # The caller holds the run row lock (or SQLite's write lock): MAX+1 cannot race.
-    last = WorkflowEvent.objects.filter(workflow_run_id=run_id).aggregate(
-        m=Max("sequence")
-    )["m"]
-    return WorkflowEvent.objects.create(
-        workflow_run_id=run_id,
-        sequence=(last or 0) + 1,
-        event_type=event_type,
-        step_id=step_id,
-        payload_json=payload,
-    )
+) -> None:
+    """Append the run's next event (sequence = MAX + 1) in one statement.
+
+    The caller holds the run row lock (or SQLite's write lock): MAX + 1 cannot race.
+    """
+    fields = {f.name: f for f in WorkflowEvent._meta.fields}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _APPEND_EVENT_SQL,
+            [
+                new_id(),
+                run_id,
+                event_type,
+                step_id,
+                fields["payload_json"].get_db_prep_save(payload, connection),
+                fields["created_at"].get_db_prep_save(timezone.now(), connection),
+                run_id,
+            ],
+        )
 
 
 def steps_from_spec(steps_json: Any) -> list[dict[str, Any]]:

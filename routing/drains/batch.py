@@ -14,8 +14,10 @@ A candidate that meets existing rows (an item seen before, a reused invocation o
 admitted the one-at-a-time way (`_admit`), in the same transaction, after the rows decided
 before it are written; the counts are read again after it.
 
-A failure anywhere (an error, an inbox row another drain claimed meanwhile) rolls the whole
-batch back: it never writes part of a batch. The drain then routes candidates one at a time.
+A failure anywhere rolls the whole batch back: it never writes part of a batch. After an
+error the drain routes candidates one at a time; when the failure is only that another drain
+claimed some of the batch's inbox rows since the scan, the drain drops those rows (as one at a
+time would) and decides the rest again in a batch.
 """
 
 from __future__ import annotations
@@ -76,7 +78,12 @@ from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
 
 
 class BatchAborted(Exception):
-    """The batch wrote nothing (rolled back); route its candidates one at a time."""
+    """Inbox rows of the batch were claimed by another drain since the scan: the batch
+    wrote nothing (rolled back); the drain drops those rows and decides the rest again."""
+
+    def __init__(self, lost: set[str | None]) -> None:
+        super().__init__(f"{len(lost)} inbox row(s) claimed by another drain")
+        self.lost = lost
 
 
 @dataclass
@@ -256,7 +263,7 @@ def route_batch(
     `held(envelope, reason, code, plan)` builds a hold's result. Returns the outcomes of the
     candidates it decided: all of them, or those before the one that found the scope (or a
     shared pool) full, which the drain then holds unread. Raises BatchAborted (nothing
-    written) when an inbox row was claimed by another drain meanwhile; any other error
+    written) naming the inbox rows another drain claimed meanwhile; any other error
     propagates, also with nothing written.
     """
     decided: list[Decided] = []
@@ -466,14 +473,14 @@ def _record_inbox(decided: Sequence[Decided], now: datetime) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             f'UPDATE "{table}" SET route_attempts = route_attempts + 1 '
-            f"WHERE state IN ({', '.join(['%s'] * len(states))}) AND ({match})",
+            f"WHERE state IN ({', '.join(['%s'] * len(states))}) AND ({match}) "
+            "RETURNING id",
             params,
         )
-        claimed = cursor.rowcount
-    if claimed != len(claims):
-        raise BatchAborted(
-            f"{len(claims) - claimed} inbox row(s) claimed by another drain"
-        )
+        claimed = {row[0] for row in cursor.fetchall()}
+    lost = {c.inbox_id for c in claims} - claimed
+    if lost:
+        raise BatchAborted(lost)
     if routed:
         InboxEvent.objects.bulk_update(routed, _ROUTED_FIELDS)
     if holds:

@@ -9,7 +9,9 @@ process on its own throwaway database:
   - per-event floor: the same rows (invocation, spec, loop, item, run, step runs, event, task
     row, account load, inbox update) written one transaction per event, precomputed, ORM;
   - bulk floor: the same rows with one bulk INSERT per table per 50 events;
-  - backlog: the batched drain of BACKLOG_EVENTS more events with QUEUED runs already queued.
+  - backlog: the batched drain of BACKLOG_EVENTS more events with QUEUED runs already queued;
+  - runner: statements the runner sends for one 2-step run (worker, verifier) on the fake
+    agent, claim to finalize.
 Figures: events/s; the cost per event of the last 200 over the first 200 (flat: ≤ 1.2×);
 ratios to both floors (batched: within 2× of the bulk floor); statements per admitted event
 (≤ 14), counted with a connection execute wrapper.
@@ -39,7 +41,16 @@ CAPS: dict[str, Any] = {
     "max_per_profile": 1_000_000,
 }
 CHUNK = 50
-PHASES = ("batched", "one_at_a_time", "floor_per_event", "floor_bulk", "backlog")
+PHASES = (
+    "batched",
+    "one_at_a_time",
+    "floor_per_event",
+    "floor_bulk",
+    "backlog",
+    "runner",
+)
+# Runner statements per 2-step run before issue 18 (measured at 27bbb9a).
+RUNNER_BEFORE = {"sqlite": 66, "postgresql": 70}
 
 
 def _event(n: int, prefix: str = "t") -> dict[str, Any]:
@@ -269,6 +280,58 @@ def _floor(count: int, bulk: bool) -> dict[str, Any]:
     }
 
 
+RUNNER_RUNS = harness.scaled(20, 5)
+
+
+def _runner_statements() -> dict[str, Any]:
+    """Statements the runner sends for a 2-step (worker, verifier) run on the fake agent
+    (no waiting: the accounts are free), from claim to finalize, per run."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from django.conf import settings
+    from django.db import connection
+
+    from ledger.runner import run_workflow_run
+    from routing.admission import route_event, route_options
+
+    fake = harness.ROOT / "scripts" / "fake-agent"
+    settings.LOOPSWEB_PROVIDER_BINARIES = {
+        p: str(fake)
+        for p in ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
+    }
+    os.environ["PATH"] = (
+        f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    )
+    project = tempfile.mkdtemp(prefix="loopsweb-bench-runner-")
+    counts = []
+    for n in range(RUNNER_RUNS):
+        result = route_event(
+            kind="generic",
+            envelope={
+                "id": f"evt-runner-{n}",
+                "type": "build.failed",
+                "source": "ci",
+                "data": {"project_path": project, "title": "Fix", "message": "broke"},
+            },
+            options=route_options({"auth_profile_pool": "acct-a,acct-b"}),
+            env={},
+        )
+        assert result.run is not None, result.to_dict()
+        counter = _Statements()
+        with connection.execute_wrapper(counter):
+            status = run_workflow_run(result.run.id)
+        assert status == "succeeded", status
+        counts.append(counter.n)
+    return {
+        "runs": RUNNER_RUNS,
+        "statements_per_run": round(sum(counts) / len(counts), 1),
+        "min": min(counts),
+        "max": max(counts),
+    }
+
+
 def run_phase(name: str) -> None:
     db = harness.start(f"{NAME}_{name}")
     try:
@@ -276,7 +339,9 @@ def run_phase(name: str) -> None:
 
         if name == "one_at_a_time":
             settings.LOOPSWEB_DRAIN_BATCH_SIZE = 1
-        if name in ("batched", "one_at_a_time"):
+        if name == "runner":
+            result = _runner_statements()
+        elif name in ("batched", "one_at_a_time"):
             _ingest(EVENTS, "t")
             result = _drain(EVENTS)
         elif name in ("floor_per_event", "floor_bulk"):
@@ -387,6 +452,16 @@ def main() -> None:
             "<= 2x" if n != "one_at_a_time" else "",
             slower <= 2 if n != "one_at_a_time" else None,
         )
+    runner = results["runner"]
+    before = RUNNER_BEFORE[vendor]
+    report.figure(
+        f"runner statements per 2-step run (fake agent, {runner['runs']} runs; "
+        f"{before} before)",
+        runner["statements_per_run"],
+        "",
+        f"<= {before // 2} (half)",
+        runner["statements_per_run"] <= before // 2,
+    )
     report.finish()
 
 

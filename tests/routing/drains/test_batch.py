@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
@@ -219,7 +219,7 @@ def test_a_failed_batch_writes_nothing_and_the_drain_goes_on_one_at_a_time(
     assert_account_counts_match_rows()
 
 
-def test_a_row_claimed_by_another_drain_aborts_the_batch_without_writing(
+def test_a_row_claimed_by_another_drain_is_dropped_and_the_rest_decided_again(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from routing.drains import batch
@@ -227,19 +227,28 @@ def test_a_row_claimed_by_another_drain_aborts_the_batch_without_writing(
     settings.LOOPSWEB_DRAIN_BATCH_SIZE = 50
     _ingest([generic_event() for _ in range(3)])
     real = batch._record_inbox
+    calls = {"n": 0}
 
     def another_drain_first(decided: Any, now: Any) -> None:
-        # Another drain claims the second row after this one scanned it.
-        with transaction.atomic():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            # Another drain claims the second row after this one scanned it (here inside
+            # this batch's transaction, so its claim rolls back with the aborted batch).
             InboxEvent.objects.filter(pk=decided[1].candidate.inbox_id).update(
-                route_attempts=7, state="admitted"
+                route_attempts=7
             )
+            assert WorkflowWorkItem.objects.count() == 3  # written, about to roll back
         real(decided, now)
 
     monkeypatch.setattr(batch, "_record_inbox", another_drain_first)
     report = _drain(max_active=10, max_dispatch=10)
-    # The batch rolled back (the other drain's claim with it, being inside the batch's
-    # transaction here); one at a time then admitted all three.
-    assert report.counts["created"] == 3
-    assert WorkflowWorkItem.objects.count() == 3
+    assert calls["n"] == 2  # the batch was decided again, still as a batch
+    # The row the other drain took is left to it; the other two are admitted.
+    assert report.counts["created"] == 2 and len(report.results) == 2
+    assert WorkflowWorkItem.objects.count() == 2
+    assert sorted(InboxEvent.objects.values_list("state", "route_attempts")) == [
+        ("admitted", 1),
+        ("admitted", 1),
+        ("pending", 0),
+    ]
     assert_account_counts_match_rows()
