@@ -6,18 +6,19 @@ loop's work items and runs (reference §2.1).
 | pause   | `paused`                             | `deferred`                      | `loop paused`   |
 | archive | `paused`, archived_at set            | `deferred`                      | `loop archived` |
 | stop    | `stopped`                            | `cancelled`                     | `loop stopped`  |
+| expire  | `expired`                            | `cancelled`                     | `loop expired`  |
 | delete  | row deleted                          | `cancelled`                     | `loop deleted`  |
 | resume  | `active` (archived_at cleared)       | its deferred items `admitted`,  | `loop resumed`  |
 |         |                                      | each with a new queued run      |                 |
 
-Stop and delete also cancel items the loop had parked (`deferred` and still bound to it: a
+Stop, expire and delete also cancel items the loop had parked (`deferred` and still bound to it: a
 paused or archived loop's items; a throttled item is never bound to a loop). Every open run
 of the loop is cancelled with the reason as its error: its open steps are cancelled, so the
 account they held is free, and after the commit the step's process group is killed on this
 host (a runner elsewhere notices at its next lease renewal and kills it there).
 
 A paused or archived loop keeps its generated spec (resume runs it again); stop and delete
-archive it as a finished run would. Resume restarts the parked items at once, as upstream's
+archive it as a finished run would (so do expire). Resume restarts the parked items at once, as upstream's
 daemon runs a resumed loop: it takes the admission lock but does not re-check the caps (the
 items counted as active until they were paused).
 """
@@ -59,8 +60,15 @@ from ledger.services.runs import (
     run_again,
 )
 
-PAUSE, RESUME, ARCHIVE, STOP, DELETE = "pause", "resume", "archive", "stop", "delete"
-LOOP_ACTIONS = (PAUSE, RESUME, ARCHIVE, STOP, DELETE)
+PAUSE, RESUME, ARCHIVE, STOP, EXPIRE, DELETE = (
+    "pause",
+    "resume",
+    "archive",
+    "stop",
+    "expire",
+    "delete",
+)
+LOOP_ACTIONS = (PAUSE, RESUME, ARCHIVE, STOP, EXPIRE, DELETE)
 
 # Upstream reasons (reference §2.1).
 LOOP_PAUSED = "loop paused"
@@ -73,6 +81,7 @@ ACTION_REASONS = {
     PAUSE: LOOP_PAUSED,
     ARCHIVE: LOOP_ARCHIVED,
     STOP: LOOP_STOPPED,
+    EXPIRE: LOOP_EXPIRED,
     DELETE: LOOP_DELETED,
     RESUME: LOOP_RESUMED,
 }
@@ -85,6 +94,7 @@ DONE = {
     RESUME: "resumed",
     ARCHIVE: "archived",
     STOP: "stopped",
+    EXPIRE: "expired",
     DELETE: "deleted",
 }
 
@@ -134,7 +144,7 @@ def _allowed(loop: Loop, action: str) -> bool:
         return loop.status in (LoopStatus.ACTIVE, LoopStatus.PAUSED) and not archived
     if action == RESUME:
         return loop.status == LoopStatus.PAUSED
-    if action == STOP:
+    if action in (STOP, EXPIRE):
         return loop.status in (LoopStatus.ACTIVE, LoopStatus.PAUSED)
     return action == DELETE
 
@@ -221,6 +231,8 @@ def _halt(
         loop.status = LoopStatus.PAUSED
     elif action == STOP:
         loop.status = LoopStatus.STOPPED
+    elif action == EXPIRE:
+        loop.status = LoopStatus.EXPIRED
     loop.next_run_at = None
     if action != DELETE:
         loop.save()

@@ -109,6 +109,10 @@ class RunDict(TypedDict):
     id: str
     workflowName: str
     status: str
+    # Its number among the runs of its loop (one admission): a loop-level retry is the next.
+    attempt: int | None
+    loopId: str | None
+    scheduledFor: str | None
     createdAt: str | None
     startedAt: str | None
     finishedAt: str | None
@@ -187,11 +191,14 @@ def step_to_dict(step: WorkflowStepRun) -> StepDict:
     )
 
 
-def run_to_dict(run: WorkflowRun) -> RunDict:
+def run_to_dict(run: WorkflowRun, *, attempt: int | None = None) -> RunDict:
     return RunDict(
         id=run.id,
         workflowName=run.workflow_name,
         status=run.status,
+        attempt=attempt,
+        loopId=run.loop_id,
+        scheduledFor=iso(run.scheduled_for),
         createdAt=iso(run.created_at),
         startedAt=iso(run.started_at),
         finishedAt=iso(run.finished_at),
@@ -213,11 +220,18 @@ def inbox_ref_to_dict(event: InboxEvent) -> InboxRefDict:
 
 
 def work_item_detail_to_dict(item: WorkflowWorkItem) -> WorkItemDetailDict:
-    """Needs `api_selectors.work_item_detail`'s prefetches (else one query per relation row)."""
+    """Needs `api_selectors.work_item_detail`'s prefetches (else one query per relation row).
+
+    Runs come oldest first; each is numbered among the runs of its loop (its attempt)."""
+    per_loop: dict[str | None, int] = {}
+    runs: list[RunDict] = []
+    for run in item.runs.all():
+        per_loop[run.loop_id] = per_loop.get(run.loop_id, 0) + 1
+        runs.append(run_to_dict(run, attempt=per_loop[run.loop_id]))
     return WorkItemDetailDict(
         **work_item_summary(item),
         deferrals=[deferral_to_dict(d) for d in item.deferrals.all()],
-        runs=[run_to_dict(r) for r in item.runs.all()],
+        runs=runs,
         inboxEvents=[inbox_ref_to_dict(e) for e in item.inbox_events.all()],
     )
 

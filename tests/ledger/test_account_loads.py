@@ -73,6 +73,7 @@ operations = st.lists(
                     "resume_loop",
                     "archive_loop",
                     "stop_loop",
+                    "expire_loop",
                     "delete_loop",
                 )
             ),

@@ -184,3 +184,14 @@ def test_admin_loop_actions_confirm_then_cascade(admin_client: Any) -> None:
     page = _post(admin_client, "pause_loops", [loop.id], confirm="yes")
     messages = [str(m) for m in page.context["messages"]]
     assert any("loop cannot be paused" in m for m in messages)
+
+
+def test_expire_cancels_with_loop_expired() -> None:
+    item, run, loop = _admitted()
+    change = services.loop_status_change(loop_id=loop.id, action="expire")
+    item, run = _fresh(item, run)
+    assert change.to_status == "expired"
+    assert (
+        item.status == WorkItemStatus.CANCELLED and item.last_reason == "loop expired"
+    )
+    assert run.status == RunStatus.CANCELLED and run.error == "loop expired"

@@ -383,3 +383,23 @@ def test_a_drain_stores_the_retry_options_on_every_loop_it_admits() -> None:
         (3, 90_000)
     }
     assert_account_counts_match_rows()
+
+
+def test_the_api_item_detail_numbers_each_attempt(client: Any) -> None:
+    from tests.routing.api.helpers import bearer, make_token
+    from tests.routing.helpers import generic_event, route
+
+    result = route(event=generic_event(), max_attempts="2", retry_backoff="30")
+    assert result.run is not None and result.work_item is not None
+    services.run_claim(run_id=result.run.id, worker="w:1")
+    services.run_finalize(run_id=result.run.id, status=RunStatus.FAILED, error="boom")
+    _, token = make_token("read")
+    body = client.get(
+        f"/api/v1/work-items/{result.work_item.id}", **bearer(token)
+    ).json()
+    assert body["lastReason"] == "attempt failed; retry pending: boom"
+    assert [(r["attempt"], r["status"], r["error"]) for r in body["runs"]] == [
+        (1, "failed", "boom"),
+        (2, "queued", None),
+    ]
+    assert body["runs"][1]["scheduledFor"] is not None

@@ -1,10 +1,11 @@
 """Loop status actions with upstream's cascades (reference §2.1), and a loop listing.
 
-    loop pause|resume|archive|stop|delete LOOP_ID [--dry-run] [--json]
+    loop pause|resume|archive|stop|expire|delete LOOP_ID [--dry-run] [--json]
     loop list [--status S] [--limit N] [--json]
 
 pause / archive park the loop's admitted and running items as `deferred` (`loop paused` /
-`loop archived`); stop / delete cancel them (`loop stopped` / `loop deleted`); resume runs the
+`loop archived`); stop / expire / delete cancel them (`loop stopped` / `loop expired` /
+`loop deleted`); resume runs the
 parked items again. A run in progress is cancelled and its agent's process group killed.
 """
 
@@ -21,7 +22,7 @@ from routing.domain.errors import ApplicationError
 
 
 class Command(BaseCommand):
-    help = "Pause, resume, archive, stop or delete a loop (with its items and runs), or list loops."
+    help = "Pause, resume, archive, stop, expire or delete a loop (with its items and runs), or list loops."
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True)
