@@ -24,4 +24,11 @@ SCHEDULES: tuple[ScheduleSpec, ...] = (
         func="ledger.tasks.recover_expired_runs",
         minutes=1,
     ),
+    # Drain records that did nothing (one a minute per idle schedule) are kept
+    # LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS days.
+    ScheduleSpec(
+        name="prune-empty-drains",
+        func="routing.tasks.prune_empty_drains",
+        minutes=60,
+    ),
 )
