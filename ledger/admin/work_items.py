@@ -382,6 +382,7 @@ def item_page_context(
     )
     return {
         "title": f"Work item …{item.id[-8:]}: {title}",
+        "subtitle": f"{item.route_key} · {item.status} · id {item.id}",
         "item_runs": [
             {
                 "run": run,

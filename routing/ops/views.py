@@ -277,8 +277,8 @@ def drains(request: HttpRequest) -> HttpResponse:
 SCHEDULE_ACTIONS = ("pause", "resume", "run")
 
 
-@require_POST
 @staff_required
+@require_POST
 def schedule_action(request: HttpRequest, schedule_id: int, action: str) -> HttpResponse:
     """Pause (repeats 0: django-q2's scheduler skips it), resume (repeats -1, due now if it
     was overdue) or run now (due now: the next scheduler tick, within about 30 s, runs it
