@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,9 @@ if not SECRET_KEY:
             "SECRET_KEY must be set when DEBUG is off (generate one with "
             "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`)"
         )
-    # Development and tests only: a per-process key, so sessions do not survive restarts.
+    # Tests only: a per-process key. Development (DEBUG) reads a key file from the data
+    # directory (below): the web server, the qcluster and commands run from another terminal
+    # must share one key, or the qcluster refuses the tasks they sign (django-q2 signs them).
     SECRET_KEY = "dev-" + secrets.token_urlsafe(40)
 
 ALLOWED_HOSTS = env_list(
@@ -84,6 +87,28 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 # Where the SQLite database, evidence files and other local state live by default.
 DATA_DIR = Path(env_str("LOOPSWEB_DATA_DIR") or BASE_DIR / "var").resolve()
+
+
+def _dev_secret_key(path: Path) -> str:
+    """The development key in `path` (0600), created by the first process that needs it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):  # another process is writing it right now
+            key = path.read_text().strip()
+            if key:
+                return key
+            time.sleep(0.05)
+        raise ImproperlyConfigured(f"{path} is empty: delete it to get a new key") from None
+    key = "dev-" + secrets.token_urlsafe(40)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key + "\n")
+    return key
+
+
+if DEBUG and not env_str("SECRET_KEY"):
+    SECRET_KEY = _dev_secret_key(DATA_DIR / "dev-secret-key")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
