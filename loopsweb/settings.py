@@ -100,7 +100,9 @@ def _dev_secret_key(path: Path) -> str:
             if key:
                 return key
             time.sleep(0.05)
-        raise ImproperlyConfigured(f"{path} is empty: delete it to get a new key") from None
+        raise ImproperlyConfigured(
+            f"{path} is empty: delete it to get a new key"
+        ) from None
     key = "dev-" + secrets.token_urlsafe(40)
     with os.fdopen(fd, "w") as handle:
         handle.write(key + "\n")

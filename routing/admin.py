@@ -97,7 +97,9 @@ class InboxEventAdmin(LedgerAdmin):
             return queryset.defer("data", "metadata")  # the list never shows payloads
         return queryset
 
-    @admin.action(description="Retry (reopen) selected events…", permissions=["operate"])
+    @admin.action(
+        description="Retry (reopen) selected events…", permissions=["operate"]
+    )
     def reopen_events(
         self, request: HttpRequest, queryset: QuerySet
     ) -> TemplateResponse | None:
@@ -134,7 +136,11 @@ class InboxEventAdmin(LedgerAdmin):
 
     @admin.display(description="work item")
     def work_item_cell(self, obj: InboxEvent) -> str:
-        return admin_link(obj.work_item, short_id(obj.work_item_id)) if obj.work_item_id else "-"
+        return (
+            admin_link(obj.work_item, short_id(obj.work_item_id))
+            if obj.work_item_id
+            else "-"
+        )
 
     @admin.display(description="last drain")
     def last_drain_cell(self, obj: InboxEvent) -> str:

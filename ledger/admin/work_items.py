@@ -15,7 +15,6 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from ledger import services
-
 from ledger.admin.actions import (
     CANCEL_ITEMS,
     DEAD_LETTER,

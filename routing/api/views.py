@@ -134,7 +134,9 @@ def _never_routable(items: list[Any], *, cwd: str) -> list[dict[str, Any]]:
             envelope = parse_envelope(obj)
         except ApplicationError:
             continue  # inbox_ingest refuses it with the rest of the batch
-        kind = "todos-task" if envelope.type.startswith(TODOS_EVENT_PREFIX) else "generic"
+        kind = (
+            "todos-task" if envelope.type.startswith(TODOS_EVENT_PREFIX) else "generic"
+        )
         try:
             plan = plan_route(
                 kind=kind, envelope=envelope, options=RouteOptions(), env={}, cwd=cwd

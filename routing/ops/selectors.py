@@ -483,7 +483,9 @@ SUCCESS_RUN_STATUSES = (RunStatus.SUCCEEDED,)
 FAILURE_RUN_STATUSES = (RunStatus.FAILED, RunStatus.TIMED_OUT)
 
 
-def run_throughput(*, now: datetime, hours: int = 24) -> dict[datetime, tuple[int, int]]:
+def run_throughput(
+    *, now: datetime, hours: int = 24
+) -> dict[datetime, tuple[int, int]]:
     """Runs finished per hour over the last `hours`: (succeeded, failed or timed out).
 
     A key range on the run id (runs created in the last 2 × hours: a run finishes within

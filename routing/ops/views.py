@@ -140,10 +140,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         # The copy beside the numbers: "nothing is waiting" only when nothing is.
         deferred_items=deferred_items,
         nothing_waits=not (
-            deferred_items
-            or waiting
-            or inbox["deferred"]["n"]
-            or inbox["pending"]["n"]
+            deferred_items or waiting or inbox["deferred"]["n"] or inbox["pending"]["n"]
         ),
     )
 
@@ -279,7 +276,9 @@ SCHEDULE_ACTIONS = ("pause", "resume", "run")
 
 @staff_required
 @require_POST
-def schedule_action(request: HttpRequest, schedule_id: int, action: str) -> HttpResponse:
+def schedule_action(
+    request: HttpRequest, schedule_id: int, action: str
+) -> HttpResponse:
     """Pause (repeats 0: django-q2's scheduler skips it), resume (repeats -1, due now if it
     was overdue) or run now (due now: the next scheduler tick, within about 30 s, runs it
     once, with its overlap skip) one schedule. Needs django_q's change_schedule permission;

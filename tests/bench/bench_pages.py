@@ -231,9 +231,7 @@ def _finished_item() -> str | None:
     from ledger.models import WorkflowWorkItem
 
     return (
-        WorkflowWorkItem.objects.filter(
-            status="succeeded", workflow_run__isnull=False
-        )
+        WorkflowWorkItem.objects.filter(status="succeeded", workflow_run__isnull=False)
         .order_by("-id")
         .values_list("id", flat=True)
         .first()

@@ -34,7 +34,9 @@ def test_reset_takes_the_password_from_the_environment(monkeypatch) -> None:  # 
     run()
     monkeypatch.setenv("LOOPSWEB_ADMIN_PASSWORD", "second-password")
     assert "set from LOOPSWEB_ADMIN_PASSWORD" in run("--reset-password")
-    assert get_user_model().objects.get(username="ops").check_password("second-password")
+    assert (
+        get_user_model().objects.get(username="ops").check_password("second-password")
+    )
 
 
 def test_reset_refuses_an_unknown_user_and_changes_nothing(monkeypatch) -> None:  # type: ignore[no-untyped-def]

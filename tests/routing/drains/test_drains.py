@@ -476,7 +476,12 @@ def test_events_that_can_never_route_are_reported_skipped_not_held(
     assert kinds[no_opt_in["id"]][0] == "skipped"
     assert kinds[manual["id"]][0] == "skipped"
     assert sorted(kinds.values()) == sorted(
-        [("created", None), ("throttled", "route_cap"), ("skipped", None), ("skipped", None)]
+        [
+            ("created", None),
+            ("throttled", "route_cap"),
+            ("skipped", None),
+            ("skipped", None),
+        ]
     )
     states = dict(InboxEvent.objects.values_list("event_id", "state"))
     if dry_run:

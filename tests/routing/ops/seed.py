@@ -152,15 +152,15 @@ def waiting_step(profile: str, *, now: datetime | None = None) -> WorkflowStepRu
             now=now,
         )
     item = make_work_item(status="running", route_scope=SCOPE)
-    run = make_run(
-        work_item=item, invocation=item.invocation, claimed_by="seed-worker"
-    )
+    run = make_run(work_item=item, invocation=item.invocation, claimed_by="seed-worker")
     step = make_step_run(
         workflow_run=run,
         step_id="worker",
         account_profile=profile,
         account_tool="codewith",
     )
-    assert step_start(step_run_id=step.pk, worker="seed-worker", now=now).started is False
+    assert (
+        step_start(step_run_id=step.pk, worker="seed-worker", now=now).started is False
+    )
     step.refresh_from_db()
     return step

@@ -281,7 +281,9 @@ def seed_console() -> dict[str, Any]:
 
     ops_seed.deferred_items(4)
     ops_seed.drains(1, inbox_events=4)
-    ops_seed.account_history(3)  # running steps, reserved steps, failed steps, cooldowns
+    ops_seed.account_history(
+        3
+    )  # running steps, reserved steps, failed steps, cooldowns
     ops_seed.waiting_step("acct-01")
     inbox_ingest(enumerate([generic_event(project="/srv/broken")], start=1))
     InboxEvent.objects.filter(project_hint="/srv/broken").update(
@@ -353,10 +355,14 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
     for path, name in pages:
         browser.set_window_size(1400, 1000)
         browser.get(f"{live_server.url}{path}")
-        assert browser.find_element(By.ID, "refresh").get_attribute("data-paused") == "1"
+        assert (
+            browser.find_element(By.ID, "refresh").get_attribute("data-paused") == "1"
+        )
         fits(browser, path)
         screenshot(browser, name)
-    drain = browser.find_element(By.CSS_SELECTOR, "#drains tbody a").get_attribute("href")
+    drain = browser.find_element(By.CSS_SELECTOR, "#drains tbody a").get_attribute(
+        "href"
+    )
     browser.set_window_size(1400, 1000)
     browser.get(drain)
     fits(browser, "drain")

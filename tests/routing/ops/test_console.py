@@ -51,10 +51,20 @@ def test_every_operator_action_writes_a_log_entry_and_names_the_user(
     (item,) = admitted(1)
     run_id = item.workflow_run_id
     post_action(
-        admin_client, ITEMS, "cancel_items", [item.id], confirm="yes", reason="wrong repo"
+        admin_client,
+        ITEMS,
+        "cancel_items",
+        [item.id],
+        confirm="yes",
+        reason="wrong repo",
     )
     post_action(
-        admin_client, ITEMS, "requeue_items", [item.id], confirm="yes", reason="retry it"
+        admin_client,
+        ITEMS,
+        "requeue_items",
+        [item.id],
+        confirm="yes",
+        reason="retry it",
     )
     item.refresh_from_db()
     assert item.status == "queued"
@@ -79,7 +89,9 @@ def test_every_operator_action_writes_a_log_entry_and_names_the_user(
 
     # The item page shows the history, newest first, even after the next run's reason.
     WorkflowWorkItem.objects.filter(pk=item.id).update(last_reason="admitted again")
-    history = body(admin_client, reverse("admin:ledger_workflowworkitem_change", args=[item.id]))
+    history = body(
+        admin_client, reverse("admin:ledger_workflowworkitem_change", args=[item.id])
+    )
     history = history.split('id="item-history"')[1]
     assert history.index("retry it") < history.index("wrong repo")
     assert "<td>admin</td>" in history
@@ -96,7 +108,9 @@ def test_a_run_retry_is_logged_on_the_run_and_shown_on_its_items_page(
     assert WorkflowEvent.objects.filter(
         workflow_run_id=item.workflow_run_id, event_type="operator_retry"
     ).exists()
-    html = body(admin_client, reverse("admin:ledger_workflowworkitem_change", args=[item.id]))
+    html = body(
+        admin_client, reverse("admin:ledger_workflowworkitem_change", args=[item.id])
+    )
     assert "Retry workflow runs" in html.split('id="item-history"')[1]
 
 
@@ -139,14 +153,20 @@ def test_a_failed_event_is_retried_with_a_reason_and_the_next_drain_routes_it(
 
     row = failed_event()
     confirm = post_action(admin_client, INBOX, "reopen_events", [row.pk])
-    assert "Retry (reopen) inbox events: 1 inbox event selected." in confirm.content.decode()
+    assert (
+        "Retry (reopen) inbox events: 1 inbox event selected."
+        in confirm.content.decode()
+    )
     done = post_action(
         admin_client, INBOX, "reopen_events", [row.pk], confirm="yes", reason="fixed"
     )
     assert "Reopened 1 inbox event." in messages_of(done)
     row.refresh_from_db()
     assert row.state == "pending" and row.last_reason == "fixed (by admin)"
-    assert LogEntry.objects.get().get_change_message() == "Retry (reopen) inbox events: fixed"
+    assert (
+        LogEntry.objects.get().get_change_message()
+        == "Retry (reopen) inbox events: fixed"
+    )
     report = drain_run(options=drain_options("generic", {}), env={})
     assert [r["kind"] for r in report.results] == ["created"]
 
@@ -165,7 +185,9 @@ def test_discard_settles_an_event_as_skipped_and_refuses_admitted_ones(
     again = post_action(
         admin_client, INBOX, "discard_events", [row.pk], confirm="yes", reason="spam"
     )
-    assert any("not discardable" in m and "state=skipped" in m for m in messages_of(again))
+    assert any(
+        "not discardable" in m and "state=skipped" in m for m in messages_of(again)
+    )
     assert LogEntry.objects.count() == 1
 
 
@@ -251,7 +273,9 @@ def test_drain_records_filter_by_what_they_did(admin_client) -> None:  # type: i
 # --- schedule actions -------------------------------------------------------------------------
 
 
-def test_a_schedule_is_paused_resumed_and_run_now_with_a_log_entry(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_a_schedule_is_paused_resumed_and_run_now_with_a_log_entry(
+    admin_client,
+) -> None:  # type: ignore[no-untyped-def]
     call_command(
         "schedule_drain", "hourly", "generic", "--every", "60m", stdout=io.StringIO()
     )
@@ -281,15 +305,20 @@ def test_a_schedule_is_paused_resumed_and_run_now_with_a_log_entry(admin_client)
         "resume (ops drains page)",
         "run (ops drains page)",
     ]
-    assert admin_client.post(
-        reverse("ops:schedule-action", args=[schedule.pk, "explode"])
-    ).status_code == 404
+    assert (
+        admin_client.post(
+            reverse("ops:schedule-action", args=[schedule.pk, "explode"])
+        ).status_code
+        == 404
+    )
 
 
 def test_schedule_actions_need_the_change_schedule_permission(
     client, django_user_model
 ) -> None:  # type: ignore[no-untyped-def]
-    call_command("schedule_drain", "h", "generic", "--every", "5m", stdout=io.StringIO())
+    call_command(
+        "schedule_drain", "h", "generic", "--every", "5m", stdout=io.StringIO()
+    )
     schedule = Schedule.objects.get(name="h")
     django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
     client.login(username="viewer", password="pw")
@@ -346,7 +375,9 @@ def test_the_overview_counts_failed_inbox_events_and_overdue_schedules(
     admin_client,
 ) -> None:  # type: ignore[no-untyped-def]
     failed_event()
-    call_command("schedule_drain", "late", "generic", "--every", "5m", stdout=io.StringIO())
+    call_command(
+        "schedule_drain", "late", "generic", "--every", "5m", stdout=io.StringIO()
+    )
     Schedule.objects.filter(name="late").update(
         next_run=timezone.now() - timedelta(minutes=10)
     )
@@ -383,11 +414,21 @@ def test_the_work_item_list_shows_the_operators_columns(admin_client) -> None:  
     assert 'class="lw-status lw-live">admitted' in row
     assert "acct-a" in row and "acct-b" in row
     header = html.split("<thead>")[1].split("</thead>")[0]
-    for column in ("title / subject", "status", "project", "accounts", "age", "duration"):
+    for column in (
+        "title / subject",
+        "status",
+        "project",
+        "accounts",
+        "age",
+        "duration",
+    ):
         assert column in header.lower()
-    assert admin_client.get(ITEMS, {"q": item.id}).content.decode().count(
-        'class="action-select"'
-    ) == 1
+    assert (
+        admin_client.get(ITEMS, {"q": item.id})
+        .content.decode()
+        .count('class="action-select"')
+        == 1
+    )
 
 
 def test_the_work_item_list_reads_accounts_for_the_page_in_one_query(
@@ -421,17 +462,24 @@ def test_the_item_page_is_an_operators_page(admin_client) -> None:  # type: igno
         started_at=timezone.now(),
     )
     run_finalize(run_id=run.pk, status="succeeded")
-    html = body(admin_client, reverse("admin:ledger_workflowworkitem_change", args=[item.id]))
+    html = body(
+        admin_client, reverse("admin:ledger_workflowworkitem_change", args=[item.id])
+    )
     assert f"Work item …{item.id[-8:]}: Ship it" in html
     assert "Make the build green" in html
     # every relation once, and the state sentence describes the finished run
     assert "todos-task:todos-task" not in html.split("</title>")[0]
-    raw_fields = re.findall(r"field-(?:invocation|workflow|loop|workflow_run)(?![\w])", html)
+    raw_fields = re.findall(
+        r"field-(?:invocation|workflow|loop|workflow_run)(?![\w])", html
+    )
     assert raw_fields == []  # the relations appear once each, as links
-    assert html.count('class="readonly"><a href="/admin/ledger/workflowinvocation/') == 1
-    assert "succeeded: run …" in html and "admitted by" not in html.split(
-        "field-state_text"
-    )[1].split("</div>")[0]
+    assert (
+        html.count('class="readonly"><a href="/admin/ledger/workflowinvocation/') == 1
+    )
+    assert (
+        "succeeded: run …" in html
+        and "admitted by" not in html.split("field-state_text")[1].split("</div>")[0]
+    )
     runs = html.split('id="item-runs"')[1].split('id="item-deferrals"')[0]
     assert "12.3 s" in runs and "all tests passed" in runs and "acct-" in runs
     assert 'id="item-inbox"' in html and 'id="item-history"' in html
@@ -446,7 +494,9 @@ def test_the_item_page_buttons_open_the_confirmation_page(admin_client) -> None:
     response = admin_client.post(
         ITEMS, {"action": "cancel_items", "_selected_action": [item.id]}
     )
-    assert "Cancel work items: 1 workflow work item selected." in response.content.decode()
+    assert (
+        "Cancel work items: 1 workflow work item selected." in response.content.decode()
+    )
 
 
 def test_a_step_waiting_is_read_from_its_event(admin_client) -> None:  # type: ignore[no-untyped-def]
@@ -465,7 +515,10 @@ def test_step_start_waits_and_the_overview_lists_it(admin_client) -> None:  # ty
         work_item=item, invocation=item.invocation, status="running", claimed_by="w"
     )
     step = make_step_run(
-        workflow_run=run, step_id="worker", account_profile="acct-c", account_tool="codewith"
+        workflow_run=run,
+        step_id="worker",
+        account_profile="acct-c",
+        account_tool="codewith",
     )
     from ledger.services import account_cooldown_record
 

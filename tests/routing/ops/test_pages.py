@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 import io
+import re
 from datetime import timedelta
 
 import pytest
@@ -166,7 +165,9 @@ def test_overview_shows_caps_load_cooldowns_deferrals_and_drains(admin_client) -
     assert "Route scope limit (--max-active)" in deferrals
 
     inbox = html.split('id="inbox"')[1].split("</section>")[0]
-    rows = re.findall(r'\?state=(\w+)">\w+</a></td>\s*<td class="num[^"]*">(\d+)<', inbox)
+    rows = re.findall(
+        r'\?state=(\w+)">\w+</a></td>\s*<td class="num[^"]*">(\d+)<', inbox
+    )
     assert rows == [("pending", "0"), ("deferred", "2"), ("failed", "0")]
 
     drains = html.split('id="drains"')[1].split("</section>")[0]
