@@ -62,11 +62,24 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 
 DEBUG = env_bool("DEBUG", False)
-# Under pytest (imported before any conftest runs) the suite is the environment: mark it so
-# that processes the tests spawn inherit the same test configuration.
-if "pytest" in sys.modules:
-    os.environ.setdefault("LOOPSWEB_TESTING", "1")
-TESTING = env_bool("LOOPSWEB_TESTING", False)
+
+
+def _is_test_run() -> bool:
+    """True only in the pytest process itself (its own executable or `python -m pytest`).
+
+    Not an environment variable, and not "pytest was imported": either would let a production
+    process drop its SECRET_KEY requirement and HTTPS settings. Processes the suite spawns
+    get explicit settings from tests/conftest.py instead.
+    """
+    if "pytest" not in sys.modules or not sys.argv:
+        return False
+    entry = Path(sys.argv[0])
+    return entry.name in {"pytest", "py.test"} or (
+        entry.name == "__main__.py" and entry.parent.name == "pytest"
+    )
+
+
+TESTING = _is_test_run()
 
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
@@ -89,9 +102,46 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 DATA_DIR = Path(env_str("LOOPSWEB_DATA_DIR") or BASE_DIR / "var").resolve()
 
 
+def private_directory(path: Path) -> None:
+    """Create `path` as 0700; tighten it to 0700 when it exists and is ours.
+
+    The SQLite database holds session keys and password hashes. A directory another user
+    owns, or a shared sticky one like /tmp, is left as it is (its mode is not ours to change).
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.stat()
+        if info.st_uid == os.getuid() and not info.st_mode & 0o1000:
+            os.chmod(path, 0o700)
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"cannot create the data directory {path}: {exc.strerror}"
+        ) from None
+
+
+def private_sqlite_files(name: str) -> None:
+    """The SQLite database and its -wal/-shm files are 0600 (created so, tightened if not).
+
+    SQLite gives the -wal and -shm files the mode of the database file, so creating the
+    database 0600 before SQLite opens it keeps every later one private too.
+    """
+    try:
+        os.close(os.open(name, os.O_RDWR | os.O_CREAT, 0o600))
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"cannot open the SQLite database {name}: {exc.strerror}"
+        ) from None
+    for path in (name, f"{name}-wal", f"{name}-shm"):
+        try:
+            if os.stat(path).st_uid == os.getuid():
+                os.chmod(path, 0o600)
+        except FileNotFoundError:
+            pass
+
+
 def _dev_secret_key(path: Path) -> str:
     """The development key in `path` (0600), created by the first process that needs it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_directory(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -120,6 +170,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_q",
+    "axes",
     "ledger",
     "routing",
 ]
@@ -127,12 +178,15 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "loopsweb.middleware.RejectUnstorablePathMiddleware",
+    "routing.api.middleware.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: it answers a locked-out login attempt.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "loopsweb.urls"
@@ -173,7 +227,8 @@ def _database_settings() -> dict[str, Any]:
             raise ImproperlyConfigured(
                 "DATABASE_URL must name a SQLite file (in-memory databases are not supported)"
             )
-        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        private_directory(Path(name).parent)
+        private_sqlite_files(name)
         db["OPTIONS"] = {
             # BEGIN IMMEDIATE: every atomic() takes the write lock up front, so two admissions
             # never read the same counts (and never fail with "database is locked" on upgrade).
@@ -221,6 +276,36 @@ STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
 LOGIN_URL = "admin:login"
+CSRF_FAILURE_VIEW = "routing.api.middleware.csrf_failure"
+
+# Login brute-force protection (django-axes): after LOOPSWEB_LOGIN_FAILURE_LIMIT failed
+# logins for one username from one address, that pair is refused (429) for
+# LOOPSWEB_LOGIN_COOLOFF_MINUTES, even with the right password. Attempts are rows in the
+# database, so every web process shares the count.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = env_bool("LOOPSWEB_LOGIN_PROTECTION", True)
+AXES_FAILURE_LIMIT = env_int("LOOPSWEB_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = (
+    env_int("LOOPSWEB_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60
+)  # hours
+_LOCKOUT_BY = env_str("LOOPSWEB_LOGIN_LOCKOUT_BY", "username+ip")
+_LOCKOUT_PARAMETERS = {
+    "username+ip": [["username", "ip_address"]],
+    "username": ["username"],
+    "ip": ["ip_address"],
+}
+if _LOCKOUT_BY not in _LOCKOUT_PARAMETERS:
+    raise ImproperlyConfigured(
+        f"LOOPSWEB_LOGIN_LOCKOUT_BY must be username+ip, username or ip, got {_LOCKOUT_BY!r}"
+    )
+AXES_LOCKOUT_PARAMETERS = _LOCKOUT_PARAMETERS[_LOCKOUT_BY]
+AXES_RESET_ON_SUCCESS = True
+# The client address is REMOTE_ADDR (behind a proxy: the proxy's, so the count is per username).
+# Where a login lands when its `next` is missing or unsafe (Django's default is a 404).
+LOGIN_REDIRECT_URL = "admin:index"
 
 # Production hardening (python manage.py check --deploy passes with DEBUG off and HTTPS on).
 SECURE_HTTPS = env_bool("LOOPSWEB_HTTPS", not (DEBUG or TESTING))
@@ -345,12 +430,19 @@ LOOPSWEB_STEP_START_POLL_SECONDS = env_int(
 )
 # Seconds between SIGTERM and SIGKILL when a step's process group is stopped.
 LOOPSWEB_KILL_GRACE_SECONDS = env_int("LOOPSWEB_KILL_GRACE_SECONDS", 5, minimum=0)
+# Loop-level retries (--max-attempts): the delay doubles per failed attempt up to this cap.
+LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = env_int(
+    "LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS", 3600, minimum=0
+)
 # --- end runner ---
 
 # Largest JSON-array file `ingest_events` loads at once (JSON Lines files stream, unbounded).
 LOOPSWEB_MAX_INGEST_BYTES = env_int(
     "LOOPSWEB_MAX_INGEST_BYTES", 256 * 1024 * 1024, minimum=1024
 )
+# Most candidates a drain decides in one admission transaction (one lock hold, counts read
+# once, rows written in bulk); 1 routes them one at a time.
+LOOPSWEB_DRAIN_BATCH_SIZE = env_int("LOOPSWEB_DRAIN_BATCH_SIZE", 50, minimum=1)
 # Largest output accepted from a drain's --source-command, in bytes.
 LOOPSWEB_SOURCE_MAX_BYTES = env_int(
     "LOOPSWEB_SOURCE_MAX_BYTES", 16 * 1024 * 1024, minimum=1024

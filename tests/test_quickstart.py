@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import CHILD_TEST_ENV
 from tests.test_make_run import _free_port, _wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +56,9 @@ def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "LOOPSWEB_TESTING", "SQLITE_TEST_NAME"}
+        # as a newcomer's shell: no test key, so make run and the second terminal share
+        # the development key of the data directory
+        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME", *CHILD_TEST_ENV}
     }
     env.update(
         LOOPSWEB_DATA_DIR=str(data),

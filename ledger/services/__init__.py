@@ -6,7 +6,8 @@
 - `runs`: claim, lease, finalize, cancel, lease recovery, the cascade of a run's end;
 - `steps`: step start (account cap and cooldown from the rows), process record, finish, skip;
 - `cooldowns`: account cooldowns after rate limits;
-- `processes`: stopping the process group a step left behind.
+- `processes`: stopping the process group a step left behind;
+- `loops`: loop status actions (pause, resume, archive, stop, delete) and their cascades.
 
 Rules every service follows:
 
@@ -37,6 +38,11 @@ from ledger.services.common import (
     worker_identity,
 )
 from ledger.services.cooldowns import account_cooldown_record
+from ledger.services.loops import (
+    LOOP_ACTIONS,
+    LoopChange,
+    loop_status_change,
+)
 from ledger.services.processes import kill_step_process_group
 from ledger.services.runs import (
     RecoveredRun,
@@ -55,9 +61,11 @@ from ledger.services.steps import (
     step_start,
 )
 from ledger.services.work_items import (
+    AdmitRows,
     join_reason,
     run_retry,
     work_item_admit,
+    work_item_admit_rows,
     work_item_cancel,
     work_item_dead_letter,
     work_item_requeue,
@@ -70,13 +78,17 @@ __all__ = [
     "REQUEUEABLE_STATUSES",
     "RUN_NOT_FOUND",
     "RUN_NOT_QUEUED",
+    "AdmitRows",
     "LedgerError",
     "NotFound",
+    "LOOP_ACTIONS",
+    "LoopChange",
     "RecoveredRun",
     "StepStart",
     "account_cooldown_record",
     "join_reason",
     "kill_step_process_group",
+    "loop_status_change",
     "run_cancel",
     "run_claim",
     "run_finalize",
@@ -91,6 +103,7 @@ __all__ = [
     "step_start",
     "steps_from_spec",
     "work_item_admit",
+    "work_item_admit_rows",
     "work_item_cancel",
     "work_item_dead_letter",
     "work_item_requeue",

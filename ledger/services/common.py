@@ -54,6 +54,9 @@ WORK_ITEM_NOT_DEAD_LETTERABLE = (
     "workflow work item is not dead-letterable: {item_id} status={status}"
 )
 WORK_ITEM_NOT_RUNNABLE = "workflow work item is not runnable: {item_id} status={status}"
+WORK_ITEM_NOT_CLAIMABLE = (
+    "workflow work item is not claimable: {item_id} status={status}"
+)
 REQUEUE_REASON_REQUIRED = "routes requeue requires --reason <text>"
 REASON_REQUIRED = "a reason is required"
 
@@ -68,6 +71,9 @@ LEASE_EXPIRED_ITEM_REASON = "parent loop run lease expired before completion"
 ARCHIVE_REASON = "terminal generated one-shot route workflow"
 CANCEL_REASON_DEFAULT = "cancelled by operator"
 RUN_RETRY_REASON = "retry of workflow run {run_id}"
+# Loop-level retry pending (reference §2.1, upstream wording).
+RETRY_PENDING_REASON = "attempt failed; retry pending"
+RETRY_PENDING_REASON_WITH_ERROR = "attempt failed; retry pending: {error}"
 WAIT_COOLING = "account {profile} is cooling down until {until}"
 WAIT_AT_CAPACITY = "account {profile} is at capacity ({running}/{limit} running steps)"
 
@@ -84,6 +90,8 @@ RUNNABLE_STATUSES = (
     WorkItemStatus.DEFERRED,
     WorkItemStatus.RUNNING,
 )
+# Admission (admitWorkflowWorkItem) claims only these (reference §2.1).
+CLAIMABLE_STATUSES = (WorkItemStatus.QUEUED, WorkItemStatus.DEFERRED)
 CANCELLABLE_STATUSES = (
     WorkItemStatus.QUEUED,
     WorkItemStatus.DEFERRED,
@@ -153,16 +161,26 @@ def _lock_run(run_id: str) -> WorkflowRun:
         raise NotFound(RUN_NOT_FOUND.format(run_id=run_id)) from None
 
 
-def _lock_step(step_run_id: str) -> tuple[WorkflowRun, WorkflowStepRun]:
-    """Lock a step's run row (as `_lock_run`), then the step row itself."""
+def _lock_step(
+    step_run_id: str,
+) -> tuple[WorkflowRun, WorkflowStepRun, list[WorkflowStepRun]]:
+    """Lock a step's run row (as `_lock_run`), then the run's step rows (a handful, in
+    sequence order): the step itself and its run's steps, which say what load the run puts
+    on its accounts before and after the change (ledger.loads)."""
     try:
         step = WorkflowStepRun.objects.only("id", "workflow_run_id").get(pk=step_run_id)
     except WorkflowStepRun.DoesNotExist:
         raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id)) from None
     run = _lock_run(step.workflow_run_id)
-    return run, WorkflowStepRun.objects.select_for_update(no_key=True).get(
-        pk=step_run_id
+    steps = list(
+        WorkflowStepRun.objects.select_for_update(no_key=True)
+        .filter(workflow_run_id=run.id)
+        .order_by("sequence")
     )
+    for candidate in steps:
+        if candidate.pk == step_run_id:
+            return run, candidate, steps
+    raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id))
 
 
 def _append_event(

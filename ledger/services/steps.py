@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
     AccountCooldown,
@@ -71,7 +72,8 @@ def step_start(
     now = _now(now)
     with transaction.atomic():
         admission_lock()
-        run, step = _lock_step(step_run_id)
+        run, step, steps = _lock_step(step_run_id)
+        before = run_load(run.status, steps)
         if (
             run.status != RunStatus.RUNNING
             or run.claimed_by != worker
@@ -127,6 +129,7 @@ def step_start(
         step.stderr = None
         step.error = None
         step.save()
+        apply_load_delta(load_change(before, run_load(run.status, steps)))
         _append_event(
             run.id,
             "step_started",
@@ -204,7 +207,8 @@ def step_finish(
         raise LedgerError(STEP_STATUS_NOT_FINAL.format(status=status))
     now = _now(now)
     with transaction.atomic():
-        run, step = _lock_step(step_run_id)
+        run, step, steps = _lock_step(step_run_id)
+        before = run_load(run.status, steps)
         if step.status != StepStatus.RUNNING or run.status != RunStatus.RUNNING:
             raise LedgerError(
                 STEP_NOT_RUNNING.format(
@@ -224,6 +228,7 @@ def step_finish(
         step.stderr = _clean_text(stderr)
         step.error = _clean_text(error)
         step.save()
+        apply_load_delta(load_change(before, run_load(run.status, steps)))
         _append_event(
             run.id,
             f"step_{status}",
@@ -243,7 +248,8 @@ def step_skip(
     """Skip a pending (or running) step, e.g. after an earlier step failed; event `step_skipped`."""
     now = _now(now)
     with transaction.atomic():
-        run, step = _lock_step(step_run_id)
+        run, step, steps = _lock_step(step_run_id)
+        before = run_load(run.status, steps)
         if step.status not in OPEN_STEP_STATUSES or run.status != RunStatus.RUNNING:
             raise LedgerError(
                 STEP_NOT_CLAIMABLE.format(
@@ -253,6 +259,7 @@ def step_skip(
         step.status = StepStatus.SKIPPED
         step.error = _clean_text(reason)
         step.save(update_fields=["status", "error", "updated_at"])
+        apply_load_delta(load_change(before, run_load(run.status, steps)))
         _append_event(
             run.id,
             "step_skipped",
