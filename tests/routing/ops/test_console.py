@@ -320,8 +320,8 @@ def test_schedule_actions_need_the_change_schedule_permission(
         "schedule_drain", "h", "generic", "--every", "5m", stdout=io.StringIO()
     )
     schedule = Schedule.objects.get(name="h")
-    django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
-    client.login(username="viewer", password="pw")
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    client.force_login(viewer)
     assert "Pause" not in section(body(client, reverse("ops:drains")), "schedules")
     response = client.post(reverse("ops:schedule-action", args=[schedule.pk, "pause"]))
     assert response.status_code == 403
