@@ -243,7 +243,7 @@ def _loop_action(
         title=title,
         done=done,
         explanation=explanation,
-        apply=lambda pk, _reason: services.loop_status_change(
+        apply=lambda pk, _reason, _actor: services.loop_status_change(
             loop_id=pk, action=action
         ),
         reason_required=False,

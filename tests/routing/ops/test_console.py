@@ -320,7 +320,9 @@ def test_schedule_actions_need_the_change_schedule_permission(
         "schedule_drain", "h", "generic", "--every", "5m", stdout=io.StringIO()
     )
     schedule = Schedule.objects.get(name="h")
-    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer = django_user_model.objects.create_user(
+        "viewer", password="pw", is_staff=True
+    )
     client.force_login(viewer)
     assert "Pause" not in section(body(client, reverse("ops:drains")), "schedules")
     response = client.post(reverse("ops:schedule-action", args=[schedule.pk, "pause"]))
@@ -532,3 +534,13 @@ def test_step_start_waits_and_the_overview_lists_it(admin_client) -> None:  # ty
     assert step_start(step_run_id=step.pk, worker="w").started is False
     waits = section(body(admin_client, reverse("ops:overview")), "waiting")
     assert "acct-c" in waits and "worker" in waits
+
+
+def test_loop_actions_are_logged_too(admin_client) -> None:  # type: ignore[no-untyped-def]
+    (item,) = admitted(1)
+    url = reverse("admin:ledger_loop_changelist")
+    post_action(admin_client, url, "pause_loops", [item.loop_id], confirm="yes")
+    entry = LogEntry.objects.get()
+    assert (
+        entry.object_id == item.loop_id and entry.get_change_message() == "Pause loops"
+    )
