@@ -24,8 +24,15 @@ Every agent also gets `LOOPSWEB_ACCOUNT_PROFILE`, `LOOPSWEB_ACCOUNT_TOOL`, `LOOP
 and `LOOPSWEB_STEP_ID`. Wrapper scripts map the profile env var to a provider's config
 directory where a provider keeps one login per directory.
 
-The child environment is the worker's minus loopsweb's own secrets and settings
-(`DATABASE_URL`, `SECRET_KEY`, `LOOPSWEB_*`, `PG*`, …): an agent never sees the database.
+The child environment is built from an allowlist, never from the worker's whole environment
+(cloud keys, SSH agent sockets and loopsweb's own settings stay with the worker):
+1. from the worker: `PATH`, `HOME`, the locale (`LANG`, `LANGUAGE`, `LC_*`), and the names
+   (or `PREFIX*` patterns) listed in `LOOPSWEB_AGENT_ENV_PASSTHROUGH`;
+2. the account's own variables (`account_environment`), which select its login;
+3. what loopsweb sets: `LOOPSWEB_ACCOUNT_*`, `LOOPSWEB_RUN_ID`, `LOOPSWEB_STEP_ID`,
+   `LOOPSWEB_PROVIDER` and the provider's profile variable; a command step's own `env`.
+Later entries win. loopsweb's settings (`LOOPSWEB_*` other than the ones it sets,
+`DATABASE_URL`, `SECRET_KEY`, `DJANGO_SETTINGS_MODULE`) never pass, whatever a pattern says.
 """
 
 from __future__ import annotations
@@ -51,15 +58,19 @@ PROMPT_MISSING = "agent step has no prompt"
 PROMPT_NUL = "agent prompt contains a NUL byte"
 PROFILE_INVALID = "auth profile is not a valid name: {profile!r}"
 CWD_MISSING = "working directory does not exist: {cwd}"
+AGENT_CWD_NONE = "agent step has no working directory (target.cwd)"
 COMMAND_MISSING = "command step has no command"
 COMMAND_INVALID = "command step arguments must be strings"
 ENV_INVALID = "step env must map names to strings"
 
-# Variables of the worker's environment an agent or command must not inherit.
-_DENY_NAMES = frozenset(
+# Inherited from the worker's environment (step 1 of the module docstring).
+_INHERIT_NAMES = frozenset({"PATH", "HOME", "LANG", "LANGUAGE"})
+_INHERIT_PREFIXES = ("LC_",)
+# Never inherited, whatever LOOPSWEB_AGENT_ENV_PASSTHROUGH says.
+_RESERVED_NAMES = frozenset(
     {"DATABASE_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE", "PG_TEST_URL"}
 )
-_DENY_PREFIXES = ("LOOPSWEB_", "PG", "Q_", "SQLITE_", "DATABASE_")
+_RESERVED_PREFIXES = ("LOOPSWEB_",)
 # Profile names come from operator options, but they land next to flags: refuse anything that
 # could read as a flag or break a line.
 _PROFILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+:=-]{0,199}$")
@@ -121,13 +132,41 @@ class Invocation:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The worker's environment without loopsweb's secrets and settings, plus `extra`."""
+def _passes(name: str, passthrough: tuple[str, ...]) -> bool:
+    if name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES):
+        return False
+    if name in _INHERIT_NAMES or name.startswith(_INHERIT_PREFIXES):
+        return True
+    for entry in passthrough:
+        if entry.endswith("*"):
+            if name.startswith(entry[:-1]):
+                return True
+        elif name == entry:
+            return True
+    return False
+
+
+def account_environment(profile: str | None, tool: str | None) -> dict[str, str]:
+    """The account's own variables (its login), merged over the inherited ones.
+
+    The accounts registry supplies them; until an account has any, this is empty.
+    """
+    return {}
+
+
+def child_environment(
+    extra: Mapping[str, str] | None = None,
+    *,
+    account_env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of an agent or command: the allowlist (module docstring), then the
+    account's variables, then `extra` (what loopsweb sets for the step)."""
+    passthrough = tuple(settings.LOOPSWEB_AGENT_ENV_PASSTHROUGH)
     env = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in _DENY_NAMES and not name.startswith(_DENY_PREFIXES)
+        name: value for name, value in os.environ.items() if _passes(name, passthrough)
     }
+    if account_env:
+        env.update(account_env)
     if extra:
         env.update(extra)
     return env
@@ -177,6 +216,9 @@ def agent_invocation(
     if profile is not None and not _PROFILE_RE.match(profile):
         raise ProviderError(PROFILE_INVALID.format(profile=profile))
     cwd = _check_cwd(target.get("cwd"))
+    if cwd is None:
+        # Never the worker's own directory (loopsweb's source tree or data).
+        raise ProviderError(AGENT_CWD_NONE)
     argv = [_binary(provider), *adapter.leading]
     sandbox = target.get("sandbox")
     if adapter.sandbox_flag and isinstance(sandbox, str) and sandbox:
@@ -208,7 +250,9 @@ def agent_invocation(
     return Invocation(
         argv=argv,
         cwd=cwd,
-        env=child_environment(env_extra),
+        env=child_environment(
+            env_extra, account_env=account_environment(profile, tool)
+        ),
         cleanup=cleanup,
         provider=provider,
     )

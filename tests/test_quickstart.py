@@ -52,7 +52,7 @@ def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
     tmp_path: Path,
 ) -> None:
     port = _free_port()
-    data = tmp_path / "data"
+    data = tmp_path / "var"  # the second terminal runs in tmp_path: var/projects/demo
     env = {
         k: v
         for k, v in os.environ.items()
@@ -84,8 +84,8 @@ def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
 
         # The second terminal, in a working directory of its own (the project path in the
         # example is relative to it).
-        (tmp_path / "var" / "demo-project").mkdir(parents=True)
-        env["DEBUG"] = "1"  # `export DEBUG=1`, as the README says
+        # `export DEBUG=1 LOOPSWEB_PROJECT_ROOTS=$PWD/var/projects`, as the README says
+        env.update(DEBUG="1", LOOPSWEB_PROJECT_ROOTS=str(data / "projects"))
         manage = [sys.executable, str(ROOT / "manage.py")]
         for args in (
             ["ingest_events", str(ROOT / "examples" / "todos-task.json")],

@@ -50,6 +50,8 @@ from ledger.services.runs import (
     run_claim,
     run_finalize,
     run_lease_renew,
+    run_worktree_record,
+    run_worktree_removed,
     runs_queued_stale,
     runs_recover_expired,
 )
@@ -94,6 +96,8 @@ __all__ = [
     "run_finalize",
     "run_lease_renew",
     "run_retry",
+    "run_worktree_record",
+    "run_worktree_removed",
     "runs_queued_stale",
     "runs_recover_expired",
     "step_finish",

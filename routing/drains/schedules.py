@@ -31,4 +31,11 @@ SCHEDULES: tuple[ScheduleSpec, ...] = (
         func="routing.tasks.prune_empty_drains",
         minutes=60,
     ),
+    # Failed runs' worktrees are kept LOOPSWEB_WORKTREE_KEEP_SECONDS for an operator to look
+    # at; this removes them after that (and any a succeeded run could not remove).
+    ScheduleSpec(
+        name="prune-worktrees",
+        func="ledger.tasks.prune_worktrees",
+        minutes=15,
+    ),
 )

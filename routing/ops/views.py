@@ -84,6 +84,8 @@ def _render(
             "title": title,
             "section": section,
             "refresh_seconds": REFRESH_SECONDS,
+            # No roots, no agent runs: every page says so, naming the setting.
+            "project_roots_unset": not settings.LOOPSWEB_PROJECT_ROOTS,
             **context,
         },
     )

@@ -8,6 +8,8 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ledger.display import worktree_text
+from ledger.models import WorkflowRun
 from routing.ops import display as ops_display
 
 register = template.Library()
@@ -52,3 +54,9 @@ def seconds(ms: int | None) -> str:
         return "—"
     value = ms / 1000
     return f"{value:.1f} s" if value < 100 else f"{value:.0f} s"
+
+
+@register.filter
+def worktree(run: WorkflowRun) -> str:
+    """The run's git worktree, branch and what became of it (`-` when it had none)."""
+    return worktree_text(run)
