@@ -58,7 +58,15 @@ def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
         for k, v in os.environ.items()
         # as a newcomer's shell: no test key, so make run and the second terminal share
         # the development key of the data directory
-        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME", *CHILD_TEST_ENV}
+        if k
+        not in {
+            "DATABASE_URL",
+            "SQLITE_TEST_NAME",
+            *CHILD_TEST_ENV,
+            "LOOPSWEB_PROJECT_ROOTS",
+            "LOOPSWEB_WORKTREE_DIR",
+            "LOOPSWEB_AGENT_ENV_PASSTHROUGH",
+        }
     }
     env.update(
         LOOPSWEB_DATA_DIR=str(data),
@@ -67,6 +75,7 @@ def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
         LOOPSWEB_ADMIN_PASSWORD="a-long-test-password",
         LOOPSWEB_CODEWITH_BIN=str(ROOT / "scripts" / "fake-agent"),
         FAKE_AGENT_SLEEP="1",
+        LOOPSWEB_AGENT_ENV_PASSTHROUGH="FAKE_AGENT_*",
         PY=sys.executable,
     )
     server = subprocess.Popen(
@@ -87,19 +96,29 @@ def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
         # `export DEBUG=1 LOOPSWEB_PROJECT_ROOTS=$PWD/var/projects`, as the README says
         env.update(DEBUG="1", LOOPSWEB_PROJECT_ROOTS=str(data / "projects"))
         manage = [sys.executable, str(ROOT / "manage.py")]
-        for args in (
-            ["ingest_events", str(ROOT / "examples" / "todos-task.json")],
-            [
-                "drain",
-                "todos-task",
-                "--auth-profile-pool",
-                "acct-a,acct-b",
-                "--max-active",
-                "2",
-            ],
+        # sed "s|@PWD@|$PWD|" examples/todos-task.json | manage.py ingest_events -
+        example = (ROOT / "examples" / "todos-task.json").read_text()
+        for args, stdin in (
+            (["ingest_events", "-"], example.replace("@PWD@", str(tmp_path))),
+            (
+                [
+                    "drain",
+                    "todos-task",
+                    "--auth-profile-pool",
+                    "acct-a,acct-b",
+                    "--max-active",
+                    "2",
+                ],
+                None,
+            ),
         ):
             done = subprocess.run(
-                manage + args, cwd=tmp_path, env=env, capture_output=True, text=True
+                manage + args,
+                cwd=tmp_path,
+                env=env,
+                input=stdin,
+                capture_output=True,
+                text=True,
             )
             assert done.returncode == 0, done.stdout + done.stderr
         assert "created=1" in done.stdout or '"created": 1' in done.stdout, done.stdout
