@@ -437,11 +437,11 @@ def test_the_work_item_list_reads_accounts_for_the_page_in_one_query(
     admin_client, django_assert_max_num_queries
 ) -> None:  # type: ignore[no-untyped-def]
     for i in range(3):
-        route(event=generic_event(project=f"/p{i}"), auth_profile_pool="x,y")
+        route(event=generic_event(project=f"/srv/p{i}"), auth_profile_pool="x,y")
     with django_assert_max_num_queries(12) as few:
         admin_client.get(ITEMS)
     for i in range(12):
-        route(event=generic_event(project=f"/q{i}"), auth_profile_pool="x,y")
+        route(event=generic_event(project=f"/srv/q{i}"), auth_profile_pool="x,y")
     with django_assert_max_num_queries(len(few.captured_queries)):
         admin_client.get(ITEMS)
 
