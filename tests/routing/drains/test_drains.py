@@ -478,7 +478,9 @@ def test_events_that_can_never_route_are_reported_skipped_not_held(
     # The scope fills with the first event; the later ones that never route (no opt-in, a
     # manual task) must say why they never run, not that a cap holds them (issue 19).
     no_opt_in, manual = todos_event(tags=[]), todos_event(tags=["auto:route", "manual"])
-    ingest(todos_event(project="/srv/a"), todos_event(project="/srv/b"), no_opt_in, manual)
+    ingest(
+        todos_event(project="/srv/a"), todos_event(project="/srv/b"), no_opt_in, manual
+    )
     report = drain("todos-task", max_active=1, max_dispatch=5, dry_run=dry_run)
     kinds = {r["event"]["id"]: (r["kind"], r.get("reasonCode")) for r in report.results}
     assert kinds[no_opt_in["id"]][0] == "skipped"
