@@ -8,14 +8,19 @@ than failing later in a request or a worker.
 from __future__ import annotations
 
 import os
-import secrets
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from loopsweb.installation import (
+    DEV_SECRET_KEY_FILE,
+    INSTALLATION_ENV_FILE,
+    development_secret_key,
+    load_installation_env,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -61,9 +66,6 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [part.strip() for part in raw.split(",") if part.strip()]
 
 
-DEBUG = env_bool("DEBUG", False)
-
-
 def _is_test_run() -> bool:
     """True only in the pytest process itself (its own executable or `python -m pytest`).
 
@@ -81,6 +83,16 @@ def _is_test_run() -> bool:
 
 TESTING = _is_test_run()
 
+# Where the SQLite database, the development key and other local state live by default.
+DATA_DIR = Path(env_str("LOOPSWEB_DATA_DIR") or BASE_DIR / "var").resolve()
+# The installation's own settings (`make run` writes DEBUG=1 there on first start), so every
+# process of this installation, in any terminal, runs with the same configuration. The
+# environment wins; the suite ignores the file (its environment is explicit).
+if not TESTING:
+    load_installation_env(DATA_DIR / INSTALLATION_ENV_FILE)
+
+DEBUG = env_bool("DEBUG", False)
+
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
     if not (DEBUG or TESTING):
@@ -88,18 +100,15 @@ if not SECRET_KEY:
             "SECRET_KEY must be set when DEBUG is off (generate one with "
             "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`)"
         )
-    # Tests only: a per-process key. Development (DEBUG) reads a key file from the data
-    # directory (below): the web server, the qcluster and commands run from another terminal
-    # must share one key, or the qcluster refuses the tasks they sign (django-q2 signs them).
-    SECRET_KEY = "dev-" + secrets.token_urlsafe(40)
+    # Development and tests only: one key per installation, generated once into a private
+    # file, so the web server, both clusters and every command sign and read the same tasks
+    # and sessions survive restarts.
+    SECRET_KEY = development_secret_key(DATA_DIR / DEV_SECRET_KEY_FILE)
 
 ALLOWED_HOSTS = env_list(
     "ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if (DEBUG or TESTING) else []
 )
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
-
-# Where the SQLite database, evidence files and other local state live by default.
-DATA_DIR = Path(env_str("LOOPSWEB_DATA_DIR") or BASE_DIR / "var").resolve()
 
 
 def private_directory(path: Path) -> None:
@@ -138,29 +147,6 @@ def private_sqlite_files(name: str) -> None:
         except FileNotFoundError:
             pass
 
-
-def _dev_secret_key(path: Path) -> str:
-    """The development key in `path` (0600), created by the first process that needs it."""
-    private_directory(path.parent)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        for _ in range(50):  # another process is writing it right now
-            key = path.read_text().strip()
-            if key:
-                return key
-            time.sleep(0.05)
-        raise ImproperlyConfigured(
-            f"{path} is empty: delete it to get a new key"
-        ) from None
-    key = "dev-" + secrets.token_urlsafe(40)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(key + "\n")
-    return key
-
-
-if DEBUG and not env_str("SECRET_KEY"):
-    SECRET_KEY = _dev_secret_key(DATA_DIR / "dev-secret-key")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -332,6 +318,13 @@ if Q_RETRY <= Q_TIMEOUT:
     raise ImproperlyConfigured(
         f"Q_RETRY ({Q_RETRY}) must be greater than Q_TIMEOUT ({Q_TIMEOUT})"
     )
+# Two clusters on one broker (django-q2 multi-queue). The main cluster (`qcluster`, Q_WORKERS)
+# runs drains, schedules and lease recovery; agent runs, which last minutes to hours, go to
+# their own queue and cluster (`Q_CLUSTER_NAME=loopsweb-runs qcluster`, LOOPSWEB_RUN_WORKERS),
+# so they never hold the workers that keep the system moving. Tasks are kept apart by the ORM
+# broker's queue key (the cluster name); `name` (the signing salt) is shared.
+LOOPSWEB_RUN_CLUSTER = "loopsweb-runs"
+LOOPSWEB_RUN_WORKERS = env_int("LOOPSWEB_RUN_WORKERS", 8, minimum=1)
 Q_CLUSTER = {
     "name": "loopsweb",
     "orm": "default",
@@ -344,6 +337,16 @@ Q_CLUSTER = {
     "poll": 0.5,
     "save_limit": 1000,
     "sync": env_bool("Q_SYNC", False),
+    "ALT_CLUSTERS": {
+        LOOPSWEB_RUN_CLUSTER: {
+            "workers": LOOPSWEB_RUN_WORKERS,
+            # Take a run from the broker only when a worker can start it soon: a cluster
+            # whose workers are all busy must not hoard runs another machine could start.
+            "queue_limit": 1,
+            # Schedules (drains, recovery) fire on the main cluster only.
+            "scheduler": False,
+        }
+    },
 }
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper() or "INFO"

@@ -93,8 +93,7 @@ def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
 
         # The second terminal, in a working directory of its own (the project path in the
         # example is relative to it).
-        # `export DEBUG=1 LOOPSWEB_PROJECT_ROOTS=$PWD/var/projects`, as the README says
-        env.update(DEBUG="1", LOOPSWEB_PROJECT_ROOTS=str(data / "projects"))
+        # nothing exported: the commands read make run's var/loopsweb.env, as the README says
         manage = [sys.executable, str(ROOT / "manage.py")]
         # sed "s|@PWD@|$PWD|" examples/todos-task.json | manage.py ingest_events -
         example = (ROOT / "examples" / "todos-task.json").read_text()

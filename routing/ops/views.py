@@ -34,6 +34,7 @@ from routing.drains import configs as drain_configs
 from routing.drains.retention import DID_SOMETHING, EMPTY, HAS_ERROR, HELD
 from routing.models import DrainRecord, InboxEvent
 from routing.ops import accounts as account_selectors
+from routing.ops import capacity as ops_capacity
 from routing.ops import selectors as sel
 from routing.ops.display import (
     LoadBar,
@@ -144,6 +145,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         nothing_waits=not (
             deferred_items or waiting or inbox["deferred"]["n"] or inbox["pending"]["n"]
         ),
+        capacity=ops_capacity.capacity_view(configs, now=now),
     )
 
 
