@@ -574,7 +574,8 @@ class WorkflowWorkItem(TimestampedModel):
         ]
 
     def __str__(self) -> str:
-        return f"{self.route_key}:{self.idempotency_key} [{self.status}]"
+        # the idempotency key already starts with the route key (`todos-task:T-1`)
+        return f"{self.idempotency_key} [{self.status}]"
 
 
 class WorkItemDeferral(models.Model):

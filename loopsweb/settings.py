@@ -414,6 +414,11 @@ LOOPSWEB_RATE_LIMIT_EXIT_CODES = {
 # account and a cap slot.
 LOOPSWEB_RUN_LEASE_SECONDS = env_int("LOOPSWEB_RUN_LEASE_SECONDS", 120, minimum=1)
 # Bytes of stdout and of stderr kept per step (the tail; older output is dropped).
+# Drain records that did nothing (no candidate considered, no error) are kept this many days,
+# then pruned by the `prune-empty-drains` schedule; records that did something are kept.
+LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS = env_int(
+    "LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS", 7, minimum=1
+)
 LOOPSWEB_OUTPUT_TAIL_BYTES = env_int("LOOPSWEB_OUTPUT_TAIL_BYTES", 65536, minimum=1024)
 # Cooldown after a rate limit that names no reset time: base × 2^(reports−1), capped.
 LOOPSWEB_COOLDOWN_BASE_SECONDS = env_int(

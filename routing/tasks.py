@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.utils import timezone
+
 from routing.drains import drain_options, drain_run
+from routing.drains.retention import drain_records_prune
 
 
 def drain(
@@ -26,3 +30,11 @@ def drain(
         "heldReason": report.held_reason,
         "overlapSkipped": report.overlapped,
     }
+
+
+def prune_empty_drains(**_q: Any) -> dict[str, Any]:
+    """Delete drain records that did nothing, older than LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS
+    (the `prune-empty-drains` schedule). Delivered twice, the second finds nothing."""
+    days = settings.LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS
+    deleted = drain_records_prune(now=timezone.now(), days=days)
+    return {"deleted": deleted, "retentionDays": days}

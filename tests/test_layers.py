@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "web surfaces",
         (
             "ledger.admin",
+            "routing.admin",
             "routing.api",
             "routing.ops",
             "routing.metrics",

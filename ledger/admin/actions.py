@@ -1,5 +1,9 @@
 """The lifecycle actions (requeue, cancel, dead-letter, retry): a confirmation page that
 shows how many rows the action touches, then one service call per row.
+
+Every row an action changes gets an admin `LogEntry` (who, when, the action and the reason:
+the item page's action history), and the service names the user in the run's workflow
+event.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.db.models import QuerySet
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
@@ -45,11 +51,44 @@ class LifecycleAction:
     title: str
     done: str  # past tense for the message: "requeued"
     explanation: str
-    apply: Callable[[str, str | None], object]
+    # (pk, reason, user name) -> the changed row
+    apply: Callable[[str, str | None, str], object]
     reason_required: bool = True
     default_reason: str = ""
     # False: the service records its own (upstream) reason; the page shows no reason field.
     asks_reason: bool = True
+
+
+def log_operator_action(
+    request: HttpRequest, model: type[Model], pk: str, title: str, reason: str | None
+) -> None:
+    """One admin LogEntry for one row an operator action changed (the audit trail)."""
+    obj = model._default_manager.filter(pk=pk).first()
+    if obj is None:
+        return
+    LogEntry.objects.log_actions(
+        user_id=request.user.pk,
+        queryset=[obj],
+        action_flag=CHANGE,
+        change_message=f"{title}: {reason}" if reason else title,
+        single_object=True,
+    )
+
+
+def action_history(
+    targets: list[tuple[type[Model], list[str]]], *, limit: int = 50
+) -> list[LogEntry]:
+    """The LogEntry rows of these objects (per model, their ids), newest first."""
+    match = Q(pk__in=[])
+    for model, ids in targets:
+        if ids:
+            content_type = ContentType.objects.get_for_model(model)
+            match |= Q(content_type=content_type, object_id__in=ids)
+    return list(
+        LogEntry.objects.filter(match)
+        .select_related("user", "content_type")
+        .order_by("-action_time")[:limit]
+    )
 
 
 def run_lifecycle_action(
@@ -78,10 +117,14 @@ def run_lifecycle_action(
         if form.is_valid():
             reason = form.cleaned_data["reason"].strip() or None
             done, refused = 0, []
+            actor = request.user.get_username()
             for pk in ids:
                 try:
-                    action.apply(pk, reason)
+                    action.apply(pk, reason, actor)
                     done += 1
+                    log_operator_action(
+                        request, model_admin.model, pk, action.title, reason
+                    )
                 except ApplicationError as exc:
                     refused.append(str(exc))
             noun = opts.verbose_name if done == 1 else opts.verbose_name_plural
@@ -134,8 +177,8 @@ REQUEUE = LifecycleAction(
         "go back to queued (bindings cleared, attempts kept); their inbox events reopen so "
         "the next drain admits them again. A reason is required."
     ),
-    apply=lambda pk, reason: services.work_item_requeue(
-        item_id=pk, reason=reason or ""
+    apply=lambda pk, reason, actor: services.work_item_requeue(
+        item_id=pk, reason=reason or "", actor=actor
     ),
 )
 CANCEL_ITEMS = LifecycleAction(
@@ -146,7 +189,9 @@ CANCEL_ITEMS = LifecycleAction(
         "Queued, deferred, admitted and running items become cancelled; a run still in "
         "progress is cancelled with its item (its process is stopped)."
     ),
-    apply=lambda pk, reason: services.work_item_cancel(item_id=pk, reason=reason or ""),
+    apply=lambda pk, reason, actor: services.work_item_cancel(
+        item_id=pk, reason=reason or "", actor=actor
+    ),
     default_reason=services.CANCEL_REASON_DEFAULT,
 )
 DEAD_LETTER = LifecycleAction(
@@ -157,8 +202,8 @@ DEAD_LETTER = LifecycleAction(
         "Parks items as dead_letter until someone requeues them; later deliveries of their "
         "events dedupe. Admitted or running items must be cancelled first."
     ),
-    apply=lambda pk, reason: services.work_item_dead_letter(
-        item_id=pk, reason=reason or ""
+    apply=lambda pk, reason, actor: services.work_item_dead_letter(
+        item_id=pk, reason=reason or "", actor=actor
     ),
     default_reason="dead-lettered by operator",
 )
@@ -170,7 +215,9 @@ RETRY_RUNS = LifecycleAction(
         "The work item of each failed, timed-out or cancelled run (its latest run) is "
         "requeued; the next drain admits it as a new run. The reason is optional."
     ),
-    apply=lambda pk, reason: services.run_retry(run_id=pk, reason=reason),
+    apply=lambda pk, reason, actor: services.run_retry(
+        run_id=pk, reason=reason, actor=actor
+    ),
     reason_required=False,
 )
 CANCEL_RUNS = LifecycleAction(
@@ -181,8 +228,8 @@ CANCEL_RUNS = LifecycleAction(
         "Queued and running runs are cancelled with their open steps and work item; a "
         "running step's process is stopped."
     ),
-    apply=lambda pk, reason: services.run_cancel(
-        run_id=pk, reason=reason or services.CANCEL_REASON_DEFAULT
+    apply=lambda pk, reason, actor: services.run_cancel(
+        run_id=pk, reason=reason or services.CANCEL_REASON_DEFAULT, actor=actor
     ),
     default_reason=services.CANCEL_REASON_DEFAULT,
 )
@@ -196,7 +243,7 @@ def _loop_action(
         title=title,
         done=done,
         explanation=explanation,
-        apply=lambda pk, _reason: services.loop_status_change(
+        apply=lambda pk, _reason, _actor: services.loop_status_change(
             loop_id=pk, action=action
         ),
         reason_required=False,

@@ -20,6 +20,7 @@ from ledger.admin.actions import (
     run_lifecycle_action,
 )
 from ledger.admin.base import LedgerAdmin, admin_link, changelist_link
+from ledger.admin.display import seconds, short_id, status_badge
 from ledger.admin.filters import (
     AccountProfileFilter,
     AgeFilter,
@@ -41,12 +42,12 @@ class StepRunInline(admin.TabularInline):
     fields = (
         "step_id",
         "sequence",
-        "status",
+        "status_cell",
         "account_profile",
         "account_tool",
         "exit_code",
         "started_at",
-        "duration_ms",
+        "duration_cell",
     )
     readonly_fields = fields
     extra = 0
@@ -60,17 +61,25 @@ class StepRunInline(admin.TabularInline):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    @admin.display(description="status")
+    def status_cell(self, obj: WorkflowStepRun) -> str:
+        return status_badge(obj.status)
+
+    @admin.display(description="duration")
+    def duration_cell(self, obj: WorkflowStepRun) -> str:
+        return seconds(obj.duration_ms)
+
 
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(LedgerAdmin):
     list_display = (
-        "id",
+        "short_id_cell",
         "workflow_name",
-        "status",
+        "status_cell",
         "work_item_link",
         "started_at",
         "finished_at",
-        "duration_ms",
+        "duration_cell",
     )
     list_filter = ("status", AccountProfileFilter, ProviderFilter, AgeFilter)
     search_fields = ("=id", "workflow_name", "=work_item__id", "idempotency_key")
@@ -98,9 +107,21 @@ class WorkflowRunAdmin(LedgerAdmin):
     ) -> TemplateResponse | None:
         return run_lifecycle_action(self, request, queryset, CANCEL_RUNS)
 
+    @admin.display(description="id", ordering="-id")
+    def short_id_cell(self, obj: WorkflowRun) -> str:
+        return short_id(obj.id)
+
+    @admin.display(description="status", ordering="status")
+    def status_cell(self, obj: WorkflowRun) -> str:
+        return status_badge(obj.status)
+
+    @admin.display(description="duration")
+    def duration_cell(self, obj: WorkflowRun) -> str:
+        return seconds(obj.duration_ms)
+
     @admin.display(description="work item")
     def work_item_link(self, obj: WorkflowRun) -> str:
-        return admin_link(obj.work_item, obj.work_item_id)
+        return admin_link(obj.work_item, short_id(obj.work_item_id))
 
     @admin.display(description="invocation")
     def invocation_link(self, obj: WorkflowRun) -> str:
@@ -118,15 +139,15 @@ class WorkflowRunAdmin(LedgerAdmin):
 @admin.register(WorkflowStepRun)
 class WorkflowStepRunAdmin(LedgerAdmin):
     list_display = (
-        "id",
+        "short_id_cell",
         "step_id",
-        "status",
+        "status_cell",
         "account_profile",
         "account_tool",
-        "run_link",
         "exit_code",
-        "duration_ms",
+        "duration_cell",
         "started_at",
+        "run_link",
     )
     list_filter = ("status", ProviderFilter, AccountProfileFilter, AgeFilter)
     search_fields = ("=id", "step_id", "=workflow_run__id", "account_profile")
@@ -134,9 +155,21 @@ class WorkflowStepRunAdmin(LedgerAdmin):
     raw_id_fields = ("workflow_run",)
     readonly_fields = ("id", "run_link")
 
+    @admin.display(description="id", ordering="-id")
+    def short_id_cell(self, obj: WorkflowStepRun) -> str:
+        return short_id(obj.id)
+
+    @admin.display(description="status", ordering="status")
+    def status_cell(self, obj: WorkflowStepRun) -> str:
+        return status_badge(obj.status)
+
+    @admin.display(description="duration")
+    def duration_cell(self, obj: WorkflowStepRun) -> str:
+        return seconds(obj.duration_ms)
+
     @admin.display(description="workflow run")
     def run_link(self, obj: WorkflowStepRun) -> str:
-        return admin_link(obj.workflow_run)
+        return admin_link(obj.workflow_run, short_id(obj.workflow_run_id))
 
 
 @admin.register(WorkflowEvent)

@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
+from django.contrib.admin import helpers
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
+from ledger import services
 from ledger.admin.actions import (
     CANCEL_ITEMS,
     DEAD_LETTER,
     REQUEUE,
+    action_history,
     run_lifecycle_action,
 )
 from ledger.admin.base import LedgerAdmin, admin_link, changelist_link
+from ledger.admin.display import (
+    age,
+    current_state,
+    project_basename,
+    seconds,
+    short_id,
+    status_badge,
+    task_description,
+    task_title,
+)
 from ledger.admin.filters import (
     AccountProfileFilter,
     AgeFilter,
@@ -33,27 +50,55 @@ from ledger.models import (
     WorkflowInvocation,
     WorkflowRun,
     WorkflowSpec,
+    WorkflowStepRun,
     WorkflowWorkItem,
 )
 
 # --- admins -----------------------------------------------------------------------------------
 
 
+class WorkItemChangeList(ChangeList):
+    """The page's rows with the accounts their latest runs' steps use, read in one query
+    for the whole page (a column per row would be a query per row)."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        rows = list(self.result_list)
+        accounts: dict[str, list[str]] = {}
+        run_ids = [r.workflow_run_id for r in rows if r.workflow_run_id]
+        if run_ids:
+            steps = (
+                WorkflowStepRun.objects.filter(
+                    workflow_run_id__in=run_ids, account_profile__isnull=False
+                )
+                .order_by("sequence")
+                .values_list("workflow_run_id", "account_profile")
+            )
+            for run_id, profile in steps:
+                if profile not in accounts.setdefault(run_id, []):
+                    accounts[run_id].append(profile)
+        for row in rows:
+            row.accounts = accounts.get(row.workflow_run_id or "", [])  # type: ignore[attr-defined]
+        self.result_list = rows
+
+
 @admin.register(WorkflowWorkItem)
 class WorkflowWorkItemAdmin(LedgerAdmin):
+    # The columns an operator reads first, narrow enough for 1400 px (issue 19): full ids,
+    # paths and reasons are on hover.
     list_display = (
-        "id",
-        "route_key",
-        "status",
+        "short_id_cell",
+        "title_cell",
+        "status_cell",
+        "project_cell",
         "route_scope",
-        "project_key",
-        "project_group",
-        "reason_code",
+        "reason_cell",
+        "accounts_cell",
         "attempts",
-        "subject_ref",
-        "short_reason",
-        "created_at",
+        "age_cell",
+        "duration_cell",
     )
+    list_display_links = ("short_id_cell", "title_cell")
     list_filter = (
         "status",
         RouteScopeFilter,
@@ -66,10 +111,59 @@ class WorkflowWorkItemAdmin(LedgerAdmin):
         RouteKeyFilter,
     )
     search_fields = ("=id", "idempotency_key", "subject_ref", "source_ref")
-    list_select_related = ("invocation",)
+    list_select_related = ("invocation", "workflow_run")
     raw_id_fields = ("invocation", "workflow", "loop", "workflow_run")
+    change_form_template = "admin/ledger/workflowworkitem/change_form.html"
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "title_text",
+                    "description_text",
+                    ("status_cell", "state_text"),
+                    "last_reason",
+                    ("reason_code", "attempts", "priority"),
+                )
+            },
+        ),
+        (
+            "Route",
+            {
+                "fields": (
+                    ("route_key", "route_scope"),
+                    ("project_key", "project_group"),
+                    ("subject_ref", "source_type", "source_ref"),
+                    "idempotency_key",
+                )
+            },
+        ),
+        (
+            "Times (UTC)",
+            {
+                "fields": (
+                    ("created_at", "updated_at"),
+                    ("next_attempt_at", "lease_expires_at"),
+                )
+            },
+        ),
+        (
+            "Links",
+            {
+                "fields": (
+                    "id",
+                    ("invocation_link", "workflow_link", "loop_link"),
+                    ("workflow_run_link", "runs_link", "ops_link"),
+                )
+            },
+        ),
+    )
     readonly_fields = (
         "id",
+        "title_text",
+        "description_text",
+        "status_cell",
+        "state_text",
         "ops_link",
         "invocation_link",
         "workflow_run_link",
@@ -78,6 +172,31 @@ class WorkflowWorkItemAdmin(LedgerAdmin):
         "loop_link",
     )
     actions = ("requeue_items", "cancel_items", "dead_letter_items")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return WorkItemChangeList
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # The page is read-only: every model field is shown as text, never as a widget.
+        names = [f.name for f in self.model._meta.concrete_fields]
+        return (*self.readonly_fields, *(n for n in names if n != "id"))
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        item = (
+            WorkflowWorkItem.objects.select_related("invocation", "workflow_run")
+            .filter(pk=object_id)
+            .first()
+        )
+        context = dict(extra_context or {})
+        if item is not None:
+            context.update(item_page_context(self, request, item))
+        return super().change_view(request, object_id, form_url, context)
 
     @admin.action(description="Requeue selected work items…", permissions=["operate"])
     def requeue_items(
@@ -99,10 +218,82 @@ class WorkflowWorkItemAdmin(LedgerAdmin):
     ) -> TemplateResponse | None:
         return run_lifecycle_action(self, request, queryset, DEAD_LETTER)
 
-    @admin.display(description="last reason")
-    def short_reason(self, obj: WorkflowWorkItem) -> str:
-        reason = obj.last_reason or ""
-        return reason if len(reason) <= 80 else reason[:79] + "…"
+    # --- list cells -------------------------------------------------------------------------
+
+    @admin.display(description="id", ordering="-id")
+    def short_id_cell(self, obj: WorkflowWorkItem) -> str:
+        return short_id(obj.id)
+
+    @admin.display(description="title / subject")
+    def title_cell(self, obj: WorkflowWorkItem) -> str:
+        subject = obj.invocation.subject_json if obj.invocation_id else None
+        title = task_title(subject, obj.subject_ref)
+        text = title if len(title) <= 70 else title[:69] + "…"
+        return format_html('<span title="{}">{}</span>', obj.subject_ref, text)
+
+    @admin.display(description="status", ordering="status")
+    def status_cell(self, obj: WorkflowWorkItem) -> str:
+        return status_badge(obj.status)
+
+    @admin.display(description="project")
+    def project_cell(self, obj: WorkflowWorkItem) -> str:
+        return project_basename(obj.project_key)
+
+    @admin.display(description="reason")
+    def reason_cell(self, obj: WorkflowWorkItem) -> str:
+        text = self._state(obj)
+        return format_html('<span title="{}">{}</span>', text, obj.reason_code or "-")
+
+    @admin.display(description="accounts")
+    def accounts_cell(self, obj: WorkflowWorkItem) -> str:
+        return ", ".join(getattr(obj, "accounts", [])) or "-"
+
+    @admin.display(description="age", ordering="-id")
+    def age_cell(self, obj: WorkflowWorkItem) -> str:
+        return format_html(
+            '<span title="{}">{}</span>',
+            f"{obj.created_at:%Y-%m-%d %H:%M:%S} UTC",
+            age(obj.created_at, timezone.now()),
+        )
+
+    @admin.display(description="duration")
+    def duration_cell(self, obj: WorkflowWorkItem) -> str:
+        run = obj.workflow_run if obj.workflow_run_id else None
+        if run is None:
+            return ""
+        if run.duration_ms is None and run.started_at:
+            return format_html(
+                '<span class="lw-live">{}</span>',
+                seconds(int((timezone.now() - run.started_at).total_seconds() * 1000)),
+            )
+        return seconds(run.duration_ms)
+
+    # --- page cells -------------------------------------------------------------------------
+
+    def _state(self, obj: WorkflowWorkItem) -> str:
+        run = obj.workflow_run if obj.workflow_run_id else None
+        return current_state(
+            status=obj.status,
+            last_reason=obj.last_reason,
+            run_id=obj.workflow_run_id,
+            run_status=run.status if run else None,
+            run_finished_at=run.finished_at if run else None,
+            run_error=run.error if run else None,
+        )
+
+    @admin.display(description="now")
+    def state_text(self, obj: WorkflowWorkItem) -> str:
+        return self._state(obj)
+
+    @admin.display(description="title")
+    def title_text(self, obj: WorkflowWorkItem) -> str:
+        subject = obj.invocation.subject_json if obj.invocation_id else None
+        return task_title(subject, obj.subject_ref)
+
+    @admin.display(description="description")
+    def description_text(self, obj: WorkflowWorkItem) -> str:
+        subject = obj.invocation.subject_json if obj.invocation_id else None
+        return task_description(subject) or "-"
 
     @admin.display(description="deferral history")
     def ops_link(self, obj: WorkflowWorkItem) -> str:
@@ -111,23 +302,110 @@ class WorkflowWorkItemAdmin(LedgerAdmin):
 
     @admin.display(description="invocation")
     def invocation_link(self, obj: WorkflowWorkItem) -> str:
-        return admin_link(obj.invocation)
+        return admin_link(obj.invocation, short_id(obj.invocation_id))
 
     @admin.display(description="workflow")
     def workflow_link(self, obj: WorkflowWorkItem) -> str:
-        return admin_link(obj.workflow)
+        return admin_link(obj.workflow, short_id(obj.workflow_id))
 
     @admin.display(description="loop")
     def loop_link(self, obj: WorkflowWorkItem) -> str:
-        return admin_link(obj.loop)
+        return admin_link(obj.loop, short_id(obj.loop_id))
 
-    @admin.display(description="workflow run (latest, with its step runs)")
+    @admin.display(description="latest run")
     def workflow_run_link(self, obj: WorkflowWorkItem) -> str:
-        return admin_link(obj.workflow_run)
+        return admin_link(obj.workflow_run, short_id(obj.workflow_run_id))
 
     @admin.display(description="all runs")
     def runs_link(self, obj: WorkflowWorkItem) -> str:
         return changelist_link(WorkflowRun, "runs of this item", work_item=obj.pk)
+
+
+OUTPUT_TAIL_CHARS = 2000
+
+
+def _tail(text: str | None) -> str:
+    if not text:
+        return ""
+    return text if len(text) <= OUTPUT_TAIL_CHARS else "…" + text[-OUTPUT_TAIL_CHARS:]
+
+
+def item_page_context(
+    model_admin: WorkflowWorkItemAdmin, request: HttpRequest, item: WorkflowWorkItem
+) -> dict[str, Any]:
+    """What the work-item page shows below its fields: runs with their step runs, the
+    deferral history, the inbox deliveries, the action history and the action buttons.
+    A fixed number of queries, each bounded."""
+    now = timezone.now()
+    runs = list(
+        WorkflowRun.objects.filter(work_item_id=item.id).order_by("-id")[:RUNS_SHOWN]
+    )
+    steps: dict[str, list[dict[str, Any]]] = {}
+    for step in WorkflowStepRun.objects.filter(
+        workflow_run_id__in=[r.id for r in runs]
+    ).order_by("sequence"):
+        steps.setdefault(step.workflow_run_id, []).append(
+            {
+                "step": step,
+                "duration": seconds(step.duration_ms)
+                or (
+                    seconds(int((now - step.started_at).total_seconds() * 1000))
+                    if step.started_at and step.status == "running"
+                    else ""
+                ),
+                "stdout": _tail(step.stdout),
+                "stderr": _tail(step.stderr),
+            }
+        )
+    deferrals = list(item.deferrals.order_by("-created_at", "-id")[:DEFERRALS_SHOWN])
+    inbox = list(
+        item.inbox_events.order_by("-received_at").defer("data", "metadata")[
+            :INBOX_SHOWN
+        ]
+    )
+    history = action_history(
+        [(WorkflowWorkItem, [item.id]), (WorkflowRun, [r.id for r in runs])]
+    )
+    operate = model_admin.has_operate_permission(request)
+    buttons = []
+    if operate:
+        for action, statuses in (
+            (REQUEUE, services.REQUEUEABLE_STATUSES),
+            (CANCEL_ITEMS, services.CANCELLABLE_STATUSES),
+            (DEAD_LETTER, services.DEAD_LETTERABLE_STATUSES),
+        ):
+            if item.status in statuses:
+                buttons.append(action)
+    title = task_title(
+        item.invocation.subject_json if item.invocation_id else None, item.subject_ref
+    )
+    return {
+        "title": f"Work item …{item.id[-8:]}: {title}",
+        "subtitle": f"{item.route_key} · {item.status} · id {item.id}",
+        "item_runs": [
+            {
+                "run": run,
+                "status": status_badge(run.status),
+                "duration": seconds(run.duration_ms),
+                "steps": [
+                    {**row, "status": status_badge(row["step"].status)}
+                    for row in steps.get(run.id, [])
+                ],
+            }
+            for run in runs
+        ],
+        "item_deferrals": deferrals,
+        "item_inbox": inbox,
+        "item_history": history,
+        "item_buttons": buttons,
+        "item_pk": item.pk,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+    }
+
+
+RUNS_SHOWN = 10
+DEFERRALS_SHOWN = 20
+INBOX_SHOWN = 20
 
 
 @admin.register(WorkflowInvocation)

@@ -26,6 +26,9 @@ Layer: `ledger` (imports `ledger.*` and `routing.domain` only).
 
 from ledger.services.common import (
     CANCEL_REASON_DEFAULT,
+    CANCELLABLE_STATUSES,
+    DEAD_LETTERABLE_STATUSES,
+    REQUEUEABLE_STATUSES,
     RUN_NOT_FOUND,
     RUN_NOT_QUEUED,
     LedgerError,
@@ -74,6 +77,9 @@ from ledger.services.work_items import (
 
 __all__ = [
     "CANCEL_REASON_DEFAULT",
+    "CANCELLABLE_STATUSES",
+    "DEAD_LETTERABLE_STATUSES",
+    "REQUEUEABLE_STATUSES",
     "RUN_NOT_FOUND",
     "RUN_NOT_QUEUED",
     "AdmitRows",

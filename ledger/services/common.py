@@ -231,6 +231,24 @@ def _append_event(
         )
 
 
+def _operator_event(
+    run_id: str | None, action: str, *, actor: str | None, reason: str | None
+) -> None:
+    """`operator_<action>` on the run an operator acted on, naming who and why (the audit
+    trail in the ledger itself; the admin's LogEntry is the other half). No run, no event.
+
+    The caller holds the run row lock, or the run is terminal (requeue, dead-letter): no
+    other writer appends events to a finished run, and the (run, sequence) unique key
+    turns the rare race into an error rather than a duplicate.
+    """
+    if run_id is None or actor is None:
+        return
+    payload: dict[str, Any] = {"user": actor}
+    if reason:
+        payload["reason"] = reason
+    _append_event(run_id, f"operator_{action}", payload=payload)
+
+
 def steps_from_spec(steps_json: Any) -> list[dict[str, Any]]:
     """The step dicts of a spec's `steps_json` (a list; older rows may wrap it in a dict)."""
     if isinstance(steps_json, dict):

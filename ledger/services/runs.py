@@ -642,7 +642,11 @@ def run_finalize(
 
 
 def run_cancel(
-    *, run_id: str, reason: str = CANCEL_REASON_DEFAULT, now: datetime | None = None
+    *,
+    run_id: str,
+    reason: str = CANCEL_REASON_DEFAULT,
+    actor: str | None = None,
+    now: datetime | None = None,
 ) -> WorkflowRun:
     """Cancel a queued or running run (reference §2.3 run cancel).
 
@@ -674,7 +678,8 @@ def run_cancel(
             error=reason,
             item_reason=reason,
             now=now,
-            event_payload={"reason": reason},
+            # an operator's cancel names the user in the run's `cancelled` event
+            event_payload={"reason": reason, **({"user": actor} if actor else {})},
         )
     # After commit: signal processes only once the ledger says the run is over.
     _kill_leftovers(was_running, run.claimed_by)

@@ -44,6 +44,7 @@ from ledger.services.common import (
     LedgerError,
     NotFound,
     _now,
+    _operator_event,
 )
 from ledger.services.runs import run_cancel
 from ledger.signals import work_item_requeued
@@ -54,7 +55,11 @@ from routing.domain.templates import (
 
 
 def run_retry(
-    *, run_id: str, reason: str | None = None, now: datetime | None = None
+    *,
+    run_id: str,
+    reason: str | None = None,
+    actor: str | None = None,
+    now: datetime | None = None,
 ) -> WorkflowWorkItem:
     """Requeue the work item of a failed, timed-out or cancelled run for re-admission.
 
@@ -73,6 +78,8 @@ def run_retry(
         item_id=run.work_item_id,
         reason=reason or RUN_RETRY_REASON.format(run_id=run.id),
         expected_run_id=run.id,
+        actor=actor,
+        action="retry",
         now=now,
     )
 
@@ -96,6 +103,8 @@ def work_item_requeue(
     item_id: str,
     reason: str,
     expected_run_id: str | None = None,
+    actor: str | None = None,
+    action: str = "requeue",
     now: datetime | None = None,
 ) -> WorkflowWorkItem:
     """Operator requeue (upstream `routes requeue`, 0.4.12 semantics, reference §2.1).
@@ -109,6 +118,8 @@ def work_item_requeue(
     4. Inbox events that produced the item are reopened (`pending`), so the next drain
        routes it again: requeue means "admit this again", and the inbox is how loopsweb
        re-delivers.
+    5. With `actor`, the run the item leaves gets `operator_<action>` naming the user and
+       the reason (the next run's reason then cannot erase who requeued it).
     """
     if not reason or not reason.strip():
         raise ValidationError(REQUEUE_REASON_REQUIRED)
@@ -126,6 +137,9 @@ def work_item_requeue(
             raise LedgerError(
                 RUN_NOT_LATEST.format(item_id=item.id, run_id=expected_run_id)
             )
+        _operator_event(
+            item.workflow_run_id, action, actor=actor, reason=reason.strip()
+        )
         item.status = WorkItemStatus.QUEUED
         item.workflow = None
         item.loop = None
@@ -142,7 +156,11 @@ def work_item_requeue(
 
 
 def work_item_cancel(
-    *, item_id: str, reason: str, now: datetime | None = None
+    *,
+    item_id: str,
+    reason: str,
+    actor: str | None = None,
+    now: datetime | None = None,
 ) -> WorkflowWorkItem:
     """Cancel a work item that is queued, deferred, admitted or running.
 
@@ -168,7 +186,7 @@ def work_item_cancel(
     if open_run is not None:
         # Runs are locked before items (lock order), so the run cancel is its own transaction.
         try:
-            run_cancel(run_id=open_run, reason=reason.strip(), now=now)
+            run_cancel(run_id=open_run, reason=reason.strip(), actor=actor, now=now)
         except LedgerError:
             pass  # it ended meanwhile; cancel the item below if it is still open
     with transaction.atomic():
@@ -182,7 +200,11 @@ def work_item_cancel(
 
 
 def work_item_dead_letter(
-    *, item_id: str, reason: str, now: datetime | None = None
+    *,
+    item_id: str,
+    reason: str,
+    actor: str | None = None,
+    now: datetime | None = None,
 ) -> WorkflowWorkItem:
     """Park a work item as `dead_letter` until an operator requeues it.
 
@@ -200,6 +222,15 @@ def work_item_dead_letter(
                 WORK_ITEM_NOT_DEAD_LETTERABLE.format(
                     item_id=item.id, status=item.status
                 )
+            )
+        if item.status in (
+            WorkItemStatus.SUCCEEDED,
+            WorkItemStatus.FAILED,
+            WorkItemStatus.CANCELLED,
+        ):
+            # a finished item's (terminal) run records who parked it
+            _operator_event(
+                item.workflow_run_id, "dead_letter", actor=actor, reason=reason.strip()
             )
         item.status = WorkItemStatus.DEAD_LETTER
         item.next_attempt_at = None

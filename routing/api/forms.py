@@ -79,6 +79,13 @@ class IngestQueryForm(StrictQueryForm):
 
     route = forms.ChoiceField(required=False, choices=[("now", "now")])
     kind = forms.ChoiceField(required=False, choices=[(k, k) for k in KINDS])
+    # strict=1: refuse a batch holding envelopes that can never route (default: warn).
+    strict = forms.TypedChoiceField(
+        required=False,
+        choices=[("0", "0"), ("1", "1")],
+        coerce=lambda v: v == "1",
+        empty_value=False,
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -7,8 +7,11 @@
 2. the body: UTF-8, nesting depth, JSON, storable values (400; `routing.domain.jsontext`);
    an array longer than LOOPSWEB_API_MAX_EVENTS is 413;
 3. with `route=now`, every envelope must plan under the given kind and options (400);
-4. `inbox_ingest`, all or nothing and idempotent on (source, id) (400 on any bad envelope);
-5. with `route=now`, each accepted event goes through `route_event` and its inbox row is
+4. envelopes that can never route (planned under the kind their type selects, with no caps:
+   a todos task without an id or the opt-in, a generic event without a project) are listed
+   under `warnings`; with `strict=1` the request is refused (400) and nothing is stored;
+5. `inbox_ingest`, all or nothing and idempotent on (source, id) (400 on any bad envelope);
+6. with `route=now`, each accepted event goes through `route_event` and its inbox row is
    updated as a drain would, one transaction per event.
 The answer is 202: the events are stored; admitted runs start later.
 """
@@ -54,6 +57,7 @@ from routing.domain.jsontext import loads_limited
 from routing.drains import compact_result, inbox_record_hold, inbox_record_route
 from routing.drains.configs import drain_configs
 from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest
+from routing.drains.sources import TODOS_EVENT_PREFIX
 from routing.models import DrainRecord, InboxEvent
 from routing.ops.accounts import account_rows
 
@@ -64,6 +68,10 @@ BATCH_TOO_LONG = "at most {limit} envelopes per request"
 BATCH_EMPTY = "the array holds no envelopes"
 NOT_ROUTABLE = "{n} envelope(s) cannot be routed as {kind}; first at {at}: {error}"
 NOT_FOUND = "not found"
+NEVER_ROUTES = (
+    "{n} envelope(s) can never be routed (strict=1 refuses the batch); first at {at}: "
+    "{error}"
+)
 
 
 def _form_error(form: StrictQueryForm) -> JsonResponse:
@@ -110,6 +118,43 @@ def _plan_errors(
         except ApplicationError as exc:
             errors.append({"at": f"item {position}", "error": str(exc)})
     return errors
+
+
+def _never_routable(items: list[Any], *, cwd: str) -> list[dict[str, Any]]:
+    """Envelopes no drain will ever admit, each with the reason a drain would record.
+
+    Each is planned (no store access) under the kind a drain of its type uses (`task.*`
+    events are todos tasks, everything else generic) with no caps, so only what is wrong
+    with the envelope itself shows: eligibility skips (no opt-in, a manual gate, a terminal
+    status) and plan errors (no task id, no project).
+    """
+    warnings: list[dict[str, Any]] = []
+    for position, obj in enumerate(items, start=1):
+        try:
+            envelope = parse_envelope(obj)
+        except ApplicationError:
+            continue  # inbox_ingest refuses it with the rest of the batch
+        kind = (
+            "todos-task" if envelope.type.startswith(TODOS_EVENT_PREFIX) else "generic"
+        )
+        try:
+            plan = plan_route(
+                kind=kind, envelope=envelope, options=RouteOptions(), env={}, cwd=cwd
+            )
+            reason = plan.reason if isinstance(plan, RouteResult) else None
+        except ApplicationError as exc:
+            reason = str(exc)
+        if reason:
+            warnings.append(
+                {
+                    "at": f"item {position}",
+                    "source": envelope.source,
+                    "id": envelope.id,
+                    "kind": kind,
+                    "warning": reason,
+                }
+            )
+    return warnings
 
 
 def _route_accepted(
@@ -198,6 +243,13 @@ def events(request: HttpRequest) -> HttpResponse:
                 n=len(unroutable), kind=kind, at=first["at"], error=first["error"]
             )
             return JsonResponse({"error": message, "invalid": unroutable}, status=400)
+    warnings = [] if route_now else _never_routable(items, cwd=cwd)
+    if warnings and query.cleaned_data["strict"]:
+        first = warnings[0]
+        message = NEVER_ROUTES.format(
+            n=len(warnings), at=first["at"], error=first["warning"]
+        )
+        return JsonResponse({"error": message, "warnings": warnings}, status=400)
     try:
         report = inbox_ingest(
             (f"item {position}", obj) for position, obj in enumerate(items, start=1)
@@ -210,6 +262,8 @@ def events(request: HttpRequest) -> HttpResponse:
         "accepted": report.new,
         "duplicates": report.duplicate,
     }
+    if warnings:
+        answer["warnings"] = warnings
     if route_now:
         envelopes = {}
         for obj in items:

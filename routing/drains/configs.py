@@ -121,6 +121,8 @@ class ScheduledDrain:
     cron: str | None
     next_run: datetime | None
     options: dict[str, Any]
+    id: int | None = None  # the django-q2 Schedule row (pause, resume, run now)
+    paused: bool = False  # repeats 0: the scheduler skips it
 
 
 def scheduled_drains() -> list[ScheduledDrain]:
@@ -139,6 +141,8 @@ def scheduled_drains() -> list[ScheduledDrain]:
                 cron=schedule.cron,
                 next_run=schedule.next_run,
                 options=options if isinstance(options, dict) else {},
+                id=schedule.id,
+                paused=schedule.repeats == 0,
             )
         )
     return out

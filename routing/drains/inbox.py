@@ -19,8 +19,9 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as ModelValidationError
 from django.db import connection, transaction
+from django.utils import timezone
 
-from ledger.lock import ADVISORY_NAMESPACE
+from ledger.lock import ADVISORY_NAMESPACE, admission_lock
 from ledger.models import WorkflowWorkItem
 from routing.domain.errors import ApplicationError
 from routing.domain.events import (
@@ -216,4 +217,82 @@ def inbox_reopen_requeued(
         reason_code=None,
         last_reason=item.last_reason,
         updated_at=now,
+    )
+
+
+# --- operator actions on inbox rows -----------------------------------------------------------
+
+INBOX_EVENT_NOT_FOUND = "inbox event not found: {event_id}"
+INBOX_NOT_REOPENABLE = "inbox event is not reopenable: {event_id} state={state}"
+INBOX_NOT_DISCARDABLE = "inbox event is not discardable: {event_id} state={state}"
+INBOX_REASON_REQUIRED = "a reason is required"
+# Retry: rows a drain gave up on (failed, skipped) or holds (deferred) go back to pending.
+REOPENABLE_INBOX_STATES = (InboxState.FAILED, InboxState.SKIPPED, InboxState.DEFERRED)
+# Discard: rows a drain would still route (or that failed) are settled as skipped.
+DISCARDABLE_INBOX_STATES = (InboxState.PENDING, InboxState.DEFERRED, InboxState.FAILED)
+
+
+def _inbox_operator_update(
+    *,
+    inbox_id: str,
+    allowed: tuple[str, ...],
+    refused: str,
+    state: str,
+    reason: str,
+    actor: str,
+    now: datetime,
+) -> InboxEvent:
+    if not reason or not reason.strip():
+        raise ApplicationError(INBOX_REASON_REQUIRED)
+    with transaction.atomic():
+        # Every writer of inbox rows a drain may claim takes the admission lock first (see
+        # drains.run): a drain's claim and this update cannot interleave.
+        admission_lock()
+        row = InboxEvent.objects.filter(pk=inbox_id).defer("data", "metadata").first()
+        if row is None:
+            raise ApplicationError(INBOX_EVENT_NOT_FOUND.format(event_id=inbox_id))
+        if row.state not in allowed:
+            raise ApplicationError(
+                refused.format(event_id=f"{row.source}:{row.event_id}", state=row.state)
+            )
+        text = f"{reason.strip()} (by {actor})"
+        # Conditional on the state read above: a drain that settled the row meanwhile wins.
+        changed = InboxEvent.objects.filter(pk=row.pk, state=row.state).update(
+            state=state, reason_code=None, last_reason=text, updated_at=now
+        )
+        if not changed:  # pragma: no cover - the lock makes this unreachable
+            raise ApplicationError(refused.format(event_id=row.event_id, state="?"))
+        row.state, row.last_reason, row.reason_code = state, text, None
+    return row
+
+
+def inbox_reopen(
+    *, inbox_id: str, reason: str, actor: str, now: datetime | None = None
+) -> InboxEvent:
+    """Operator retry: a failed, skipped or deferred inbox row goes back to `pending`, so the
+    next drain routes it again (route_attempts kept). `last_reason` names the user."""
+    return _inbox_operator_update(
+        inbox_id=inbox_id,
+        allowed=REOPENABLE_INBOX_STATES,
+        refused=INBOX_NOT_REOPENABLE,
+        state=InboxState.PENDING,
+        reason=reason,
+        actor=actor,
+        now=now or timezone.now(),
+    )
+
+
+def inbox_discard(
+    *, inbox_id: str, reason: str, actor: str, now: datetime | None = None
+) -> InboxEvent:
+    """Operator discard: a pending, deferred or failed row becomes `skipped` (no drain scans
+    it again); `last_reason` keeps the reason and the user."""
+    return _inbox_operator_update(
+        inbox_id=inbox_id,
+        allowed=DISCARDABLE_INBOX_STATES,
+        refused=INBOX_NOT_DISCARDABLE,
+        state=InboxState.SKIPPED,
+        reason=reason,
+        actor=actor,
+        now=now or timezone.now(),
     )

@@ -443,7 +443,9 @@ def _drain_loop(
         index += 1
         now = timezone.now()
         try:
-            if full.every is not None:  # nothing more can be admitted in this drain
+            if full.every is not None and _may_route(candidate, options, env, cwd):
+                # Nothing more can be admitted in this drain. (An event that can never
+                # route goes on to _route_one, which reports it skipped, not throttled.)
                 result = _hold_unread(candidate, full, report)
             else:
                 result = _route_one(
@@ -457,6 +459,25 @@ def _drain_loop(
         if progress:
             progress(report)
     full.record_held_rows(timezone.now())
+
+
+def _may_route(
+    candidate: Candidate, options: DrainOptions, env: Mapping[str, str], cwd: str
+) -> bool:
+    """Whether the candidate's envelope plans at all (no store access): one without the
+    opt-in, with a manual gate or without a task id never routes, however free the caps."""
+    assert candidate.envelope is not None
+    try:
+        plan = plan_route(
+            kind=options.kind,
+            envelope=candidate.envelope,
+            options=options.route,
+            env=env,
+            cwd=cwd,
+        )
+    except ApplicationError:
+        return False
+    return not isinstance(plan, RouteResult)
 
 
 def _failed(

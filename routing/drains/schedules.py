@@ -24,6 +24,13 @@ SCHEDULES: tuple[ScheduleSpec, ...] = (
         func="ledger.tasks.recover_expired_runs",
         minutes=1,
     ),
+    # Drain records that did nothing (one a minute per idle schedule) are kept
+    # LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS days.
+    ScheduleSpec(
+        name="prune-empty-drains",
+        func="routing.tasks.prune_empty_drains",
+        minutes=60,
+    ),
     # Failed runs' worktrees are kept LOOPSWEB_WORKTREE_KEEP_SECONDS for an operator to look
     # at; this removes them after that (and any a succeeded run could not remove).
     ScheduleSpec(

@@ -45,6 +45,20 @@ def relative_age(value: datetime | None, now: datetime) -> str:
     return f"in {text}" if future else f"{text} ago"
 
 
+def elapsed(value: datetime | None, now: datetime) -> str:
+    """`42 s`, `5 min 3 s`, `2 h 10 min`, `3 d 4 h` since `value` (blank when unknown)."""
+    if value is None:
+        return ""
+    total = max(0, int((now - value).total_seconds()))
+    if total < 60:
+        return f"{total} s"
+    if total < 3600:
+        return f"{total // 60} min {total % 60} s"
+    if total < 86400:
+        return f"{total // 3600} h {total % 3600 // 60} min"
+    return f"{total // 86400} d {total % 86400 // 3600} h"
+
+
 def reason_label(code: str | None) -> str:
     if not code:
         return "(no code)"
@@ -299,6 +313,104 @@ def timeline_svg(
         '<svg class="ops-chart timeline" xmlns="http://www.w3.org/2000/svg" '
         'width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
         'aria-label="Steps started per hour per account, last 24 hours">{}</svg>',
+        width,
+        height,
+        width,
+        height,
+        mark_safe("".join(parts)),
+    )
+
+
+THROUGHPUT_W, THROUGHPUT_H = 22, 90
+
+
+def throughput_svg(
+    hours: Sequence[datetime], counts: Mapping[datetime, tuple[int, int]]
+) -> SafeString:
+    """Runs finished per UTC hour: succeeded stacked under failed, one column per hour.
+
+    `counts[hour] = (succeeded, failed)`; hours with nothing get an empty track so the 24
+    columns always line up. Every column has a `<title>` with its numbers."""
+    if not hours:
+        return mark_safe("")
+    peak = max([1, *(ok + bad for ok, bad in counts.values())])
+    left, top, bottom = 34, 8, 30
+    width = left + THROUGHPUT_W * len(hours) + 10
+    height = top + THROUGHPUT_H + bottom
+    base = top + THROUGHPUT_H
+    parts: list[SafeString] = [
+        format_html(
+            '<text class="hour" x="{}" y="{}" text-anchor="end">{}</text>'
+            '<text class="hour" x="{}" y="{}" text-anchor="end">0</text>',
+            left - 4,
+            top + 9,
+            peak,
+            left - 4,
+            base,
+        )
+    ]
+    for j, hour in enumerate(hours):
+        ok, bad = counts.get(hour, (0, 0))
+        x = left + j * THROUGHPUT_W + 1
+        ok_h = round(THROUGHPUT_H * ok / peak, 1)
+        bad_h = round(THROUGHPUT_H * bad / peak, 1)
+        parts.append(
+            format_html(
+                "<g><title>{}–{} UTC: {} succeeded, {} failed</title>"
+                '<rect class="track" x="{}" y="{}" width="{}" height="{}"></rect>'
+                '<rect class="ok" x="{}" y="{}" width="{}" height="{}"></rect>'
+                '<rect class="bad" x="{}" y="{}" width="{}" height="{}"></rect></g>',
+                hour.strftime("%Y-%m-%d %H:00"),
+                f"{(hour.hour + 1) % 24:02d}:00",
+                ok,
+                bad,
+                x,
+                top,
+                THROUGHPUT_W - 2,
+                THROUGHPUT_H,
+                x,
+                round(base - ok_h, 1),
+                THROUGHPUT_W - 2,
+                ok_h,
+                x,
+                round(base - ok_h - bad_h, 1),
+                THROUGHPUT_W - 2,
+                bad_h,
+            )
+        )
+        if j % 3 == 0 or j == len(hours) - 1:
+            parts.append(
+                format_html(
+                    '<text class="hour" x="{}" y="{}" text-anchor="middle">{}</text>',
+                    x + THROUGHPUT_W // 2,
+                    base + 13,
+                    hour.strftime("%H:00"),
+                )
+            )
+    total_ok = sum(ok for ok, _ in counts.values())
+    total_bad = sum(bad for _, bad in counts.values())
+    parts.append(
+        format_html(
+            '<g class="legend"><rect class="ok" x="{}" y="{}" width="10" height="10"></rect>'
+            '<text x="{}" y="{}">succeeded ({})</text>'
+            '<rect class="bad" x="{}" y="{}" width="10" height="10"></rect>'
+            '<text x="{}" y="{}">failed or timed out ({})</text></g>',
+            left,
+            height - 11,
+            left + 14,
+            height - 2,
+            total_ok,
+            left + 140,
+            height - 11,
+            left + 154,
+            height - 2,
+            total_bad,
+        )
+    )
+    return format_html(
+        '<svg class="ops-chart throughput" xmlns="http://www.w3.org/2000/svg" '
+        'width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
+        'aria-label="Runs finished per hour, last 24 hours">{}</svg>',
         width,
         height,
         width,

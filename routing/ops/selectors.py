@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import (
@@ -26,12 +26,16 @@ from django.db.models import (
     QuerySet,
     Window,
 )
-from django.db.models.functions import RowNumber
+from django.db.models.functions import RowNumber, TruncHour
+from django_q.models import Schedule
 
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
+    RunStatus,
     StepStatus,
+    WorkflowEvent,
     WorkflowRun,
+    WorkflowStepRun,
     WorkflowWorkItem,
     WorkItemDeferral,
     WorkItemStatus,
@@ -344,3 +348,196 @@ def work_item_statuses(ids: Iterable[str]) -> dict[str, str]:
     return dict(
         WorkflowWorkItem.objects.filter(pk__in=wanted).values_list("id", "status")
     )
+
+
+def drain_of_inbox_event(row: InboxEvent, *, look_back: int = 10) -> DrainRecord | None:
+    """The drain that last recorded an outcome on this inbox row: among the latest drains
+    that started before its `routed_at` (idx_drains_started), the first whose results name
+    the event. None when it was routed by the API (`route=now`) or its drain was pruned."""
+    if row.routed_at is None:
+        return None
+    for record in DrainRecord.objects.filter(
+        started_at__lte=row.routed_at, dry_run=False
+    ).order_by("-started_at")[:look_back]:
+        results = record.results_json if isinstance(record.results_json, list) else []
+        if any(
+            isinstance(r, dict) and r.get("eventId") == row.event_id for r in results
+        ):
+            return record
+    return None
+
+
+# --- what runs now, what waits for an account ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveStep:
+    step_id: str
+    account_profile: str | None
+    account_tool: str | None
+    run_id: str
+    work_item_id: str | None
+    subject: str
+    since: datetime | None
+    why: str = ""
+    code: str = ""
+
+
+def running_steps(*, limit: int = 50) -> list[LiveStep]:
+    """Steps running now (the step status index), oldest start first, with their item."""
+    rows = (
+        WorkflowStepRun.objects.filter(status=StepStatus.RUNNING)
+        .select_related("workflow_run__work_item")
+        .only(
+            "step_id",
+            "account_profile",
+            "account_tool",
+            "started_at",
+            "workflow_run__id",
+            "workflow_run__work_item__id",
+            "workflow_run__work_item__subject_ref",
+        )
+        .order_by("started_at")[:limit]
+    )
+    return [
+        LiveStep(
+            step_id=s.step_id,
+            account_profile=s.account_profile,
+            account_tool=s.account_tool,
+            run_id=s.workflow_run.id,
+            work_item_id=s.workflow_run.work_item_id,
+            subject=(
+                s.workflow_run.work_item.subject_ref
+                if s.workflow_run.work_item_id
+                else s.workflow_run.id
+            ),
+            since=s.started_at,
+        )
+        for s in rows
+    ]
+
+
+def waiting_steps(*, limit: int = 50) -> list[LiveStep]:
+    """Steps whose run is running but which wait for their account (at its cap or cooling):
+    pending steps of running runs that have a `step_waiting` event, with that event's reason
+    and time. Two queries: the pending steps (step status index), their waiting events (the
+    run's event key)."""
+    pending = list(
+        WorkflowStepRun.objects.filter(
+            status=StepStatus.PENDING, workflow_run__status=RunStatus.RUNNING
+        )
+        .select_related("workflow_run__work_item")
+        .only(
+            "step_id",
+            "account_profile",
+            "account_tool",
+            "workflow_run__id",
+            "workflow_run__work_item__id",
+            "workflow_run__work_item__subject_ref",
+        )
+        .order_by("workflow_run_id", "sequence")[: limit * 4]
+    )
+    if not pending:
+        return []
+    latest: dict[tuple[str, str], WorkflowEvent] = {}
+    for event in WorkflowEvent.objects.filter(
+        workflow_run_id__in={s.workflow_run_id for s in pending},
+        event_type="step_waiting",
+    ).order_by("workflow_run_id", "-sequence"):
+        latest.setdefault((event.workflow_run_id, event.step_id or ""), event)
+    rows = []
+    for s in pending:
+        event = latest.get((s.workflow_run_id, s.step_id))
+        if event is None:
+            continue  # not started yet because an earlier step runs, not waiting
+        payload = event.payload_json if isinstance(event.payload_json, dict) else {}
+        rows.append(
+            LiveStep(
+                step_id=s.step_id,
+                account_profile=s.account_profile,
+                account_tool=s.account_tool,
+                run_id=s.workflow_run.id,
+                work_item_id=s.workflow_run.work_item_id,
+                subject=(
+                    s.workflow_run.work_item.subject_ref
+                    if s.workflow_run.work_item_id
+                    else s.workflow_run.id
+                ),
+                since=event.created_at,
+                why=str(payload.get("reason") or ""),
+                code=str(payload.get("code") or ""),
+            )
+        )
+    rows.sort(key=lambda r: (r.since is None, r.since))
+    return rows[:limit]
+
+
+# --- inbox by state, throughput, schedules ---------------------------------------------------
+
+# Every state an operator acts on; admitted and skipped grow with history and are not counted.
+INBOX_COUNTED_STATES = (InboxState.PENDING, InboxState.DEFERRED, InboxState.FAILED)
+
+
+def inbox_by_state() -> dict[str, dict[str, Any]]:
+    """Pending, deferred and failed inbox events (the state index), each with its oldest."""
+    rows = (
+        InboxEvent.objects.filter(state__in=INBOX_COUNTED_STATES)
+        .values("state")
+        .annotate(n=Count("id"), oldest=Min("received_at"))
+        .order_by()
+    )
+    found = {r["state"]: r for r in rows}
+    return {
+        state: found.get(state, {"state": state, "n": 0, "oldest": None})
+        for state in INBOX_COUNTED_STATES
+    }
+
+
+SUCCESS_RUN_STATUSES = (RunStatus.SUCCEEDED,)
+FAILURE_RUN_STATUSES = (RunStatus.FAILED, RunStatus.TIMED_OUT)
+
+
+def run_throughput(
+    *, now: datetime, hours: int = 24
+) -> dict[datetime, tuple[int, int]]:
+    """Runs finished per hour over the last `hours`: (succeeded, failed or timed out).
+
+    A key range on the run id (runs created in the last 2 × hours: a run finishes within
+    its timeout, far less than a day) then the finish time, grouped by hour in SQL."""
+    since = now - timedelta(hours=hours)
+    rows = (
+        created_since(WorkflowRun.objects.all(), now - timedelta(hours=2 * hours))
+        .filter(
+            finished_at__gte=since,
+            status__in=(*SUCCESS_RUN_STATUSES, *FAILURE_RUN_STATUSES),
+        )
+        .annotate(hour=TruncHour("finished_at"))
+        .values("hour")
+        .annotate(
+            ok=Count("id", filter=Q(status__in=SUCCESS_RUN_STATUSES)),
+            bad=Count("id", filter=Q(status__in=FAILURE_RUN_STATUSES)),
+        )
+        .order_by()
+    )
+    return {r["hour"]: (r["ok"], r["bad"]) for r in rows if r["hour"] is not None}
+
+
+@dataclass(frozen=True)
+class OverdueSchedule:
+    id: int
+    name: str
+    func: str
+    next_run: datetime
+    repeats: int
+
+
+def overdue_schedules(*, now: datetime, grace: timedelta) -> list[OverdueSchedule]:
+    """django-q2 schedules whose next run is more than `grace` in the past: no qcluster is
+    picking them up (or it is overloaded). Paused schedules (repeats 0) are not overdue."""
+    rows = (
+        Schedule.objects.filter(next_run__lt=now - grace)
+        .exclude(repeats=0)
+        .order_by("next_run")
+        .values("id", "name", "func", "next_run", "repeats")[:50]
+    )
+    return [OverdueSchedule(**{**r, "name": r["name"] or r["func"]}) for r in rows]

@@ -18,4 +18,14 @@ urlpatterns: list[URLPattern] = [
     path("accounts/", ops_views.accounts, name="accounts"),
     path("drains/", ops_views.drains, name="drains"),
     path("drains/<str:drain_id>/", ops_views.drain_detail, name="drain"),
+    path(
+        "schedules/<int:schedule_id>/<str:action>/",
+        ops_views.schedule_action,
+        name="schedule-action",
+    ),
+    path(
+        "inbox/<str:inbox_id>/drain/",
+        ops_views.inbox_last_drain,
+        name="inbox-last-drain",
+    ),
 ]

@@ -14,20 +14,24 @@ from functools import wraps
 from typing import Any
 
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+from django_q.models import Schedule
 
 from ledger.admin.base import CappedCountPaginator
 from ledger.models import WorkflowWorkItem
 from routing.domain import reasons
 from routing.drains import configs as drain_configs
+from routing.drains.retention import DID_SOMETHING, EMPTY, HAS_ERROR, HELD
 from routing.models import DrainRecord, InboxEvent
 from routing.ops import accounts as account_selectors
 from routing.ops import capacity as ops_capacity
@@ -37,12 +41,23 @@ from routing.ops.display import (
     deferral_snapshot,
     load_chart_svg,
     options_text,
+    throughput_svg,
     timeline_svg,
 )
 
 View = Callable[..., HttpResponse]
 PER_PAGE = 50
 DRAIN_RESULTS_SHOWN = 500
+# A schedule whose next run is this far in the past is overdue: no qcluster runs it.
+OVERDUE_GRACE = timedelta(minutes=2)
+# The ops pages reload themselves this often unless the operator pauses it (base.html).
+REFRESH_SECONDS = 30
+DRAIN_FILTERS = {
+    "did": ("did something", DID_SOMETHING),
+    "error": ("with an error", HAS_ERROR),
+    "held": ("held", HELD),
+    "empty": ("did nothing", EMPTY),
+}
 
 
 def staff_required(view: View) -> View:
@@ -69,6 +84,7 @@ def _render(
             **admin.site.each_context(request),
             "title": title,
             "section": section,
+            "refresh_seconds": REFRESH_SECONDS,
             # No roots, no agent runs: every page says so, naming the setting.
             "project_roots_unset": not settings.LOOPSWEB_PROJECT_ROOTS,
             **context,
@@ -80,12 +96,31 @@ def _page(paginator: Paginator, request: HttpRequest) -> Page:
     return paginator.get_page(request.GET.get("page"))
 
 
+def hint_kind(drains: list[DrainRecord], schedules: list[Any]) -> str:
+    """The route kind the page's hints name: the latest drain's, else a schedule's, else
+    `generic` (a todos-task installation should not read `drain generic`)."""
+    for record in drains:
+        if record.kind:
+            return "todos-task" if record.kind == "todos-task" else "generic"
+    for schedule in schedules:
+        if schedule.kind:
+            return str(schedule.kind)
+    return "generic"
+
+
 @staff_required
 def overview(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    configs = drain_configs.drain_configs(now=now)
+    schedules = drain_configs.scheduled_drains()
+    configs = drain_configs.drain_configs(now=now, schedules=schedules)
     accounts = account_selectors.account_rows(configs)
     live = sel.live_work()
+    drains = list(sel.latest_drains()[:10])
+    reasons_now = sel.reason_rows(since=now - timedelta(hours=24), live=live)
+    inbox = sel.inbox_by_state()
+    waiting = sel.waiting_steps()
+    hours = account_selectors.timeline_hours(now)
+    deferred_items = sum(r.deferred for r in reasons_now)
     return _render(
         request,
         "ops/overview.html",
@@ -97,9 +132,19 @@ def overview(request: HttpRequest) -> HttpResponse:
         projects=sel.project_rows(configs, live),
         accounts=accounts,
         cooldowns=[a for a in accounts if a.cooling(now)],
-        reasons=sel.reason_rows(since=now - timedelta(hours=24), live=live),
-        inbox=sel.inbox_depth(),
-        drains=list(sel.latest_drains()[:10]),
+        reasons=reasons_now,
+        inbox=inbox,
+        drains=drains,
+        running=sel.running_steps(),
+        waiting=waiting,
+        overdue=sel.overdue_schedules(now=now, grace=OVERDUE_GRACE),
+        throughput=throughput_svg(hours, sel.run_throughput(now=now)),
+        kind=hint_kind(drains, schedules),
+        # The copy beside the numbers: "nothing is waiting" only when nothing is.
+        deferred_items=deferred_items,
+        nothing_waits=not (
+            deferred_items or waiting or inbox["deferred"]["n"] or inbox["pending"]["n"]
+        ),
         capacity=ops_capacity.capacity_view(configs, now=now),
     )
 
@@ -124,6 +169,7 @@ def deferrals(request: HttpRequest) -> HttpResponse:
         page=page,
         inbox_reasons=sel.deferred_inbox_by_reason(),
         inbox_oldest=sel.oldest_deferred_inbox(),
+        kind=hint_kind(list(sel.latest_drains()[:1]), []),
         reason_codes=[(code, reasons.LABELS[code]) for code in reasons.ALL],
     )
 
@@ -201,7 +247,12 @@ def accounts(request: HttpRequest) -> HttpResponse:
 @staff_required
 def drains(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    page = _page(CappedCountPaginator(sel.latest_drains(), PER_PAGE), request)
+    show = request.GET.get("show") or ""
+    records = sel.latest_drains()
+    if show in DRAIN_FILTERS:
+        records = records.filter(DRAIN_FILTERS[show][1])
+    page = _page(CappedCountPaginator(records, PER_PAGE), request)
+    schedules = drain_configs.scheduled_drains()
     return _render(
         request,
         "ops/drains.html",
@@ -209,8 +260,85 @@ def drains(request: HttpRequest) -> HttpResponse:
         "drains",
         now=now,
         page=page,
-        schedules=drain_configs.scheduled_drains(),
+        show=show if show in DRAIN_FILTERS else "",
+        drain_filters=[(key, label) for key, (label, _) in DRAIN_FILTERS.items()],
+        schedules=schedules,
+        kind=hint_kind(list(page.object_list), schedules),
+        other_schedules=[
+            {**row, "paused": row["repeats"] == 0}
+            for row in Schedule.objects.exclude(func=drain_configs.DRAIN_FUNC)
+            .order_by("name")
+            .values("id", "name", "func", "next_run", "repeats")
+        ],
+        can_operate=request.user.has_perm("django_q.change_schedule"),
+        retention_days=settings.LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS,
     )
+
+
+SCHEDULE_ACTIONS = ("pause", "resume", "run")
+
+
+@staff_required
+@require_POST
+def schedule_action(
+    request: HttpRequest, schedule_id: int, action: str
+) -> HttpResponse:
+    """Pause (repeats 0: django-q2's scheduler skips it), resume (repeats -1, due now if it
+    was overdue) or run now (due now: the next scheduler tick, within about 30 s, runs it
+    once, with its overlap skip) one schedule. Needs django_q's change_schedule permission;
+    leaves an admin LogEntry naming the user."""
+    if action not in SCHEDULE_ACTIONS:
+        raise Http404
+    if not request.user.has_perm("django_q.change_schedule"):
+        raise PermissionDenied
+    schedule = get_object_or_404(Schedule, pk=schedule_id)
+    now = timezone.now()
+    if action == "pause":
+        schedule.repeats = 0
+        text = f"Paused schedule {schedule.name}."
+    elif action == "resume":
+        schedule.repeats = -1
+        if schedule.next_run is None or schedule.next_run < now:
+            schedule.next_run = now
+        text = f"Resumed schedule {schedule.name}."
+    else:
+        if schedule.repeats == 0:
+            messages.error(
+                request, f"Schedule {schedule.name} is paused: resume it to run it."
+            )
+            return HttpResponseRedirect(reverse("ops:drains"))
+        schedule.next_run = now
+        text = (
+            f"Schedule {schedule.name} is due now: a running qcluster starts it at its "
+            "next scheduler tick."
+        )
+    schedule.save(update_fields=["repeats", "next_run"])
+    LogEntry.objects.log_actions(
+        user_id=request.user.pk,
+        queryset=[schedule],
+        action_flag=CHANGE,
+        change_message=f"{action} (ops drains page)",
+        single_object=True,
+    )
+    messages.success(request, text)
+    return HttpResponseRedirect(reverse("ops:drains") + "#schedules")
+
+
+@staff_required
+def inbox_last_drain(request: HttpRequest, inbox_id: str) -> HttpResponse:
+    """From an inbox event (admin) to the drain that last recorded an outcome on it."""
+    row = get_object_or_404(InboxEvent.objects.defer("data", "metadata"), pk=inbox_id)
+    record = sel.drain_of_inbox_event(row)
+    if record is None:
+        messages.warning(
+            request,
+            "No drain record names this event: it was routed by the API (route=now), "
+            "or its drain record was pruned.",
+        )
+        return HttpResponseRedirect(
+            reverse("admin:routing_inboxevent_change", args=[row.pk])
+        )
+    return HttpResponseRedirect(reverse("ops:drain", args=[record.pk]))
 
 
 @staff_required

@@ -42,6 +42,21 @@ def reason_label(code: str | None) -> str:
 
 
 @register.filter
+def elapsed(value: datetime | None, now: datetime) -> str:
+    """How long since `value`: `42 s`, `5 min 3 s`, `2 h 10 min`."""
+    return ops_display.elapsed(value, now)
+
+
+@register.filter
+def seconds(ms: int | None) -> str:
+    """A duration in milliseconds shown in seconds: `0.4 s`, `12.3 s`, `754 s`."""
+    if ms is None:
+        return "—"
+    value = ms / 1000
+    return f"{value:.1f} s" if value < 100 else f"{value:.0f} s"
+
+
+@register.filter
 def worktree(run: WorkflowRun) -> str:
     """The run's git worktree, branch and what became of it (`-` when it had none)."""
     return worktree_text(run)

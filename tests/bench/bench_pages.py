@@ -7,7 +7,9 @@ superuser through Django's test Client (the full middleware stack, DEBUG off):
     pages are built in parallel; whatever exists is measured). A page whose URL takes an
     argument gets a real one: a deferred work item for item pages, the newest drain record
     for drain pages, an account for account pages; a page we cannot fill is listed as skipped;
-  - the work-item admin changelist (/admin/ledger/workflowworkitem/).
+  - the work-item admin changelist and one work item's admin page (a finished item with a
+    run and step runs), and the inbox admin changelist.
+URLs that are actions or redirects, not pages (NOT_PAGES), are listed as skipped.
 Per page: the number of queries (CaptureQueriesContext, target ≤ 20) and the median render
 time over RENDERS timed renders after one warm-up (reported; no target is set).
 """
@@ -29,6 +31,8 @@ SLOW_PAGE_SECONDS = (
     5.0  # a page slower than this to warm up gets 3 timed renders, not 5
 )
 MAX_QUERIES = 20
+# ops URLs that are not pages: a POST-only action, a redirect to the drain page.
+NOT_PAGES = {"schedule-action", "inbox-last-drain"}
 
 
 def main() -> None:
@@ -190,6 +194,9 @@ def discover_pages() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         if not names:
             skipped.append(("ops pages", "the 'ops' namespace has no named URLs yet"))
         for name in names:
+            if name in NOT_PAGES:
+                skipped.append((f"ops:{name}", "an action or a redirect, not a page"))
+                continue
             params = sorted(
                 {p for possibility in resolver.reverse_dict.getlist(name) for _, ps in possibility[0] for p in ps}
             )  # fmt: skip
@@ -205,7 +212,30 @@ def discover_pages() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     pages.append(
         ("admin work items", reverse("admin:ledger_workflowworkitem_changelist"))
     )
+    item = _finished_item()
+    if item is None:
+        skipped.append(("admin work item page", "no finished work item with a run"))
+    else:
+        pages.append(
+            (
+                "admin work item page",
+                reverse("admin:ledger_workflowworkitem_change", args=[item]),
+            )
+        )
+    pages.append(("admin inbox events", reverse("admin:routing_inboxevent_changelist")))
     return pages, skipped
+
+
+def _finished_item() -> str | None:
+    """The newest succeeded work item bound to a run (its page shows runs and step runs)."""
+    from ledger.models import WorkflowWorkItem
+
+    return (
+        WorkflowWorkItem.objects.filter(status="succeeded", workflow_run__isnull=False)
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
 
 
 def measure(client: Any, url: str) -> dict[str, Any]:

@@ -288,3 +288,56 @@ def test_route_now_refuses_values_that_overflow_ledger_columns(
     assert response.status_code == 400
     assert "route scope is longer than 200 characters" in response.json()["error"]
     assert row_counts() == before
+
+
+# --- warnings for envelopes that can never route (issue 19) -----------------------------------
+
+
+def test_envelopes_that_can_never_route_are_accepted_with_warnings(
+    client: Client, token: str
+) -> None:
+    good = todos_event()
+    no_opt_in = todos_event(tags=[])
+    manual = todos_event(tags=["auto:route", "manual"])
+    no_id = {
+        "id": "evt-no-id",
+        "type": "task.created",
+        "source": "@hasna/todos",
+        "data": {"title": "no id", "tags": ["auto:route"], "project_path": "/srv/a"},
+    }
+    response = post_events(client, token, [good, no_opt_in, manual, no_id])
+    assert response.status_code == 202
+    body = response.json()
+    assert len(body["accepted"]) == 4
+    warnings = {w["id"]: w for w in body["warnings"]}
+    assert set(warnings) == {no_opt_in["id"], manual["id"], "evt-no-id"}
+    assert warnings[no_opt_in["id"]]["warning"] == "missing explicit route opt-in"
+    assert "disallowed tag: manual" in warnings[manual["id"]]["warning"]
+    assert warnings["evt-no-id"]["kind"] == "todos-task"
+    assert warnings["evt-no-id"]["at"] == "item 4"
+    assert InboxEvent.objects.count() == 4
+
+
+def test_a_clean_batch_has_no_warnings_key(client: Client, token: str) -> None:
+    body = post_events(client, token, [todos_event(), generic_event()]).json()
+    assert "warnings" not in body
+
+
+def test_strict_refuses_a_batch_with_a_never_routable_envelope(
+    client: Client, token: str
+) -> None:
+    before = row_counts()
+    bad = todos_event(tags=[])
+    response = post_events(client, token, [todos_event(), bad], query="strict=1")
+    assert response.status_code == 400
+    body = response.json()
+    assert "can never be routed" in body["error"] and "item 2" in body["error"]
+    assert [w["id"] for w in body["warnings"]] == [bad["id"]]
+    assert row_counts() == before
+    ok = post_events(client, token, [todos_event()], query="strict=1")
+    assert ok.status_code == 202
+
+
+def test_strict_takes_only_0_or_1(client: Client, token: str) -> None:
+    response = post_events(client, token, [todos_event()], query="strict=yes")
+    assert response.status_code == 400 and "strict" in response.json()["error"]

@@ -471,6 +471,35 @@ def test_an_ineligible_event_leaves_the_inbox_as_skipped() -> None:
     assert drain("todos-task").scanned == 0  # not scanned again
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_events_that_can_never_route_are_reported_skipped_not_held(
+    dry_run: bool,
+) -> None:
+    # The scope fills with the first event; the later ones that never route (no opt-in, a
+    # manual task) must say why they never run, not that a cap holds them (issue 19).
+    no_opt_in, manual = todos_event(tags=[]), todos_event(tags=["auto:route", "manual"])
+    ingest(
+        todos_event(project="/srv/a"), todos_event(project="/srv/b"), no_opt_in, manual
+    )
+    report = drain("todos-task", max_active=1, max_dispatch=5, dry_run=dry_run)
+    kinds = {r["event"]["id"]: (r["kind"], r.get("reasonCode")) for r in report.results}
+    assert kinds[no_opt_in["id"]][0] == "skipped"
+    assert kinds[manual["id"]][0] == "skipped"
+    assert sorted(kinds.values()) == sorted(
+        [
+            ("created", None),
+            ("throttled", "route_cap"),
+            ("skipped", None),
+            ("skipped", None),
+        ]
+    )
+    states = dict(InboxEvent.objects.values_list("event_id", "state"))
+    if dry_run:
+        assert set(states.values()) == {"pending"}
+    else:
+        assert states[no_opt_in["id"]] == states[manual["id"]] == "skipped"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_second_drain_of_a_running_scope_steps_aside_and_writes_nothing() -> None:
     from ledger.lock import drain_lock

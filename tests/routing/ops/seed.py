@@ -15,8 +15,14 @@ from typing import Any
 
 from django.utils import timezone
 
-from ledger.models import RunStatus, StepStatus, WorkflowWorkItem
-from ledger.services import account_cooldown_record
+from ledger.models import (
+    AccountCooldown,
+    RunStatus,
+    StepStatus,
+    WorkflowStepRun,
+    WorkflowWorkItem,
+)
+from ledger.services import account_cooldown_record, step_start
 from routing.drains import DrainReport, drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from tests.factories import make_run, make_step_run, make_work_item
@@ -129,3 +135,32 @@ def account_history(
             now=now,
         )
     return profiles
+
+
+def waiting_step(profile: str, *, now: datetime | None = None) -> WorkflowStepRun:
+    """A running run whose worker step waits for `profile` (cooling down): the real
+    `step_start` refuses it and records the `step_waiting` event the overview reads."""
+    now = now or timezone.now()
+    if not AccountCooldown.objects.filter(
+        account_profile=profile, until__gt=now
+    ).exists():
+        account_cooldown_record(
+            profile=profile,
+            tool="codewith",
+            until=now + timedelta(minutes=20),
+            reason=f"codewith rate limit ({profile})",
+            now=now,
+        )
+    item = make_work_item(status="running", route_scope=SCOPE)
+    run = make_run(work_item=item, invocation=item.invocation, claimed_by="seed-worker")
+    step = make_step_run(
+        workflow_run=run,
+        step_id="worker",
+        account_profile=profile,
+        account_tool="codewith",
+    )
+    assert (
+        step_start(step_run_id=step.pk, worker="seed-worker", now=now).started is False
+    )
+    step.refresh_from_db()
+    return step

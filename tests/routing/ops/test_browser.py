@@ -201,3 +201,211 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     ]
     assert "pre-check" in results[1].text
     screenshot(browser, "07-drain")
+
+
+# --- issue 19: every page at 1400 px, no table wider than its box -----------------------------
+
+# A table (or a changelist's result table) that is wider than the box that holds it, or that
+# reaches past the window's right edge; and whether the page itself scrolls sideways.
+OVERFLOW_JS = """
+const out = [];
+const width = document.documentElement.clientWidth;
+for (const table of document.querySelectorAll('#content table')) {
+  if (!table.offsetParent) continue;  // hidden (a closed <details>)
+  const box = table.parentElement;
+  const r = table.getBoundingClientRect(), b = box.getBoundingClientRect();
+  const id = (table.closest('[id]') || {}).id || '?';
+  if (table.scrollWidth > box.clientWidth + 1 && getComputedStyle(box).overflowX !== 'visible')
+    out.push(id + ': table ' + table.scrollWidth + ' px scrolls in a ' + box.clientWidth + ' px box');
+  if (r.right > b.right + 1) out.push(id + ': table ends at ' + r.right + ', box at ' + b.right);
+  if (r.right > width + 1) out.push(id + ': table ends at ' + r.right + ', window at ' + width);
+}
+if (document.documentElement.scrollWidth > width + 1)
+  out.push('page scrolls sideways: ' + document.documentElement.scrollWidth + ' > ' + width);
+return out;
+"""
+
+# The right edge of each named changelist column, and the window's width.
+COLUMNS_JS = """
+const names = arguments[0];
+const width = document.documentElement.clientWidth;
+const out = {};
+for (const name of names) {
+  const th = document.querySelector('#result_list th.column-' + name);
+  out[name] = th ? th.getBoundingClientRect().right <= width : 'missing';
+}
+return out;
+"""
+
+WORK_ITEM_COLUMNS = (
+    "short_id_cell",
+    "title_cell",
+    "status_cell",
+    "project_cell",
+    "route_scope",
+    "reason_cell",
+    "accounts_cell",
+    "attempts",
+    "age_cell",
+    "duration_cell",
+)
+INBOX_COLUMNS = (
+    "short_id_cell",
+    "source",
+    "event_cell",
+    "state_cell",
+    "reason_code",
+    "received_cell",
+    "work_item_cell",
+    "last_drain_cell",
+)
+
+
+def fits(driver: Any, name: str) -> None:
+    problems = driver.execute_script(OVERFLOW_JS)
+    if problems:
+        screenshot(driver, "failed-" + name.strip("/").replace("/", "-"))
+    assert problems == [], f"{name}: {problems}"
+
+
+def seed_console() -> dict[str, Any]:
+    """Running, waiting, deferred, failed and cooling work, with a finished item whose page
+    has runs with step runs, deferrals, an inbox delivery and an operator action."""
+    from django.utils import timezone
+
+    from ledger.models import WorkflowRun
+    from ledger.services import run_finalize
+    from routing.drains.inbox import inbox_ingest
+    from routing.models import InboxEvent
+    from tests.routing.helpers import route, todos_event
+
+    ops_seed.deferred_items(4)
+    ops_seed.drains(1, inbox_events=4)
+    ops_seed.account_history(
+        3
+    )  # running steps, reserved steps, failed steps, cooldowns
+    ops_seed.waiting_step("acct-01")
+    inbox_ingest(enumerate([generic_event(project="/srv/broken")], start=1))
+    InboxEvent.objects.filter(project_hint="/srv/broken").update(
+        state="failed", last_reason="boom", routed_at=timezone.now()
+    )
+    result = route(
+        "todos-task",
+        event=todos_event(
+            "T-42",
+            title="Make the flaky login test deterministic",
+            description="It fails one run in ten on CI.",
+            project="/srv/projects/webapp",
+        ),
+        auth_profile_pool="acct-10,acct-11",
+    )
+    done = result.work_item
+    assert result.kind == "created" and done is not None, result.to_dict()
+    run = WorkflowRun.objects.get(pk=done.workflow_run_id)
+    run.step_runs.update(
+        status="succeeded",
+        exit_code=0,
+        duration_ms=83_400,
+        stdout="ran 212 tests\nOK\n",
+        started_at=timezone.now(),
+    )
+    WorkflowRun.objects.filter(pk=run.pk).update(status="running")
+    run_finalize(run_id=run.pk, status="succeeded")
+    return {"done": done}
+
+
+def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
+    browser: Any, live_server: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    get_user_model().objects.create_superuser("operator", "op@example.com", PASSWORD)
+    seeded = seed_console()
+    done = seeded["done"]
+
+    browser.get(f"{live_server.url}/admin/login/?next=/ops/")
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    # The navigation sidebar collapsed, as an operator working at 1400 px keeps it.
+    browser.execute_script(
+        "localStorage.setItem('django.admin.navSidebarIsOpen', 'false')"
+    )
+
+    # Overview: the live sections, then pause the auto-refresh (kept across pages).
+    browser.set_window_size(1400, 1000)
+    browser.get(f"{live_server.url}/ops/")
+    assert "Running now (" in text_of(browser, "#running")
+    assert "acct-01" in text_of(browser, "#waiting")
+    assert "failed" in text_of(browser, "#inbox")
+    assert browser.find_element(By.CSS_SELECTOR, "svg.throughput").size["width"] > 400
+    toggle = browser.find_element(By.ID, "refresh-toggle")
+    assert toggle.text == "Pause"
+    toggle.click()
+    assert toggle.text == "Resume" and text_of(browser, "#refresh-state") == "paused"
+    fits(browser, "overview")
+    screenshot(browser, "11-overview-1400")
+
+    pages = [
+        ("/ops/deferrals/", "12-deferrals-1400"),
+        (f"/ops/deferrals/{done.id}/", "13-item-history-1400"),
+        ("/ops/accounts/", "14-accounts-1400"),
+        ("/ops/drains/", "15-drains-1400"),
+    ]
+    for path, name in pages:
+        browser.set_window_size(1400, 1000)
+        browser.get(f"{live_server.url}{path}")
+        assert (
+            browser.find_element(By.ID, "refresh").get_attribute("data-paused") == "1"
+        )
+        fits(browser, path)
+        screenshot(browser, name)
+    drain = browser.find_element(By.CSS_SELECTOR, "#drains tbody a").get_attribute(
+        "href"
+    )
+    browser.set_window_size(1400, 1000)
+    browser.get(drain)
+    fits(browser, "drain")
+    screenshot(browser, "16-drain-1400")
+
+    # The admin lists: the key columns inside the window without scrolling.
+    for path, columns, name in (
+        ("/admin/ledger/workflowworkitem/", WORK_ITEM_COLUMNS, "17-work-items-1400"),
+        ("/admin/routing/inboxevent/", INBOX_COLUMNS, "18-inbox-1400"),
+    ):
+        browser.set_window_size(1400, 1000)
+        browser.get(f"{live_server.url}{path}")
+        assert "shifted" not in (
+            browser.find_element(By.ID, "main").get_attribute("class") or ""
+        ), "the navigation sidebar should be collapsed"
+        visible = browser.execute_script(COLUMNS_JS, list(columns))
+        assert visible == {c: True for c in columns}, (path, visible)
+        fits(browser, path)
+        screenshot(browser, name)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert any("failed" in r.text for r in rows)
+
+    # The work-item page: title, state sentence, runs with steps, actions as buttons.
+    browser.set_window_size(1400, 1000)
+    browser.get(f"{live_server.url}/admin/ledger/workflowworkitem/{done.id}/change/")
+    assert "Make the flaky login test deterministic" in text_of(browser, "#content h1")
+    assert "succeeded: run …" in text_of(browser, ".field-state_text")
+    steps = browser.find_elements(By.CSS_SELECTOR, "#item-runs tr.step-row")
+    assert steps and all("83.4 s" in s.text for s in steps)
+    assert any("acct-1" in s.text for s in steps)
+    buttons = browser.find_elements(By.CSS_SELECTOR, "#item-actions input[type=submit]")
+    assert [b.get_attribute("value") for b in buttons] == [
+        "Requeue…",
+        "Dead-letter…",
+    ]
+    fits(browser, "work item page")
+    screenshot(browser, "19-work-item-1400")
+
+    # A button opens the action's confirmation page; confirming writes the audit trail.
+    follow(browser, buttons[0])
+    browser.find_element(By.NAME, "reason").send_keys("flaky again")
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    browser.get(f"{live_server.url}/admin/ledger/workflowworkitem/{done.id}/change/")
+    history = text_of(browser, "#item-history")
+    assert "operator" in history and "Requeue work items: flaky again" in history
+    screenshot(browser, "20-work-item-after-requeue-1400")

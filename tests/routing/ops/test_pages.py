@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from datetime import timedelta
 
 import pytest
@@ -162,7 +163,12 @@ def test_overview_shows_caps_load_cooldowns_deferrals_and_drains(admin_client) -
 
     deferrals = html.split('id="deferrals"')[1].split("</section>")[0]
     assert "Route scope limit (--max-active)" in deferrals
-    assert "Inbox: 0 pending, 2 deferred" in deferrals
+
+    inbox = html.split('id="inbox"')[1].split("</section>")[0]
+    rows = re.findall(
+        r'\?state=(\w+)">\w+</a></td>\s*<td class="num[^"]*">(\d+)<', inbox
+    )
+    assert rows == [("pending", "0"), ("deferred", "2"), ("failed", "0")]
 
     drains = html.split('id="drains"')[1].split("</section>")[0]
     assert "nightly-0" in drains and " ago)" in drains
@@ -239,8 +245,10 @@ def test_accounts_show_load_history_rate_limits_and_charts(admin_client) -> None
     timeline = html.split('id="timeline"')[1].split("</section>")[0]
     assert '<svg class="ops-chart timeline"' in timeline
     assert timeline.count("1 step started") == 4  # 2 accounts × (worker, verifier)
-    # Server-rendered: nothing fetched from elsewhere, no script of ours.
-    assert 'src="http' not in html and "<script>" not in html
+    # Server-rendered: nothing fetched from elsewhere; the one script of ours is the
+    # auto-refresh timer (inline, no framework).
+    assert 'src="http' not in html and html.count("<script>") == 1
+    assert "loopsweb.ops.refreshPaused" in html
 
 
 # --- drains -----------------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+"""Routing admins: the event inbox, where an operator finds an event that failed or waits,
+retries (reopens) or discards it with a reason, and follows it to its work item and to the
+drain that last recorded an outcome on it.
+
+Read-only like the ledger admins (ledger.admin.base.LedgerAdmin); the only writes are the
+two actions, each through its service in routing.drains.inbox after the confirmation page
+with a reason, each leaving an admin LogEntry naming the user. Layer: a web surface.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from ledger.admin.actions import LifecycleAction, run_lifecycle_action
+from ledger.admin.base import LedgerAdmin, admin_link
+from ledger.admin.display import age, short_id, status_badge
+from routing.drains.inbox import inbox_discard, inbox_reopen
+from routing.models import InboxEvent
+
+REOPEN = LifecycleAction(
+    name="reopen_events",
+    title="Retry (reopen) inbox events",
+    done="reopened",
+    explanation=(
+        "Failed, skipped and deferred events go back to pending; the next drain of their "
+        "route routes them again (admission decides anew). A reason is required and is "
+        "kept on the event with your user name."
+    ),
+    apply=lambda pk, reason, actor: inbox_reopen(
+        inbox_id=pk, reason=reason or "", actor=actor
+    ),
+)
+DISCARD = LifecycleAction(
+    name="discard_events",
+    title="Discard inbox events",
+    done="discarded",
+    explanation=(
+        "Pending, deferred and failed events become skipped: no drain routes them again "
+        "(a later delivery of the same source and id stays a duplicate). A reason is "
+        "required and is kept on the event with your user name."
+    ),
+    apply=lambda pk, reason, actor: inbox_discard(
+        inbox_id=pk, reason=reason or "", actor=actor
+    ),
+)
+
+
+@admin.register(InboxEvent)
+class InboxEventAdmin(LedgerAdmin):
+    list_display = (
+        "short_id_cell",
+        "source",
+        "event_cell",
+        "event_type",
+        "state_cell",
+        "reason_code",
+        "route_attempts",
+        "received_cell",
+        "work_item_cell",
+        "last_drain_cell",
+    )
+    list_display_links = ("short_id_cell", "event_cell")
+    list_filter = ("state",)
+    # Exact matches only: each is an index (the (source, event_id) key, the primary key).
+    search_fields = ("=event_id", "=id", "=source")
+    list_select_related = ("work_item",)
+    readonly_fields = ("work_item_cell", "last_drain_cell", "envelope_text")
+    fields = (
+        ("source", "event_id"),
+        ("event_type", "subject", "event_time"),
+        ("state", "reason_code", "route_attempts"),
+        "last_reason",
+        ("received_at", "routed_at", "updated_at"),
+        ("work_item_cell", "last_drain_cell"),
+        "project_hint",
+        "envelope_text",
+    )
+    actions = ("reopen_events", "discard_events")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> tuple:
+        names = [f.name for f in self.model._meta.concrete_fields]
+        return (*self.readonly_fields, *names)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        if request.resolver_match and request.resolver_match.url_name.endswith(
+            "changelist"
+        ):
+            return queryset.defer("data", "metadata")  # the list never shows payloads
+        return queryset
+
+    @admin.action(
+        description="Retry (reopen) selected events…", permissions=["operate"]
+    )
+    def reopen_events(
+        self, request: HttpRequest, queryset: QuerySet
+    ) -> TemplateResponse | None:
+        return run_lifecycle_action(self, request, queryset, REOPEN)
+
+    @admin.action(description="Discard selected events…", permissions=["operate"])
+    def discard_events(
+        self, request: HttpRequest, queryset: QuerySet
+    ) -> TemplateResponse | None:
+        return run_lifecycle_action(self, request, queryset, DISCARD)
+
+    @admin.display(description="id", ordering="-id")
+    def short_id_cell(self, obj: InboxEvent) -> str:
+        return short_id(obj.id)
+
+    @admin.display(description="event id")
+    def event_cell(self, obj: InboxEvent) -> str:
+        text = obj.event_id if len(obj.event_id) <= 32 else obj.event_id[:31] + "…"
+        return format_html('<span title="{}">{}</span>', obj.event_id, text)
+
+    @admin.display(description="state", ordering="state")
+    def state_cell(self, obj: InboxEvent) -> str:
+        return format_html(
+            '<span title="{}">{}</span>', obj.last_reason or "", status_badge(obj.state)
+        )
+
+    @admin.display(description="received", ordering="-id")
+    def received_cell(self, obj: InboxEvent) -> str:
+        return format_html(
+            '<span title="{}">{}</span>',
+            f"{obj.received_at:%Y-%m-%d %H:%M:%S} UTC",
+            age(obj.received_at, timezone.now()),
+        )
+
+    @admin.display(description="work item")
+    def work_item_cell(self, obj: InboxEvent) -> str:
+        return (
+            admin_link(obj.work_item, short_id(obj.work_item_id))
+            if obj.work_item_id
+            else "-"
+        )
+
+    @admin.display(description="last drain")
+    def last_drain_cell(self, obj: InboxEvent) -> str:
+        if obj.routed_at is None:
+            return "-"
+        url = reverse("ops:inbox-last-drain", args=[obj.pk])
+        return format_html('<a href="{}">drain</a>', url)
+
+    @admin.display(description="envelope")
+    def envelope_text(self, obj: InboxEvent) -> str:
+        return format_html(
+            "<pre>{}</pre>", json.dumps(obj.envelope(), indent=2, ensure_ascii=False)
+        )
