@@ -9,20 +9,26 @@ Binaries come from `settings.LOOPSWEB_PROVIDER_BINARIES` (env `LOOPSWEB_<PROVIDE
 name looked up on PATH or an absolute path.
 
 How the account reaches the agent (the step's recorded `account_profile`, so the account the
-ledger counts is the account the agent uses):
+ledger counts is the login the agent uses). A REGISTERED account (`manage.py account add`)
+brings its own environment (`account_environment`), for example
+`CODEX_HOME=/srv/agents/acctA/codex`: that variable is what the CLI reads to find its login.
+An unregistered name only reaches codewith (`--profile`) and the `*_PROFILE` variables of
+the providers without a documented account variable, as before the registry.
 
-| provider  | argv                                                         | profile           |
-|-----------|--------------------------------------------------------------|-------------------|
-| codewith  | `codewith exec --sandbox S [--profile P] -- PROMPT`          | `--profile P` + env |
-| codex     | `codex exec --sandbox S -- PROMPT`                           | env `CODEX_PROFILE` |
-| claude    | `claude --print -- PROMPT`                                   | env `CLAUDE_PROFILE` |
-| cursor    | `cursor-agent --print -- PROMPT`                             | env `CURSOR_PROFILE` |
-| opencode  | `opencode run -- PROMPT`                                     | env `OPENCODE_PROFILE` |
-| aicopilot | `aicopilot --prompt-file FILE`                               | env `AICOPILOT_PROFILE` |
+| provider  | argv                                                        | selects the login        |
+|-----------|-------------------------------------------------------------|--------------------------|
+| codewith  | `codewith exec --sandbox S [--profile P] -- PROMPT`         | `--profile P` (+ `CODEWITH_PROFILE`) |
+| codex     | `codex exec --sandbox S --json -- PROMPT`                   | `CODEX_HOME` (registry)  |
+| claude    | `claude --print --output-format json -- PROMPT`             | `CLAUDE_CONFIG_DIR` (registry) |
+| cursor    | `cursor-agent --print -- PROMPT`                            | `HOME` (registry; not on npm, unverified) |
+| opencode  | `opencode run -- PROMPT`                                    | `XDG_DATA_HOME` (registry) |
+| aicopilot | `aicopilot --prompt-file FILE`                              | `AICOPILOT_PROFILE`      |
+
+The argv of codex, claude and opencode is checked against the real CLIs' `--help` by
+tests/ledger/test_cli_contract.py (pinned npm versions in `CLI_VERSIONS`).
 
 Every agent also gets `LOOPSWEB_ACCOUNT_PROFILE`, `LOOPSWEB_ACCOUNT_TOOL`, `LOOPSWEB_RUN_ID`
-and `LOOPSWEB_STEP_ID`. Wrapper scripts map the profile env var to a provider's config
-directory where a provider keeps one login per directory.
+and `LOOPSWEB_STEP_ID`.
 
 The child environment is the worker's minus loopsweb's own secrets and settings
 (`DATABASE_URL`, `SECRET_KEY`, `LOOPSWEB_*`, `PG*`, …): an agent never sees the database.
@@ -31,7 +37,6 @@ The child environment is the worker's minus loopsweb's own secrets and settings
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -41,7 +46,9 @@ from typing import Any
 
 from django.conf import settings
 
+from ledger.selectors import RegisteredAccount, account_registry
 from routing.domain.errors import ApplicationError
+from routing.domain.pool import valid_profile_name
 
 PROVIDER_UNKNOWN = "unknown agent provider: {provider}"
 BINARY_NOT_FOUND = (
@@ -50,6 +57,9 @@ BINARY_NOT_FOUND = (
 PROMPT_MISSING = "agent step has no prompt"
 PROMPT_NUL = "agent prompt contains a NUL byte"
 PROFILE_INVALID = "auth profile is not a valid name: {profile!r}"
+ACCOUNT_WRONG_PROVIDER = (
+    "account {profile} is registered for provider {registered}, not {provider}"
+)
 CWD_MISSING = "working directory does not exist: {cwd}"
 COMMAND_MISSING = "command step has no command"
 COMMAND_INVALID = "command step arguments must be strings"
@@ -60,9 +70,6 @@ _DENY_NAMES = frozenset(
     {"DATABASE_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE", "PG_TEST_URL"}
 )
 _DENY_PREFIXES = ("LOOPSWEB_", "PG", "Q_", "SQLITE_", "DATABASE_")
-# Profile names come from operator options, but they land next to flags: refuse anything that
-# could read as a flag or break a line.
-_PROFILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+:=-]{0,199}$")
 
 
 class ProviderError(ApplicationError):
@@ -75,12 +82,21 @@ PROVIDERS = ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
 
 @dataclass(frozen=True)
 class Adapter:
+    """How one provider's CLI is called.
+
+    - `leading`: argv after the binary (subcommand, print mode, machine-readable output);
+    - `profile_flag` / `profile_env`: how an account NAME reaches a CLI that takes one;
+    - `account_variable`: the variable the CLI reads to find its login, which a registered
+      account's environment sets (documentation and `account add` hints).
+    """
+
     provider: str
     leading: tuple[str, ...]
     sandbox_flag: str | None = None
     profile_flag: str | None = None
     profile_env: str | None = None
     prompt_file_flag: str | None = None
+    account_variable: str | None = None
 
 
 ADAPTERS: dict[str, Adapter] = {
@@ -91,12 +107,26 @@ ADAPTERS: dict[str, Adapter] = {
         profile_flag="--profile",
         profile_env="CODEWITH_PROFILE",
     ),
+    # `codex exec --help`: "--json  Print events to stdout as JSONL"; the login lives in
+    # CODEX_HOME (`-p/--profile` is a config profile, not a login).
     "codex": Adapter(
-        "codex", ("exec",), sandbox_flag="--sandbox", profile_env="CODEX_PROFILE"
+        "codex",
+        ("exec", "--json"),
+        sandbox_flag="--sandbox",
+        account_variable="CODEX_HOME",
     ),
-    "claude": Adapter("claude", ("--print",), profile_env="CLAUDE_PROFILE"),
-    "cursor": Adapter("cursor", ("--print",), profile_env="CURSOR_PROFILE"),
-    "opencode": Adapter("opencode", ("run",), profile_env="OPENCODE_PROFILE"),
+    # `claude --help`: -p/--print, --output-format json (one result object with usage and
+    # total_cost_usd); one login per configuration directory, CLAUDE_CONFIG_DIR.
+    "claude": Adapter(
+        "claude",
+        ("--print", "--output-format", "json"),
+        account_variable="CLAUDE_CONFIG_DIR",
+    ),
+    # cursor-agent is not published on npm (the npm package of that name is unrelated);
+    # it keeps its login under the user's home directory.
+    "cursor": Adapter("cursor", ("--print",), account_variable="HOME"),
+    # opencode keeps credentials in $XDG_DATA_HOME/opencode/auth.json.
+    "opencode": Adapter("opencode", ("run",), account_variable="XDG_DATA_HOME"),
     "aicopilot": Adapter(
         "aicopilot",
         (),
@@ -131,6 +161,23 @@ def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     if extra:
         env.update(extra)
     return env
+
+
+def account_environment(
+    profile: str | None, *, registry: dict[str, RegisteredAccount] | None = None
+) -> dict[str, str]:
+    """The environment of account `profile` from the registry ({} when unregistered).
+
+    This is what selects the account's login for its provider's CLI (`CODEX_HOME`,
+    `CLAUDE_CONFIG_DIR`, ...). Callers building a child environment apply it after
+    whatever they inherit, so the account's variables win. `registry` saves the query
+    when the caller already read the row.
+    """
+    if not profile:
+        return {}
+    rows = registry if registry is not None else account_registry([profile])
+    row = rows.get(profile)
+    return dict(row.env) if row is not None else {}
 
 
 def _binary(provider: str) -> str:
@@ -174,8 +221,16 @@ def agent_invocation(
         raise ProviderError(PROMPT_MISSING)
     if "\x00" in prompt:
         raise ProviderError(PROMPT_NUL)
-    if profile is not None and not _PROFILE_RE.match(profile):
+    if profile is not None and not valid_profile_name(profile):
         raise ProviderError(PROFILE_INVALID.format(profile=profile))
+    registry = account_registry([profile]) if profile else {}
+    account = registry.get(profile) if profile else None
+    if account is not None and account.provider != provider:
+        raise ProviderError(
+            ACCOUNT_WRONG_PROVIDER.format(
+                profile=profile, registered=account.provider, provider=provider
+            )
+        )
     cwd = _check_cwd(target.get("cwd"))
     argv = [_binary(provider), *adapter.leading]
     sandbox = target.get("sandbox")
@@ -183,7 +238,9 @@ def agent_invocation(
         argv += [adapter.sandbox_flag, sandbox]
     if adapter.profile_flag and profile:
         argv += [adapter.profile_flag, profile]
-    env_extra = {
+    # The registered account's own variables first; loopsweb's names can't be overridden.
+    env_extra = account_environment(profile, registry=registry)
+    env_extra |= {
         "LOOPSWEB_RUN_ID": run_id,
         "LOOPSWEB_STEP_ID": step_id,
         "LOOPSWEB_PROVIDER": provider,

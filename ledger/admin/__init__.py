@@ -19,4 +19,4 @@ actions), `work_items`, `runs`. Layer: a web surface; imports `ledger.*`, `routi
 and lower layers, never `routing.api`/`routing.ops` pages.
 """
 
-from ledger.admin import runs, work_items  # noqa: F401  (registers the admins)
+from ledger.admin import accounts, runs, work_items  # noqa: F401  (registers the admins)

@@ -5,7 +5,9 @@
   dead-letter);
 - `runs`: claim, lease, finalize, cancel, lease recovery, the cascade of a run's end;
 - `steps`: step start (account cap and cooldown from the rows), process record, finish, skip;
+- `accounts`: the account registry (add, enable/disable, remove);
 - `cooldowns`: account cooldowns after rate limits;
+- `failover`: moving a step to a free member of its run's pool (step start, rate limit);
 - `processes`: stopping the process group a step left behind.
 
 Rules every service follows:
@@ -23,6 +25,13 @@ Rules every service follows:
 Layer: `ledger` (imports `ledger.*` and `routing.domain` only).
 """
 
+from ledger.services.accounts import (
+    AccountError,
+    account_add,
+    account_env_parse,
+    account_remove,
+    account_set_enabled,
+)
 from ledger.services.common import (
     CANCEL_REASON_DEFAULT,
     RUN_NOT_FOUND,
@@ -34,6 +43,7 @@ from ledger.services.common import (
     worker_identity,
 )
 from ledger.services.cooldowns import account_cooldown_record
+from ledger.services.failover import step_move_after_rate_limit
 from ledger.services.processes import kill_step_process_group
 from ledger.services.runs import (
     RecoveredRun,
@@ -66,7 +76,12 @@ __all__ = [
     "RUN_NOT_QUEUED",
     "LedgerError",
     "NotFound",
+    "AccountError",
     "RecoveredRun",
+    "account_add",
+    "account_env_parse",
+    "account_remove",
+    "account_set_enabled",
     "StepStart",
     "account_cooldown_record",
     "join_reason",
@@ -79,6 +94,7 @@ __all__ = [
     "runs_queued_stale",
     "runs_recover_expired",
     "step_finish",
+    "step_move_after_rate_limit",
     "step_process_record",
     "step_skip",
     "step_spec",

@@ -47,7 +47,7 @@ from routing.domain.keys import (
     todos_task_key,
     todos_task_names,
 )
-from routing.domain.pool import drop_blank
+from routing.domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
 from routing.domain.scope import resolve_route_scope
 from routing.domain.templates import (
     parse_pool,
@@ -125,8 +125,13 @@ def plan_route(
     options: RouteOptions,
     env: Mapping[str, str],
     cwd: str,
+    registered: Mapping[str, str] | None = None,
 ) -> RoutePlan | RouteResult:
-    """Everything decidable without the store; a RouteResult when the event is skipped."""
+    """Everything decidable without the store; a RouteResult when the event is skipped.
+
+    `registered` (account name -> provider, from the account registry, read by the
+    caller) decides whether a non-codewith pool is routed (routing.domain.templates 4).
+    """
     route_key = route_key_for_kind(kind)
     template_id = template_for(route_key, options.template)
     data, metadata = envelope.data, envelope.metadata
@@ -175,8 +180,14 @@ def plan_route(
     pool = list(options.auth_profile_pool) or (
         [] if options.auth_profile else _event_pool(envelope)
     )
+    for member in pool:
+        # The event's own pool reaches here unchecked by route_options.
+        if not valid_profile_name(member.strip()):
+            raise ValidationError(PROFILE_NAME_INVALID.format(name=member))
     pins = {role: options.pins.get(role) for role in ROLES}
-    pool_active = pool_routing_active(provider=options.provider, pool=pool, pins=pins)
+    pool_active = pool_routing_active(
+        provider=options.provider, pool=pool, pins=pins, registered=registered
+    )
     max_per_profile = options.max_per_profile
     if pool_active and max_per_profile is None:
         max_per_profile = DEFAULT_MAX_PER_PROFILE
@@ -194,7 +205,7 @@ def plan_route(
     )
     if pool_active and max_per_profile:
         # The runner re-checks the account's cap when a step starts (no stacking at start).
-        for step_id in pool_roles_by_step(spec):
+        for step_id in pool_roles_by_step(spec, options.provider):
             for step in spec["steps"]:
                 if step["id"] == step_id:
                     step["routing"]["maxPerProfile"] = max_per_profile

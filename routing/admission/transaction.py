@@ -39,7 +39,13 @@ from ledger.models import (
     WorkItemDeferral,
     WorkItemStatus,
 )
-from ledger.selectors import account_state, active_counts, admission_rows
+from ledger.selectors import (
+    account_registry,
+    account_state,
+    active_counts,
+    admission_rows,
+    registered_providers,
+)
 from ledger.services import join_reason, work_item_admit
 from ledger.tasks import enqueue_run_workflow
 from routing.admission.options import RouteOptions
@@ -229,6 +235,7 @@ def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
     state = account_state(now=now)
     members_cooling = {p: until for p, until in state.cooling.items() if p in plan.pool}
     loads = state.load.total()
+    registry = account_registry(plan.pool)
     assignment = assign_pool_auth_profiles(
         list(plan.pool),
         loads,
@@ -236,6 +243,12 @@ def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
         list(plan.roles),
         plan.max_per_profile,
         cooling=tuple(members_cooling),
+        disabled=tuple(name for name, row in registry.items() if not row.enabled),
+        account_caps={
+            name: row.max_running
+            for name, row in registry.items()
+            if row.max_running is not None
+        },
     )
     return PoolView(assignment=assignment, loads=loads, cooling=members_cooling)
 
@@ -374,7 +387,7 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
     body = plan.spec
     account_profiles: dict[str, str] | None = None
     if assignment is not None and assignment.profiles:
-        body = apply_pool_profiles(plan.spec, assignment.profiles)
+        body = apply_pool_profiles(plan.spec, assignment.profiles, plan.provider)
         account_profiles = dict(assignment.profiles)
     spec = _spec_reuse_or_create(plan, body, found.spec_id)
     noun = f"task {plan.task_id}" if plan.task_id else f"event {envelope.id}"
@@ -478,6 +491,7 @@ def route_event(
         options=options,
         env=os.environ if env is None else env,
         cwd=cwd or os.getcwd(),
+        registered=registered_providers(),
     )
     if isinstance(plan, RouteResult):
         return plan

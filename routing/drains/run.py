@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from ledger.lock import admission_lock, drain_lock
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
-from ledger.selectors import active_counts
+from ledger.selectors import active_counts, registered_providers
 from routing.admission import (
     CREATED,
     SKIPPED,
@@ -128,7 +128,9 @@ class _Full:
         self, plan: RoutePlan, reason: str, code: str, *, shared_pool: bool
     ) -> None:
         if code == reasons.ROUTE_CAP or (
-            shared_pool and code in (reasons.PROFILE_CAP, reasons.COOLDOWN)
+            shared_pool
+            and code
+            in (reasons.PROFILE_CAP, reasons.COOLDOWN, reasons.ACCOUNT_DISABLED)
         ):
             self.every = (reason, code)
         elif code == reasons.PROJECT_CAP and plan.project_path:
@@ -191,6 +193,7 @@ def _route_one(
     now: datetime,
     dry_run: bool,
     full: _Full,
+    registered: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """The result of routing one candidate; None when another drain claimed it first.
 
@@ -205,7 +208,12 @@ def _route_one(
         options.route, dry_run=False
     )  # a dry drain rolls back its outer transaction
     plan = plan_route(
-        kind=options.kind, envelope=envelope, options=route, env=env, cwd=cwd
+        kind=options.kind,
+        envelope=envelope,
+        options=route,
+        env=env,
+        cwd=cwd,
+        registered=registered,
     )
     if isinstance(plan, RouteResult):  # skipped by eligibility
         result = plan.to_dict()
@@ -373,6 +381,7 @@ def _drain_loop(
     chosen = load_envelopes(fair_order(filtered)[: options.limit])
     del filtered  # only the chosen ones carry payloads; let the scan go
     full = _Full()
+    registered = registered_providers()  # one read: which pools are registered accounts
     for candidate in chosen:
         if report.counts[CREATED] >= options.max_dispatch:
             break
@@ -382,7 +391,7 @@ def _drain_loop(
                 result = _hold_unread(candidate, full, report)
             else:
                 result = _route_one(
-                    candidate, options, env, cwd, now, report.dry_run, full
+                    candidate, options, env, cwd, now, report.dry_run, full, registered
                 )
         except Exception as exc:  # one bad item never stops the batch (§5.2.3)
             envelope = candidate.envelope
