@@ -686,7 +686,9 @@ def test_a_provider_rate_limit_exit_code_cools_the_account_with_backoff(
 def test_after_a_rate_limit_the_next_admission_avoids_the_account_and_defers_when_all_cool(
     agent: FakeAgent, tmp_path: Path, settings: Any
 ) -> None:
-    settings.LOOPSWEB_RATE_LIMIT_MOVES = 0  # admission's side only: the step never moves
+    settings.LOOPSWEB_RATE_LIMIT_MOVES = (
+        0  # admission's side only: the step never moves
+    )
     limited = "429 Too Many Requests"
     agent.configure(
         profiles={"acctA": {"rate_limit": limited}, "acctB": {"rate_limit": limited}}
