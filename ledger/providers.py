@@ -151,12 +151,17 @@ class Invocation:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def reserved_variable(name: str) -> bool:
+    """True for loopsweb's own variables, which never reach an agent or command."""
+    return name in _DENY_NAMES or name.startswith(_DENY_PREFIXES)
+
+
 def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The worker's environment without loopsweb's secrets and settings, plus `extra`."""
     env = {
         name: value
         for name, value in os.environ.items()
-        if name not in _DENY_NAMES and not name.startswith(_DENY_PREFIXES)
+        if not reserved_variable(name)
     }
     if extra:
         env.update(extra)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from django.db import transaction
 
 from ledger.models import Account
-from ledger.providers import PROVIDERS, child_environment
+from ledger.providers import PROVIDERS, reserved_variable
 from ledger.services.common import LedgerError
 from routing.domain.pool import PROFILE_NAME_INVALID, valid_profile_name
 
@@ -50,7 +50,7 @@ def account_env_check(env: Mapping[str, str]) -> dict[str, str]:
             raise AccountError(ENV_KEY_INVALID.format(key=key))
         if _SECRET_RE.search(key):
             raise AccountError(ENV_KEY_SECRET.format(key=key))
-        if key not in child_environment({key: "x"}):
+        if reserved_variable(key):
             raise AccountError(ENV_KEY_RESERVED.format(key=key))
         if not isinstance(value, str) or any(c in value for c in "\x00\r\n"):
             raise AccountError(ENV_VALUE_INVALID.format(key=key))
