@@ -159,9 +159,7 @@ def reserved_variable(name: str) -> bool:
 def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The worker's environment without loopsweb's secrets and settings, plus `extra`."""
     env = {
-        name: value
-        for name, value in os.environ.items()
-        if not reserved_variable(name)
+        name: value for name, value in os.environ.items() if not reserved_variable(name)
     }
     if extra:
         env.update(extra)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -14,7 +15,9 @@ from django.db.models import (
     Count,
     DateTimeField,
     F,
+    OuterRef,
     Q,
+    Subquery,
     Sum,
     When,
 )
@@ -23,6 +26,9 @@ from django.utils import timezone
 
 from ledger.models import (
     AccountCooldown,
+    RunStatus,
+    WorkflowEvent,
+    WorkflowRun,
     WorkflowStepRun,
 )
 from ledger.runner import RATE_LIMIT_NOTE
@@ -273,3 +279,65 @@ def timeline_hours(now: datetime) -> list[datetime]:
     """The 24 UTC hour buckets ending with the current one, oldest first."""
     current = now.replace(minute=0, second=0, microsecond=0)
     return [current - timedelta(hours=23 - i) for i in range(24)]
+
+
+@dataclass(frozen=True)
+class WaitingStep:
+    run_id: str
+    workflow_name: str
+    step_id: str
+    account: str | None
+    code: str | None
+    reason: str | None
+    since: datetime
+
+
+def waiting_steps(limit: int = 50) -> list[WaitingStep]:
+    """Steps of running runs waiting for their account (the run's latest event is
+    `step_waiting`: cooling, disabled or at its cap, with no free pool member to move to).
+
+    Starts from the running runs (few, bounded by the caps; idx_workflow_runs_status) and
+    reads each one's latest event through the (run, sequence) unique index: one query, plus
+    one for the waiting steps' accounts."""
+    latest = WorkflowEvent.objects.filter(workflow_run_id=OuterRef("pk")).order_by(
+        "-sequence"
+    )
+    runs = list(
+        WorkflowRun.objects.filter(status=RunStatus.RUNNING)
+        .annotate(
+            last_type=Subquery(latest.values("event_type")[:1]),
+            last_step=Subquery(latest.values("step_id")[:1]),
+            last_payload=Subquery(latest.values("payload_json")[:1]),
+            last_at=Subquery(latest.values("created_at")[:1]),
+        )
+        .filter(last_type="step_waiting")
+        .only("id", "workflow_name")
+        .order_by("pk")[:limit]
+    )
+    accounts = {
+        (s.workflow_run_id, s.step_id): s.account_profile
+        for s in WorkflowStepRun.objects.filter(
+            workflow_run_id__in=[r.pk for r in runs]
+        ).only("workflow_run_id", "step_id", "account_profile")
+    }
+    rows: list[WaitingStep] = []
+    for run in runs:
+        payload = run.last_payload
+        if isinstance(payload, str):  # a JSON column read through a subquery
+            try:
+                payload = json.loads(payload)
+            except ValueError:
+                payload = {}
+        payload = payload if isinstance(payload, dict) else {}
+        rows.append(
+            WaitingStep(
+                run_id=run.pk,
+                workflow_name=run.workflow_name,
+                step_id=run.last_step or "",
+                account=accounts.get((run.pk, run.last_step or "")),
+                code=payload.get("code"),
+                reason=payload.get("reason"),
+                since=run.last_at,
+            )
+        )
+    return rows

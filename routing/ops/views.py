@@ -93,6 +93,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         projects=sel.project_rows(configs, live),
         accounts=accounts,
         cooldowns=[a for a in accounts if a.cooling(now)],
+        waiting=account_selectors.waiting_steps(),
         reasons=sel.reason_rows(since=now - timedelta(hours=24), live=live),
         inbox=sel.inbox_depth(),
         drains=list(sel.latest_drains()[:10]),

@@ -23,8 +23,8 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.runner import NOT_CLAIMED, run_workflow_run
-from ledger.services import account_add
 from ledger.selectors import account_load
+from ledger.services import account_add
 from routing.admission import CREATED, RouteResult, route_event, route_options
 from tests.ledger.runner_helpers import (
     FAKE_AGENT,
