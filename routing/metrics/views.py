@@ -109,7 +109,8 @@ def collect(*, now: datetime) -> list[Family]:
     profile_cap = Family(
         "loopsweb_account_max_per_profile",
         "gauge",
-        "--max-per-profile that applies to the account (strictest pool naming it). Absent "
+        "--max-per-profile that applies to the account (strictest pool naming it, tightened "
+        "by the registry's max running). Absent "
         "when no pool routing caps it.",
     )
     cooldown = Family(

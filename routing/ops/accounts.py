@@ -159,6 +159,13 @@ def account_rows(
         account = row(name)
         account.registered = registered
         account.tool = registered.provider
+        limit = registered.max_running
+        if limit is not None and (account.cap is None or limit < account.cap.limit):
+            # The registry's running cap tightens --max-per-profile for this account.
+            account.cap = Cap(
+                limit=limit,
+                source=DrainConfig(origin="registry", label=name, scope="", at=None),
+            )
     for profile, windows in account_usage(now=now).items():
         account = row(profile)
         account.usage_5h, account.usage_7d = windows

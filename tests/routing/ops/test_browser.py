@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
+from ledger.models import Account, WorkflowStepRun
 from routing.models import DrainRecord
 from tests.routing.helpers import generic_event
 from tests.routing.ops import seed as ops_seed
@@ -122,6 +123,18 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     ops_seed.redefer(history, 3)
     (report,) = ops_seed.drains(1, inbox_events=4)
     ops_seed.account_history(3)
+    # The account registry: acct-00 registered with its login dir, acct-01 disabled,
+    # acct-02 left unregistered; acct-00's failed step reported claude usage.
+    Account.objects.create(
+        name="acct-00",
+        provider="codewith",
+        env_json={"CODEWITH_HOME": "/srv/agents/acct-00"},
+        max_running=2,
+    )
+    Account.objects.create(name="acct-01", provider="codewith", enabled=False)
+    WorkflowStepRun.objects.filter(
+        account_profile="acct-00", step_id="verifier"
+    ).update(usage_input_tokens=18540, usage_output_tokens=311, usage_cost_usd=0.042)
 
     # Sign in through the admin login, which sends the operator back to /ops/.
     browser.get(f"{live_server.url}/ops/")
@@ -173,6 +186,27 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     follow(browser, browser.find_element(By.LINK_TEXT, "Accounts"))
     assert text_of(browser, "#content h1") == "Accounts"
     assert "acct-00" in text_of(browser, "#table")
+    rows = {
+        row.find_element(By.CSS_SELECTOR, "td code").text: row
+        for row in browser.find_elements(By.CSS_SELECTOR, "#table tr[id^=account-]")
+    }
+    registry = {
+        name: row.find_element(By.CSS_SELECTOR, "td.registry").text
+        for name, row in rows.items()
+    }
+    assert "enabled" in registry["acct-00"]
+    assert "CODEWITH_HOME=/srv/agents/acct-00" in registry["acct-00"]
+    assert "max running 2" in registry["acct-00"]
+    assert "disabled" in registry["acct-01"]
+    assert registry["acct-02"] == "unregistered"
+    assert (
+        "18540 in / 311 out"
+        in rows["acct-00"].find_element(By.CSS_SELECTOR, "td.tokens-5h").text
+    )
+    assert (
+        "$0.0420" in rows["acct-00"].find_element(By.CSS_SELECTOR, "td.tokens-7d").text
+    )
+    assert rows["acct-02"].find_element(By.CSS_SELECTOR, "td.tokens-7d").text == "—"
     chart = browser.find_element(By.CSS_SELECTOR, "svg.load-chart")
     assert chart.size["width"] > 400 and chart.size["height"] > 60
     assert len(chart.find_elements(By.CSS_SELECTOR, "rect.running")) >= 3
