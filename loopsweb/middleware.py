@@ -4,14 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
+
+FORM_CONTENT_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+NUL_IN_PARAMETER = "parameter {name!r} holds a NUL character"
+
+
+def _nul_parameter(params: QueryDict) -> str | None:
+    """The first parameter whose name or a value holds NUL, else None."""
+    for name, values in params.lists():
+        if "\x00" in name or any("\x00" in value for value in values):
+            return name.replace("\x00", "\\x00")
+    return None
 
 
 class RejectUnstorablePathMiddleware:
-    """404 for a path holding a NUL character.
+    """Refuse NUL before any view can hand it to the database.
 
-    Such a path can never name a row (PostgreSQL text refuses NUL), but a lookup with it
-    raises DataError inside any view that queries by a path parameter: answer before that.
+    PostgreSQL text refuses NUL even in a WHERE clause (DataError, a 500), and every filter
+    of the admin, the ops pages and the API reaches a query. So, once for every URL:
+    - a path holding NUL names no row: 404;
+    - a query-string or form parameter (name or value) holding NUL: 400.
+    Both answers are JSON `{"error": ...}`. Other request bodies (the API's JSON) are
+    checked by their parser.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -20,4 +35,11 @@ class RejectUnstorablePathMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if "\x00" in request.path:
             return JsonResponse({"error": "not found"}, status=404)
+        bad = _nul_parameter(request.GET)
+        if bad is None and request.content_type in FORM_CONTENT_TYPES:
+            bad = _nul_parameter(request.POST)
+        if bad is not None:
+            return JsonResponse(
+                {"error": NUL_IN_PARAMETER.format(name=bad)}, status=400
+            )
         return self.get_response(request)

@@ -61,11 +61,24 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 
 DEBUG = env_bool("DEBUG", False)
-# Under pytest (imported before any conftest runs) the suite is the environment: mark it so
-# that processes the tests spawn inherit the same test configuration.
-if "pytest" in sys.modules:
-    os.environ.setdefault("LOOPSWEB_TESTING", "1")
-TESTING = env_bool("LOOPSWEB_TESTING", False)
+
+
+def _is_test_run() -> bool:
+    """True only in the pytest process itself (its own executable or `python -m pytest`).
+
+    Not an environment variable, and not "pytest was imported": either would let a production
+    process drop its SECRET_KEY requirement and HTTPS settings. Processes the suite spawns
+    get explicit settings from tests/conftest.py instead.
+    """
+    if "pytest" not in sys.modules or not sys.argv:
+        return False
+    entry = Path(sys.argv[0])
+    return entry.name in {"pytest", "py.test"} or (
+        entry.name == "__main__.py" and entry.parent.name == "pytest"
+    )
+
+
+TESTING = _is_test_run()
 
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
@@ -85,6 +98,44 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # Where the SQLite database, evidence files and other local state live by default.
 DATA_DIR = Path(env_str("LOOPSWEB_DATA_DIR") or BASE_DIR / "var").resolve()
 
+
+def private_directory(path: Path) -> None:
+    """Create `path` as 0700; tighten it to 0700 when it exists and is ours.
+
+    The SQLite database holds session keys and password hashes. A directory another user
+    owns, or a shared sticky one like /tmp, is left as it is (its mode is not ours to change).
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.stat()
+        if info.st_uid == os.getuid() and not info.st_mode & 0o1000:
+            os.chmod(path, 0o700)
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"cannot create the data directory {path}: {exc.strerror}"
+        ) from None
+
+
+def private_sqlite_files(name: str) -> None:
+    """The SQLite database and its -wal/-shm files are 0600 (created so, tightened if not).
+
+    SQLite gives the -wal and -shm files the mode of the database file, so creating the
+    database 0600 before SQLite opens it keeps every later one private too.
+    """
+    try:
+        os.close(os.open(name, os.O_RDWR | os.O_CREAT, 0o600))
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"cannot open the SQLite database {name}: {exc.strerror}"
+        ) from None
+    for path in (name, f"{name}-wal", f"{name}-shm"):
+        try:
+            if os.stat(path).st_uid == os.getuid():
+                os.chmod(path, 0o600)
+        except FileNotFoundError:
+            pass
+
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -93,6 +144,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_q",
+    "axes",
     "ledger",
     "routing",
 ]
@@ -100,12 +152,15 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "loopsweb.middleware.RejectUnstorablePathMiddleware",
+    "routing.api.middleware.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: it answers a locked-out login attempt.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "loopsweb.urls"
@@ -146,7 +201,8 @@ def _database_settings() -> dict[str, Any]:
             raise ImproperlyConfigured(
                 "DATABASE_URL must name a SQLite file (in-memory databases are not supported)"
             )
-        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        private_directory(Path(name).parent)
+        private_sqlite_files(name)
         db["OPTIONS"] = {
             # BEGIN IMMEDIATE: every atomic() takes the write lock up front, so two admissions
             # never read the same counts (and never fail with "database is locked" on upgrade).
@@ -194,6 +250,36 @@ STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
 LOGIN_URL = "admin:login"
+CSRF_FAILURE_VIEW = "routing.api.middleware.csrf_failure"
+
+# Login brute-force protection (django-axes): after LOOPSWEB_LOGIN_FAILURE_LIMIT failed
+# logins for one username from one address, that pair is refused (429) for
+# LOOPSWEB_LOGIN_COOLOFF_MINUTES, even with the right password. Attempts are rows in the
+# database, so every web process shares the count.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = env_bool("LOOPSWEB_LOGIN_PROTECTION", True)
+AXES_FAILURE_LIMIT = env_int("LOOPSWEB_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = (
+    env_int("LOOPSWEB_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60
+)  # hours
+_LOCKOUT_BY = env_str("LOOPSWEB_LOGIN_LOCKOUT_BY", "username+ip")
+_LOCKOUT_PARAMETERS = {
+    "username+ip": [["username", "ip_address"]],
+    "username": ["username"],
+    "ip": ["ip_address"],
+}
+if _LOCKOUT_BY not in _LOCKOUT_PARAMETERS:
+    raise ImproperlyConfigured(
+        f"LOOPSWEB_LOGIN_LOCKOUT_BY must be username+ip, username or ip, got {_LOCKOUT_BY!r}"
+    )
+AXES_LOCKOUT_PARAMETERS = _LOCKOUT_PARAMETERS[_LOCKOUT_BY]
+AXES_RESET_ON_SUCCESS = True
+# The client address is REMOTE_ADDR (behind a proxy: the proxy's, so the count is per username).
+# Where a login lands when its `next` is missing or unsafe (Django's default is a 404).
+LOGIN_REDIRECT_URL = "admin:index"
 
 # Production hardening (python manage.py check --deploy passes with DEBUG off and HTTPS on).
 SECURE_HTTPS = env_bool("LOOPSWEB_HTTPS", not (DEBUG or TESTING))

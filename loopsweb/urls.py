@@ -9,3 +9,7 @@ urlpatterns = [
     path("api/v1/", include("routing.api.urls")),
     path("", include("routing.metrics.urls")),
 ]
+
+# JSON under /api/ and /metrics, Django's pages elsewhere (routing.api.middleware).
+handler404 = "routing.api.middleware.not_found"
+handler500 = "routing.api.middleware.server_error"

@@ -27,8 +27,8 @@ run_suite() {  # $1 = label; the environment selects the database
   # Migration safety first (lock file, models, reversibility, additivity), with the plan on a
   # scratch database of this backend: migrated, so the plan shows every migration applied.
   echo "=== check_migrations on $1 ==="
-  LOOPSWEB_TESTING=1 DATABASE_URL="$CHECK_URL" "$PY" manage.py migrate --noinput -v0
-  LOOPSWEB_TESTING=1 DATABASE_URL="$CHECK_URL" "$PY" manage.py check_migrations
+  SECRET_KEY=check-migrations-only DATABASE_URL="$CHECK_URL" "$PY" manage.py migrate --noinput -v0
+  SECRET_KEY=check-migrations-only DATABASE_URL="$CHECK_URL" "$PY" manage.py check_migrations
   echo "=== loopsweb test suite on $1 ==="
   "$PY" -m pytest -q "${@:2}" || rc=$?
   if [ "$rc" = 5 ]; then echo "no tests collected on $1" >&2; return 1; fi

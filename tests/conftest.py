@@ -7,7 +7,22 @@ skipped on the other.
 
 from __future__ import annotations
 
+import os
+import secrets
+
 import pytest
+
+# Processes the suite spawns (runserver, qcluster, management commands) are not the test run
+# itself, so loopsweb.settings gives them production defaults. They inherit these explicit
+# settings instead: a throwaway key, plain HTTP on loopback. Nothing here can leak into a
+# process outside the suite.
+CHILD_TEST_ENV = {
+    "SECRET_KEY": "test-only-" + secrets.token_urlsafe(40),
+    "LOOPSWEB_HTTPS": "0",
+    "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
+}
+for _name, _value in CHILD_TEST_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import CHILD_TEST_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.sqlite, pytest.mark.slow]
@@ -60,7 +62,7 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "LOOPSWEB_TESTING", "SQLITE_TEST_NAME"}
+        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME", *CHILD_TEST_ENV}
     }
     env.update(
         LOOPSWEB_DATA_DIR=str(tmp_path),

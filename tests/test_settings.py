@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +19,11 @@ def _load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
     base = {
         k: v
         for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "SECRET_KEY", "DEBUG"}
+        if k not in {"DATABASE_URL", "SECRET_KEY", "DEBUG", "ALLOWED_HOSTS"}
+        and not k.startswith("LOOPSWEB_")
     }
     base.update(
         {
-            "LOOPSWEB_TESTING": "0",
             "LOOPSWEB_DATA_DIR": str(tmp_path),
             "SECRET_KEY": "x" * 50,
         }
@@ -42,6 +44,18 @@ def _load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
     ("env", "message"),
     [
         ({"SECRET_KEY": ""}, "SECRET_KEY must be set when DEBUG is off"),
+        (
+            {"SECRET_KEY": "", "LOOPSWEB_TESTING": "1"},
+            "SECRET_KEY must be set when DEBUG is off",
+        ),
+        (
+            {"LOOPSWEB_LOGIN_LOCKOUT_BY": "cookie"},
+            "LOOPSWEB_LOGIN_LOCKOUT_BY must be username+ip, username or ip",
+        ),
+        (
+            {"LOOPSWEB_LOGIN_FAILURE_LIMIT": "0"},
+            "LOOPSWEB_LOGIN_FAILURE_LIMIT must be >= 1",
+        ),
         ({"DEBUG": "maybe"}, "DEBUG must be a boolean"),
         (
             {"Q_TIMEOUT": "600", "Q_RETRY": "300"},
@@ -87,3 +101,106 @@ def test_the_running_configuration_is_utc_with_the_orm_broker_and_no_catch_up() 
         assert db["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
         assert "journal_mode=WAL" in db["OPTIONS"]["init_command"]
         assert db["TEST"]["NAME"] and db["TEST"]["NAME"] != ":memory:"
+
+
+def _settings_json(tmp_path: Path, prelude: str = "", **env: str) -> dict:  # type: ignore[type-arg]
+    code = (
+        prelude
+        + "import json, django; django.setup(); from django.conf import settings as s; "
+        "print(json.dumps({'https': s.SESSION_COOKIE_SECURE, 'hsts': s.SECURE_HSTS_SECONDS, "
+        "'redirect': s.SECURE_SSL_REDIRECT, 'hosts': s.ALLOWED_HOSTS, "
+        "'axes': [s.AXES_FAILURE_LIMIT, s.AXES_COOLOFF_TIME, s.AXES_LOCKOUT_PARAMETERS]}))"
+    )
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "SECRET_KEY", "DEBUG", "ALLOWED_HOSTS"}
+        and not k.startswith("LOOPSWEB_")
+    }
+    base.update({"LOOPSWEB_DATA_DIR": str(tmp_path), "SECRET_KEY": "x" * 50, **env})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**base, "DJANGO_SETTINGS_MODULE": "loopsweb.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("prelude", ["", "import pytest; "])
+def test_test_mode_cannot_weaken_a_production_process(
+    tmp_path: Path, prelude: str
+) -> None:
+    """Issue 17 #8: neither LOOPSWEB_TESTING=1 nor an imported pytest turns off secure
+    cookies, HSTS or the HTTPS redirect; only the pytest run itself is the test run."""
+    loaded = _settings_json(tmp_path, prelude, LOOPSWEB_TESTING="1")
+    assert loaded["https"] is True
+    assert loaded["hsts"] == 31536000
+    assert loaded["redirect"] is True
+    assert loaded["hosts"] == []
+
+
+def test_login_protection_is_configured_from_the_environment(tmp_path: Path) -> None:
+    loaded = _settings_json(
+        tmp_path,
+        LOOPSWEB_LOGIN_FAILURE_LIMIT="9",
+        LOOPSWEB_LOGIN_COOLOFF_MINUTES="30",
+        LOOPSWEB_LOGIN_LOCKOUT_BY="username",
+    )
+    assert loaded["axes"] == [9, 0.5, ["username"]]
+
+
+def test_the_data_directory_is_0700_and_the_database_its_wal_and_shm_0600(
+    tmp_path: Path,
+) -> None:
+    """Issue 17 #7: a fresh data directory and an existing, too open one, after migrate and a
+    write through the real command (so the WAL and SHM files exist)."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    os.chmod(data, 0o755)
+    db = data / "loopsweb.sqlite3"
+    db.touch()
+    os.chmod(db, 0o644)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME"}
+        and not k.startswith("LOOPSWEB_")
+    }
+    env.update(LOOPSWEB_DATA_DIR=str(data), DJANGO_SETTINGS_MODULE="loopsweb.settings")
+    for args in (
+        ["migrate", "--noinput", "-v0"],
+        ["api_token", "create", "t1", "--scope", "read"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    files = sorted(
+        p.name for p in data.iterdir() if p.name.startswith("loopsweb.sqlite3")
+    )
+    assert "loopsweb.sqlite3" in files
+    for name in files:
+        assert stat.S_IMODE((data / name).stat().st_mode) == 0o600, name
+    fresh = tmp_path / "fresh" / "nested"
+    _settings_json(tmp_path, LOOPSWEB_DATA_DIR=str(fresh))
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    assert stat.S_IMODE((fresh / "loopsweb.sqlite3").stat().st_mode) == 0o600
+
+
+def test_a_shared_sticky_directory_keeps_its_mode(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    _settings_json(tmp_path, LOOPSWEB_DATA_DIR=str(shared))
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert stat.S_IMODE((shared / "loopsweb.sqlite3").stat().st_mode) == 0o600

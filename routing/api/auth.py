@@ -9,8 +9,11 @@ Contract of `api_auth(scope, methods=..., allow_staff=...)`:
    gets 401 with `WWW-Authenticate: Bearer`.
 3. Only then the method: anything outside `methods` is 405 with `Allow`. Authenticating first
    means anonymous callers learn nothing, not even which methods exist.
-Every refusal is JSON `{"error": "..."}`. Views that accept token-only writes are also
-`csrf_exempt`: bearer tokens are not ambient credentials, so there is no CSRF to forge.
+Every refusal is JSON `{"error": "..."}`. Every view behind `api_auth` is `csrf_exempt`, so
+a token client's PUT or DELETE gets the JSON 405 rather than Django's HTML CSRF page. That
+is safe: bearer tokens are not ambient credentials, the only view that writes (ingest)
+refuses sessions, and a session's unsafe method on a read view is refused (405) before the
+view runs.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from functools import wraps
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 
 from routing.api.tokens import api_token_authenticate
 from routing.models import ApiToken
@@ -85,6 +89,6 @@ def api_auth(
             request.api_token = api_token  # type: ignore[attr-defined]
             return view(request, *args, **kwargs)
 
-        return wrapper
+        return csrf_exempt(wrapper)
 
     return decorator

@@ -234,7 +234,6 @@ def configure_environment(url: str, data_dir: Path) -> None:
     os.environ["ALLOWED_HOSTS"] = "testserver,127.0.0.1,localhost"
     os.environ["LOG_LEVEL"] = "WARNING"
     os.environ["DJANGO_SETTINGS_MODULE"] = "loopsweb.settings"
-    os.environ.pop("LOOPSWEB_TESTING", None)
 
 
 def attach() -> None:

@@ -237,7 +237,6 @@ def spawn_runner(run_id: str, *, extra_env: dict[str, str]) -> subprocess.Popen[
     env = dict(os.environ)
     env.update(
         DATABASE_URL=child_database_url(),
-        LOOPSWEB_TESTING="1",
         PYTHONDONTWRITEBYTECODE="1",
         **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
         **extra_env,

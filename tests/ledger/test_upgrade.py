@@ -261,7 +261,6 @@ def _env(db: Db) -> dict[str, str]:
         **os.environ,
         "DATABASE_URL": db.url,
         "DJANGO_SETTINGS_MODULE": "loopsweb.settings",
-        "LOOPSWEB_TESTING": "1",
     }
 
 

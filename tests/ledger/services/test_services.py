@@ -419,7 +419,7 @@ def _runner_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[
         for k, v in os.environ.items()
         if not k.startswith("LOOPSWEB_") and k not in {"DATABASE_URL"}
     }
-    base.update(LOOPSWEB_TESTING="1", LOOPSWEB_DATA_DIR=str(tmp_path), **env)
+    base.update(LOOPSWEB_DATA_DIR=str(tmp_path), **env)
     code = (
         "import json, django; django.setup(); from django.conf import settings as s; "
         "print(json.dumps([s.LOOPSWEB_PROVIDER_BINARIES, "

@@ -27,7 +27,6 @@ def _manage(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProce
     }
     base.update(
         {
-            "LOOPSWEB_TESTING": "0",
             "DEBUG": "0",
             "SECRET_KEY": secrets.token_urlsafe(50),
             "LOOPSWEB_HTTPS": "1",

@@ -140,7 +140,7 @@ def test_cursor_pages_walk_every_item_once_newest_first_even_with_equal_times(
         ),
         ("status=sleeping", "status: Select a valid choice"),
         ("stauts=deferred", "unknown query parameter: stauts"),
-        ("route_scope=a%00b", "route_scope: Null characters are not allowed"),
+        ("route_scope=a%00b", "parameter 'route_scope' holds a NUL character"),
     ],
 )
 def test_bad_list_queries_are_400(

@@ -1,0 +1,93 @@
+"""JSON answers for every status under /api/ and /metrics, 500 and 503 included.
+
+Producers and scrapers parse the body of every answer, so a failure inside a view (or a
+database that cannot be reached) must not fall through to Django's HTML error pages:
+- a database that cannot be reached, or that drops the connection (OperationalError,
+  InterfaceError): 503 `{"error": ...}` with `Retry-After`; the request wrote nothing it
+  did not commit, so the client may retry;
+- any other exception: 500 `{"error": ...}`, logged with its traceback (never sent).
+Other paths keep Django's own pages.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+from django.db import InterfaceError, OperationalError
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import csrf as csrf_views
+from django.views import defaults
+
+logger = logging.getLogger("routing.api")
+
+API_PREFIXES = ("/api/", "/metrics")
+DATABASE_UNAVAILABLE = "database unavailable; retry later"
+INTERNAL_ERROR = "internal error"
+RETRY_AFTER_SECONDS = "5"
+
+
+def is_api_path(path: str) -> bool:
+    return path.startswith(API_PREFIXES)
+
+
+def api_exception_response(request: HttpRequest, exc: BaseException) -> JsonResponse:
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        logger.error(
+            "database unavailable during %s %s: %s", request.method, request.path, exc
+        )
+        response = JsonResponse({"error": DATABASE_UNAVAILABLE}, status=503)
+        response["Retry-After"] = RETRY_AFTER_SECONDS
+        return response
+    logger.error(
+        "internal error during %s %s",
+        request.method,
+        request.path,
+        exc_info=(type(exc), exc, exc.__traceback__),
+    )
+    return JsonResponse({"error": INTERNAL_ERROR}, status=500)
+
+
+class ApiErrorMiddleware:
+    """Turns an exception raised by an API view into a JSON 503/500 (see the module doc)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(
+        self, request: HttpRequest, exc: Exception
+    ) -> HttpResponse | None:
+        if not is_api_path(request.path):
+            return None
+        return api_exception_response(request, exc)
+
+
+# URLconf handlers and the CSRF failure view (loopsweb.urls, settings.CSRF_FAILURE_VIEW):
+# JSON under the API prefixes, Django's own pages elsewhere.
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if is_api_path(request.path):
+        return JsonResponse({"error": "not found"}, status=404)
+    return defaults.page_not_found(request, exception or Http404())
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if is_api_path(request.path):
+        exc = sys.exc_info()[1]
+        if exc is not None:
+            return api_exception_response(request, exc)
+        return JsonResponse({"error": INTERNAL_ERROR}, status=500)
+    return defaults.server_error(request)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    if is_api_path(request.path):
+        return JsonResponse(
+            {"error": f"CSRF verification failed: {reason}"}, status=403
+        )
+    return csrf_views.csrf_failure(request, reason=reason)
