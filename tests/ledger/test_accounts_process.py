@@ -38,11 +38,10 @@ def _env(tmp_path: Path) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("LOOPSWEB_", "STANDIN_", "FAKE_AGENT_"))
+        if not k.startswith(("STANDIN_", "FAKE_AGENT_")) and not k.endswith("_BIN")
     }
     env.update(
         DATABASE_URL=child_database_url(),
-        LOOPSWEB_TESTING="1",
         PYTHONDONTWRITEBYTECODE="1",
         PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         LOOPSWEB_CODEX_BIN=str(STANDIN),

@@ -108,7 +108,7 @@ def test_add_dry_run_writes_nothing() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_command_as_a_process_adds_lists_and_refuses_secrets() -> None:
-    env = dict(os.environ, DATABASE_URL=child_database_url(), LOOPSWEB_TESTING="1")
+    env = dict(os.environ, DATABASE_URL=child_database_url())
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
