@@ -643,6 +643,31 @@ class AccountCooldown(TimestampedModel):
         return f"{self.account_profile} until {self.until:%Y-%m-%dT%H:%M:%SZ}"
 
 
+class AccountLoadCount(models.Model):
+    """loopsweb (0004): the load of one account, kept in the transactions that change it.
+
+    `running` = its step runs in `running`; `reserved` = admitted runs (queued, or running
+    with no step started yet) whose first account-carrying step is on it (see
+    `ledger.selectors.account_state`). Every service that moves a run or step run applies
+    the change here in the same transaction (`ledger.loads`), so admission reads the pool's
+    load in one row per account, however many runs are queued. `recount_account_loads`
+    recomputes both from the rows and repairs any drift.
+    """
+
+    account_profile = models.CharField(max_length=200, primary_key=True)
+    running = models.IntegerField(default=0)
+    reserved = models.IntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "workflow_account_loads"
+
+    def __str__(self) -> str:
+        return (
+            f"{self.account_profile}: {self.running} running, {self.reserved} reserved"
+        )
+
+
 class Account(TimestampedModel):
     """loopsweb (0004): a registered agent account: which provider, whether it may be
     assigned, an optional running cap, and the environment that selects its login.

@@ -1,10 +1,11 @@
-"""Reads of the ledger that decisions depend on. Counts come from rows, never from counters.
+"""Reads of the ledger that decisions depend on. Counts come from rows, or from counts kept
+in the same transactions as the rows and proven equal to a recount (ledger.loads).
 
 Each count is its own indexed query so that the cost stays flat as history grows:
   - scope:   idx_workflow_work_items_scope   (route_scope, status)
   - project: idx_workflow_work_items_project (project_key, status)
   - group:   idx_workflow_work_items_group   (project_group, status)
-  - running steps: idx_workflow_step_runs_status; queued runs: idx_workflow_runs_status.
+  - account load: workflow_account_loads, one row per account (ledger.loads).
 
 Time windows are primary-key ranges: ledger ids start with their creation time in ms (see
 ledger.ids), so "created since T" is a key range even where a table has no timestamp index
@@ -26,13 +27,10 @@ from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     Account,
     AccountCooldown,
-    RunStatus,
+    AccountLoadCount,
     SpecStatus,
-    StepStatus,
     WorkflowInvocation,
-    WorkflowRun,
     WorkflowSpec,
-    WorkflowStepRun,
     WorkflowWorkItem,
 )
 
@@ -95,39 +93,16 @@ class AccountLoad:
         return dict(Counter(self.running) + Counter(self.reserved))
 
 
-# Reserved load in one pass over the steps of queued/running runs (few: bounded by the caps),
-# with window functions instead of a correlated subquery per step:
-# - rn = 1 marks each run's first account-carrying step;
-# - started > 0 marks a run that has begun a step (its later steps reserve nothing).
-_RESERVED_SQL = f"""
-SELECT account_profile, COUNT(*) FROM (
-    SELECT s.account_profile, s.status,
-           ROW_NUMBER() OVER (
-               PARTITION BY s.workflow_run_id
-               ORDER BY CASE WHEN s.account_profile IS NULL THEN 1 ELSE 0 END, s.sequence
-           ) AS rn,
-           SUM(CASE WHEN s.status <> %s THEN 1 ELSE 0 END) OVER (
-               PARTITION BY s.workflow_run_id
-           ) AS started
-    FROM "{WorkflowStepRun._meta.db_table}" s
-    JOIN "{WorkflowRun._meta.db_table}" r ON r.id = s.workflow_run_id
-    WHERE r.status IN (%s, %s)
-) firsts
-WHERE rn = 1 AND started = 0 AND account_profile IS NOT NULL AND status = %s
-GROUP BY account_profile
-"""
-
-
-# One statement for the whole pool picture: running steps, reserved steps and, when asked,
-# the accounts still cooling down. Rows are (kind, account_profile, n, until).
-_RUNNING_SQL = f"""
-SELECT 'running', account_profile, COUNT(*), NULL
-FROM "{WorkflowStepRun._meta.db_table}"
-WHERE status = %s AND account_profile IS NOT NULL
-GROUP BY account_profile
+# One statement for the whole pool picture: the kept load per account (one row per account,
+# however many runs are queued: ledger.loads) and, when asked, the accounts still cooling
+# down. Rows are (kind, account_profile, running, reserved, until).
+_LOADS_SQL = f"""
+SELECT 'load', account_profile, running, reserved, NULL
+FROM "{AccountLoadCount._meta.db_table}"
+WHERE running <> 0 OR reserved <> 0
 """
 _COOLING_SQL = f"""
-SELECT 'cooling', account_profile, NULL, "until"
+SELECT 'cooling', account_profile, NULL, NULL, "until"
 FROM "{AccountCooldown._meta.db_table}"
 WHERE "until" > %s
 """
@@ -150,31 +125,28 @@ def account_state(*, now: datetime | None = None) -> AccountState:
       carries an account. Without this, one drain batch could place every item on the same
       idle account before any of them starts.
     - cooling (only with `now`): cooldowns still in force at `now`.
-    Later steps of a started run count only once they run.
+    Later steps of a started run count only once they run. Running and reserved are the
+    counts kept per account (`ledger.loads`), equal to a recount of the rows: the read costs
+    one row per account, not a scan of the queued runs.
     """
     # The cooling rows come first when present: PostgreSQL types each UNION column from its
     # first typed value, and only that branch has a timestamp.
-    parts = [_RUNNING_SQL, f"SELECT 'reserved', r.*, NULL FROM ({_RESERVED_SQL}) r"]
-    params: list[object] = [
-        str(StepStatus.RUNNING),
-        str(StepStatus.PENDING),
-        str(RunStatus.QUEUED),
-        str(RunStatus.RUNNING),
-        str(StepStatus.PENDING),
-    ]
+    parts = [_LOADS_SQL]
+    params: list[object] = []
     if now is not None:
         parts.insert(0, _COOLING_SQL)
-        params.insert(0, _db_datetime(now))
+        params.append(_db_datetime(now))
     running: dict[str, int] = {}
     reserved: dict[str, int] = {}
     cooling: dict[str, datetime] = {}
     with connection.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), params)
-        for kind, profile, n, until in cursor.fetchall():
-            if kind == "running":
-                running[profile] = n
-            elif kind == "reserved":
-                reserved[profile] = n
+        for kind, profile, n_running, n_reserved, until in cursor.fetchall():
+            if kind == "load":
+                if n_running:
+                    running[profile] = n_running
+                if n_reserved:
+                    reserved[profile] = n_reserved
             else:
                 cooling[profile] = _aware(until)
     return AccountState(

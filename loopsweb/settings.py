@@ -408,6 +408,9 @@ LOOPSWEB_RATE_LIMIT_MOVES = env_int("LOOPSWEB_RATE_LIMIT_MOVES", 2, minimum=0)
 LOOPSWEB_MAX_INGEST_BYTES = env_int(
     "LOOPSWEB_MAX_INGEST_BYTES", 256 * 1024 * 1024, minimum=1024
 )
+# Most candidates a drain decides in one admission transaction (one lock hold, counts read
+# once, rows written in bulk); 1 routes them one at a time.
+LOOPSWEB_DRAIN_BATCH_SIZE = env_int("LOOPSWEB_DRAIN_BATCH_SIZE", 50, minimum=1)
 # Largest output accepted from a drain's --source-command, in bytes.
 LOOPSWEB_SOURCE_MAX_BYTES = env_int(
     "LOOPSWEB_SOURCE_MAX_BYTES", 16 * 1024 * 1024, minimum=1024

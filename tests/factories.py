@@ -18,6 +18,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from tests.account_loads import sync_account_counts
 
 _seq = itertools.count(1)
 
@@ -93,4 +94,6 @@ def make_step_run(**overrides: Any) -> WorkflowStepRun:
     fields.update(overrides)
     if "workflow_run" not in fields:
         fields["workflow_run"] = make_run()
-    return WorkflowStepRun.objects.create(**fields)
+    step = WorkflowStepRun.objects.create(**fields)
+    sync_account_counts()  # a row written directly: keep the account counts true
+    return step

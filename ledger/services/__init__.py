@@ -62,9 +62,11 @@ from ledger.services.steps import (
     step_start,
 )
 from ledger.services.work_items import (
+    AdmitRows,
     join_reason,
     run_retry,
     work_item_admit,
+    work_item_admit_rows,
     work_item_cancel,
     work_item_dead_letter,
     work_item_requeue,
@@ -74,6 +76,7 @@ __all__ = [
     "CANCEL_REASON_DEFAULT",
     "RUN_NOT_FOUND",
     "RUN_NOT_QUEUED",
+    "AdmitRows",
     "LedgerError",
     "NotFound",
     "AccountError",
@@ -101,6 +104,7 @@ __all__ = [
     "step_start",
     "steps_from_spec",
     "work_item_admit",
+    "work_item_admit_rows",
     "work_item_cancel",
     "work_item_dead_letter",
     "work_item_requeue",

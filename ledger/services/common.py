@@ -153,16 +153,26 @@ def _lock_run(run_id: str) -> WorkflowRun:
         raise NotFound(RUN_NOT_FOUND.format(run_id=run_id)) from None
 
 
-def _lock_step(step_run_id: str) -> tuple[WorkflowRun, WorkflowStepRun]:
-    """Lock a step's run row (as `_lock_run`), then the step row itself."""
+def _lock_step(
+    step_run_id: str,
+) -> tuple[WorkflowRun, WorkflowStepRun, list[WorkflowStepRun]]:
+    """Lock a step's run row (as `_lock_run`), then the run's step rows (a handful, in
+    sequence order): the step itself and its run's steps, which say what load the run puts
+    on its accounts before and after the change (ledger.loads)."""
     try:
         step = WorkflowStepRun.objects.only("id", "workflow_run_id").get(pk=step_run_id)
     except WorkflowStepRun.DoesNotExist:
         raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id)) from None
     run = _lock_run(step.workflow_run_id)
-    return run, WorkflowStepRun.objects.select_for_update(no_key=True).get(
-        pk=step_run_id
+    steps = list(
+        WorkflowStepRun.objects.select_for_update(no_key=True)
+        .filter(workflow_run_id=run.id)
+        .order_by("sequence")
     )
+    for candidate in steps:
+        if candidate.pk == step_run_id:
+            return run, candidate, steps
+    raise NotFound(STEP_NOT_FOUND.format(step_run_id=step_run_id))
 
 
 def _append_event(

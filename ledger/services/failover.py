@@ -25,6 +25,7 @@ from typing import Any
 
 from django.db import transaction
 
+from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import StepStatus, WorkflowRun, WorkflowStepRun
 from ledger.selectors import RegisteredAccount, account_registry, account_state
@@ -110,19 +111,24 @@ def step_failover(
     *,
     run: WorkflowRun,
     step: WorkflowStepRun,
+    steps: list[WorkflowStepRun],
     code: str,
     reason: str,
     now: datetime,
 ) -> str | None:
-    """Move `step` (locked by the caller, under the admission lock) to a free pool member;
-    returns the new account, or None when there is none (rules 1-4)."""
+    """Move `step` (locked by the caller with its run's `steps`, under the admission lock)
+    to a free pool member; returns the new account, or None when there is none (rules 1-4).
+    The account load counters follow the move in the same transaction (ledger.loads: the
+    run's reservation moves with its first step)."""
     spec = step_spec(run, step.step_id)
     chosen = _free_member(run, step, spec, now)
     if chosen is None:
         return None
+    before = run_load(run.status, steps)
     previous = step.account_profile
     step.account_profile = chosen
     step.save(update_fields=["account_profile", "updated_at"])
+    apply_load_delta(load_change(before, run_load(run.status, steps)))
     _append_event(
         run.id,
         MOVED_EVENT,
@@ -140,9 +146,14 @@ def step_move_after_rate_limit(
     now = _now(now)
     with transaction.atomic():
         admission_lock()
-        run, step = _lock_step(step_run_id)
+        run, step, steps = _lock_step(step_run_id)
         if step.status not in (StepStatus.FAILED, StepStatus.TIMED_OUT):
             return None
         return step_failover(
-            run=run, step=step, code=RATE_LIMIT_CODE, reason=reason, now=now
+            run=run,
+            step=step,
+            steps=steps,
+            code=RATE_LIMIT_CODE,
+            reason=reason,
+            now=now,
         )

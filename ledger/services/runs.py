@@ -14,6 +14,7 @@ from django.db.models import F, Q, TextField, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
@@ -62,12 +63,20 @@ def _finish_open_steps(
     error: str | None,
     now: datetime,
 ) -> list[WorkflowStepRun]:
-    """Close the run's pending and running steps; returns the steps that were running."""
+    """Close the run's pending and running steps; returns the steps that were running.
+
+    The caller ends the run in the same transaction (`_end_run`): the load the run put on
+    its accounts (running steps, a reservation) is released here, from its steps as they were.
+    """
     was_running: list[WorkflowStepRun] = []
-    steps = WorkflowStepRun.objects.filter(
-        workflow_run_id=run.id, status__in=OPEN_STEP_STATUSES
-    ).order_by("sequence")
+    steps = list(
+        WorkflowStepRun.objects.filter(workflow_run_id=run.id).order_by("sequence")
+    )
+    released = run_load(run.status, steps)
+    released_delta = load_change(released, run_load(None, []))
     for step in steps:
+        if step.status not in OPEN_STEP_STATUSES:
+            continue
         if step.status == StepStatus.RUNNING:
             was_running.append(step)
             step.status = running_to
@@ -92,6 +101,7 @@ def _finish_open_steps(
             step_id=step.step_id,
             payload={"error": step.error} if step.error else None,
         )
+    apply_load_delta(released_delta)
     return was_running
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
     AccountCooldown,
@@ -80,7 +81,8 @@ def step_start(
     now = _now(now)
     with transaction.atomic():
         admission_lock()
-        run, step = _lock_step(step_run_id)
+        run, step, steps = _lock_step(step_run_id)
+        before = run_load(run.status, steps)
         if (
             run.status != RunStatus.RUNNING
             or run.claimed_by != worker
@@ -102,8 +104,14 @@ def step_start(
         spec = step_spec(run, step.step_id)
         refusal = _account_refusal(step, spec, now)
         if refusal is not None and step_failover(
-            run=run, step=step, code=refusal[0], reason=refusal[1], now=now
+            run=run,
+            step=step,
+            steps=steps,
+            code=refusal[0],
+            reason=refusal[1],
+            now=now,
         ):
+            before = run_load(run.status, steps)  # the move applied its own change
             refusal = _account_refusal(step, spec, now)
         if refusal is not None:
             code, reason, retry_at = refusal
@@ -141,6 +149,7 @@ def step_start(
         step.stderr = None
         step.error = None
         step.save()
+        apply_load_delta(load_change(before, run_load(run.status, steps)))
         _append_event(
             run.id,
             "step_started",
@@ -222,7 +231,8 @@ def step_finish(
         raise LedgerError(STEP_STATUS_NOT_FINAL.format(status=status))
     now = _now(now)
     with transaction.atomic():
-        run, step = _lock_step(step_run_id)
+        run, step, steps = _lock_step(step_run_id)
+        before = run_load(run.status, steps)
         if step.status != StepStatus.RUNNING or run.status != RunStatus.RUNNING:
             raise LedgerError(
                 STEP_NOT_RUNNING.format(
@@ -246,6 +256,7 @@ def step_finish(
         step.usage_cached_tokens = usage.cached_tokens if usage else None
         step.usage_cost_usd = usage.cost_usd if usage else None
         step.save()
+        apply_load_delta(load_change(before, run_load(run.status, steps)))
         _append_event(
             run.id,
             f"step_{status}",
@@ -265,7 +276,8 @@ def step_skip(
     """Skip a pending (or running) step, e.g. after an earlier step failed; event `step_skipped`."""
     now = _now(now)
     with transaction.atomic():
-        run, step = _lock_step(step_run_id)
+        run, step, steps = _lock_step(step_run_id)
+        before = run_load(run.status, steps)
         if step.status not in OPEN_STEP_STATUSES or run.status != RunStatus.RUNNING:
             raise LedgerError(
                 STEP_NOT_CLAIMABLE.format(
@@ -275,6 +287,7 @@ def step_skip(
         step.status = StepStatus.SKIPPED
         step.error = _clean_text(reason)
         step.save(update_fields=["status", "error", "updated_at"])
+        apply_load_delta(load_change(before, run_load(run.status, steps)))
         _append_event(
             run.id,
             "step_skipped",

@@ -4,10 +4,12 @@ operator actions (requeue, retry of a run, cancel, dead-letter).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
 
+from ledger.loads import LoadDelta, apply_load_delta, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
     TERMINAL_RUN_STATUSES,
@@ -215,7 +217,18 @@ def join_reason(old: str | None, new: str | None) -> str | None:
     return new or old
 
 
-def work_item_admit(
+@dataclass
+class AdmitRows:
+    """The rows one admission writes besides the item (unsaved), and the load they add."""
+
+    loop: Loop
+    run: WorkflowRun
+    steps: list[WorkflowStepRun]
+    event: WorkflowEvent
+    load: LoadDelta
+
+
+def work_item_admit_rows(
     *,
     item: WorkflowWorkItem,
     spec: WorkflowSpec,
@@ -224,17 +237,10 @@ def work_item_admit(
     loop_description: str,
     reason: str,
     now: datetime,
-) -> tuple[Loop, WorkflowRun]:
-    """Admit a queued/deferred item onto `spec` (reference §2.1, §3.6 steps 10-11).
-
-    Call inside the admission transaction, after `admission_lock()`:
-    1. a one-shot loop (`once` schedule, max 1 attempt, 90-minute lease) targeting the spec;
-    2. the item becomes `admitted`: attempts + 1, bound to spec and loop, reason appended;
-    3. a `queued` run with one `pending` step run per step, each carrying the account it will
-       use (account_profile / account_tool, §2.3), and its `created` event; the item is bound
-       to the run so the runner finds it.
-    """
-    loop = Loop.objects.create(
+) -> AdmitRows:
+    """What `work_item_admit` writes, built in memory: `item` is updated (not saved) and the
+    loop, run, step runs and event are returned unsaved, for a batch to insert in bulk."""
+    loop = Loop(
         name=loop_name,
         description=loop_description,
         schedule_json={"type": "once", "at": (now + timedelta(seconds=1)).isoformat()},
@@ -257,7 +263,7 @@ def work_item_admit(
     item.next_attempt_at = item.lease_expires_at = None
     item.last_reason = join_reason(item.last_reason, reason)
     item.reason_code = None
-    run = WorkflowRun.objects.create(
+    run = WorkflowRun(
         workflow=spec,
         workflow_name=spec.name,
         loop=loop,
@@ -266,25 +272,61 @@ def work_item_admit(
         idempotency_key=f"{item.id}:{item.attempts}",
         status=RunStatus.QUEUED,
     )
-    WorkflowStepRun.objects.bulk_create(
-        [
-            WorkflowStepRun(
-                workflow_run=run,
-                step_id=step["id"],
-                sequence=index,
-                status=StepStatus.PENDING,
-                account_profile=step_account(step)[0],
-                account_tool=step_account(step)[1],
-            )
-            for index, step in enumerate(spec.steps_json)
-        ]
-    )
-    WorkflowEvent.objects.create(
+    steps = [
+        WorkflowStepRun(
+            workflow_run=run,
+            step_id=step["id"],
+            sequence=index,
+            status=StepStatus.PENDING,
+            account_profile=step_account(step)[0],
+            account_tool=step_account(step)[1],
+        )
+        for index, step in enumerate(spec.steps_json)
+    ]
+    event = WorkflowEvent(
         workflow_run=run,
         sequence=1,
         event_type="created",
         payload_json={"workItemId": item.id},
     )
     item.workflow_run = run
+    # The new run reserves its first account-carrying step (ledger.loads).
+    return AdmitRows(loop, run, steps, event, run_load(run.status, steps))
+
+
+def work_item_admit(
+    *,
+    item: WorkflowWorkItem,
+    spec: WorkflowSpec,
+    invocation: WorkflowInvocation,
+    loop_name: str,
+    loop_description: str,
+    reason: str,
+    now: datetime,
+) -> tuple[Loop, WorkflowRun]:
+    """Admit a queued/deferred item onto `spec` (reference §2.1, §3.6 steps 10-11).
+
+    Call inside the admission transaction, after `admission_lock()`:
+    1. a one-shot loop (`once` schedule, max 1 attempt, 90-minute lease) targeting the spec;
+    2. the item becomes `admitted`: attempts + 1, bound to spec and loop, reason appended;
+    3. a `queued` run with one `pending` step run per step, each carrying the account it will
+       use (account_profile / account_tool, §2.3), and its `created` event; the item is bound
+       to the run so the runner finds it;
+    4. the run's reservation is added to the account loads (ledger.loads).
+    """
+    rows = work_item_admit_rows(
+        item=item,
+        spec=spec,
+        invocation=invocation,
+        loop_name=loop_name,
+        loop_description=loop_description,
+        reason=reason,
+        now=now,
+    )
+    rows.loop.save(force_insert=True)
+    rows.run.save(force_insert=True)
+    WorkflowStepRun.objects.bulk_create(rows.steps)
+    rows.event.save(force_insert=True)
+    apply_load_delta(rows.load)
     item.save()
-    return loop, run
+    return rows.loop, rows.run

@@ -40,6 +40,7 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.selectors import (
+    RegisteredAccount,
     account_registry,
     account_state,
     active_counts,
@@ -94,12 +95,37 @@ def _invocation_reuse_or_create(
         if item is not None and item.invocation_id == invocation_id:
             return item.invocation, False
         return WorkflowInvocation.objects.get(pk=invocation_id), False
-    created = WorkflowInvocation.objects.create(
+    created = new_invocation(plan)
+    created.save(force_insert=True)
+    return created, True
+
+
+def new_invocation(plan: RoutePlan) -> WorkflowInvocation:
+    """The event's invocation for a plan, unsaved."""
+    return WorkflowInvocation(
         source_kind="event",
         source_dedupe_key=plan.idempotency_key,
         **plan.invocation_fields,
     )
-    return created, True
+
+
+def new_spec(plan: RoutePlan, body: dict[str, Any]) -> WorkflowSpec:
+    """A new active spec for a plan's (profile-applied) workflow body, unsaved."""
+    noun = f"task {plan.task_id}" if plan.task_id else f"event {plan.envelope.id}"
+    return WorkflowSpec(
+        name=plan.workflow_name,
+        description=f"{plan.template_id} for {noun}",
+        version=body.get("version") or 1,
+        goal_json=body.get("goal"),
+        steps_json=body["steps"],
+    )
+
+
+def loop_description(plan: RoutePlan, spec: WorkflowSpec) -> str:
+    noun = f"task {plan.task_id}" if plan.task_id else f"event {plan.envelope.id}"
+    return f"Run {spec.name} once for {noun}; idempotency={plan.idempotency_key}" + (
+        f"; event={plan.envelope.id}" if plan.task_id else ""
+    )
 
 
 def _invocation_refresh(invocation: WorkflowInvocation, plan: RoutePlan) -> None:
@@ -177,6 +203,10 @@ def _work_item_upsert(
     return item
 
 
+def admitted_reason(plan: RoutePlan) -> str:
+    return f"admitted by {plan.route_key} route"
+
+
 def _requeue_for_readmission(item: WorkflowWorkItem, reason: str) -> None:
     # §2.1 requeue: bindings, next attempt and lease cleared; attempts kept (0.4.12).
     item.status = WorkItemStatus.QUEUED
@@ -202,14 +232,9 @@ def _spec_reuse_or_create(
             return current
         current.status = SpecStatus.ARCHIVED
         current.save(update_fields=["status", "updated_at"])
-    noun = f"task {plan.task_id}" if plan.task_id else f"event {plan.envelope.id}"
-    return WorkflowSpec.objects.create(
-        name=plan.workflow_name,
-        description=f"{plan.template_id} for {noun}",
-        version=version,
-        goal_json=goal,
-        steps_json=steps,
-    )
+    spec = new_spec(plan, body)
+    spec.save(force_insert=True)
+    return spec
 
 
 @dataclass(frozen=True)
@@ -233,9 +258,25 @@ class PoolView:
 def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
     """Least-loaded assignment for this plan's pool from the ledger as it is now."""
     state = account_state(now=now)
-    members_cooling = {p: until for p, until in state.cooling.items() if p in plan.pool}
-    loads = state.load.total()
-    registry = account_registry(plan.pool)
+    return pool_view(
+        plan,
+        loads=state.load.total(),
+        cooling=state.cooling,
+        registry=account_registry(plan.pool),
+    )
+
+
+def pool_view(
+    plan: RoutePlan,
+    *,
+    loads: dict[str, int],
+    cooling: dict[str, datetime],
+    registry: dict[str, RegisteredAccount],
+) -> PoolView:
+    """Least-loaded assignment for this plan's pool from the given loads, cooldowns and
+    account registry rows (disabled members are absent; a member's max_running caps it)."""
+    members_cooling = {p: until for p, until in cooling.items() if p in plan.pool}
+    members = {p.strip() for p in plan.pool}
     assignment = assign_pool_auth_profiles(
         list(plan.pool),
         loads,
@@ -243,11 +284,15 @@ def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
         list(plan.roles),
         plan.max_per_profile,
         cooling=tuple(members_cooling),
-        disabled=tuple(name for name, row in registry.items() if not row.enabled),
+        disabled=tuple(
+            name
+            for name, row in registry.items()
+            if name in members and not row.enabled
+        ),
         account_caps={
             name: row.max_running
             for name, row in registry.items()
-            if row.max_running is not None
+            if name in members and row.max_running is not None
         },
     )
     return PoolView(assignment=assignment, loads=loads, cooling=members_cooling)
@@ -390,15 +435,13 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
         body = apply_pool_profiles(plan.spec, assignment.profiles, plan.provider)
         account_profiles = dict(assignment.profiles)
     spec = _spec_reuse_or_create(plan, body, found.spec_id)
-    noun = f"task {plan.task_id}" if plan.task_id else f"event {envelope.id}"
     loop, run = work_item_admit(
         item=item,
         spec=spec,
         invocation=invocation,
         loop_name=plan.loop_name,
-        loop_description=f"Run {spec.name} once for {noun}; idempotency={plan.idempotency_key}"
-        + (f"; event={envelope.id}" if plan.task_id else ""),
-        reason=f"admitted by {plan.route_key} route",
+        loop_description=loop_description(plan, spec),
+        reason=admitted_reason(plan),
         now=now,
     )
     if requeue is not None:

@@ -26,6 +26,7 @@ written (no drain record unless `record_dry_run`).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -55,6 +56,7 @@ from routing.domain.errors import ApplicationError
 from routing.domain.keys import route_key_for_kind
 from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from routing.domain.throttle import ThrottleCounts, admission_decision
+from routing.drains.batch import route_batch
 from routing.drains.candidates import _passes_filters, fair_order
 from routing.drains.options import DrainOptions
 from routing.drains.outcomes import (
@@ -73,6 +75,8 @@ from routing.drains.sources import (
     scan_inbox,
 )
 from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
+
+logger = logging.getLogger(__name__)
 
 
 def _precheck(plan: RoutePlan, now: datetime) -> tuple[str, str] | None:
@@ -382,9 +386,34 @@ def _drain_loop(
     del filtered  # only the chosen ones carry payloads; let the scan go
     full = _Full()
     registered = registered_providers()  # one read: which pools are registered accounts
-    for candidate in chosen:
+    # Batches while they work; after a failed batch, one candidate at a time.
+    batching = not report.dry_run and settings.LOOPSWEB_DRAIN_BATCH_SIZE > 1
+    index = 0
+    while index < len(chosen):
         if report.counts[CREATED] >= options.max_dispatch:
             break
+        if batching and full.every is None:
+            size = min(
+                settings.LOOPSWEB_DRAIN_BATCH_SIZE,
+                options.max_dispatch - report.counts[CREATED],
+            )
+            try:
+                done = _route_batch(
+                    chosen[index : index + size], options, env, cwd, full, registered
+                )
+            except Exception as exc:  # nothing of the batch was written
+                logger.warning("drain batch failed, routing one at a time: %s", exc)
+                batching = False
+                continue
+            for result in done:
+                if result is not None:
+                    _count(report, result)
+                    if progress:
+                        progress(report)
+            index += len(done)
+            continue
+        candidate = chosen[index]
+        index += 1
         now = timezone.now()
         try:
             if full.every is not None:  # nothing more can be admitted in this drain
@@ -394,26 +423,101 @@ def _drain_loop(
                     candidate, options, env, cwd, now, report.dry_run, full, registered
                 )
         except Exception as exc:  # one bad item never stops the batch (§5.2.3)
-            envelope = candidate.envelope
-            assert envelope is not None
-            result = {
-                "kind": SKIPPED,
-                "fatal": True,
-                "reason": f"{type(exc).__name__}: {exc}"[:640],
-                "event": {"id": envelope.id, "type": envelope.type},
-            }
-            if isinstance(exc, OperationalError):
-                # Passing (a deadlock, a locked database, a dropped connection): the row
-                # stays open for a later drain; the drain still reports it as fatal.
-                result["reason"] += " (left open for a later drain)"
-            elif not report.dry_run:
-                _record_failure(candidate, result, now)
+            result = _failed(candidate, exc, now, report.dry_run)
         if result is None:  # claimed by a concurrent drain
             continue
         _count(report, result)
         if progress:
             progress(report)
     full.record_held_rows(timezone.now())
+
+
+def _failed(
+    candidate: Candidate, exc: Exception, now: datetime, dry_run: bool
+) -> dict[str, Any]:
+    """The result of a candidate whose routing raised; its row records the failure."""
+    envelope = candidate.envelope
+    assert envelope is not None
+    result: dict[str, Any] = {
+        "kind": SKIPPED,
+        "fatal": True,
+        "reason": f"{type(exc).__name__}: {exc}"[:640],
+        "event": {"id": envelope.id, "type": envelope.type},
+    }
+    if isinstance(exc, OperationalError):
+        # Passing (a deadlock, a locked database, a dropped connection): the row
+        # stays open for a later drain; the drain still reports it as fatal.
+        result["reason"] += " (left open for a later drain)"
+    elif not dry_run:
+        _record_failure(candidate, result, now)
+    return result
+
+
+def _route_batch(
+    candidates: list[Candidate],
+    options: DrainOptions,
+    env: Mapping[str, str],
+    cwd: str,
+    full: _Full,
+    registered: Mapping[str, str] | None = None,
+) -> list[dict[str, Any] | None]:
+    """Route `candidates` in order as `_route_one` would, the admissions in one transaction
+    (routing.drains.batch). Returns one result per candidate it handled, in order (None for
+    a row another drain claimed): all of them, or those before the scope (or the shared
+    pool) filled. Raises, having written nothing of the admission transaction, when it fails.
+
+    Plans are made first, outside the transaction: an unplannable candidate fails alone and an
+    ineligible one is settled as skipped (one statement each, as one at a time)."""
+    now = timezone.now()
+    route = replace(options.route, dry_run=False)
+    slots: list[dict[str, Any] | None | int] = []
+    pairs: list[tuple[Candidate, RoutePlan]] = []
+    for candidate in candidates:
+        envelope = candidate.envelope
+        assert envelope is not None, "load_envelopes() before routing"
+        try:
+            plan = plan_route(
+                kind=options.kind,
+                envelope=envelope,
+                options=route,
+                env=env,
+                cwd=cwd,
+                registered=registered,
+            )
+        except Exception as exc:
+            slots.append(_failed(candidate, exc, now, False))
+            continue
+        if isinstance(plan, RouteResult):  # skipped by eligibility
+            result = plan.to_dict()
+            if candidate.inbox_id and not _claim(
+                candidate, **_hold_record(result, now)
+            ):
+                slots.append(None)
+            else:
+                slots.append(result)
+            continue
+        slots.append(len(pairs))
+        pairs.append((candidate, plan))
+    decided = (
+        route_batch(
+            pairs,
+            now=now,
+            full=full,
+            shared_pool=bool(options.route.auth_profile_pool),
+            held=_held,
+        )
+        if pairs
+        else []
+    )
+    out: list[dict[str, Any] | None] = []
+    for slot in slots:
+        if isinstance(slot, int):
+            if slot >= len(decided):  # the scope filled before this candidate
+                break
+            out.append(decided[slot].result)
+        else:
+            out.append(slot)
+    return out
 
 
 def _hold_unread(

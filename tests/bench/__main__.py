@@ -28,6 +28,7 @@ from tests.bench import harness
 BENCHMARKS: list[tuple[str, str]] = [
     ("admission", "tests.bench.bench_admission"),
     ("drains", "tests.bench.bench_drains"),
+    ("backlog", "tests.bench.bench_backlog"),
     ("drain_memory", "tests.bench.bench_drain_memory"),
     ("pages", "tests.bench.bench_pages"),
 ]

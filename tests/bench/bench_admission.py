@@ -254,12 +254,18 @@ def _finish(result: Any) -> None:
     """The item completes (as the runner would finalize it): its cap slot and account free."""
     from django.db import transaction
 
+    from ledger.loads import apply_load_delta, load_change, run_load
     from ledger.models import WorkflowRun, WorkflowStepRun, WorkflowWorkItem
 
     item = result.work_item
     if item is None or result.kind != "created":
         return
     with transaction.atomic():
+        # The run ends: release the load it kept on its accounts (ledger.loads).
+        steps = list(
+            WorkflowStepRun.objects.filter(workflow_run_id=item.workflow_run_id)
+        )
+        apply_load_delta(load_change(run_load("queued", steps), run_load(None, [])))
         WorkflowStepRun.objects.filter(workflow_run_id=item.workflow_run_id).update(
             status="succeeded"
         )

@@ -432,6 +432,7 @@ def finish_due(now: datetime) -> int:
     """Finish every active bench item whose hold time is up; returns how many this process won."""
     from django.db import transaction
 
+    from ledger.loads import apply_load_delta, load_change, run_load
     from ledger.models import (
         ACTIVE_WORK_ITEM_STATUSES,
         WorkflowRun,
@@ -457,6 +458,11 @@ def finish_due(now: datetime) -> int:
                 pk=item_id, status__in=ACTIVE_WORK_ITEM_STATUSES
             ).update(status="succeeded", updated_at=done)
             if changed:
+                # The run ends: release the load it kept on its accounts (ledger.loads).
+                steps = list(WorkflowStepRun.objects.filter(workflow_run_id=run_id))
+                apply_load_delta(
+                    load_change(run_load("queued", steps), run_load(None, []))
+                )
                 WorkflowRun.objects.filter(pk=run_id).update(
                     status="succeeded", finished_at=done, updated_at=done
                 )

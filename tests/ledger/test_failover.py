@@ -13,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from ledger import services
+from ledger.loads import account_load_drift
 from ledger.models import (
     Account,
     AccountCooldown,
@@ -98,6 +99,7 @@ def test_a_step_whose_account_cools_after_admission_moves_to_a_free_member_witho
     # The agent ran on the account the ledger records.
     ran = {r["step"]: r["profile"] for r in agent.records()}
     assert ran == {"worker": free, "verifier": verifier}
+    assert account_load_drift() == []  # the kept loads followed the move
 
 
 def test_a_disabled_account_is_left_for_a_free_member(
@@ -130,6 +132,7 @@ def test_a_rate_limited_step_succeeds_on_the_second_account(
         first,
         other,
     ]
+    assert account_load_drift() == []
 
 
 def test_rate_limit_moves_are_bounded_then_the_run_fails(
@@ -183,6 +186,7 @@ def test_with_every_member_cooling_the_step_waits_and_ops_shows_why(
 
     assert not outcome.started and outcome.wait_code == "cooldown"
     assert _moves(run) == []
+    assert account_load_drift() == []
     page = admin_client.get("/ops/").content.decode()
     section = page.split('id="waiting-steps"')[1].split("</section>")[0]
     worker = steps_of(run)["worker"].account_profile

@@ -446,6 +446,18 @@ def test_upgrade_adds_the_nullable_scope_column_and_index_and_keeps_every_old_ro
     assert_old_data_unchanged(upgraded.before, db)
 
 
+def test_upgrade_fills_the_account_loads_from_the_rows(upgraded: Upgrade) -> None:
+    """ledger 0004 counts the running and reserved steps the old rows already carry."""
+    loads = upgraded.db.query(
+        "SELECT account_profile, running, reserved FROM workflow_account_loads"
+    )
+    assert sum(row[1] + row[2] for row in loads) > 0  # the fixture has running work
+    report = json.loads(
+        manage(upgraded.db, "recount_account_loads", "--dry-run", "--json").stdout
+    )
+    assert report["drift"] == []
+
+
 def test_migrating_the_upgraded_ledger_again_changes_nothing(upgraded: Upgrade) -> None:
     db = upgraded.db
     rows_before = Snapshot.take(db)

@@ -8,6 +8,7 @@ import pytest
 import time_machine
 from django.utils import timezone
 
+from ledger import services
 from ledger.models import (
     AccountCooldown,
     Loop,
@@ -17,6 +18,7 @@ from ledger.models import (
     WorkItemDeferral,
 )
 from routing.domain.errors import ValidationError
+from tests.account_loads import assert_account_counts_match_rows
 from tests.factories import make_work_item
 from tests.routing.helpers import generic_event, route, todos_event
 
@@ -395,7 +397,7 @@ def test_a_claimed_run_whose_first_step_has_not_started_still_reserves_its_accou
 ):
     first = route(auth_profile_pool="acctA,acctB", max_per_profile=1)
     # The runner claimed the run but has not started the worker step yet.
-    WorkflowRun.objects.filter(pk=first.run.pk).update(status="running")
+    services.run_claim(run_id=first.run.pk, worker="host:1")
     second = route(auth_profile_pool="acctA,acctB", max_per_profile=1)
     assert second.kind == "created"
     assert second.account_profiles["worker"] != first.account_profiles["worker"]
@@ -404,7 +406,8 @@ def test_a_claimed_run_whose_first_step_has_not_started_still_reserves_its_accou
         == "profile_cap"
     )
     # Once a step of the first run has run, its later steps no longer reserve anything.
-    WorkflowStepRun.objects.filter(workflow_run=first.run, step_id="worker").update(
-        status="succeeded"
-    )
+    worker = WorkflowStepRun.objects.get(workflow_run=first.run, step_id="worker")
+    assert services.step_start(step_run_id=worker.id, worker="host:1").started
+    services.step_finish(step_run_id=worker.id, status="succeeded")
     assert route(auth_profile_pool="acctA,acctB", max_per_profile=1).kind == "created"
+    assert_account_counts_match_rows()

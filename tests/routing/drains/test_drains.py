@@ -23,6 +23,7 @@ from ledger.models import WorkflowRun, WorkflowStepRun, WorkflowWorkItem
 from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import DrainRecord, InboxEvent
+from tests.account_loads import release_run_load
 from tests.routing.helpers import generic_event, todos_event
 
 pytestmark = pytest.mark.django_db
@@ -38,6 +39,7 @@ def drain(kind: str = "generic", **raw):  # type: ignore[no-untyped-def]
 
 def finish(item_id: str) -> None:
     item = WorkflowWorkItem.objects.get(pk=item_id)
+    release_run_load(item.workflow_run_id)
     WorkflowStepRun.objects.filter(workflow_run_id=item.workflow_run_id).update(
         status="succeeded"
     )
@@ -448,7 +450,9 @@ def test_a_full_project_holds_its_later_candidates_without_another_count() -> No
         report = drain(max_active_per_project=1, max_dispatch=5)
     assert [r["reasonCode"] for r in report.results] == ["project_cap"] * 4
     counts = [
-        q for q in captured.captured_queries if "SELECT (SELECT COUNT(*)" in q["sql"]
+        q
+        for q in captured.captured_queries
+        if "COUNT(*)" in q["sql"] and '"workflow_work_items"' in q["sql"]
     ]
     # One: the first candidate's pre-check (no --max-active, so no scope check at start).
     assert len(counts) == 1
@@ -601,10 +605,14 @@ def test_a_failure_never_overwrites_what_another_drain_recorded() -> None:
     assert InboxEvent.objects.get().state == "failed"  # its own scan: recorded
 
 
-def test_a_passing_database_error_leaves_the_row_open(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_passing_database_error_leaves_the_row_open(monkeypatch, settings) -> None:  # type: ignore[no-untyped-def]
     from django.db import OperationalError
 
     from routing.drains import run as drains
+
+    settings.LOOPSWEB_DRAIN_BATCH_SIZE = (
+        1  # one at a time: route_event is the admission
+    )
 
     def locked(**kwargs):  # type: ignore[no-untyped-def]
         raise OperationalError("database is locked")

@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
     # Additive only: a new table (the account registry) and nullable usage columns.
 
     dependencies = [
-        ('ledger', '0003_admission_records_leases_cooldowns'),
+        ('ledger', '0004_account_loads'),
     ]
 
     operations = [

@@ -1,0 +1,39 @@
+"""Account-load checks any test can use: the kept counts must equal a recount of the rows.
+
+    from tests.account_loads import assert_account_counts_match_rows
+    assert_account_counts_match_rows()   # after any ledger operation
+
+`sync_account_counts()` is for fixtures that write step or run rows directly (factories,
+seeds): it sets the kept counts to the recount, as `manage.py recount_account_loads` does.
+"""
+
+from __future__ import annotations
+
+from ledger.loads import (
+    apply_load_delta,
+    load_change,
+    read_account_loads,
+    recount_account_loads,
+    repair_account_loads,
+    run_load,
+)
+from ledger.models import WorkflowRun, WorkflowStepRun
+
+
+def assert_account_counts_match_rows() -> None:
+    kept = read_account_loads()
+    truth = recount_account_loads()
+    assert kept == truth, (
+        f"kept (running, reserved) {kept} != recount of the rows {truth}"
+    )
+
+
+def sync_account_counts() -> None:
+    repair_account_loads()
+
+
+def release_run_load(run_id: str) -> None:
+    """Before a test ends a run by writing its rows directly: release the load it kept."""
+    run = WorkflowRun.objects.get(pk=run_id)
+    steps = list(WorkflowStepRun.objects.filter(workflow_run_id=run_id))
+    apply_load_delta(load_change(run_load(run.status, steps), run_load(None, [])))
