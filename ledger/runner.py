@@ -58,6 +58,7 @@ from routing.domain.errors import ApplicationError
 logger = logging.getLogger(__name__)
 
 NOT_CLAIMED = "not-claimed"
+NOT_DUE = "not-due"
 LOST = "lease-lost"
 
 STEP_TIMED_OUT = "step timed out after {ms} ms"
@@ -561,12 +562,22 @@ class _RunExecution:
 def run_workflow_run(run_id: str) -> str:
     """Claim and execute one queued run; returns its final status.
 
-    Returns `not-claimed` when the run was not queued (a second delivery, a cancelled run)
+    Returns `not-due` for a retry whose backoff has not ended (nothing written),
+    `not-claimed` when the run was not queued (a second delivery, a cancelled run)
     and `lease-lost` when the run was taken away mid-way (cancelled or recovered); neither
     writes anything further. An unexpected error fails the run (best effort) and re-raises.
     """
     worker = services.worker_identity()
     run = services.run_claim(run_id=run_id, worker=worker)
+    if run is None and (
+        WorkflowRun.objects.filter(
+            pk=run_id, status=RunStatus.QUEUED, scheduled_for__gt=timezone.now()
+        ).exists()
+    ):
+        logger.info(
+            "workflow run %s not claimed (its retry backoff has not ended)", run_id
+        )
+        return NOT_DUE
     if run is None:
         logger.info("workflow run %s not claimed (not queued)", run_id)
         return NOT_CLAIMED

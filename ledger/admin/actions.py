@@ -48,6 +48,8 @@ class LifecycleAction:
     apply: Callable[[str, str | None], object]
     reason_required: bool = True
     default_reason: str = ""
+    # False: the service records its own (upstream) reason; the page shows no reason field.
+    asks_reason: bool = True
 
 
 def run_lifecycle_action(
@@ -184,3 +186,58 @@ CANCEL_RUNS = LifecycleAction(
     ),
     default_reason=services.CANCEL_REASON_DEFAULT,
 )
+
+
+def _loop_action(
+    action: str, title: str, done: str, explanation: str
+) -> LifecycleAction:
+    return LifecycleAction(
+        name=f"{action}_loops",
+        title=title,
+        done=done,
+        explanation=explanation,
+        apply=lambda pk, _reason: services.loop_status_change(
+            loop_id=pk, action=action
+        ),
+        reason_required=False,
+        asks_reason=False,
+    )
+
+
+PAUSE_LOOPS = _loop_action(
+    "pause",
+    "Pause loops",
+    "paused",
+    "Active loops become paused: their admitted and running work items become deferred "
+    "(reason `loop paused`) and a run in progress is cancelled (its agent is stopped, its "
+    "account freed). Resume runs those items again.",
+)
+RESUME_LOOPS = _loop_action(
+    "resume",
+    "Resume loops",
+    "resumed",
+    "Paused or archived loops become active; each work item they parked runs again at once "
+    "(a new run on the same accounts; reason `loop resumed`).",
+)
+ARCHIVE_LOOPS = _loop_action(
+    "archive",
+    "Archive loops",
+    "archived",
+    "Loops are archived (and paused): their admitted and running work items become "
+    "deferred (reason `loop archived`); a run in progress is cancelled.",
+)
+STOP_LOOPS = _loop_action(
+    "stop",
+    "Stop loops",
+    "stopped",
+    "Loops become stopped: their admitted, running and parked work items are cancelled "
+    "(reason `loop stopped`); a run in progress is cancelled and its agent stopped.",
+)
+DELETE_LOOPS = _loop_action(
+    "delete",
+    "Delete loops",
+    "deleted",
+    "Loops are deleted: their admitted, running and parked work items are cancelled "
+    "(reason `loop deleted`) and keep their history; a run in progress is cancelled.",
+)
+LOOP_ACTIONS = (PAUSE_LOOPS, RESUME_LOOPS, ARCHIVE_LOOPS, STOP_LOOPS, DELETE_LOOPS)

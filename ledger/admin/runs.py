@@ -9,7 +9,16 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from ledger.admin.actions import CANCEL_RUNS, RETRY_RUNS, run_lifecycle_action
+from ledger.admin.actions import (
+    ARCHIVE_LOOPS,
+    CANCEL_RUNS,
+    DELETE_LOOPS,
+    PAUSE_LOOPS,
+    RESUME_LOOPS,
+    RETRY_RUNS,
+    STOP_LOOPS,
+    run_lifecycle_action,
+)
 from ledger.admin.base import LedgerAdmin, admin_link, changelist_link
 from ledger.admin.filters import (
     AccountProfileFilter,
@@ -143,11 +152,53 @@ class LoopAdmin(LedgerAdmin):
         "status",
         "next_run_at",
         "max_attempts",
-        "lease_ms",
+        "retry_delay_ms",
+        "archived_at",
         "updated_at",
     )
     list_filter = ("status",)
     search_fields = ("=id", "name")
+    readonly_fields = ("id",)
+    actions = (
+        "pause_loops",
+        "resume_loops",
+        "archive_loops",
+        "stop_loops",
+        "delete_loops",
+    )
+
+    @admin.action(description="Pause selected loops…", permissions=["operate"])
+    def pause_loops(
+        self, request: HttpRequest, queryset: QuerySet
+    ) -> TemplateResponse | None:
+        return run_lifecycle_action(self, request, queryset, PAUSE_LOOPS)
+
+    @admin.action(description="Resume selected loops…", permissions=["operate"])
+    def resume_loops(
+        self, request: HttpRequest, queryset: QuerySet
+    ) -> TemplateResponse | None:
+        return run_lifecycle_action(self, request, queryset, RESUME_LOOPS)
+
+    @admin.action(description="Archive selected loops…", permissions=["operate"])
+    def archive_loops(
+        self, request: HttpRequest, queryset: QuerySet
+    ) -> TemplateResponse | None:
+        return run_lifecycle_action(self, request, queryset, ARCHIVE_LOOPS)
+
+    @admin.action(description="Stop selected loops…", permissions=["operate"])
+    def stop_loops(
+        self, request: HttpRequest, queryset: QuerySet
+    ) -> TemplateResponse | None:
+        return run_lifecycle_action(self, request, queryset, STOP_LOOPS)
+
+    @admin.action(
+        description="Delete selected loops (cancels their items)…",
+        permissions=["operate"],
+    )
+    def delete_loops(
+        self, request: HttpRequest, queryset: QuerySet
+    ) -> TemplateResponse | None:
+        return run_lifecycle_action(self, request, queryset, DELETE_LOOPS)
 
 
 @admin.register(LoopRun)

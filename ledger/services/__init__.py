@@ -8,7 +8,8 @@
 - `accounts`: the account registry (add, enable/disable, remove);
 - `cooldowns`: account cooldowns after rate limits;
 - `failover`: moving a step to a free member of its run's pool (step start, rate limit);
-- `processes`: stopping the process group a step left behind.
+- `processes`: stopping the process group a step left behind;
+- `loops`: loop status actions (pause, resume, archive, stop, delete) and their cascades.
 
 Rules every service follows:
 
@@ -44,6 +45,11 @@ from ledger.services.common import (
 )
 from ledger.services.cooldowns import account_cooldown_record
 from ledger.services.failover import step_move_after_rate_limit
+from ledger.services.loops import (
+    LOOP_ACTIONS,
+    LoopChange,
+    loop_status_change,
+)
 from ledger.services.processes import kill_step_process_group
 from ledger.services.runs import (
     RecoveredRun,
@@ -80,6 +86,8 @@ __all__ = [
     "LedgerError",
     "NotFound",
     "AccountError",
+    "LOOP_ACTIONS",
+    "LoopChange",
     "RecoveredRun",
     "account_add",
     "account_env_parse",
@@ -89,6 +97,7 @@ __all__ = [
     "account_cooldown_record",
     "join_reason",
     "kill_step_process_group",
+    "loop_status_change",
     "run_cancel",
     "run_claim",
     "run_finalize",

@@ -54,6 +54,9 @@ WORK_ITEM_NOT_DEAD_LETTERABLE = (
     "workflow work item is not dead-letterable: {item_id} status={status}"
 )
 WORK_ITEM_NOT_RUNNABLE = "workflow work item is not runnable: {item_id} status={status}"
+WORK_ITEM_NOT_CLAIMABLE = (
+    "workflow work item is not claimable: {item_id} status={status}"
+)
 REQUEUE_REASON_REQUIRED = "routes requeue requires --reason <text>"
 REASON_REQUIRED = "a reason is required"
 
@@ -68,6 +71,9 @@ LEASE_EXPIRED_ITEM_REASON = "parent loop run lease expired before completion"
 ARCHIVE_REASON = "terminal generated one-shot route workflow"
 CANCEL_REASON_DEFAULT = "cancelled by operator"
 RUN_RETRY_REASON = "retry of workflow run {run_id}"
+# Loop-level retry pending (reference §2.1, upstream wording).
+RETRY_PENDING_REASON = "attempt failed; retry pending"
+RETRY_PENDING_REASON_WITH_ERROR = "attempt failed; retry pending: {error}"
 WAIT_COOLING = "account {profile} is cooling down until {until}"
 WAIT_AT_CAPACITY = "account {profile} is at capacity ({running}/{limit} running steps)"
 
@@ -84,6 +90,8 @@ RUNNABLE_STATUSES = (
     WorkItemStatus.DEFERRED,
     WorkItemStatus.RUNNING,
 )
+# Admission (admitWorkflowWorkItem) claims only these (reference §2.1).
+CLAIMABLE_STATUSES = (WorkItemStatus.QUEUED, WorkItemStatus.DEFERRED)
 CANCELLABLE_STATUSES = (
     WorkItemStatus.QUEUED,
     WorkItemStatus.DEFERRED,

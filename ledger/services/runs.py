@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q, TextField, Value
 from django.db.models.functions import Coalesce
@@ -19,6 +20,7 @@ from ledger.lock import admission_lock
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     TERMINAL_RUN_STATUSES,
+    AccountCooldown,
     LoopStatus,
     RunStatus,
     SpecStatus,
@@ -37,6 +39,8 @@ from ledger.services.common import (
     LEASE_EXPIRED_STEP_ERROR,
     OPEN_STEP_STATUSES,
     REASON_REQUIRED,
+    RETRY_PENDING_REASON,
+    RETRY_PENDING_REASON_WITH_ERROR,
     RUN_ALREADY_TERMINAL,
     RUN_STATUS_NOT_TERMINAL,
     RUNNABLE_STATUSES,
@@ -51,8 +55,12 @@ from ledger.services.common import (
 )
 from ledger.services.processes import _kill_leftovers
 from routing.domain.errors import ValidationError
+from routing.domain.retry import attempts_left, retry_backoff_seconds
 
 logger = logging.getLogger(__name__)
+
+# A run that ends with one of these may be retried by its loop (workItemStatusForLoopRun).
+RETRYABLE_RUN_STATUSES = (RunStatus.FAILED, RunStatus.TIMED_OUT)
 
 
 def _finish_open_steps(
@@ -211,13 +219,158 @@ def _maybe_archive_spec(run: WorkflowRun, now: datetime) -> bool:
 
 
 def _work_item_status_for_run(status: str) -> str:
-    # One-shot route loops have max_attempts 1, so a failed or timed-out run never leaves a
-    # loop retry pending: the item fails (workItemStatusForLoopRun with attempt 1 of 1).
+    # A failed or timed-out run with loop attempts left never gets here: `_retry_schedule`
+    # already put its item back to `admitted` (workItemStatusForLoopRun).
     if status == RunStatus.SUCCEEDED:
         return WorkItemStatus.SUCCEEDED
     if status == RunStatus.CANCELLED:
         return WorkItemStatus.CANCELLED
     return WorkItemStatus.FAILED
+
+
+def run_attempt_failures(run: WorkflowRun) -> int:
+    """Failed or timed-out runs of this run's admission (same work item and loop)."""
+    if not run.work_item_id or not run.loop_id:
+        return 0
+    return WorkflowRun.objects.filter(
+        work_item_id=run.work_item_id,
+        loop_id=run.loop_id,
+        status__in=RETRYABLE_RUN_STATUSES,
+    ).count()
+
+
+def run_again(
+    run: WorkflowRun,
+    *,
+    item_id: str,
+    scheduled_for: datetime | None,
+    idempotency_key: str,
+    steps: list[WorkflowStepRun] | None = None,
+) -> WorkflowRun:
+    """A new `queued` run of `run`'s spec, loop and invocation for the item, with one
+    `pending` step per step of `run` on the same account, its reservation added to the
+    account loads. The caller appends its `created` event, binds the item and enqueues it."""
+    if steps is None:
+        steps = list(
+            WorkflowStepRun.objects.filter(workflow_run_id=run.id).order_by("sequence")
+        )
+    again = WorkflowRun.objects.create(
+        workflow_id=run.workflow_id,
+        workflow_name=run.workflow_name,
+        loop_id=run.loop_id,
+        invocation_id=run.invocation_id,
+        work_item_id=item_id,
+        scheduled_for=scheduled_for,
+        idempotency_key=idempotency_key,
+        status=RunStatus.QUEUED,
+    )
+    new_steps = WorkflowStepRun.objects.bulk_create(
+        [
+            WorkflowStepRun(
+                workflow_run=again,
+                step_id=step.step_id,
+                sequence=step.sequence,
+                status=StepStatus.PENDING,
+                account_profile=step.account_profile,
+                account_tool=step.account_tool,
+            )
+            for step in steps
+        ]
+    )
+    # The new run reserves its first account-carrying step (ledger.loads).
+    apply_load_delta(run_load(again.status, new_steps))
+    return again
+
+
+def _retry_schedule(
+    run: WorkflowRun, *, status: str, error: str | None, now: datetime
+) -> WorkflowRun | None:
+    """A loop-level retry (reference §2.1, §2.2): the next attempt of a failed run, or None.
+
+    Only for a failed or timed-out run of an active loop whose item is still active and bound
+    to this run, while the admission's failed attempts are fewer than `loop.max_attempts`:
+    1. a new `queued` run of the same spec, loop, invocation and item, due after the backoff
+       (`scheduled_for`; base `loop.retry_delay_ms`, doubled per failure, capped by
+       LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS), with one `pending` step per step of the failed
+       run on the same account (a cooling account is waited for, or moved off, at step
+       start like any other);
+    2. the item stays `admitted` (it never stops counting toward its caps), bound to the new
+       run, `last_reason` = `attempt failed; retry pending: <error>`; attempts unchanged;
+    3. events: `retry_scheduled` on the failed run, `created` (with attempt and retryOf) on
+       the new one; the new run goes to the run queue when this transaction commits.
+    The caller holds the admission lock and the run row.
+    """
+    loop = run.loop
+    if (
+        status not in RETRYABLE_RUN_STATUSES
+        or loop is None
+        or loop.status != LoopStatus.ACTIVE
+        or loop.archived_at is not None
+        or not run.work_item_id
+    ):
+        return None
+    item = (
+        WorkflowWorkItem.objects.select_for_update(no_key=True)
+        .filter(
+            Q(workflow_run_id=run.id) | Q(workflow_run__isnull=True),
+            pk=run.work_item_id,
+            status__in=ACTIVE_WORK_ITEM_STATUSES,
+        )
+        .first()
+    )
+    if item is None:
+        return None
+    failures = run_attempt_failures(run)
+    if not attempts_left(failures=failures, max_attempts=loop.max_attempts):
+        return None
+    attempt = failures + 1
+    delay = retry_backoff_seconds(
+        loop.retry_delay_ms / 1000,
+        failures,
+        float(settings.LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS),
+    )
+    due = now + timedelta(seconds=delay)
+    previous_steps = list(
+        WorkflowStepRun.objects.filter(workflow_run_id=run.id).order_by("sequence")
+    )
+    rate_limited = AccountCooldown.objects.filter(
+        step_run_id__in=[step.id for step in previous_steps]
+    ).exists()
+    retry = run_again(
+        run,
+        item_id=item.id,
+        scheduled_for=due,
+        idempotency_key=f"{item.id}:{item.attempts}:attempt{attempt}",
+        steps=previous_steps,
+    )
+    details = {
+        "attempt": attempt,
+        "maxAttempts": loop.max_attempts,
+        "notBefore": due.isoformat(),
+        "rateLimited": rate_limited,
+    }
+    _append_event(
+        retry.id,
+        "created",
+        payload={"workItemId": item.id, "retryOf": run.id, **details},
+    )
+    _append_event(
+        run.id, "retry_scheduled", payload={"retryRunId": retry.id, **details}
+    )
+    WorkflowWorkItem.objects.filter(pk=item.id).update(
+        status=WorkItemStatus.ADMITTED,
+        workflow_run_id=retry.id,
+        lease_expires_at=None,
+        last_reason=RETRY_PENDING_REASON_WITH_ERROR.format(error=error)
+        if error
+        else RETRY_PENDING_REASON,
+        updated_at=now,
+    )
+    # ledger.tasks imports the runner, which imports these services: import at call time.
+    from ledger.tasks import enqueue_run_workflow
+
+    enqueue_run_workflow(retry.id, not_before=due)
+    return retry
 
 
 def _end_run(
@@ -228,8 +381,13 @@ def _end_run(
     item_reason: str | None,
     now: datetime,
     event_payload: dict[str, Any] | None = None,
-) -> None:
-    """Set the run terminal and cascade. The caller holds the admission lock and the run row."""
+    archive: bool = True,
+) -> WorkflowRun | None:
+    """Set the run terminal and cascade. The caller holds the admission lock and the run row.
+
+    Returns the retry run when a loop-level retry was scheduled. `archive=False` keeps the
+    spec (a paused loop runs it again on resume).
+    """
     run.status = status
     run.finished_at = now
     run.duration_ms = _ms(now - run.started_at) if run.started_at else None
@@ -249,14 +407,21 @@ def _end_run(
     if error:
         payload.setdefault("error", run.error)
     _append_event(run.id, status, payload=payload or None)
-    _cascade_work_item(
-        run, status=_work_item_status_for_run(status), reason=item_reason, now=now
-    )
+    retry = _retry_schedule(run, status=status, error=run.error, now=now)
+    if retry is None:
+        _cascade_work_item(
+            run,
+            status=_work_item_status_for_run(status),
+            reason=item_reason,
+            now=now,
+        )
     _close_one_shot_loop(run, now)
     # Under the admission lock: an admission reusing this spec by name either committed its
     # run before us (we see it non-terminal and keep the spec) or runs after us (it sees the
-    # spec archived and creates a new one).
-    _maybe_archive_spec(run, now)
+    # spec archived and creates a new one). A scheduled retry keeps the spec (non-terminal).
+    if archive:
+        _maybe_archive_spec(run, now)
+    return retry
 
 
 # --- runs -------------------------------------------------------------------------------------
@@ -267,7 +432,8 @@ def run_claim(
 ) -> WorkflowRun | None:
     """Claim a `queued` run for `worker`; None when it is not queued (a second delivery).
 
-    1. Conditional UPDATE queued → running: exactly one row, or nothing happens.
+    1. Conditional UPDATE queued → running: exactly one row, or nothing happens. A retry
+       whose `scheduled_for` (backoff) is still ahead is not claimed either.
     2. The run gets started_at, claimed_by and a lease (LOOPSWEB_RUN_LEASE_SECONDS).
     3. Its work item goes `running` (reference §2.1: from admitted/queued/deferred/running)
        with workflow_run bound and lease_expires_at = now + the loop's lease_ms (upstream).
@@ -280,7 +446,12 @@ def run_claim(
         # The admission lock first (lock order; the item becomes `running`). The UPDATE below
         # is the compare-and-set: whoever changes the row owns the run.
         admission_lock()
-        claimed = WorkflowRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+        # A retry is due at `scheduled_for` (its backoff): never claimed before then.
+        claimed = WorkflowRun.objects.filter(
+            Q(scheduled_for__isnull=True) | Q(scheduled_for__lte=now),
+            pk=run_id,
+            status=RunStatus.QUEUED,
+        ).update(
             status=RunStatus.RUNNING,
             started_at=now,
             claimed_by=worker,

@@ -26,6 +26,7 @@ from ledger.models import (
 )
 from ledger.services.common import (
     CANCELLABLE_STATUSES,
+    CLAIMABLE_STATUSES,
     DEAD_LETTERABLE_STATUSES,
     REASON_REQUIRED,
     REQUEUE_REASON_REQUIRED,
@@ -36,6 +37,7 @@ from ledger.services.common import (
     RUN_RETRY_REASON,
     RUN_WITHOUT_WORK_ITEM,
     WORK_ITEM_NOT_CANCELLABLE,
+    WORK_ITEM_NOT_CLAIMABLE,
     WORK_ITEM_NOT_DEAD_LETTERABLE,
     WORK_ITEM_NOT_FOUND,
     WORK_ITEM_NOT_REQUEUEABLE,
@@ -237,9 +239,18 @@ def work_item_admit_rows(
     loop_description: str,
     reason: str,
     now: datetime,
+    max_attempts: int = 1,
+    retry_delay_ms: int = 60_000,
 ) -> AdmitRows:
     """What `work_item_admit` writes, built in memory: `item` is updated (not saved) and the
-    loop, run, step runs and event are returned unsaved, for a batch to insert in bulk."""
+    loop, run, step runs and event are returned unsaved, for a batch to insert in bulk.
+
+    Only a `queued` or `deferred` item is admitted (else upstream's
+    `workflow work item is not claimable: <id> status=<status>`)."""
+    if item.status not in CLAIMABLE_STATUSES:
+        raise LedgerError(
+            WORK_ITEM_NOT_CLAIMABLE.format(item_id=item.id, status=item.status)
+        )
     loop = Loop(
         name=loop_name,
         description=loop_description,
@@ -253,8 +264,8 @@ def work_item_admit_rows(
             },
         },
         overlap="skip",
-        max_attempts=1,
-        retry_delay_ms=60_000,
+        max_attempts=max_attempts,
+        retry_delay_ms=retry_delay_ms,
         lease_ms=ONE_SHOT_LOOP_LEASE_MS,
     )
     item.attempts += 1
@@ -303,11 +314,16 @@ def work_item_admit(
     loop_description: str,
     reason: str,
     now: datetime,
+    max_attempts: int = 1,
+    retry_delay_ms: int = 60_000,
 ) -> tuple[Loop, WorkflowRun]:
     """Admit a queued/deferred item onto `spec` (reference §2.1, §3.6 steps 10-11).
 
     Call inside the admission transaction, after `admission_lock()`:
-    1. a one-shot loop (`once` schedule, max 1 attempt, 90-minute lease) targeting the spec;
+    0. only a `queued` or `deferred` item (else upstream's
+       `workflow work item is not claimable: <id> status=<status>`);
+    1. a one-shot loop (`once` schedule, 90-minute lease) targeting the spec, with the
+       route's `max_attempts` (default 1: no retry) and retry delay (`retry_delay_ms`);
     2. the item becomes `admitted`: attempts + 1, bound to spec and loop, reason appended;
     3. a `queued` run with one `pending` step run per step, each carrying the account it will
        use (account_profile / account_tool, §2.3), and its `created` event; the item is bound
@@ -322,6 +338,8 @@ def work_item_admit(
         loop_description=loop_description,
         reason=reason,
         now=now,
+        max_attempts=max_attempts,
+        retry_delay_ms=retry_delay_ms,
     )
     rows.loop.save(force_insert=True)
     rows.run.save(force_insert=True)

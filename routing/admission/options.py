@@ -11,6 +11,7 @@ from typing import Any
 from ledger.providers import PROVIDERS
 from routing.domain.errors import ValidationError
 from routing.domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
+from routing.domain.retry import parse_max_attempts, parse_retry_backoff
 from routing.domain.templates import (
     parse_pool,
 )
@@ -51,6 +52,10 @@ class RouteOptions:
     project_path: str | None = None
     max_per_profile: int | None = None
     name_prefix: str | None = None
+    # Loop-level retries: attempts per admission (None = 1) and the first retry's delay in
+    # seconds (None = 60), doubled per further failure up to LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS.
+    max_attempts: int | None = None
+    retry_backoff: int | None = None
     dry_run: bool = False
 
     @property
@@ -97,6 +102,8 @@ OPTION_NAMES = (
     "project_path",
     "max_per_profile",
     "name_prefix",
+    "max_attempts",
+    "retry_backoff",
     "dry_run",
 )
 
@@ -153,5 +160,7 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
             "--max-per-profile", raw.get("max_per_profile"), allow_zero=True
         ),
         name_prefix=_text("name_prefix", raw.get("name_prefix")),
+        max_attempts=parse_max_attempts(raw.get("max_attempts")),
+        retry_backoff=parse_retry_backoff(raw.get("retry_backoff")),
         dry_run=dry_run,
     )

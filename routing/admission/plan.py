@@ -48,6 +48,7 @@ from routing.domain.keys import (
     todos_task_names,
 )
 from routing.domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
+from routing.domain.retry import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF_SECONDS
 from routing.domain.scope import resolve_route_scope
 from routing.domain.templates import (
     parse_pool,
@@ -105,6 +106,9 @@ class RoutePlan:
     loop_name: str
     spec: dict[str, Any]
     invocation_fields: dict[str, Any]
+    # Loop-level retries stored on the admitted one-shot loop (max_attempts, retry_delay_ms).
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry_delay_ms: int = DEFAULT_RETRY_BACKOFF_SECONDS * 1000
 
 
 def _event_pool(envelope: Envelope) -> list[str]:
@@ -289,6 +293,13 @@ def plan_route(
         loop_name=loop_name,
         spec=spec,
         invocation_fields=invocation_fields,
+        max_attempts=options.max_attempts or DEFAULT_MAX_ATTEMPTS,
+        retry_delay_ms=1000
+        * (
+            options.retry_backoff
+            if options.retry_backoff is not None
+            else DEFAULT_RETRY_BACKOFF_SECONDS
+        ),
     )
 
 

@@ -48,6 +48,10 @@ class RouteResult:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "dryRun": self.dry_run}
+        if self.kind == THROTTLED:
+            # §3.8: a throttled route is a skip whose work item waits at the source.
+            out["skipped"] = True
+            out["queuedAtSource"] = True
         if self.idempotency_key:
             out["idempotencyKey"] = self.idempotency_key
         if self.reason:

@@ -443,6 +443,8 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
         loop_description=loop_description(plan, spec),
         reason=admitted_reason(plan),
         now=now,
+        max_attempts=plan.max_attempts,
+        retry_delay_ms=plan.retry_delay_ms,
     )
     if requeue is not None:
         requeue = {

@@ -376,6 +376,8 @@ def _admit_fresh(
         loop_description=loop_description(plan, spec),
         reason=admitted_reason(plan),
         now=now,
+        max_attempts=plan.max_attempts,
+        retry_delay_ms=plan.retry_delay_ms,
     )
     pending.invocations.append(invocation)
     pending.specs.append(spec)

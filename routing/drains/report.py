@@ -130,6 +130,7 @@ COMPACT_FIELDS = (
     "accountProfiles",
     "routeScope",
     "requeue",
+    "queuedAtSource",
     "precheck",
     "fatal",
 )
@@ -154,6 +155,7 @@ def compact_result(result: Mapping[str, Any]) -> dict[str, Any]:
         "accountProfiles": result.get("accountProfiles"),
         "routeScope": result.get("routeScope"),
         "requeue": result.get("requeue"),
+        "queuedAtSource": result.get("queuedAtSource"),
         "precheck": result.get("precheck"),
         "fatal": result.get("fatal"),
     }

@@ -162,6 +162,8 @@ def _held(
     """A pre-check hold; without `plan` (held unread, everything full) no key is known."""
     result: dict[str, Any] = {
         "kind": THROTTLED,
+        "skipped": True,
+        "queuedAtSource": True,
         "precheck": True,
         "reason": reason,
         "reasonCode": code,

@@ -59,6 +59,15 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         help="defer when every pool account carries this many steps (default 2; 0 disables)",
     )
     add("--name-prefix", help="prefix of generated workflow and loop names")
+    add(
+        "--max-attempts",
+        help="runs per admission: a failed or timed-out run is retried until this many (default 1)",
+    )
+    add(
+        "--retry-backoff",
+        help="delay before the first retry (30, 30s, 5m, 1h; default 60s), doubled per "
+        "further failure up to LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS",
+    )
     add("--dry-run", action="store_true", help="decide and report, write nothing")
     add("--json", action="store_true", help="print one JSON object")
 

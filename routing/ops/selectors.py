@@ -19,11 +19,14 @@ from typing import Any
 
 from django.db.models import (
     Count,
+    F,
     Max,
     Min,
     Q,
     QuerySet,
+    Window,
 )
+from django.db.models.functions import RowNumber
 
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
@@ -297,13 +300,22 @@ def inbox_depth() -> dict[str, dict[str, Any]]:
 
 
 def work_item_runs(item_id: str, *, limit: int = 20) -> list[WorkflowRun]:
+    """The item's latest runs, newest first, each with `attempt`: its number among the runs
+    of its loop (one admission; a loop-level retry is the next attempt)."""
     return list(
         WorkflowRun.objects.filter(work_item_id=item_id)
+        .annotate(
+            attempt=Window(
+                RowNumber(), partition_by=[F("loop_id")], order_by=F("id").asc()
+            )
+        )
         .order_by("-id")
         .only(
             "id",
             "workflow_name",
             "status",
+            "loop_id",
+            "scheduled_for",
             "started_at",
             "finished_at",
             "created_at",

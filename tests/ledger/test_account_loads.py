@@ -1,8 +1,8 @@
 """Account loads kept per account never drift from the rows (DESIGN rule 1), on both databases.
 
 A random sequence of every lifecycle transition that moves load (admit, claim, step start,
-finish, skip, run finalize, cancel, lease recovery, item cancel, a claim that finds its item
-ended) runs through the real services; after each operation the kept counts must equal a
+finish, skip, run finalize with loop-level retries, cancel, lease recovery, item cancel, a
+claim that finds its item ended, loop pause/resume/archive/stop/delete) runs through the real services; after each operation the kept counts must equal a
 recount of the rows. The `recount_account_loads` command reports and repairs drift, in a
 subprocess as operators run it.
 """
@@ -69,6 +69,11 @@ operations = st.lists(
                     "recover",
                     "cancel_item",
                     "end_item_then_claim",
+                    "pause_loop",
+                    "resume_loop",
+                    "archive_loop",
+                    "stop_loop",
+                    "delete_loop",
                 )
             ),
             st.integers(min_value=0, max_value=50),
@@ -95,7 +100,7 @@ def _step(index: int, account: str | None, capped: bool) -> dict[str, Any]:
     }
 
 
-def _admit(accounts: list[str | None], capped: bool) -> None:
+def _admit(accounts: list[str | None], capped: bool, max_attempts: int = 1) -> None:
     item = make_work_item()
     spec = make_spec(steps_json=[_step(i, a, capped) for i, a in enumerate(accounts)])
     with transaction.atomic():
@@ -108,6 +113,8 @@ def _admit(accounts: list[str | None], capped: bool) -> None:
             loop_description="test",
             reason="admitted by test",
             now=timezone.now(),
+            max_attempts=max_attempts,
+            retry_delay_ms=0,
         )
 
 
@@ -119,7 +126,8 @@ def _pick(queryset: Any, n: int) -> Any:
 def _apply(op: tuple[Any, ...]) -> None:
     name = op[0]
     if name == "admit":
-        _admit(op[1], op[2])
+        # Two attempts: a failed run queues a loop-level retry (a new reserving run).
+        _admit(op[1], op[2], max_attempts=2)
         return
     n = op[1]
     runs = WorkflowRun.objects.all()
@@ -199,6 +207,12 @@ def _apply(op: tuple[Any, ...]) -> None:
             if run:
                 services.work_item_cancel(
                     item_id=run.work_item_id, reason="cancelled by test"
+                )
+        elif name.endswith("_loop"):
+            run = _pick(runs.exclude(loop=None), n)
+            if run:
+                services.loop_status_change(
+                    loop_id=run.loop_id, action=name.removesuffix("_loop")
                 )
     except services.LedgerError:
         pass  # a transition the state does not allow changes nothing

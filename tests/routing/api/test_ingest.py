@@ -184,6 +184,8 @@ def test_token_posts_need_no_csrf_token(token: str) -> None:
         ("max_active=2", "route options need route=now"),
         ("route=now&dry_run=1", "unknown query parameter: dry_run"),
         ("route=now&provider=gpt", "--provider must be one of"),
+        ("route=now&max_attempts=0", "--max-attempts must be a positive integer"),
+        ("route=now&retry_backoff=soon", "--retry-backoff must be a non-negative"),
     ],
 )
 def test_bad_query_strings_are_400_before_anything_is_read(
@@ -219,6 +221,21 @@ def test_route_now_admits_and_marks_the_inbox_rows_like_a_drain(
     item = WorkflowWorkItem.objects.get(pk=created["workItemId"])
     assert item.route_scope == "api" and item.status == "admitted"
     assert WorkflowRun.objects.filter(work_item=item).count() == 1
+
+
+def test_route_now_stores_the_retry_options_on_the_loop(
+    client: Client, token: str
+) -> None:
+    response = post_events(
+        client,
+        token,
+        generic_event(),
+        query="route=now&max_attempts=3&retry_backoff=2m",
+    )
+    assert response.status_code == 202
+    (created,) = response.json()["results"]
+    item = WorkflowWorkItem.objects.select_related("loop").get(pk=created["workItemId"])
+    assert (item.loop.max_attempts, item.loop.retry_delay_ms) == (3, 120_000)
 
 
 def test_route_now_twice_is_idempotent(client: Client, token: str) -> None:

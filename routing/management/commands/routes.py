@@ -1,0 +1,258 @@
+"""Upstream's work-item operator commands (`loops routes ...`, reference §2.1).
+
+    routes list [--status S] [--route-key K] [--limit N] [--json]
+    routes show ITEM_ID [--json]
+    routes requeue ITEM_ID --reason TEXT [--dry-run] [--json]
+    routes invocations [--limit N] [--json]
+
+`list` orders as upstream: with --status by priority (high first) then oldest first (the
+admission order), otherwise newest first. `requeue` requires a reason and keeps attempts
+(0.4.12); the item's inbox events reopen so the next drain admits it again. `show` adds the
+item's runs, one per attempt, with how each ended.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ledger.models import (
+    WorkflowInvocation,
+    WorkflowRun,
+    WorkflowWorkItem,
+    WorkItemStatus,
+)
+from ledger.services import work_item_requeue
+from ledger.services.common import (
+    REQUEUE_REASON_REQUIRED,
+    REQUEUEABLE_STATUSES,
+    WORK_ITEM_NOT_FOUND,
+    WORK_ITEM_NOT_REQUEUEABLE,
+)
+from routing.admission import work_item_to_dict
+from routing.api.serializers import iso
+from routing.domain.errors import ApplicationError
+
+ROUTE_ITEM_NOT_FOUND = "route work item not found: {item_id}"
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 1000
+
+
+def _limit(value: str | None) -> int:
+    if value is None:
+        return DEFAULT_LIMIT
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIMIT:
+        raise CommandError(f"--limit must be a whole number from 1 to {MAX_LIMIT}")
+    return int(text)
+
+
+def _run_dict(run: WorkflowRun, attempt: int) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "attempt": attempt,
+        "status": run.status,
+        "loopId": run.loop_id,
+        "scheduledFor": iso(run.scheduled_for),
+        "startedAt": iso(run.started_at),
+        "finishedAt": iso(run.finished_at),
+        "error": run.error,
+    }
+
+
+def item_runs(item: WorkflowWorkItem) -> list[dict[str, Any]]:
+    """The item's runs oldest first, numbered per loop (an attempt of one admission)."""
+    runs = WorkflowRun.objects.filter(work_item_id=item.id).order_by("created_at", "id")
+    seen: dict[str | None, int] = {}
+    out = []
+    for run in runs:
+        seen[run.loop_id] = seen.get(run.loop_id, 0) + 1
+        out.append(_run_dict(run, seen[run.loop_id]))
+    return out
+
+
+class Command(BaseCommand):
+    help = (
+        "Work items as upstream's `routes` commands: list, show, requeue, invocations."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True)
+        listing = actions.add_parser("list", help="list work items")
+        listing.add_argument("--status", choices=WorkItemStatus.values)
+        listing.add_argument("--route-key")
+        listing.add_argument("--limit", help=f"most rows (default {DEFAULT_LIMIT})")
+        show = actions.add_parser(
+            "show", help="one work item with its invocation, workflow, loop and runs"
+        )
+        show.add_argument("item_id")
+        requeue = actions.add_parser("requeue", help="requeue a finished work item")
+        requeue.add_argument("item_id")
+        requeue.add_argument("--reason", help="why (required)")
+        requeue.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="say what would happen, change nothing",
+        )
+        invocations = actions.add_parser(
+            "invocations", help="list invocations, newest first"
+        )
+        invocations.add_argument("--limit", help=f"most rows (default {DEFAULT_LIMIT})")
+        for sub in (listing, show, requeue, invocations):
+            sub.add_argument("--json", action="store_true", help="print JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        try:
+            getattr(self, f"_{action}")(options)
+        except ApplicationError as exc:
+            raise CommandError(str(exc)) from None
+
+    def _emit(self, options: dict[str, Any], value: Any, lines: list[str]) -> None:
+        if options["json"]:
+            self.stdout.write(json.dumps(value, sort_keys=True))
+        else:
+            for line in lines:
+                self.stdout.write(line)
+
+    def _list(self, options: dict[str, Any]) -> None:
+        limit = _limit(options["limit"])
+        items = WorkflowWorkItem.objects.all()
+        if options["route_key"]:
+            items = items.filter(route_key=options["route_key"].strip())
+        if options["status"]:
+            # idx_workflow_work_items_status_next serves this order.
+            items = items.filter(status=options["status"]).order_by(
+                "-priority", "created_at", "id"
+            )
+        else:
+            items = items.order_by("-created_at", "-id")
+        rows = [work_item_to_dict(item) for item in items[:limit]]
+        lines = [
+            f"{r['id']}  {r['status']}  attempts={r['attempts']}  {r['routeKey']}  "
+            f"{r['idempotencyKey']}  {r['lastReason'] or ''}".rstrip()
+            for r in rows
+        ] or ["routes: no work items"]
+        self._emit(options, rows, lines)
+
+    def _show(self, options: dict[str, Any]) -> None:
+        item_id = options["item_id"].strip()
+        item = (
+            WorkflowWorkItem.objects.select_related("invocation", "workflow", "loop")
+            .filter(pk=item_id)
+            .first()
+        )
+        if item is None:
+            raise CommandError(ROUTE_ITEM_NOT_FOUND.format(item_id=item_id))
+        invocation = item.invocation
+        value = {
+            "workItem": work_item_to_dict(item),
+            "invocation": {
+                "id": invocation.id,
+                "templateId": invocation.template_id,
+                "sourceKind": invocation.source_kind,
+                "sourceId": invocation.source_id,
+                "sourceDedupeKey": invocation.source_dedupe_key,
+                "subjectKind": invocation.subject_kind,
+                "subjectId": invocation.subject_id,
+                "subjectPath": invocation.subject_path,
+                "intent": invocation.intent,
+            },
+            "workflow": {
+                "id": item.workflow.id,
+                "name": item.workflow.name,
+                "status": item.workflow.status,
+            }
+            if item.workflow
+            else None,
+            "loop": {
+                "id": item.loop.id,
+                "name": item.loop.name,
+                "status": item.loop.status,
+                "maxAttempts": item.loop.max_attempts,
+                "retryDelayMs": item.loop.retry_delay_ms,
+            }
+            if item.loop
+            else None,
+            "runs": item_runs(item),
+        }
+        wi = value["workItem"]
+        lines = [
+            f"work item {wi['id']}: {wi['status']} (attempts {wi['attempts']})",
+            f"  route {wi['routeKey']} scope {wi['routeScope']}  key {wi['idempotencyKey']}",
+            f"  reason: {wi['lastReason'] or '-'}",
+            f"  invocation {invocation.id} ({invocation.template_id})",
+        ]
+        if value["workflow"]:
+            lines.append(f"  workflow {item.workflow_id} {item.workflow.name}")  # type: ignore[union-attr]
+        if value["loop"]:
+            lines.append(
+                f"  loop {item.loop_id} {item.loop.status} max_attempts={item.loop.max_attempts}"  # type: ignore[union-attr]
+            )
+        for run in value["runs"]:
+            lines.append(
+                f"  run {run['id']} attempt {run['attempt']}: {run['status']}"
+                + (f" — {run['error']}" if run["error"] else "")
+            )
+        self._emit(options, value, lines)
+
+    def _requeue(self, options: dict[str, Any]) -> None:
+        reason = (options["reason"] or "").strip()
+        if not reason:
+            raise CommandError(REQUEUE_REASON_REQUIRED)
+        item_id = options["item_id"].strip()
+        if options["dry_run"]:
+            item = WorkflowWorkItem.objects.filter(pk=item_id).first()
+            if item is None:
+                raise CommandError(WORK_ITEM_NOT_FOUND.format(item_id=item_id))
+            if item.status not in REQUEUEABLE_STATUSES:
+                raise CommandError(
+                    WORK_ITEM_NOT_REQUEUEABLE.format(
+                        item_id=item.id, status=item.status
+                    )
+                )
+            value = {**work_item_to_dict(item), "wouldRequeue": True, "dryRun": True}
+            self._emit(
+                options,
+                value,
+                [f"routes: would requeue {item.id} from {item.status} ({reason})"],
+            )
+            return
+        before = (
+            WorkflowWorkItem.objects.filter(pk=item_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        item = work_item_requeue(item_id=item_id, reason=reason)
+        self._emit(
+            options,
+            work_item_to_dict(item),
+            [
+                f"routes: requeued {item.id} from {before} (attempts {item.attempts} kept): {reason}"
+            ],
+        )
+
+    def _invocations(self, options: dict[str, Any]) -> None:
+        limit = _limit(options["limit"])
+        rows = [
+            {
+                "id": inv.id,
+                "templateId": inv.template_id,
+                "sourceKind": inv.source_kind,
+                "sourceId": inv.source_id,
+                "sourceDedupeKey": inv.source_dedupe_key,
+                "subjectKind": inv.subject_kind,
+                "subjectId": inv.subject_id,
+                "subjectPath": inv.subject_path,
+                "intent": inv.intent,
+                "createdAt": iso(inv.created_at),
+            }
+            for inv in WorkflowInvocation.objects.order_by("-created_at", "-id")[:limit]
+        ]
+        lines = [
+            f"{r['id']}  {r['createdAt']}  {r['templateId']}  {r['sourceDedupeKey']}"
+            for r in rows
+        ] or ["routes: no invocations"]
+        self._emit(options, rows, lines)
