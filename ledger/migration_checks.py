@@ -202,7 +202,17 @@ def read_lock(path: Path) -> list[LockEntry]:
     """Entries of the lock file, in file order. Blank lines and `#` comments are skipped."""
     entries: list[LockEntry] = []
     seen: set[str] = set()
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except UnicodeDecodeError:
+        raise LockFileError(f"{display_path(path)} is not UTF-8 text") from None
+    except OSError as exc:
+        raise LockFileError(
+            f"cannot read {display_path(path)}: {exc.strerror}"
+        ) from None
+    for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

@@ -412,6 +412,10 @@ LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = env_int(
 LOOPSWEB_MAX_INGEST_BYTES = env_int(
     "LOOPSWEB_MAX_INGEST_BYTES", 256 * 1024 * 1024, minimum=1024
 )
+# How long a drain that lost its database connection keeps trying to store its record.
+LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS = env_int(
+    "LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS", 30, minimum=0
+)
 # Most candidates a drain decides in one admission transaction (one lock hold, counts read
 # once, rows written in bulk); 1 routes them one at a time.
 LOOPSWEB_DRAIN_BATCH_SIZE = env_int("LOOPSWEB_DRAIN_BATCH_SIZE", 50, minimum=1)

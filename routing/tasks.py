@@ -22,6 +22,7 @@ def drain(
         "drainId": report.record_id,
         **{k: v for k, v in report.counts.items()},
         "error": report.error,
+        "recordError": report.record_error,
         "heldReason": report.held_reason,
         "overlapSkipped": report.overlapped,
     }

@@ -344,3 +344,44 @@ def check_plan_fits_columns(plan: RoutePlan) -> None:
         limit = _column_limit(model, column)
         if isinstance(value, str) and len(value) > limit:
             raise ValidationError(f"{what} is longer than {limit} characters")
+    _check_index_rows(plan)
+
+
+# PostgreSQL refuses a btree index entry over 2704 bytes (a third of a page) with an error
+# that no retry can pass. Values of unbounded (text) columns that land in an index are held
+# to this many UTF-8 bytes per index entry, columns summed, before anything is written.
+MAX_INDEX_ENTRY_BYTES = 2600
+INDEX_ENTRY_TOO_LONG = "{what} is too long: {size} bytes in UTF-8 where an index entry holds at most {limit}"
+
+
+def _utf8_size(*values: object) -> int:
+    return sum(
+        len(value.encode("utf-8", "surrogatepass"))
+        for value in values
+        if isinstance(value, str)
+    )
+
+
+def _check_index_rows(plan: RoutePlan) -> None:
+    """The indexed text columns an admission writes (see ledger.models' indexes):
+    work item `project_key` (idx_workflow_work_items_project) and the invocation's
+    (subject_kind, subject_id, subject_path) (idx_workflow_invocations_subject)."""
+    fields = plan.invocation_fields
+    entries = [
+        ("project path", _utf8_size(plan.project_path)),
+        (
+            "project path with the subject",
+            _utf8_size(
+                fields.get("subject_kind"),
+                fields.get("subject_id"),
+                fields.get("subject_path"),
+            ),
+        ),
+    ]
+    for what, size in entries:
+        if size > MAX_INDEX_ENTRY_BYTES:
+            raise ValidationError(
+                INDEX_ENTRY_TOO_LONG.format(
+                    what=what, size=size, limit=MAX_INDEX_ENTRY_BYTES
+                )
+            )

@@ -298,7 +298,9 @@ def pool_view(
     return PoolView(assignment=assignment, loads=loads, cooling=members_cooling)
 
 
-def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
+def _admit(
+    plan: RoutePlan, *, now: datetime, dry_run: bool, enqueue: bool = True
+) -> RouteResult:
     envelope = plan.envelope
     found = admission_rows(
         route_key=plan.route_key,
@@ -453,7 +455,7 @@ def _admit(plan: RoutePlan, *, now: datetime, dry_run: bool) -> RouteResult:
             "newWorkflowId": spec.id,
             "newLoopId": loop.id,
         }
-    if not dry_run:
+    if not dry_run and enqueue:
         enqueue_run_workflow(run.id)
     return RouteResult(
         kind=CREATED,
@@ -515,8 +517,12 @@ def route_event(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     now: datetime | None = None,
+    enqueue: bool = True,
 ) -> RouteResult:
     """Route one event envelope (a dict, a parsed Envelope, or JSON text).
+
+    `enqueue=False` admits without handing the run to the runner: a dry-run drain admits
+    for real inside a transaction it rolls back, and must not queue (or log) a task for it.
 
     Returns a RouteResult of kind created, deduped, throttled or skipped. Raises
     ValidationError for bad input, before anything is written. Nested inside an outer
@@ -548,7 +554,7 @@ def route_event(
             return early
         with transaction.atomic():
             admission_lock()
-            return _admit(plan, now=now, dry_run=False)
+            return _admit(plan, now=now, dry_run=False, enqueue=enqueue)
     try:
         with transaction.atomic():
             admission_lock()

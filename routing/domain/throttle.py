@@ -20,11 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from routing.domain import reasons
-from routing.domain.errors import (
-    LIMIT_NOT_NON_NEGATIVE,
-    LIMIT_NOT_POSITIVE,
-    ValidationError,
-)
+from routing.domain.bounds import bounded_int
 
 SCOPE_LIMIT_REASON = "scope {scope} active workflow limit reached ({count}/{limit})"
 PROJECT_LIMIT_REASON = "project active workflow limit reached ({count}/{limit})"
@@ -191,31 +187,11 @@ def pool_deferral_decision(
 
 
 def parse_limit(flag: str, value: object, *, allow_zero: bool = False) -> int | None:
-    """Parse a limit option given as int or decimal text.
+    """Parse a limit option given as int or decimal text (see routing.domain.bounds).
 
     ``None`` and blank text mean "unset". Anything else must be a whole number, at
-    least 1 (or at least 0 with ``allow_zero``, used by ``--max-per-profile``).
-    Floats and bools are rejected even when integral: they only reach here by mistake.
+    least 1 (or at least 0 with ``allow_zero``, used by ``--max-per-profile``), and at most
+    the flag's bound. Floats and bools are rejected even when integral: they only reach here
+    by mistake.
     """
-    message = (LIMIT_NOT_NON_NEGATIVE if allow_zero else LIMIT_NOT_POSITIVE).format(
-        flag=flag
-    )
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValidationError(message)
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, str):
-        text = value.strip()
-        if not text:
-            return None
-        # isdigit() alone accepts "²" and other non-ASCII digits; require plain ASCII.
-        if not (text.isascii() and text.isdigit()):
-            raise ValidationError(message)
-        number = int(text)
-    else:
-        raise ValidationError(message)
-    if number < 0 or (number == 0 and not allow_zero):
-        raise ValidationError(message)
-    return number
+    return bounded_int(flag, value, minimum=0 if allow_zero else 1)

@@ -5,6 +5,7 @@
 - `candidates`: post-filters and the fair order;
 - `run`: `drain_run`, the drain itself (overlap skip, pre-checks, holds, routing);
 - `outcomes`: what a drain writes on an inbox row;
+- `outage`: a lost database connection stops the drain; its record is stored when it is back;
 - `report`: the report, the drain record, the evidence file;
 - `options`: drain options; `configs`: the caps drain schedules and records configure;
 - `schedules`: the periodic tasks every installation has.

@@ -10,9 +10,9 @@ from routing.admission import (
     RouteOptions,
     route_options,
 )
+from routing.domain.bounds import bounded_int
 from routing.domain.errors import ValidationError
 from routing.domain.keys import route_key_for_kind
-from routing.domain.throttle import parse_limit
 from routing.drains.sources import (
     COMMAND_SOURCE,
     INBOX_SOURCE,
@@ -78,7 +78,7 @@ class DrainOptions:
 
 
 def _positive(flag: str, value: Any, default: int) -> int:
-    parsed = parse_limit(flag, value)
+    parsed = bounded_int(flag, value)
     return default if parsed is None else parsed
 
 
@@ -102,7 +102,7 @@ def drain_options(
     tags = drain_raw.get("tags") or ()
     if isinstance(tags, str):
         tags = tuple(t.strip() for t in tags.split(",") if t.strip())
-    scan_limit = parse_limit("--scan-limit", drain_raw.get("scan_limit"))
+    scan_limit = bounded_int("--scan-limit", drain_raw.get("scan_limit"))
     prefix = drain_raw.get("project_path_prefix")
     return DrainOptions(
         kind=kind,

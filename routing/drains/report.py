@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from routing.admission import (
     SKIPPED,
     THROTTLED,
 )
+from routing.domain.errors import ValidationError
 from routing.drains.options import DrainOptions
 from routing.models import DrainRecord
 
@@ -51,6 +53,8 @@ class DrainReport:
     evidence_path: str | None = None
     record_id: str | None = None
     error: str | None = None
+    # Why the drain record could not be stored (the database stayed away; see drains.outage).
+    record_error: str | None = None
     # Set when the scope (or a pool every candidate shares) was full: at the start (nothing
     # scanned) or part-way (the rest held unread).
     held_reason: str | None = None
@@ -81,7 +85,9 @@ class DrainReport:
             "filtersApplied": self.options.filters_applied,
             "scanned": self.scanned,
             "candidates": self.candidates,
-            "scanExhausted": self.scanned >= self.options.effective_scan_limit,
+            # Reference §5.3: the scan window ran out before `limit` candidates were found.
+            "scanExhausted": self.scanned >= self.options.effective_scan_limit
+            and self.candidates < self.options.limit,
             "considered": self.counts["considered"],
             "created": self.counts[CREATED],
             "deduped": self.counts[DEDUPED],
@@ -92,6 +98,7 @@ class DrainReport:
             "dryRun": self.dry_run,
             "durationMs": self.duration_ms,
             "error": self.error,
+            "recordError": self.record_error,
             "heldReason": self.held_reason,
             "overlapSkipped": self.overlapped,
             "results": self.compact_results() if compact else self.results,
@@ -162,13 +169,50 @@ def compact_result(result: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if v is not None}
 
 
+EVIDENCE_NOT_A_DIRECTORY = "--evidence-dir {path} is not a directory"
+EVIDENCE_CANNOT_CREATE = "--evidence-dir {path} cannot be created: {reason}"
+EVIDENCE_NOT_WRITABLE = "--evidence-dir {path} is not writable: {reason}"
+
+
+def evidence_dir_prepare(directory: str) -> None:
+    """Make sure the drain can write its evidence file there, before it admits anything.
+
+    A missing directory is created 0700 (only one the drain creates: an existing directory,
+    say a shared 1777 one, keeps its mode). A path that is a file, cannot be created (under
+    /proc, a missing parent we cannot write) or cannot be written raises ValidationError.
+    """
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise ValidationError(EVIDENCE_NOT_A_DIRECTORY.format(path=directory))
+    if not path.exists():
+        try:
+            path.mkdir(mode=0o700, parents=True)
+            os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+        except FileExistsError:
+            if not path.is_dir():
+                raise ValidationError(
+                    EVIDENCE_NOT_A_DIRECTORY.format(path=directory)
+                ) from None
+        except OSError as exc:
+            raise ValidationError(
+                EVIDENCE_CANNOT_CREATE.format(path=directory, reason=exc.strerror)
+            ) from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".loopsweb-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValidationError(
+            EVIDENCE_NOT_WRITABLE.format(path=directory, reason=exc.strerror)
+        ) from None
+
+
 def _write_evidence(
     directory: str, route_key: str, started_at: datetime, report: dict[str, Any]
 ) -> str:
-    """Write the full report privately: directory 0700, file 0600, never overwriting."""
+    """Write the full report privately (file 0600, never overwriting) into a directory
+    `evidence_dir_prepare` checked before the drain started."""
     path = Path(directory)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
     stamp = (
         started_at.strftime("%Y%m%dT%H%M%S") + f"{started_at.microsecond // 1000:03d}Z"
     )

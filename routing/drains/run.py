@@ -35,9 +35,10 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import OperationalError, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from ledger.dberrors import error_passes
 from ledger.lock import admission_lock, drain_lock
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
 from ledger.selectors import active_counts, registered_providers
@@ -59,13 +60,25 @@ from routing.domain.throttle import ThrottleCounts, admission_decision
 from routing.drains.batch import route_batch
 from routing.drains.candidates import _passes_filters, fair_order
 from routing.drains.options import DrainOptions
+from routing.drains.outage import (
+    ConnectionLost,
+    lost_connection_error,
+    record_when_database_back,
+    stop_if_connection_lost,
+)
 from routing.drains.outcomes import (
     _claim,
     _hold_record,
     _record_failure,
     inbox_record_route,
 )
-from routing.drains.report import DrainReport, _count, _record, _write_evidence
+from routing.drains.report import (
+    DrainReport,
+    _count,
+    _record,
+    _write_evidence,
+    evidence_dir_prepare,
+)
 from routing.drains.sources import (
     COMMAND_SOURCE,
     Candidate,
@@ -262,6 +275,7 @@ def _route_one(
             env=env,
             cwd=cwd,
             now=now,
+            enqueue=not dry_run,  # rolled back at the end: no task for the runner
         )
         if settle:
             inbox_record_route(candidate.inbox_id, routed, now)
@@ -316,7 +330,11 @@ def _execute(
     clock: float,
 ) -> DrainReport:
     options = report.options
+    evidence_ready = False
     try:
+        if options.evidence_dir:  # refused before anything is admitted (recorded)
+            evidence_dir_prepare(options.evidence_dir)
+            evidence_ready = True
         if report.dry_run:
             try:
                 with transaction.atomic():
@@ -329,16 +347,25 @@ def _execute(
     except ApplicationError as exc:
         report.error = str(exc)
         report.counts["fatal"] += 1
+    except Exception as exc:
+        # A lost database connection stops the drain with its report so far (drains.outage).
+        lost = lost_connection_error(exc)
+        if lost is None:
+            raise
+        report.error = lost
     report.duration_ms = int((time.monotonic() - clock) * 1000)
-    if options.evidence_dir:
-        report.evidence_path = _write_evidence(
-            options.evidence_dir,
-            report.route_key,
-            report.started_at,
-            report.to_dict(compact=False),
-        )
+    if evidence_ready:
+        try:
+            report.evidence_path = _write_evidence(
+                options.evidence_dir,
+                report.route_key,
+                report.started_at,
+                report.to_dict(compact=False),
+            )
+        except OSError as exc:  # e.g. the directory vanished during the drain
+            report.error = f"evidence file not written: {exc}"
     if not report.dry_run or options.record_dry_run:
-        report.record_id = _record(report).id
+        record_when_database_back(report, _record)
     return report
 
 
@@ -403,7 +430,10 @@ def _drain_loop(
                 done = _route_batch(
                     chosen[index : index + size], options, env, cwd, full, registered
                 )
+            except ConnectionLost:
+                raise
             except Exception as exc:  # nothing of the batch was written
+                stop_if_connection_lost(exc)
                 logger.warning("drain batch failed, routing one at a time: %s", exc)
                 batching = False
                 continue
@@ -437,7 +467,11 @@ def _drain_loop(
 def _failed(
     candidate: Candidate, exc: Exception, now: datetime, dry_run: bool
 ) -> dict[str, Any]:
-    """The result of a candidate whose routing raised; its row records the failure."""
+    """The result of a candidate whose routing raised; its row records the failure.
+
+    A lost database connection is not this candidate's failure: it stops the drain
+    (ConnectionLost, see routing.drains.outage) and the row stays as it was."""
+    stop_if_connection_lost(exc)
     envelope = candidate.envelope
     assert envelope is not None
     result: dict[str, Any] = {
@@ -446,9 +480,10 @@ def _failed(
         "reason": f"{type(exc).__name__}: {exc}"[:640],
         "event": {"id": envelope.id, "type": envelope.type},
     }
-    if isinstance(exc, OperationalError):
-        # Passing (a deadlock, a locked database, a dropped connection): the row
-        # stays open for a later drain; the drain still reports it as fatal.
+    if error_passes(exc):
+        # Passing (a deadlock, a locked database, a lock timeout): the row stays open for
+        # a later drain; the drain still reports it as fatal. Any other error would come
+        # back every time (a value no index holds): the row is marked failed with it.
         result["reason"] += " (left open for a later drain)"
     elif not dry_run:
         _record_failure(candidate, result, now)

@@ -15,6 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ledger.migration_checks import (
+    LockFileError,
     append_lock_entries,
     default_lock_path,
     display_path,
@@ -63,7 +64,10 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--reason must look like APP/NAME=TEXT, got {exc}"
             ) from None
-        entries, problems = new_lock_entries(lock_path=lock_path, reasons=reasons)
+        try:
+            entries, problems = new_lock_entries(lock_path=lock_path, reasons=reasons)
+        except LockFileError as exc:
+            raise CommandError(f"{display_path(lock_path)}: {exc}") from None
         if problems:
             raise CommandError(
                 "refusing to lock:\n" + "\n".join(f"  {p}" for p in problems)
@@ -72,7 +76,12 @@ class Command(BaseCommand):
         for entry in entries:
             self.stdout.write(f"{'would add' if dry_run else 'added'}: {entry.line()}")
         if entries and not dry_run:
-            append_lock_entries(lock_path, entries)
+            try:
+                append_lock_entries(lock_path, entries)
+            except OSError as exc:
+                raise CommandError(
+                    f"cannot write {display_path(lock_path)}: {exc.strerror}"
+                ) from None
         self.stdout.write(
             f"lock_migrations: {len(entries)} migration(s) "
             f"{'would be added' if dry_run else 'added'} to {display_path(lock_path)}"

@@ -10,7 +10,9 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
+from ledger.dberrors import connection_lost
 from routing.drains import drain_run
 from routing.management.arguments import (
     KINDS,
@@ -39,7 +41,13 @@ class Command(BaseCommand):
                     f"\rconsidered={c['considered']} created={c['created']}", ending=""
                 )
 
-        report = drain_run(options=drain, progress=progress)
+        try:
+            report = drain_run(options=drain, progress=progress)
+        except DatabaseError as exc:
+            if not connection_lost(exc):
+                raise
+            # Before anything was read (the drain lock is its first statement).
+            raise CommandError(f"database unavailable: {exc}".strip()) from None
         if tty:
             self.stderr.write("")
         if options["json"]:
@@ -52,9 +60,18 @@ class Command(BaseCommand):
             self.stdout.write(report.human())
             if report.evidence_path:
                 self.stdout.write(f"evidence: {report.evidence_path}")
+        if report.record_error:
+            self.stderr.write(report.record_error)
         if report.error:
             raise CommandError(f"drain failed: {report.error}")
+        if report.record_error:
+            raise CommandError(report.record_error)
         if report.fatal:
+            where = (
+                f"see {report.evidence_path}"
+                if report.evidence_path
+                else "see the results above"
+            )
             raise CommandError(
-                f"route drain hit {report.fatal} non-skippable task error(s); see evidence file"
+                f"route drain hit {report.fatal} non-skippable task error(s); {where}"
             )

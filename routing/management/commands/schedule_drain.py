@@ -21,6 +21,8 @@ from django.db import transaction
 from django.utils import timezone
 from django_q.models import Schedule
 
+from routing.domain.bounds import BOUNDS, bounded_int
+from routing.domain.errors import ValidationError
 from routing.management.arguments import (
     add_drain_arguments,
     add_route_arguments,
@@ -31,15 +33,31 @@ DRAIN_FUNC = "routing.tasks.drain"
 EVERY = re.compile(r"^\s*(\d+)\s*([mh]?)\s*$")
 
 
+EVERY_INVALID = "--every must be a positive number of minutes or hours, like 5m or 2h"
+
+
 def parse_every(text: str) -> int:
-    """Minutes from `5`, `5m` or `2h` (django-q2 schedules have minute granularity)."""
+    """Minutes from `5`, `5m` or `2h` (django-q2 schedules have minute granularity), at most
+    the `--every` bound (routing.domain.bounds) in minutes."""
     match = EVERY.match(text or "")
-    if not match or int(match.group(1)) <= 0:
-        raise CommandError(
-            "--every must be a positive number of minutes or hours, like 5m or 2h"
+    if not match:
+        raise CommandError(EVERY_INVALID)
+    hours = match.group(2) == "h"
+    bound = BOUNDS["--every"]
+    try:
+        value = bounded_int(
+            "--every",
+            match.group(1),
+            maximum=bound.maximum // 60 if hours else bound.maximum,
         )
-    value = int(match.group(1))
-    return value * 60 if match.group(2) == "h" else value
+    except ValidationError as exc:
+        if str(exc).startswith("--every must be at most"):
+            raise CommandError(
+                f"--every must be at most {bound.maximum}m ({bound.maximum // 60}h)"
+            ) from None
+        raise CommandError(EVERY_INVALID) from None
+    assert value is not None
+    return value * 60 if hours else value
 
 
 class Command(BaseCommand):

@@ -92,3 +92,47 @@ def test_a_database_error_inside_an_api_view_is_a_json_503_with_retry_after(
     assert response.status_code == 503
     assert response.json()["error"].startswith("database unavailable")
     assert response["Retry-After"]
+
+
+# Issue 17 #1 and #2 through the API: refused with a 400 before any write, on both databases.
+
+
+def test_route_now_with_a_value_too_long_for_its_index_is_a_400_and_stores_nothing() -> (
+    None
+):
+    from tests.routing.api.helpers import post_events, row_counts
+    from tests.routing.helpers import generic_event
+
+    _, token = make_token("ingest")
+    before = row_counts()
+    event = generic_event(project="/srv/" + "p" * 6000)
+    response = post_events(Client(), token, event, query="route=now")
+    assert response.status_code == 400
+    assert "index entry holds at most 2600" in response.json()["error"]
+    assert row_counts() == before
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "route=now&max_active=" + "9" * 5000,
+        "route=now&max_per_profile=100001",
+        "route=now&max_active_per_project=99999999999999999999",
+    ],
+)
+def test_huge_numbers_in_the_query_are_a_400_naming_the_bound(query: str) -> None:
+    from tests.routing.api.helpers import post_events, row_counts
+    from tests.routing.helpers import generic_event
+
+    _, token = make_token("ingest")
+    before = row_counts()
+    response = post_events(Client(), token, generic_event(), query=query)
+    assert response.status_code == 400
+    assert "must be at most 100000" in response.json()["error"]
+    assert row_counts() == before
+
+
+def test_a_huge_page_limit_is_a_400() -> None:
+    _, token = make_token("read")
+    response = Client().get(f"/api/v1/work-items?limit={'9' * 5000}", **bearer(token))
+    assert response.status_code == 400

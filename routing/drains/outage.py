@@ -1,0 +1,89 @@
+"""A drain and a database outage (kept apart from `run` so the drain loop stays readable).
+
+When the connection to the database is lost part-way (the server stopped, restarted or
+dropped us):
+1. the drain stops at once: the candidates it has not reached stay exactly as they were
+   (open rows for a later drain), instead of each one failing in turn against a dead
+   connection;
+2. its report so far carries the error (`error`), and the command prints it;
+3. its record is written once the database is back: the write is retried, with a growing
+   pause, for up to LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS; if the database is still away, the
+   report says the record could not be stored (`recordError`) and the command exits 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+from ledger.dberrors import connection_lost
+from routing.drains.report import DrainReport
+from routing.models import DrainRecord
+
+LOST = (
+    "database connection lost; stopped with the remaining candidates untouched: {error}"
+)
+NOT_STORED = "drain record not stored (database unavailable for {seconds} s): {error}"
+
+
+class ConnectionLost(Exception):
+    """Raised inside the drain loop to stop it at the first lost connection."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def stop_if_connection_lost(exc: BaseException) -> None:
+    """Re-raise as ConnectionLost when `exc` means the database connection is gone."""
+    if isinstance(exc, DatabaseError) and connection_lost(exc):
+        raise ConnectionLost(exc) from exc
+
+
+def lost_connection_error(exc: BaseException) -> str | None:
+    """The report's error for a drain stopped by a lost connection, else None."""
+    if isinstance(exc, ConnectionLost):
+        exc = exc.error
+    if isinstance(exc, DatabaseError) and connection_lost(exc):
+        return LOST.format(error=_first_line(exc))
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _drop_connection() -> None:
+    try:
+        connection.close()
+    except DatabaseError:
+        pass  # already broken: Django forgets it either way
+
+
+def record_when_database_back(
+    report: DrainReport, record: Callable[[DrainReport], DrainRecord]
+) -> None:
+    """Store the drain record, waiting for the database when its connection is lost."""
+    wait = settings.LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS
+    deadline = time.monotonic() + wait
+    pause = 0.25
+    while True:
+        try:
+            report.record_id = record(report).id
+            return
+        except DatabaseError as exc:
+            if not connection_lost(exc):
+                raise
+            _drop_connection()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                report.record_error = NOT_STORED.format(
+                    seconds=wait, error=_first_line(exc)
+                )
+                return
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 2.0)

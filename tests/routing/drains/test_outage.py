@@ -1,0 +1,218 @@
+"""A database outage during a drain (issue 17 #5), on a private PostgreSQL server that the
+test really stops: the drain stops at the first lost connection with its report so far,
+stores its record when the database is back (or says it could not), and leaves the
+candidates it had not reached as they were."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.pgserver import PrivateServer
+from tests.routing.helpers import generic_event
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[3]
+EVENTS = 600
+
+
+@pytest.fixture
+def server() -> Iterator[PrivateServer]:
+    pg = PrivateServer()
+    try:
+        yield pg
+    finally:
+        pg.destroy()
+
+
+def _env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": url,
+        "LOOPSWEB_DATA_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "loopsweb.settings",
+        **extra,
+    }
+
+
+def _manage(url: str, tmp_path: Path, *args: str) -> None:
+    subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=_env(url, tmp_path),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+def _prepared(server: PrivateServer, tmp_path: Path, name: str) -> str:
+    url = server.create_database(name)
+    _manage(url, tmp_path, "migrate", "--noinput", "-v0")
+    events = tmp_path / f"{name}.jsonl"
+    events.write_text(
+        "".join(
+            json.dumps(generic_event(project=f"/p{i % 40}")) + "\n"
+            for i in range(EVENTS)
+        )
+    )
+    _manage(url, tmp_path, "ingest_events", str(events))
+    return url
+
+
+def _states(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT state, count(*) FROM routing_inbox_events GROUP BY state"
+        ).fetchall()
+    return dict(rows)
+
+
+def _drain_until_some_admitted(
+    url: str, tmp_path: Path, server: PrivateServer, **env: str
+) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "drain",
+            "generic",
+            "--max-dispatch",
+            str(EVENTS),
+            "--json",
+        ],
+        cwd=ROOT,
+        env=_env(url, tmp_path, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while _states(url).get("admitted", 0) < 10:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the drain admitted nothing"
+        time.sleep(0.05)
+    server.stop()
+    return proc
+
+
+def test_a_short_outage_stops_the_drain_which_records_itself_when_the_database_is_back(
+    server: PrivateServer, tmp_path: Path
+) -> None:
+    url = _prepared(server, tmp_path, "outage_short")
+    # Small batches: the batched admission path, slow enough to be caught part-way.
+    proc = _drain_until_some_admitted(
+        url,
+        tmp_path,
+        server,
+        LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS="60",
+        LOOPSWEB_DRAIN_BATCH_SIZE="5",
+    )
+    time.sleep(3)
+    server.start()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and "drain failed: database connection lost" in err
+    report = json.loads(out)
+    assert report["error"].startswith("database connection lost")
+    assert 10 <= report["created"] < EVENTS and report["fatal"] == 0
+    states = _states(url)
+    # Nothing failed: what was admitted is admitted, everything else is pending as before.
+    assert states.get("failed", 0) == 0
+    assert states["admitted"] == report["created"]
+    assert states["admitted"] + states["pending"] == EVENTS
+    with psycopg.connect(url) as conn:
+        record = conn.execute("SELECT created, error FROM routing_drains").fetchall()
+    assert record == [(report["created"], report["error"])]
+
+
+def test_a_database_gone_for_good_ends_the_drain_with_its_report_and_says_no_record(
+    server: PrivateServer, tmp_path: Path
+) -> None:
+    url = _prepared(server, tmp_path, "outage_for_good")
+    # One candidate at a time: the other admission path.
+    proc = _drain_until_some_admitted(
+        url,
+        tmp_path,
+        server,
+        LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS="2",
+        LOOPSWEB_DRAIN_BATCH_SIZE="1",
+    )
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "Traceback" not in err
+    assert "drain record not stored" in err
+    report = json.loads(out)
+    assert report["error"].startswith("database connection lost")
+    assert report["recordError"].startswith("drain record not stored")
+    server.start()
+    states = _states(url)
+    assert states.get("failed", 0) == 0
+    assert states["admitted"] + states["pending"] == EVENTS
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM routing_drains").fetchone() == (0,)
+
+
+def test_the_api_answers_a_json_503_while_the_database_is_down(
+    server: PrivateServer, tmp_path: Path
+) -> None:
+    """Issue 17 #4 through the real web server: during an outage the API answers JSON."""
+    import urllib.error
+    import urllib.request
+
+    from tests.test_make_run import _free_port, _wait_for
+
+    url = server.create_database("outage_api")
+    _manage(url, tmp_path, "migrate", "--noinput", "-v0")
+    created = subprocess.run(
+        [sys.executable, "manage.py", "api_token", "create", "dash", "--scope", "read"],
+        cwd=ROOT,
+        env=_env(url, tmp_path),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    token = next(w for w in created.stdout.split() if w.startswith("lw_"))
+    port = _free_port()
+    web = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=_env(url, tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    def get() -> tuple[int, str, bytes]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/v1/accounts",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.headers["Content-Type"], answer.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers["Content-Type"], exc.read()
+
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/admin/login/", time.monotonic() + 60)
+        assert get()[0] == 200
+        server.stop()
+        status, content_type, body = get()
+        assert status == 503 and content_type == "application/json"
+        assert json.loads(body)["error"].startswith("database unavailable")
+        server.start()
+        assert get()[0] == 200
+    finally:
+        os.killpg(web.pid, signal.SIGTERM)
+        web.wait(timeout=60)

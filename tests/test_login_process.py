@@ -1,0 +1,92 @@
+"""Admin login brute-force protection through the real web server (issue 17 #9): after
+LOOPSWEB_LOGIN_FAILURE_LIMIT wrong passwords, `manage.py runserver` refuses even the right
+one, and the attempts are rows in the database."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.test_make_run import _free_port, _wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.sqlite, pytest.mark.slow]
+
+
+def _attempt(base: str, password: str) -> tuple[int, str]:
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    page = opener.open(f"{base}/admin/login/").read().decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    form = urllib.parse.urlencode(
+        {"csrfmiddlewaretoken": token, "username": "operator", "password": password}
+    ).encode()
+    request = urllib.request.Request(
+        f"{base}/admin/login/", data=form, headers={"Referer": base}
+    )
+    try:
+        answer = opener.open(request)
+        return answer.status, answer.geturl()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.geturl()
+
+
+def test_the_real_server_locks_a_login_out_after_the_failure_limit(
+    tmp_path: Path,
+) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME"}
+    }
+    env.update(
+        LOOPSWEB_DATA_DIR=str(tmp_path),
+        LOOPSWEB_ADMIN_USER="operator",
+        LOOPSWEB_ADMIN_PASSWORD="a-long-test-password",
+        LOOPSWEB_LOGIN_FAILURE_LIMIT="3",
+        DJANGO_SETTINGS_MODULE="loopsweb.settings",
+    )
+    for args in (["migrate", "--noinput", "-v0"], ["ensure_staff_user"]):
+        subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            timeout=300,
+        )
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_for(f"{base}/admin/login/", time.monotonic() + 60)
+        answers = [_attempt(base, "wrong")[0] for _ in range(3)]
+        assert answers == [200, 200, 429]
+        status, _ = _attempt(base, "a-long-test-password")
+        assert status == 429
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    with sqlite3.connect(tmp_path / "loopsweb.sqlite3") as db:
+        (failures,) = db.execute(
+            "SELECT failures_since_start FROM axes_accessattempt WHERE username = 'operator'"
+        ).fetchone()
+    assert failures >= 3
