@@ -364,6 +364,11 @@ class WorkflowRun(TimestampedModel):
     # recovery fails it and frees its account and cap slots.
     claimed_by = models.CharField(max_length=200, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # loopsweb (0005): the run's own git worktree (ledger.worktrees), recorded before it is
+    # made so a crash never leaves one nobody knows of; removed_at once it is gone.
+    worktree_path = models.TextField(null=True, blank=True)
+    worktree_branch = models.CharField(max_length=255, null=True, blank=True)
+    worktree_removed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_runs"
@@ -393,6 +398,14 @@ class WorkflowRun(TimestampedModel):
             models.Index(
                 fields=["status", "lease_expires_at"],
                 name="idx_workflow_runs_status_lease",
+            ),
+            # worktree prune: runs whose worktree still exists (few), by finish time
+            models.Index(
+                fields=["finished_at"],
+                name="idx_workflow_runs_worktree_open",
+                condition=Q(
+                    worktree_path__isnull=False, worktree_removed_at__isnull=True
+                ),
             ),
         ]
 

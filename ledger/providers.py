@@ -12,26 +12,33 @@ How the account reaches the agent (the step's recorded `account_profile`, so the
 ledger counts is the login the agent uses). A REGISTERED account (`manage.py account add`)
 brings its own environment (`account_environment`), for example
 `CODEX_HOME=/srv/agents/acctA/codex`: that variable is what the CLI reads to find its login.
-An unregistered name only reaches codewith (`--profile`) and the `*_PROFILE` variables of
-the providers without a documented account variable, as before the registry.
+An unregistered name only reaches codewith (`--profile`) and aicopilot
+(`AICOPILOT_PROFILE`); the other CLIs then use the worker's own login.
 
 | provider  | argv                                                        | selects the login        |
 |-----------|-------------------------------------------------------------|--------------------------|
 | codewith  | `codewith exec --sandbox S [--profile P] -- PROMPT`         | `--profile P` (+ `CODEWITH_PROFILE`) |
-| codex     | `codex exec --sandbox S --json -- PROMPT`                   | `CODEX_HOME` (registry)  |
+| codex     | `codex exec --json --sandbox S -- PROMPT`                   | `CODEX_HOME` (registry)  |
 | claude    | `claude --print --output-format json -- PROMPT`             | `CLAUDE_CONFIG_DIR` (registry) |
 | cursor    | `cursor-agent --print -- PROMPT`                            | `HOME` (registry; not on npm, unverified) |
 | opencode  | `opencode run -- PROMPT`                                    | `XDG_DATA_HOME` (registry) |
 | aicopilot | `aicopilot --prompt-file FILE`                              | `AICOPILOT_PROFILE`      |
 
 The argv of codex, claude and opencode is checked against the real CLIs' `--help` by
-tests/ledger/test_cli_contract.py (pinned npm versions in `CLI_VERSIONS`).
+tests/ledger/test_cli_contract.py (pinned npm versions in `CLI_PACKAGES`).
 
 Every agent also gets `LOOPSWEB_ACCOUNT_PROFILE`, `LOOPSWEB_ACCOUNT_TOOL`, `LOOPSWEB_RUN_ID`
 and `LOOPSWEB_STEP_ID`.
 
-The child environment is the worker's minus loopsweb's own secrets and settings
-(`DATABASE_URL`, `SECRET_KEY`, `LOOPSWEB_*`, `PG*`, …): an agent never sees the database.
+The child environment is built from an allowlist, never from the worker's whole environment
+(cloud keys, SSH agent sockets and loopsweb's own settings stay with the worker):
+1. from the worker: `PATH`, `HOME`, the locale (`LANG`, `LANGUAGE`, `LC_*`), and the names
+   (or `PREFIX*` patterns) listed in `LOOPSWEB_AGENT_ENV_PASSTHROUGH`;
+2. the account's own variables (`account_environment`), which select its login;
+3. what loopsweb sets: `LOOPSWEB_ACCOUNT_*`, `LOOPSWEB_RUN_ID`, `LOOPSWEB_STEP_ID`,
+   `LOOPSWEB_PROVIDER` and the provider's profile variable; a command step's own `env`.
+Later entries win. loopsweb's settings (`LOOPSWEB_*` other than the ones it sets,
+`DATABASE_URL`, `SECRET_KEY`, `DJANGO_SETTINGS_MODULE`) never pass, whatever a pattern says.
 """
 
 from __future__ import annotations
@@ -61,15 +68,19 @@ ACCOUNT_WRONG_PROVIDER = (
     "account {profile} is registered for provider {registered}, not {provider}"
 )
 CWD_MISSING = "working directory does not exist: {cwd}"
+AGENT_CWD_NONE = "agent step has no working directory (target.cwd)"
 COMMAND_MISSING = "command step has no command"
 COMMAND_INVALID = "command step arguments must be strings"
 ENV_INVALID = "step env must map names to strings"
 
-# Variables of the worker's environment an agent or command must not inherit.
-_DENY_NAMES = frozenset(
+# Inherited from the worker's environment (step 1 of the module docstring).
+_INHERIT_NAMES = frozenset({"PATH", "HOME", "LANG", "LANGUAGE"})
+_INHERIT_PREFIXES = ("LC_",)
+# Never inherited, whatever LOOPSWEB_AGENT_ENV_PASSTHROUGH says.
+_RESERVED_NAMES = frozenset(
     {"DATABASE_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE", "PG_TEST_URL"}
 )
-_DENY_PREFIXES = ("LOOPSWEB_", "PG", "Q_", "SQLITE_", "DATABASE_")
+_RESERVED_PREFIXES = ("LOOPSWEB_",)
 
 
 class ProviderError(ApplicationError):
@@ -151,36 +162,60 @@ class Invocation:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _passes(name: str, passthrough: tuple[str, ...]) -> bool:
+    if reserved_variable(name):
+        return False
+    if name in _INHERIT_NAMES or name.startswith(_INHERIT_PREFIXES):
+        return True
+    for entry in passthrough:
+        if entry.endswith("*"):
+            if name.startswith(entry[:-1]):
+                return True
+        elif name == entry:
+            return True
+    return False
+
+
 def reserved_variable(name: str) -> bool:
     """True for loopsweb's own variables, which never reach an agent or command."""
-    return name in _DENY_NAMES or name.startswith(_DENY_PREFIXES)
-
-
-def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The worker's environment without loopsweb's secrets and settings, plus `extra`."""
-    env = {
-        name: value for name, value in os.environ.items() if not reserved_variable(name)
-    }
-    if extra:
-        env.update(extra)
-    return env
+    return name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES)
 
 
 def account_environment(
-    profile: str | None, *, registry: dict[str, RegisteredAccount] | None = None
+    profile: str | None,
+    tool: str | None = None,
+    *,
+    registry: dict[str, RegisteredAccount] | None = None,
 ) -> dict[str, str]:
-    """The environment of account `profile` from the registry ({} when unregistered).
+    """The account's own variables (its login), merged over the inherited ones.
 
-    This is what selects the account's login for its provider's CLI (`CODEX_HOME`,
-    `CLAUDE_CONFIG_DIR`, ...). Callers building a child environment apply it after
-    whatever they inherit, so the account's variables win. `registry` saves the query
-    when the caller already read the row.
+    From the account registry (`manage.py account add NAME --env KEY=VALUE`): what selects
+    the account's login for its provider's CLI (`CODEX_HOME`, `CLAUDE_CONFIG_DIR`, ...);
+    {} for an unregistered name. `registry` saves the query when the caller read the row.
     """
     if not profile:
         return {}
     rows = registry if registry is not None else account_registry([profile])
     row = rows.get(profile)
     return dict(row.env) if row is not None else {}
+
+
+def child_environment(
+    extra: Mapping[str, str] | None = None,
+    *,
+    account_env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of an agent or command: the allowlist (module docstring), then the
+    account's variables, then `extra` (what loopsweb sets for the step)."""
+    passthrough = tuple(settings.LOOPSWEB_AGENT_ENV_PASSTHROUGH)
+    env = {
+        name: value for name, value in os.environ.items() if _passes(name, passthrough)
+    }
+    if account_env:
+        env.update(account_env)
+    if extra:
+        env.update(extra)
+    return env
 
 
 def _binary(provider: str) -> str:
@@ -235,15 +270,16 @@ def agent_invocation(
             )
         )
     cwd = _check_cwd(target.get("cwd"))
+    if cwd is None:
+        # Never the worker's own directory (loopsweb's source tree or data).
+        raise ProviderError(AGENT_CWD_NONE)
     argv = [_binary(provider), *adapter.leading]
     sandbox = target.get("sandbox")
     if adapter.sandbox_flag and isinstance(sandbox, str) and sandbox:
         argv += [adapter.sandbox_flag, sandbox]
     if adapter.profile_flag and profile:
         argv += [adapter.profile_flag, profile]
-    # The registered account's own variables first; loopsweb's names can't be overridden.
-    env_extra = account_environment(profile, registry=registry)
-    env_extra |= {
+    env_extra = {
         "LOOPSWEB_RUN_ID": run_id,
         "LOOPSWEB_STEP_ID": step_id,
         "LOOPSWEB_PROVIDER": provider,
@@ -268,7 +304,10 @@ def agent_invocation(
     return Invocation(
         argv=argv,
         cwd=cwd,
-        env=child_environment(env_extra),
+        env=child_environment(
+            env_extra,
+            account_env=account_environment(profile, tool, registry=registry),
+        ),
         cleanup=cleanup,
         provider=provider,
     )

@@ -5,8 +5,17 @@
 1. Claim the `queued` run (conditional update; a second delivery returns "not-claimed").
 2. Order the steps by `dependsOn`, ties (and steps without dependencies) by sequence. An
    unknown dependency or a cycle fails the run before anything starts.
-3. Per step: `step_start` (admission lock + account re-check). While the step's account is
-   at its `maxPerProfile` cap or cooling down, wait and retry, renewing the lease.
+3. Isolation, before the first step: a run whose agent steps ask for a worktree
+   (`worktreeMode` auto on a git work tree, or required) gets its own `git worktree` on a
+   new branch (ledger.worktrees), recorded on the run before it is made; every step works
+   there. `required` on a project that is no longer a git work tree, a project outside
+   LOOPSWEB_PROJECT_ROOTS, or a worktree git cannot make fails the run before any step.
+   The worktree is removed when the run succeeds and kept (then pruned) when it does not.
+3b. Per step: `step_start` (admission lock + account re-check). While the step's account is
+   at its `maxPerProfile` cap or cooling down, wait and retry, renewing the lease. An agent
+   step's directory is checked against the project roots again (a root may be gone since
+   admission) and a generated step passes the sandbox preflight again, against the worktree
+   the run actually has.
 4. Run the process outside any transaction: `Popen(argv, start_new_session=True)`, so the
    step and everything it spawns is one process group. Keep bounded stdout/stderr tails,
    enforce `timeoutMs` and `idleTimeoutMs` by killing the group (SIGTERM, then SIGKILL after
@@ -44,6 +53,11 @@ from django.utils import timezone
 
 from ledger import services
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
+from ledger.projects import (
+    REQUIRED_NOT_GIT,
+    is_git_work_tree,
+    project_dir_check,
+)
 from ledger.providers import (
     Invocation,
     ProviderError,
@@ -53,7 +67,17 @@ from ledger.providers import (
 )
 from ledger.ratelimit import detect_rate_limit
 from ledger.usage import Usage, parse_usage
-from routing.domain.errors import ApplicationError
+from ledger.worktrees import (
+    Worktree,
+    WorktreeError,
+    worktree_branch,
+    worktree_create,
+    worktree_dir,
+    worktree_project,
+    worktree_remove,
+)
+from routing.domain.errors import ApplicationError, ValidationError
+from routing.domain.sandbox import WORKTREE_REQUIRED, step_isolation
 
 logger = logging.getLogger(__name__)
 
@@ -316,6 +340,7 @@ class _RunExecution:
         self.keep_alive_every = max(0.05, lease / 3)
         self.poll_seconds = float(settings.LOOPSWEB_STEP_START_POLL_SECONDS)
         self.rate_limited: str | None = None  # the last attempt's rate-limit snippet
+        self.worktree: Worktree | None = None
 
     # Renewal: any False is final; a database hiccup is not (the lease may still hold, and
     # if it does not, recovery cleans up).
@@ -339,7 +364,8 @@ class _RunExecution:
         by_id = {step.step_id: step for step in steps}
         try:
             order = execution_order([(s.step_id, s.sequence) for s in steps], specs)
-        except PlanError as exc:
+            self.worktree = self._prepare_worktree(list(specs.values()))
+        except (PlanError, ValidationError, WorktreeError) as exc:
             return self._finalize(
                 RunStatus.FAILED, RUN_FAILED_BEFORE_START.format(error=exc)
             )
@@ -376,7 +402,62 @@ class _RunExecution:
             services.run_finalize(run_id=self.run.id, status=status, error=error)
         except services.LedgerError:
             raise _LeaseLost() from None
+        if status == RunStatus.SUCCEEDED:
+            self._remove_worktree()
         return status
+
+    def _prepare_worktree(self, specs: list[Mapping[str, Any]]) -> Worktree | None:
+        """The run's own worktree when its agent steps ask for one (module docstring, 3)."""
+        wanted = worktree_project(specs)
+        if wanted is None:
+            return None
+        project = project_dir_check(wanted[0])
+        if not is_git_work_tree(project):
+            if wanted[1] == WORKTREE_REQUIRED:
+                raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
+            return None  # auto: the project directory, under the provider's own sandbox
+        path, branch = str(worktree_dir(self.run.id)), worktree_branch(self.run.id)
+        if not services.run_worktree_record(
+            run_id=self.run.id, worker=self.worker, path=path, branch=branch
+        ):
+            raise _LeaseLost()
+        try:
+            return worktree_create(project=project, run_id=self.run.id)
+        except WorktreeError:
+            # Nothing was left behind (worktree_create cleaned up): forget the record too.
+            services.run_worktree_record(
+                run_id=self.run.id, worker=self.worker, path=None, branch=None
+            )
+            raise
+
+    def _remove_worktree(self) -> None:
+        # After success only; a failed run's worktree is kept for the operator and pruned
+        # later (ledger.worktrees.worktrees_prune), which also retries a removal that failed.
+        if self.worktree is None:
+            return
+        try:
+            worktree_remove(
+                project=self.worktree.project,
+                path=self.worktree.path,
+                branch=self.worktree.branch,
+            )
+            services.run_worktree_removed(run_id=self.run.id)
+        except (WorktreeError, OSError):
+            logger.exception("could not remove the worktree of run %s", self.run.id)
+
+    def _isolated_target(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """An agent step's target as it runs: checked again, and moved into the worktree."""
+        target = dict(spec.get("target") or {})
+        cwd = target.get("cwd")
+        if isinstance(cwd, str) and cwd:
+            project_dir_check(cwd)
+            if self.worktree is not None:
+                target["cwd"] = self.worktree.translate(cwd)
+        if "worktreeMode" in target:
+            # Generated steps passed the preflight at admission against the worktree they
+            # expected; the run may not have got one (the project stopped being a git tree).
+            step_isolation(spec, worktree=self.worktree is not None)
+        return target
 
     def _wait_for_start(self, step: WorkflowStepRun) -> WorkflowStepRun:
         next_renewal = time.monotonic() + self.keep_alive_every
@@ -441,6 +522,7 @@ class _RunExecution:
         is_agent = kind == "agent"
         try:
             if is_agent:
+                target = self._isolated_target(spec)
                 invocation = agent_invocation(
                     target=target,
                     profile=step.account_profile or target.get("authProfile"),
@@ -454,7 +536,7 @@ class _RunExecution:
                 )
             else:
                 raise ProviderError(STEP_KIND_UNKNOWN.format(kind=kind))
-        except ProviderError as exc:
+        except (ProviderError, ValidationError) as exc:
             return self._finish(step, StepStatus.FAILED, error=str(exc))
         timeout_ms = _positive_ms(spec.get("timeoutMs"), target.get("timeoutMs"))
         idle_ms = _positive_ms(spec.get("idleTimeoutMs"), target.get("idleTimeoutMs"))

@@ -15,6 +15,7 @@ from django_q.tasks import async_task
 from ledger.models import WorkflowRun
 from ledger.runner import NOT_DUE, run_workflow_run
 from ledger.services import runs_queued_stale, runs_recover_expired
+from ledger.worktrees import worktrees_prune
 
 
 def enqueue_run_workflow(run_id: str, *, not_before: datetime | None = None) -> None:
@@ -86,3 +87,9 @@ def recover_expired_runs() -> int:
     ):
         _enqueue(run_id)
     return recovered
+
+
+def prune_worktrees() -> int:
+    """django-q2 task (periodic): remove the worktrees of finished runs that are due
+    (succeeded runs' leftovers, failed runs' after LOOPSWEB_WORKTREE_KEEP_SECONDS)."""
+    return len([p for p in worktrees_prune() if p.error is None])

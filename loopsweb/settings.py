@@ -408,6 +408,57 @@ LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = env_int(
 )
 # --- end runner ---
 
+# --- isolation ---
+# Where agents may run (ledger.projects, ledger.worktrees; README "Isolation").
+
+
+def _absolute_dirs(name: str, raw: list[str]) -> tuple[str, ...]:
+    # No `~` expansion and no relative paths: a root is exactly the directory named.
+    for part in raw:
+        if not os.path.isabs(part) or "\x00" in part:
+            raise ImproperlyConfigured(f"{name} must list absolute paths, got {part!r}")
+    return tuple(os.path.normpath(part) for part in raw)
+
+
+# Directories project paths must resolve into (symlinks followed). Empty: no agent runs.
+LOOPSWEB_PROJECT_ROOTS = _absolute_dirs(
+    "LOOPSWEB_PROJECT_ROOTS", env_list("LOOPSWEB_PROJECT_ROOTS", [])
+)
+# Per-run git worktrees live here, one directory per run.
+_worktree_dir = env_str("LOOPSWEB_WORKTREE_DIR")
+if _worktree_dir and not os.path.isabs(_worktree_dir):
+    raise ImproperlyConfigured(
+        f"LOOPSWEB_WORKTREE_DIR must be an absolute path, got {_worktree_dir!r}"
+    )
+LOOPSWEB_WORKTREE_DIR = os.path.normpath(_worktree_dir or str(DATA_DIR / "worktrees"))
+# A failed run's worktree is kept this long for an operator to look at, then pruned.
+LOOPSWEB_WORKTREE_KEEP_SECONDS = env_int(
+    "LOOPSWEB_WORKTREE_KEEP_SECONDS", 3 * 24 * 3600, minimum=0
+)
+# The git binary that creates and removes worktrees (a name on PATH or an absolute path).
+LOOPSWEB_GIT_BIN = env_str("LOOPSWEB_GIT_BIN") or "git"
+
+
+def _passthrough(name: str) -> tuple[str, ...]:
+    # Names (or `PREFIX*` patterns) of worker variables an agent may also see. Naming one of
+    # loopsweb's own settings is refused here; the runner drops them whatever a pattern says.
+    names = tuple(env_list(name, []))
+    for entry in names:
+        stem = entry[:-1] if entry.endswith("*") else entry
+        if not stem or not all(c.isalnum() or c == "_" for c in stem):
+            raise ImproperlyConfigured(
+                f"{name} must list variable names or PREFIX* patterns, got {entry!r}"
+            )
+        if stem.startswith("LOOPSWEB_") or stem in ("DATABASE_URL", "SECRET_KEY"):
+            raise ImproperlyConfigured(
+                f"{name} may not pass loopsweb's own settings to agents, got {entry!r}"
+            )
+    return names
+
+
+LOOPSWEB_AGENT_ENV_PASSTHROUGH = _passthrough("LOOPSWEB_AGENT_ENV_PASSTHROUGH")
+# --- end isolation ---
+
 # Largest JSON-array file `ingest_events` loads at once (JSON Lines files stream, unbounded).
 LOOPSWEB_MAX_INGEST_BYTES = env_int(
     "LOOPSWEB_MAX_INGEST_BYTES", 256 * 1024 * 1024, minimum=1024

@@ -6,6 +6,29 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export DEBUG=${DEBUG:-1}
 export LOOPSWEB_HTTPS=${LOOPSWEB_HTTPS:-0}
+# One key for the web server and the qcluster: django-q2 signs the tasks the web server
+# enqueues (an event routed through the API starts a run) and the cluster checks them.
+if [ -z "${SECRET_KEY:-}" ]; then
+  SECRET_KEY=$("$PY" -c 'import secrets; print("dev-" + secrets.token_urlsafe(40))')
+  export SECRET_KEY
+fi
+
+# Agents run only inside LOOPSWEB_PROJECT_ROOTS. Unless one is set, make run uses a demo root
+# in the data directory with one git project in it, so a first routed event can run.
+if [ -z "${LOOPSWEB_PROJECT_ROOTS:-}" ]; then
+  data_dir=$(realpath -m "${LOOPSWEB_DATA_DIR:-var}")
+  export LOOPSWEB_PROJECT_ROOTS="$data_dir/projects"
+  demo="$LOOPSWEB_PROJECT_ROOTS/demo"
+  mkdir -p "$demo"
+  if command -v git >/dev/null && [ ! -e "$demo/.git" ]; then
+    git -c init.defaultBranch=main -C "$demo" init -q
+    printf 'A demo project for loopsweb agents.\n' > "$demo/README"
+    git -C "$demo" add README
+    git -C "$demo" -c user.name=loopsweb -c user.email=loopsweb@localhost \
+      commit -q -m "demo project"
+  fi
+  echo "loopsweb: demo project root $LOOPSWEB_PROJECT_ROOTS (project: $demo)"
+fi
 
 "$PY" manage.py migrate --no-input -v0
 "$PY" manage.py ensure_staff_user

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,10 @@ CHILD_TEST_ENV = {
 }
 for _name, _value in CHILD_TEST_ENV.items():
     os.environ.setdefault(_name, _value)
+
+# Fake project paths in tests (never created) live under this root; real ones (git repos,
+# directories an agent works in) under pytest's temporary directory, the other root.
+FAKE_PROJECTS = "/srv"
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -42,6 +47,27 @@ def _backend_markers(request: pytest.FixtureRequest) -> None:
         pytest.skip("PostgreSQL only")
     if request.node.get_closest_marker("sqlite") and connection.vendor != "sqlite":
         pytest.skip("SQLite only")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _project_roots(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The isolation settings every test runs with, for this process and its children.
+
+    Routes need a project root (LOOPSWEB_PROJECT_ROOTS); the fake agent reads FAKE_AGENT_*
+    variables, which the agent environment allowlist passes only when named. Set in the
+    environment too, so `manage.py` subprocesses (runner, qcluster, runserver) agree.
+    """
+    from django.conf import settings
+
+    base = os.path.realpath(tmp_path_factory.getbasetemp())
+    values = {
+        "LOOPSWEB_PROJECT_ROOTS": (base, FAKE_PROJECTS),
+        "LOOPSWEB_AGENT_ENV_PASSTHROUGH": ("FAKE_AGENT_*",),
+        "LOOPSWEB_WORKTREE_DIR": str(Path(base) / "worktrees"),
+    }
+    for name, value in values.items():
+        os.environ[name] = value if isinstance(value, str) else ",".join(value)
+        setattr(settings, name, value)
 
 
 @pytest.fixture(autouse=True)

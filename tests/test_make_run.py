@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import http.cookiejar
+import json
 import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -55,6 +57,53 @@ def _processes_with_env(marker: str) -> list[int]:
     return found
 
 
+def _route_demo_event(base: str, env: dict[str, str], project: Path) -> dict:
+    """The newcomer path: an ingest token, then one event for the demo project, routed now."""
+    token = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "api_token",
+            "create",
+            "demo",
+            "--scope",
+            "ingest",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    event = {
+        "id": "first-event",
+        "type": "demo.requested",
+        "source": "readme",
+        "data": {"project_path": str(project), "message": "Say hello."},
+    }
+    request = urllib.request.Request(
+        f"{base}/api/v1/events?route=now",
+        data=json.dumps(event).encode(),
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 202
+        return json.loads(answer.read())
+
+
+def _run_row(database: Path, item_id: str) -> tuple | None:
+    with sqlite3.connect(database, timeout=20) as db:
+        return db.execute(
+            "SELECT status, id, worktree_path, worktree_branch, worktree_removed_at, error"
+            " FROM workflow_runs WHERE work_item_id = ?",
+            [item_id],
+        ).fetchone()
+
+
 def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops_everything(
     tmp_path: Path,
 ) -> None:
@@ -62,13 +111,23 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME", *CHILD_TEST_ENV}
+        if k
+        not in {
+            "DATABASE_URL",
+            "SQLITE_TEST_NAME",
+            *CHILD_TEST_ENV,
+            # The suite's own isolation settings: make run chooses its demo root itself.
+            "LOOPSWEB_PROJECT_ROOTS",
+            "LOOPSWEB_WORKTREE_DIR",
+            "LOOPSWEB_AGENT_ENV_PASSTHROUGH",
+        }
     }
     env.update(
         LOOPSWEB_DATA_DIR=str(tmp_path),
         LOOPSWEB_PORT=str(port),
         LOOPSWEB_ADMIN_USER="operator",
         LOOPSWEB_ADMIN_PASSWORD="a-long-test-password",
+        LOOPSWEB_CODEWITH_BIN=str(ROOT / "scripts" / "fake-agent"),
         PY=sys.executable,
     )
     proc = subprocess.Popen(
@@ -102,6 +161,29 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
         landed = opener.open(request)
         assert landed.geturl().endswith("/admin/")
         assert "Site administration" in landed.read().decode()
+
+        # make run's demo root: an event for the demo project is admitted and the qcluster
+        # runs it (the fake agent standing in for codewith) in its own git worktree.
+        demo = tmp_path / "projects" / "demo"
+        assert (demo / ".git").exists()
+        api_env = {**env, "DEBUG": "1", "LOOPSWEB_HTTPS": "0"}
+        answer = _route_demo_event(base, api_env, demo)
+        assert answer["results"][0]["kind"] == "created", answer
+        item_id = answer["results"][0]["workItemId"]
+        database = tmp_path / "loopsweb.sqlite3"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            row = _run_row(database, item_id)
+            if row and row[0] not in ("queued", "running"):
+                break
+            time.sleep(0.3)
+        status, run_id, worktree, branch, removed_at, error = _run_row(
+            database, item_id
+        )
+        assert status == "succeeded", error
+        assert worktree == str(tmp_path / "worktrees" / run_id)
+        assert branch == f"loopsweb/run-{run_id}" and removed_at is not None
+        assert not Path(worktree).exists()
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
@@ -111,4 +193,5 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
         time.sleep(0.2)
     assert not _processes_with_env(marker), "a process of make run outlived Ctrl-C"
     assert "created staff user 'operator'" in output
+    assert f"demo project root {tmp_path / 'projects'}" in output
     assert (tmp_path / "loopsweb.sqlite3").exists()

@@ -72,6 +72,26 @@ def _load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
             {"LOG_LEVEL": "loud"},
             "LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL",
         ),
+        (
+            {"LOOPSWEB_PROJECT_ROOTS": "/srv/projects,~/code"},
+            "LOOPSWEB_PROJECT_ROOTS must list absolute paths, got '~/code'",
+        ),
+        (
+            {"LOOPSWEB_WORKTREE_DIR": "var/worktrees"},
+            "LOOPSWEB_WORKTREE_DIR must be an absolute path",
+        ),
+        (
+            {"LOOPSWEB_AGENT_ENV_PASSTHROUGH": "GH_TOKEN,DATABASE_URL"},
+            "LOOPSWEB_AGENT_ENV_PASSTHROUGH may not pass loopsweb's own settings",
+        ),
+        (
+            {"LOOPSWEB_AGENT_ENV_PASSTHROUGH": "LOOPSWEB_*"},
+            "LOOPSWEB_AGENT_ENV_PASSTHROUGH may not pass loopsweb's own settings",
+        ),
+        (
+            {"LOOPSWEB_AGENT_ENV_PASSTHROUGH": "AWS-KEY"},
+            "LOOPSWEB_AGENT_ENV_PASSTHROUGH must list variable names or PREFIX* patterns",
+        ),
     ],
 )
 def test_bad_environment_values_raise_improperly_configured(

@@ -26,6 +26,7 @@ from ledger.admin.filters import (
     EventTypeFilter,
     ProviderFilter,
 )
+from ledger.display import worktree_text
 from ledger.models import (
     Loop,
     LoopRun,
@@ -75,7 +76,13 @@ class WorkflowRunAdmin(LedgerAdmin):
     search_fields = ("=id", "workflow_name", "=work_item__id", "idempotency_key")
     list_select_related = ("work_item",)
     raw_id_fields = ("workflow", "loop", "loop_run", "invocation", "work_item")
-    readonly_fields = ("id", "work_item_link", "invocation_link", "events_link")
+    readonly_fields = (
+        "id",
+        "work_item_link",
+        "invocation_link",
+        "events_link",
+        "worktree",
+    )
     inlines = [StepRunInline]
     actions = ("retry_runs", "cancel_runs")
 
@@ -102,6 +109,10 @@ class WorkflowRunAdmin(LedgerAdmin):
     @admin.display(description="events")
     def events_link(self, obj: WorkflowRun) -> str:
         return changelist_link(WorkflowEvent, "events of this run", workflow_run=obj.pk)
+
+    @admin.display(description="worktree")
+    def worktree(self, obj: WorkflowRun) -> str:
+        return worktree_text(obj)
 
 
 @admin.register(WorkflowStepRun)

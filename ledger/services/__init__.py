@@ -57,6 +57,8 @@ from ledger.services.runs import (
     run_claim,
     run_finalize,
     run_lease_renew,
+    run_worktree_record,
+    run_worktree_removed,
     runs_queued_stale,
     runs_recover_expired,
 )
@@ -103,6 +105,8 @@ __all__ = [
     "run_finalize",
     "run_lease_renew",
     "run_retry",
+    "run_worktree_record",
+    "run_worktree_removed",
     "runs_queued_stale",
     "runs_recover_expired",
     "step_finish",

@@ -524,6 +524,34 @@ def run_lease_renew(*, run_id: str, worker: str, now: datetime | None = None) ->
     return renewed == 1
 
 
+def run_worktree_record(
+    *,
+    run_id: str,
+    worker: str,
+    path: str | None,
+    branch: str | None,
+    now: datetime | None = None,
+) -> bool:
+    """Record (or, with None, clear) a running run's worktree; False when the run is no
+    longer this worker's. The runner records it before `git worktree add`, so a worker that
+    dies half-way leaves a worktree the prune task knows of."""
+    now = _now(now)
+    with transaction.atomic():
+        updated = WorkflowRun.objects.filter(
+            pk=run_id, status=RunStatus.RUNNING, claimed_by=worker
+        ).update(worktree_path=path, worktree_branch=branch, updated_at=now)
+    return updated == 1
+
+
+def run_worktree_removed(*, run_id: str, now: datetime | None = None) -> None:
+    """Mark a run's worktree as gone (after `ledger.worktrees.worktree_remove`)."""
+    now = _now(now)
+    with transaction.atomic():
+        WorkflowRun.objects.filter(pk=run_id, worktree_path__isnull=False).update(
+            worktree_removed_at=now
+        )
+
+
 def run_finalize(
     *,
     run_id: str,

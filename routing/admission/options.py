@@ -12,6 +12,12 @@ from ledger.providers import PROVIDERS
 from routing.domain.errors import ValidationError
 from routing.domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
 from routing.domain.retry import parse_max_attempts, parse_retry_backoff
+from routing.domain.sandbox import (
+    DEFAULT_SANDBOX,
+    DEFAULT_WORKTREE_MODE,
+    parse_sandbox,
+    parse_worktree_mode,
+)
 from routing.domain.templates import (
     parse_pool,
 )
@@ -52,6 +58,9 @@ class RouteOptions:
     project_path: str | None = None
     max_per_profile: int | None = None
     name_prefix: str | None = None
+    worktree_mode: str = DEFAULT_WORKTREE_MODE
+    sandbox: str = DEFAULT_SANDBOX
+    manual_break_glass: bool = False
     # Loop-level retries: attempts per admission (None = 1) and the first retry's delay in
     # seconds (None = 60), doubled per further failure up to LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS.
     max_attempts: int | None = None
@@ -77,6 +86,8 @@ class RouteOptions:
             )
             if name == "auth_profile_pool":
                 value = ",".join(value) if value else None
+            if value == _DEFAULTS.get(name):
+                continue  # records and schedules name only what was chosen
             if value not in (None, False, ""):
                 out[name] = value
         return out
@@ -88,6 +99,7 @@ PIN_OPTIONS = {
     "worker_auth_profile": "worker",
     "verifier_auth_profile": "verifier",
 }
+_DEFAULTS = {"worktree_mode": DEFAULT_WORKTREE_MODE, "sandbox": DEFAULT_SANDBOX}
 OPTION_NAMES = (
     "template",
     "provider",
@@ -102,6 +114,9 @@ OPTION_NAMES = (
     "project_path",
     "max_per_profile",
     "name_prefix",
+    "worktree_mode",
+    "sandbox",
+    "manual_break_glass",
     "max_attempts",
     "retry_backoff",
     "dry_run",
@@ -140,6 +155,9 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
     dry_run = raw.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ValidationError("--dry-run must be a boolean")
+    break_glass = raw.get("manual_break_glass", False)
+    if not isinstance(break_glass, bool):
+        raise ValidationError("--manual-break-glass must be a boolean")
     return RouteOptions(
         template=_text("template", raw.get("template")),
         provider=provider,
@@ -160,6 +178,9 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
             "--max-per-profile", raw.get("max_per_profile"), allow_zero=True
         ),
         name_prefix=_text("name_prefix", raw.get("name_prefix")),
+        worktree_mode=parse_worktree_mode(raw.get("worktree_mode")),
+        sandbox=parse_sandbox(raw.get("sandbox")),
+        manual_break_glass=break_glass,
         max_attempts=parse_max_attempts(raw.get("max_attempts")),
         retry_backoff=parse_retry_backoff(raw.get("retry_backoff")),
         dry_run=dry_run,

@@ -20,6 +20,11 @@ from ledger.models import (
     WorkflowStepRun,
     WorkflowWorkItem,
 )
+from ledger.projects import (
+    REQUIRED_NOT_GIT,
+    is_git_work_tree,
+    project_path_resolve,
+)
 from routing.admission.options import (
     DEFAULT_MAX_PER_PROFILE,
     POOL_METADATA_KEYS,
@@ -49,6 +54,11 @@ from routing.domain.keys import (
 )
 from routing.domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
 from routing.domain.retry import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF_SECONDS
+from routing.domain.sandbox import (
+    WORKTREE_REQUIRED,
+    sandbox_preflight,
+    worktree_enabled,
+)
 from routing.domain.scope import resolve_route_scope
 from routing.domain.templates import (
     parse_pool,
@@ -70,10 +80,11 @@ from routing.domain.throttle import (
 def normalize_project_path(path: str, *, cwd: str) -> str:
     """Absolute, symlinks resolved, and the git work tree's top level when inside one.
 
-    Walks up looking for `.git` instead of running git: no subprocess per admission, and no
-    event value anywhere near a command line.
+    For drain filters (`--project-path-prefix`), not for admission: a route's project goes
+    through `ledger.projects.project_path_resolve`, which also enforces the project roots.
+    Walks up looking for `.git` instead of running git; no `~` expansion.
     """
-    resolved = os.path.abspath(os.path.join(cwd, os.path.expanduser(path)))
+    resolved = os.path.abspath(os.path.join(cwd, path))
     try:
         real = os.path.realpath(resolved, strict=True)
     except OSError:
@@ -106,6 +117,7 @@ class RoutePlan:
     loop_name: str
     spec: dict[str, Any]
     invocation_fields: dict[str, Any]
+    sandbox_preflight: tuple[dict[str, str], ...] = ()
     # Loop-level retries stored on the admitted one-shot loop (max_attempts, retry_delay_ms).
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_delay_ms: int = DEFAULT_RETRY_BACKOFF_SECONDS * 1000
@@ -128,10 +140,17 @@ def plan_route(
     envelope: Envelope,
     options: RouteOptions,
     env: Mapping[str, str],
-    cwd: str,
+    cwd: str | None = None,
     registered: Mapping[str, str] | None = None,
 ) -> RoutePlan | RouteResult:
     """Everything decidable without the store; a RouteResult when the event is skipped.
+
+    Isolation is decided here, so every entry point (command, drain, API) refuses the same
+    routes before any write: the project path must resolve inside LOOPSWEB_PROJECT_ROOTS,
+    `--worktree-mode required` needs a git work tree, and every agent step must pass the
+    sandbox preflight (reference §3.3). `cwd` is accepted for the callers' sake but never
+    used as a project path: upstream's fallback to the process directory would run an
+    event's agent wherever the routing process happens to sit.
 
     `registered` (account name -> provider, from the account registry, read by the
     caller) decides whether a non-codewith pool is routed (routing.domain.templates 4).
@@ -153,9 +172,7 @@ def plan_route(
                 eligibility=eligibility.to_dict(),
                 dry_run=options.dry_run,
             )
-        raw_path = todos_project_path_hint(
-            data, metadata, option=options.project_path, cwd=cwd
-        )
+        raw_path = todos_project_path_hint(data, metadata, option=options.project_path)
         key = todos_task_key(task_id, pr_fingerprint=pr_fingerprint_from_task(data))
         workflow_name, loop_name = todos_task_names(options.name_prefix, task_id, key)
         seed = task_id
@@ -164,7 +181,7 @@ def plan_route(
         body = task_field(data, "description")
     else:
         raw_path = generic_project_path_hint(
-            data, metadata, option=options.project_path, cwd=cwd
+            data, metadata, option=options.project_path
         )
         key = generic_event_key(envelope.source, envelope.type, envelope.id)
         workflow_name, loop_name = generic_names(
@@ -175,7 +192,21 @@ def plan_route(
         title = first_string(dict(data), ("title", "summary"))
         body = first_string(dict(data), ("message", "description", "body"))
 
-    project_path = normalize_project_path(raw_path, cwd=cwd)
+    # Inside LOOPSWEB_PROJECT_ROOTS or refused, before anything is written; never the
+    # directory of the process that routes (no cwd fallback).
+    if raw_path is not None and _utf8_size(raw_path) > MAX_INDEX_ENTRY_BYTES:
+        # Refused before the file system is asked (a path that long is no directory anyway).
+        raise ValidationError(
+            INDEX_ENTRY_TOO_LONG.format(
+                what="project path",
+                size=_utf8_size(raw_path),
+                limit=MAX_INDEX_ENTRY_BYTES,
+            )
+        )
+    project_path = project_path_resolve(raw_path)
+    git_work_tree = is_git_work_tree(project_path)
+    if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree:
+        raise ValidationError(REQUIRED_NOT_GIT.format(path=project_path))
     project_group = project_group_hint(data, metadata, option=options.project_group)
     scope = resolve_route_scope(
         explicit=options.max_active_scope, env=env, route_key=route_key
@@ -206,6 +237,13 @@ def plan_route(
         project_path=project_path,
         route_key=route_key,
         profiles=profiles,
+        sandbox=options.sandbox,
+        worktree_mode=options.worktree_mode,
+        manual_break_glass=options.manual_break_glass,
+    )
+    preflight = sandbox_preflight(
+        spec["steps"],
+        worktree=worktree_enabled(options.worktree_mode, git_work_tree=git_work_tree),
     )
     if pool_active and max_per_profile:
         # The runner re-checks the account's cap when a step starts (no stacking at start).
@@ -254,9 +292,10 @@ def plan_route(
         "scope_json": {
             "projectPath": project_path,
             "projectGroup": project_group,
-            "worktreePolicy": "auto",
+            "worktreePolicy": options.worktree_mode,
             "permissions": "bypass",
-            "manualBreakGlass": False,
+            "manualBreakGlass": options.manual_break_glass,
+            "sandbox": options.sandbox,
             "accountPolicy": account_policy,
             "providerRouting": {
                 "provider": options.provider,
@@ -293,6 +332,7 @@ def plan_route(
         loop_name=loop_name,
         spec=spec,
         invocation_fields=invocation_fields,
+        sandbox_preflight=tuple(preflight),
         max_attempts=options.max_attempts or DEFAULT_MAX_ATTEMPTS,
         retry_delay_ms=1000
         * (

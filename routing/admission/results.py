@@ -44,6 +44,7 @@ class RouteResult:
     requeue: dict[str, Any] | None = None
     eligibility: dict[str, Any] | None = None
     task_id: str | None = None
+    sandbox_preflight: list[dict[str, str]] | None = None
     dry_run: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,6 +85,8 @@ class RouteResult:
             out["throttle"] = self.throttle.to_dict()
         if self.requeue is not None:
             out["requeue"] = self.requeue
+        if self.sandbox_preflight is not None:
+            out["sandboxPreflight"] = self.sandbox_preflight
         return out
 
     def human(self) -> str:

@@ -471,6 +471,7 @@ def _admit(
         route_scope=plan.scope if account_profiles else None,
         requeue=requeue,
         task_id=plan.task_id,
+        sandbox_preflight=list(plan.sandbox_preflight),
         dry_run=dry_run,
     )
 

@@ -19,8 +19,12 @@ from routing.domain.keys import KINDS, ROUTE_KEYS
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
 # Route options the ingest endpoint takes from its query string. Dry runs are left out: the
-# events are stored either way, so a dry-run admission would report on rows it keeps.
-INGEST_ROUTE_OPTIONS = tuple(name for name in OPTION_NAMES if name != "dry_run")
+# events are stored either way, so a dry-run admission would report on rows it keeps. Manual
+# break-glass is an operator's decision (commands, schedules), never an ingest token's: an
+# event producer cannot lift its own agents' sandbox.
+INGEST_ROUTE_OPTIONS = tuple(
+    name for name in OPTION_NAMES if name not in ("dry_run", "manual_break_glass")
+)
 
 
 class StrictQueryForm(forms.Form):

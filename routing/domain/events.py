@@ -201,17 +201,20 @@ def todos_project_path_hint(
     metadata: Mapping[str, Any],
     *,
     option: str | None,
-    cwd: str,
-) -> str:
+    cwd: str | None = None,
+) -> str | None:
     """Un-normalized project path for a todos-task route (0.4.11/0.4.12 precedence).
 
-    Task fields first, then envelope metadata, then ``--project-path``, then ``cwd``.
+    Task fields first, then envelope metadata, then ``--project-path``, then ``cwd``
+    (upstream's process directory; admission passes none, so a route never lands in the
+    directory of whatever process routed it).
     """
     return (
         task_field(dict(data), *TODOS_DATA_PATH_KEYS)
         or first_string(dict(metadata), TODOS_METADATA_PATH_KEYS)
         or string_field(option)
         or cwd
+        or None
     )
 
 
@@ -220,14 +223,16 @@ def generic_project_path_hint(
     metadata: Mapping[str, Any],
     *,
     option: str | None,
-    cwd: str,
-) -> str:
-    """Un-normalized project path for a generic route: option, data, metadata, cwd."""
+    cwd: str | None = None,
+) -> str | None:
+    """Un-normalized project path for a generic route: option, data, metadata, cwd (see
+    ``todos_project_path_hint`` on the cwd)."""
     return (
         string_field(option)
         or first_string(dict(data), GENERIC_DATA_PATH_KEYS)
         or first_string(dict(metadata), GENERIC_METADATA_PATH_KEYS)
         or cwd
+        or None
     )
 
 

@@ -32,6 +32,11 @@ from routing.domain.errors import (
 )
 from routing.domain.keys import GENERIC_EVENT, TODOS_TASK
 from routing.domain.pool import drop_blank, render_time_profile
+from routing.domain.sandbox import (
+    DEFAULT_SANDBOX,
+    DEFAULT_WORKTREE_MODE,
+    break_glass_allowlist,
+)
 
 TODOS_TASK_WORKER_VERIFIER = "todos-task-worker-verifier"
 TASK_LIFECYCLE = "task-lifecycle"
@@ -49,7 +54,6 @@ TEMPLATES_BY_ROUTE_KEY: dict[str, tuple[str, ...]] = {
 GENERATED_TEMPLATES: frozenset[str] = frozenset(TEMPLATE_ROLES)
 
 POOL_PROVIDER = "codewith"
-SANDBOX = "workspace-write"
 
 ROLE_INSTRUCTIONS: dict[str, str] = {
     "triage": (
@@ -175,11 +179,17 @@ def render_workflow(
     project_path: str,
     route_key: str,
     profiles: Mapping[str, str | None],
+    sandbox: str = DEFAULT_SANDBOX,
+    worktree_mode: str = DEFAULT_WORKTREE_MODE,
+    manual_break_glass: bool = False,
 ) -> dict[str, Any]:
     """Spec body ``{"version", "goal", "steps"}`` for a generated route workflow.
 
     todos-task routes pass the task ``description``; generic routes pass the event
     ``message`` (either keyword works; ``description`` wins when both are given).
+    Every agent target carries the ``sandbox``, the run's ``worktreeMode`` (the runner
+    gives the run its own git worktree from it) and, with ``manual_break_glass``,
+    upstream's ``manual-break-glass`` allowlist marker.
     """
     roles = roles_for_template(template_id)
     noun = "event" if route_key == GENERIC_EVENT else "task"
@@ -206,7 +216,13 @@ def render_workflow(
                         project_path=project_path,
                         route_key=route_key,
                     ),
-                    "sandbox": SANDBOX,
+                    "sandbox": sandbox,
+                    "worktreeMode": worktree_mode,
+                    **(
+                        {"allowlist": break_glass_allowlist()}
+                        if manual_break_glass
+                        else {}
+                    ),
                 },
                 "routing": {"role": role},
             }

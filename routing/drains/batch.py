@@ -401,6 +401,7 @@ def _admit_fresh(
         account_profiles=account_profiles,
         route_scope=plan.scope if account_profiles else None,
         task_id=plan.task_id,
+        sandbox_preflight=list(plan.sandbox_preflight),
     )
     return result, admitted.load
 

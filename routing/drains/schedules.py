@@ -24,4 +24,11 @@ SCHEDULES: tuple[ScheduleSpec, ...] = (
         func="ledger.tasks.recover_expired_runs",
         minutes=1,
     ),
+    # Failed runs' worktrees are kept LOOPSWEB_WORKTREE_KEEP_SECONDS for an operator to look
+    # at; this removes them after that (and any a succeeded run could not remove).
+    ScheduleSpec(
+        name="prune-worktrees",
+        func="ledger.tasks.prune_worktrees",
+        minutes=15,
+    ),
 )

@@ -53,7 +53,23 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         help="cap on active items per project group, across routes",
     )
     add("--project-group", help="project group of the routed work")
-    add("--project-path", help="project path when the event names none")
+    add(
+        "--project-path",
+        help="absolute project path when the event names none (inside LOOPSWEB_PROJECT_ROOTS)",
+    )
+    add(
+        "--worktree-mode",
+        help="off, auto (default: a git worktree per run when the project is a git work tree) or required",
+    )
+    add(
+        "--sandbox",
+        help="agent sandbox: read-only, workspace-write (default) or danger-full-access",
+    )
+    add(
+        "--manual-break-glass",
+        action="store_true",
+        help="record manual break-glass evidence (lets --sandbox danger-full-access pass the preflight)",
+    )
     add(
         "--max-per-profile",
         help="defer when every pool account carries this many steps (default 2; 0 disables)",

@@ -320,6 +320,9 @@ def work_item_runs(item_id: str, *, limit: int = 20) -> list[WorkflowRun]:
             "finished_at",
             "created_at",
             "error",
+            "worktree_path",
+            "worktree_branch",
+            "worktree_removed_at",
         )[:limit]
     )
 

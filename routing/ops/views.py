@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
@@ -67,6 +68,8 @@ def _render(
             **admin.site.each_context(request),
             "title": title,
             "section": section,
+            # No roots, no agent runs: every page says so, naming the setting.
+            "project_roots_unset": not settings.LOOPSWEB_PROJECT_ROOTS,
             **context,
         },
     )

@@ -8,6 +8,8 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ledger.display import worktree_text
+from ledger.models import WorkflowRun
 from routing.ops import display as ops_display
 
 register = template.Library()
@@ -37,3 +39,9 @@ def ago(value: datetime | None, now: datetime) -> str:
 @register.filter
 def reason_label(code: str | None) -> str:
     return ops_display.reason_label(code)
+
+
+@register.filter
+def worktree(run: WorkflowRun) -> str:
+    """The run's git worktree, branch and what became of it (`-` when it had none)."""
+    return worktree_text(run)

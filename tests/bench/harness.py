@@ -233,6 +233,8 @@ def configure_environment(url: str, data_dir: Path) -> None:
     os.environ["LOOPSWEB_HTTPS"] = "0"
     os.environ["ALLOWED_HOSTS"] = "testserver,127.0.0.1,localhost"
     os.environ["LOG_LEVEL"] = "WARNING"
+    # The benchmarks' projects are fake paths under /srv (never created, never run).
+    os.environ["LOOPSWEB_PROJECT_ROOTS"] = "/srv"
     os.environ["DJANGO_SETTINGS_MODULE"] = "loopsweb.settings"
 
 

@@ -284,3 +284,38 @@ def kill_group_quietly(pid: int | None) -> None:
 
 def iter_lines(text: str) -> Iterator[str]:
     yield from (line for line in text.splitlines() if line.strip())
+
+
+# --- git projects ------------------------------------------------------------------------------
+
+
+def git(directory: str | Path, *args: str) -> str:
+    """Run git in `directory` (argv, no shell) and return its stdout; fails the test on error."""
+    result = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(directory),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def git_project(path: Path, *, commit: bool = True) -> Path:
+    """A git work tree at `path` with one committed file (or no commit at all)."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    if commit:
+        (path / "README").write_text("project\n")
+        git(path, "add", "README")
+        git(path, "commit", "-q", "-m", "initial")
+    return path

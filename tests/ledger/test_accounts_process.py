@@ -22,7 +22,7 @@ from ledger.models import (
     WorkflowRun,
     WorkflowStepRun,
 )
-from tests.ledger.runner_helpers import ROOT, VENV_BIN, child_database_url
+from tests.ledger.runner_helpers import ROOT, VENV_BIN, child_database_url, git_project
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -48,6 +48,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
         LOOPSWEB_CLAUDE_BIN=str(STANDIN),
         LOOPSWEB_STEP_START_POLL_SECONDS="1",
         LOOPSWEB_KILL_GRACE_SECONDS="0",
+        LOOPSWEB_AGENT_ENV_PASSTHROUGH="FAKE_AGENT_*,STANDIN_*",
         STANDIN_RECORD_DIR=str(records),
         STANDIN_FIXTURES=str(FIXTURES),
     )
@@ -90,8 +91,8 @@ def _setup(
             "--env",
             f"{HOME_VAR[provider]}={home}",
         )
-    project = tmp_path / "project"
-    project.mkdir()
+    # A git work tree: claude runs only in the run's own worktree (isolation).
+    project = git_project(tmp_path / "project")
     lines = [
         json.dumps(
             {

@@ -23,7 +23,12 @@ from ledger.models import (
 )
 from ledger.runner import run_workflow_run
 from routing.admission import CREATED, route_event, route_options
-from tests.ledger.runner_helpers import FakeAgent, install_fake_agent, steps_of
+from tests.ledger.runner_helpers import (
+    FakeAgent,
+    git_project,
+    install_fake_agent,
+    steps_of,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -204,8 +209,11 @@ def test_a_registered_claude_pool_is_routed_least_loaded_with_its_cap(
             env_json={"CLAUDE_CONFIG_DIR": str(tmp_path / name)},
             max_running=1,
         )
+    project = git_project(
+        tmp_path / "repo"
+    )  # claude needs the run's worktree (isolation)
     runs = [
-        _route(tmp_path, n, provider="claude", auth_profile_pool="c1,c2")
+        _route(project, n, provider="claude", auth_profile_pool="c1,c2")
         for n in range(2)
     ]
     # Least-loaded: the second admission takes the other account for its worker.
@@ -218,7 +226,7 @@ def test_a_registered_claude_pool_is_routed_least_loaded_with_its_cap(
             "id": "evt-failover-3",
             "type": "t",
             "source": "ci",
-            "data": {"project_path": str(tmp_path), "title": "x"},
+            "data": {"project_path": str(project), "title": "x"},
         },
         options=route_options({"provider": "claude", "auth_profile_pool": "c1,c2"}),
         env={},
@@ -233,7 +241,9 @@ def test_a_registered_claude_pool_is_routed_least_loaded_with_its_cap(
 def test_an_unregistered_claude_pool_behaves_as_upstream(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    run = _route(tmp_path, provider="claude", auth_profile_pool="u1,u2")
+    run = _route(
+        git_project(tmp_path / "repo"), provider="claude", auth_profile_pool="u1,u2"
+    )
     assert run.invocation.scope_json["providerRouting"]["poolRouting"] is False
 
 
@@ -270,7 +280,7 @@ def test_pool_member_names_are_validated_at_admission(pool: Any) -> None:
                 "id": "evt-bad-pool",
                 "type": "t",
                 "source": "ci",
-                "data": {"title": "x"},
+                "data": {"title": "x", "project_path": "/srv/p"},
                 "metadata": {"authProfilePool": pool},
             },
             options=route_options({}),

@@ -310,7 +310,12 @@ def test_the_commands_take_the_retry_options() -> None:
     assert stored["max_attempts"] == 3 and stored["retry_backoff"] == 30
 
     out = io.StringIO()
-    event = {"id": "evt-cmd-retry", "type": "t", "source": "s", "data": {}}
+    event = {
+        "id": "evt-cmd-retry",
+        "type": "t",
+        "source": "s",
+        "data": {"project_path": "/srv/app"},
+    }
     call_command(
         "route_event",
         "generic",

@@ -31,7 +31,7 @@ CAPS = {
     "auth_profile_pool": "acctA,acctB,acctC",
     "max_per_profile": 2,
 }
-PROJECTS = [("/race/p1", "g"), ("/race/p2", "g"), ("/race/p3", None)]
+PROJECTS = [("/srv/race/p1", "g"), ("/srv/race/p2", "g"), ("/srv/race/p3", None)]
 
 
 def check() -> list[str]:

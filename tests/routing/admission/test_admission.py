@@ -90,14 +90,14 @@ def test_the_loop_name_from_the_environment_is_the_default_scope() -> None:
 def test_project_and_group_caps_block_across_route_scopes() -> None:
     assert (
         route(
-            event=generic_event(project="/p1"),
+            event=generic_event(project="/srv/p1"),
             max_active_scope="a",
             max_active_per_project=1,
         ).kind
         == "created"
     )
     other_scope = route(
-        event=generic_event(project="/p1"),
+        event=generic_event(project="/srv/p1"),
         max_active_scope="b",
         max_active_per_project=1,
     )
@@ -105,12 +105,12 @@ def test_project_and_group_caps_block_across_route_scopes() -> None:
     assert other_scope.reason == "project active workflow limit reached (1/1)"
 
     route(
-        event=generic_event(project="/p2", group="g"),
+        event=generic_event(project="/srv/p2", group="g"),
         max_active_scope="a",
         max_active_per_project_group=1,
     )
     group_blocked = route(
-        event=generic_event(project="/p3", group="g"),
+        event=generic_event(project="/srv/p3", group="g"),
         max_active_scope="c",
         max_active_per_project_group=1,
     )
@@ -124,20 +124,24 @@ def test_decision_order_is_scope_then_project_then_group() -> None:
         "max_active_per_project": 1,
         "max_active_per_project_group": 1,
     }
-    route(event=generic_event(project="/p", group="g"), **caps)
+    route(event=generic_event(project="/srv/p", group="g"), **caps)
     assert (
-        route(event=generic_event(project="/p", group="g"), **caps).reason_code
+        route(event=generic_event(project="/srv/p", group="g"), **caps).reason_code
         == "route_cap"
     )
     assert (
         route(
-            event=generic_event(project="/p", group="g"), max_active_scope="s2", **caps
+            event=generic_event(project="/srv/p", group="g"),
+            max_active_scope="s2",
+            **caps,
         ).reason_code
         == "project_cap"
     )
     assert (
         route(
-            event=generic_event(project="/q", group="g"), max_active_scope="s3", **caps
+            event=generic_event(project="/srv/q", group="g"),
+            max_active_scope="s3",
+            **caps,
         ).reason_code
         == "group_cap"
     )
@@ -147,12 +151,18 @@ def test_null_scope_rows_count_for_project_and_group_caps_but_never_for_a_scoped
     None
 ):
     make_work_item(
-        status="running", route_scope=None, project_key="/legacy", project_group="lg"
+        status="running",
+        route_scope=None,
+        project_key="/srv/legacy",
+        project_group="lg",
     )
-    assert route(event=generic_event(project="/legacy"), max_active=1).kind == "created"
+    assert (
+        route(event=generic_event(project="/srv/legacy"), max_active=1).kind
+        == "created"
+    )
     assert (
         route(
-            event=generic_event(project="/legacy"),
+            event=generic_event(project="/srv/legacy"),
             max_active_scope="x",
             max_active_per_project=1,
         ).reason_code
@@ -160,7 +170,7 @@ def test_null_scope_rows_count_for_project_and_group_caps_but_never_for_a_scoped
     )
     assert (
         route(
-            event=generic_event(project="/other", group="lg"),
+            event=generic_event(project="/srv/other", group="lg"),
             max_active_scope="y",
             max_active_per_project_group=1,
         ).reason_code
@@ -275,7 +285,9 @@ def test_every_created_step_run_records_its_account_and_tool() -> None:
     assert pooled.account_profiles == dict(
         pooled.run.step_runs.values_list("step_id", "account_profile")
     )
-    bare = route(provider="claude")
+    bare = route(
+        provider="claude", sandbox="danger-full-access", manual_break_glass=True
+    )
     assert set(bare.run.step_runs.values_list("account_profile", "account_tool")) == {
         (None, None)
     }

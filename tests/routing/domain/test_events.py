@@ -120,6 +120,7 @@ def test_todos_project_path_prefers_task_fields_then_metadata_then_option() -> N
     assert todos_project_path_hint({}, meta, option="/opt", cwd="/cwd") == "/from/meta"
     assert todos_project_path_hint({}, {}, option=" /opt ", cwd="/cwd") == "/opt"
     assert todos_project_path_hint({}, {}, option=None, cwd="/cwd") == "/cwd"
+    assert todos_project_path_hint({}, {}, option=None) is None
 
 
 def test_todos_project_path_uses_the_route_project_path_field_first() -> None:

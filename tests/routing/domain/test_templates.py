@@ -110,6 +110,7 @@ def test_rendered_step_shape() -> None:
         "authProfile": "acctA",
         "cwd": "/srv/app",
         "sandbox": "workspace-write",
+        "worktreeMode": "auto",
     }
     assert "Fix login" in target["prompt"]
     assert "Users cannot log in" in target["prompt"]

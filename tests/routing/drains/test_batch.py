@@ -169,7 +169,7 @@ def test_batched_admission_decides_exactly_as_one_at_a_time(
 
 def test_a_batch_admits_in_few_statements(settings: Any) -> None:
     settings.LOOPSWEB_DRAIN_BATCH_SIZE = 50
-    _ingest([generic_event(project=f"/p{n % 5}") for n in range(50)])
+    _ingest([generic_event(project=f"/srv/p{n % 5}") for n in range(50)])
     with CaptureQueriesContext(connection) as captured:
         report = _drain(
             max_active=1000,

@@ -63,15 +63,15 @@ def test_max_dispatch_counts_only_created_results() -> None:
 
 
 def test_deduped_and_throttled_items_do_not_count_toward_max_dispatch() -> None:
-    ingest(todos_event("t1", project="/a", project_group="g"))
+    ingest(todos_event("t1", project="/srv/a", project_group="g"))
     drain("todos-task")
     # A redelivery of t1 (another event id) dedupes; group g is full; /b has no group.
-    duplicate = todos_event("t1", project="/a", project_group="g")
+    duplicate = todos_event("t1", project="/srv/a", project_group="g")
     duplicate["id"] = "evt-t1-again"
     ingest(
         duplicate,
-        todos_event("t2", project="/c", project_group="g"),
-        todos_event("t3", project="/b"),
+        todos_event("t2", project="/srv/c", project_group="g"),
+        todos_event("t3", project="/srv/b"),
     )
     report = drain("todos-task", max_dispatch=1, max_active_per_project_group=1)
     assert [(r["kind"], r.get("taskId")) for r in report.results] == [
@@ -82,18 +82,22 @@ def test_deduped_and_throttled_items_do_not_count_toward_max_dispatch() -> None:
 
 
 def test_fair_dispatch_takes_one_from_each_project_before_a_deep_backlog() -> None:
-    ingest(*(generic_event(project="/deep") for _ in range(10)))
-    ingest(generic_event(project="/p2"), generic_event(project="/p3"))
+    ingest(*(generic_event(project="/srv/deep") for _ in range(10)))
+    ingest(generic_event(project="/srv/p2"), generic_event(project="/srv/p3"))
     report = drain(max_dispatch=3)
     projects = sorted(WorkflowWorkItem.objects.values_list("project_key", flat=True))
-    assert report.counts["created"] == 3 and projects == ["/deep", "/p2", "/p3"]
+    assert report.counts["created"] == 3 and projects == [
+        "/srv/deep",
+        "/srv/p2",
+        "/srv/p3",
+    ]
 
 
 def test_saturated_projects_are_skipped_before_spending_admissions() -> None:
     ingest(
-        generic_event(project="/busy"),
-        generic_event(project="/busy"),
-        generic_event(project="/free"),
+        generic_event(project="/srv/busy"),
+        generic_event(project="/srv/busy"),
+        generic_event(project="/srv/free"),
     )
     report = drain(max_dispatch=5, max_active_per_project=1)
     by_kind = [(r["kind"], r.get("precheck")) for r in report.results]
@@ -120,7 +124,7 @@ def test_a_deferred_item_is_admitted_by_a_later_drain_once_a_run_finishes() -> N
 def test_a_dry_run_changes_no_row_and_reports_the_decisions_a_real_drain_then_makes() -> (
     None
 ):
-    ingest(*(generic_event(project=f"/p{i % 2}") for i in range(6)))
+    ingest(*(generic_event(project=f"/srv/p{i % 2}") for i in range(6)))
     options = {
         "max_dispatch": 4,
         "max_active_per_project": 1,
@@ -339,7 +343,7 @@ def test_schedule_drain_lists_updates_and_deletes() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_two_drains_at_once_admit_nothing_twice() -> None:
-    ingest(*(generic_event(project=f"/p{i}") for i in range(12)))
+    ingest(*(generic_event(project=f"/srv/p{i}") for i in range(12)))
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -411,7 +415,7 @@ def test_once_the_scope_fills_the_rest_are_held_unread_with_one_update() -> None
     for n in (3, 12):
         InboxEvent.objects.all().delete()
         WorkflowWorkItem.objects.update(status="succeeded")  # free the scope
-        ingest(*(generic_event(project=f"/p{i}") for i in range(n)))
+        ingest(*(generic_event(project=f"/srv/p{i}") for i in range(n)))
         with CaptureQueriesContext(connection) as captured:
             report = drain(max_active=1, max_dispatch=5)
         kinds = [(r["kind"], r.get("reasonCode")) for r in report.results]
@@ -429,9 +433,9 @@ def test_once_the_scope_fills_the_rest_are_held_unread_with_one_update() -> None
 
 
 def test_a_hold_the_row_already_records_writes_nothing() -> None:
-    ingest(generic_event(project="/busy"))
+    ingest(generic_event(project="/srv/busy"))
     drain(max_active_per_project=1)
-    ingest(generic_event(project="/busy"))
+    ingest(generic_event(project="/srv/busy"))
     first = drain(max_active_per_project=1)
     assert [r["reasonCode"] for r in first.results] == ["project_cap"]
     held = InboxEvent.objects.get(state="deferred")
@@ -443,9 +447,9 @@ def test_a_hold_the_row_already_records_writes_nothing() -> None:
 
 
 def test_a_full_project_holds_its_later_candidates_without_another_count() -> None:
-    ingest(generic_event(project="/busy"))
+    ingest(generic_event(project="/srv/busy"))
     drain(max_active_per_project=1)
-    ingest(*(generic_event(project="/busy") for _ in range(4)))
+    ingest(*(generic_event(project="/srv/busy") for _ in range(4)))
     with CaptureQueriesContext(connection) as captured:
         report = drain(max_active_per_project=1, max_dispatch=5)
     assert [r["reasonCode"] for r in report.results] == ["project_cap"] * 4
@@ -508,10 +512,10 @@ def test_a_second_drain_of_a_running_scope_steps_aside_and_writes_nothing() -> N
 def test_the_inbox_scan_is_light_and_envelopes_load_in_one_query() -> None:
     from routing.drains.sources import load_envelopes, scan_inbox
 
-    ingest(*(generic_event(project=f"/p{i}", title=f"t{i}") for i in range(3)))
+    ingest(*(generic_event(project=f"/srv/p{i}", title=f"t{i}") for i in range(3)))
     scanned = list(scan_inbox(route_key="generic-event", scan_limit=10))
     assert [c.envelope for c in scanned] == [None, None, None]
-    assert [c.project for c in scanned] == ["/p0", "/p1", "/p2"]
+    assert [c.project for c in scanned] == ["/srv/p0", "/srv/p1", "/srv/p2"]
     InboxEvent.objects.filter(pk=scanned[1].inbox_id).delete()
     with CaptureQueriesContext(connection) as captured:
         loaded = load_envelopes(list(reversed(scanned)))

@@ -192,7 +192,7 @@ def test_an_unwritable_evidence_directory_is_refused(tmp_path: Path) -> None:
 
 
 def test_scan_exhausted_only_when_the_scan_window_ran_out_before_the_limit() -> None:
-    ingest(*(generic_event(project=f"/p{i}") for i in range(3)))
+    ingest(*(generic_event(project=f"/srv/p{i}") for i in range(3)))
     full = drain(scan_limit=3, limit=2, dry_run=True).to_dict(compact=True)
     assert (full["scanned"], full["candidates"], full["scanExhausted"]) == (3, 3, False)
     short = drain(scan_limit=3, limit=5, dry_run=True).to_dict(compact=True)
@@ -208,7 +208,7 @@ def test_scan_exhausted_only_when_the_scan_window_ran_out_before_the_limit() -> 
 def test_a_dry_run_drain_queues_and_logs_no_task(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    ingest(*(generic_event(project=f"/p{i}") for i in range(3)))
+    ingest(*(generic_event(project=f"/srv/p{i}") for i in range(3)))
     with caplog.at_level(logging.INFO):
         report = drain(max_dispatch=3, dry_run=True)
     assert report.counts["created"] == 3

@@ -61,7 +61,7 @@ def _prepared(server: PrivateServer, tmp_path: Path, name: str) -> str:
     events = tmp_path / f"{name}.jsonl"
     events.write_text(
         "".join(
-            json.dumps(generic_event(project=f"/p{i % 40}")) + "\n"
+            json.dumps(generic_event(project=f"/srv/p{i % 40}")) + "\n"
             for i in range(EVENTS)
         )
     )

@@ -186,27 +186,29 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     follow(browser, browser.find_element(By.LINK_TEXT, "Accounts"))
     assert text_of(browser, "#content h1") == "Accounts"
     assert "acct-00" in text_of(browser, "#table")
-    rows = {
-        row.find_element(By.CSS_SELECTOR, "td code").text: row
-        for row in browser.find_elements(By.CSS_SELECTOR, "#table tr[id^=account-]")
-    }
-    registry = {
-        name: row.find_element(By.CSS_SELECTOR, "td.registry").text
-        for name, row in rows.items()
-    }
-    assert "enabled" in registry["acct-00"]
-    assert "CODEWITH_HOME=/srv/agents/acct-00" in registry["acct-00"]
-    assert "max running 2" in registry["acct-00"]
-    assert "disabled" in registry["acct-01"]
-    assert registry["acct-02"] == "unregistered"
-    assert (
-        "18540 in / 311 out"
-        in rows["acct-00"].find_element(By.CSS_SELECTOR, "td.tokens-5h").text
+    # One read of the rendered table (no element handles kept across reads).
+    cells = browser.execute_script(
+        """
+        const out = {};
+        for (const row of document.querySelectorAll('#table tr[id^="account-"]')) {
+          const cell = (css) => row.querySelector(css).innerText.trim();
+          out[cell('td code')] = {
+            registry: cell('td.registry'),
+            tokens5h: cell('td.tokens-5h'),
+            tokens7d: cell('td.tokens-7d'),
+          };
+        }
+        return out;
+        """
     )
-    assert (
-        "$0.0420" in rows["acct-00"].find_element(By.CSS_SELECTOR, "td.tokens-7d").text
-    )
-    assert rows["acct-02"].find_element(By.CSS_SELECTOR, "td.tokens-7d").text == "—"
+    assert "enabled" in cells["acct-00"]["registry"]
+    assert "CODEWITH_HOME=/srv/agents/acct-00" in cells["acct-00"]["registry"]
+    assert "max running 2" in cells["acct-00"]["registry"]
+    assert "disabled" in cells["acct-01"]["registry"]
+    assert cells["acct-02"]["registry"] == "unregistered"
+    assert "18540 in / 311 out" in cells["acct-00"]["tokens5h"]
+    assert "$0.0420" in cells["acct-00"]["tokens7d"]
+    assert cells["acct-02"]["tokens7d"] == "—"
     chart = browser.find_element(By.CSS_SELECTOR, "svg.load-chart")
     assert chart.size["width"] > 400 and chart.size["height"] > 60
     assert len(chart.find_elements(By.CSS_SELECTOR, "rect.running")) >= 3

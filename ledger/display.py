@@ -1,0 +1,31 @@
+"""Plain-text summaries of ledger rows shared by the admin and the /ops pages."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+
+from ledger.models import RunStatus, WorkflowRun
+
+
+def worktree_text(run: WorkflowRun) -> str:
+    """Where a run worked: its git worktree and branch, and what became of the worktree.
+
+    `-` for a run that had none (worktree mode off, or the project is not a git work tree).
+    """
+    if not run.worktree_path:
+        return "-"
+    branch = f" on branch {run.worktree_branch}" if run.worktree_branch else ""
+    if run.worktree_removed_at is not None:
+        state = f"removed {run.worktree_removed_at:%Y-%m-%d %H:%M} UTC"
+    elif run.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+        state = "in use"
+    elif run.status == RunStatus.SUCCEEDED or run.finished_at is None:
+        state = "to be removed"
+    else:
+        until = run.finished_at + timedelta(
+            seconds=settings.LOOPSWEB_WORKTREE_KEEP_SECONDS
+        )
+        state = f"kept until {until:%Y-%m-%d %H:%M} UTC"
+    return f"{run.worktree_path}{branch} ({state})"

@@ -1,0 +1,55 @@
+"""Remove run worktrees that are due (what the periodic `prune-worktrees` task does).
+
+Due: a succeeded run's worktree whose removal did not happen, and a failed, timed-out or
+cancelled run's worktree LOOPSWEB_WORKTREE_KEEP_SECONDS after the run finished (or after
+`--keep-seconds`). A removal that fails is reported and retried at the next prune.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger.worktrees import worktrees_prune
+
+
+class Command(BaseCommand):
+    help = (
+        "Remove the git worktrees of finished runs that are due (kept failures expire)."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="list what would be removed, change nothing",
+        )
+        parser.add_argument(
+            "--keep-seconds",
+            type=int,
+            help="keep failed runs' worktrees this long (default LOOPSWEB_WORKTREE_KEEP_SECONDS)",
+        )
+        parser.add_argument("--json", action="store_true", help="print a JSON report")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        dry_run: bool = options["dry_run"]
+        keep = options["keep_seconds"]
+        if keep is not None and keep < 0:
+            raise CommandError("--keep-seconds must be >= 0")
+        pruned = worktrees_prune(keep_seconds=keep, dry_run=dry_run)
+        failed = [p for p in pruned if p.error]
+        if options["json"]:
+            report = {"dryRun": dry_run, "pruned": [p.to_dict() for p in pruned]}
+            self.stdout.write(json.dumps(report, indent=2))
+        else:
+            for entry in pruned:
+                note = f" (failed: {entry.error})" if entry.error else ""
+                self.stdout.write(
+                    f"  {entry.run_id} [{entry.status}] {entry.path}{note}"
+                )
+            verb = "would remove" if dry_run else "removed"
+            self.stdout.write(f"{verb} {len(pruned) - len(failed)} worktree(s)")
+        if failed:
+            raise CommandError(f"{len(failed)} worktree(s) could not be removed")

@@ -1,0 +1,119 @@
+"""Project roots: the only directories an agent may work in (`LOOPSWEB_PROJECT_ROOTS`).
+
+A project path, whether it came from an event, an option or a step's `cwd`, is accepted when:
+1. it is a non-empty absolute path with no NUL byte and no `..` segment (there is no `~`
+   expansion: `~` is a relative name, refused like any other);
+2. its real path (symlinks followed; components that do not exist yet are kept as written)
+   lies inside the real path of one configured root.
+The project is then the top level of the git work tree that path belongs to, looked for
+upwards no further than the root, else the real path itself. With no root configured every
+project is refused, with a message naming the setting.
+
+Admission checks with `project_path_resolve` (before anything is written); the runner checks
+again with `project_dir_check` when a step starts, since a root may be gone by then, and
+there the directory must exist. Both read the file system only: no git, no subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from django.conf import settings
+
+from routing.domain.errors import ValidationError
+
+ROOTS_UNSET = (
+    "no project roots are configured, so no agent may run: set LOOPSWEB_PROJECT_ROOTS "
+    "to the directories agents may work in"
+)
+PATH_EMPTY = (
+    "no project path: the event names none (data.project_path and the other "
+    "project path fields) and no --project-path was given"
+)
+PATH_NOT_ABSOLUTE = "project path must be an absolute path: {path!r}"
+PATH_DOTDOT = "project path must not contain '..' segments: {path!r}"
+PATH_NUL = "project path contains a NUL byte"
+PATH_UNRESOLVABLE = "project path {path!r} cannot be resolved: {error}"
+PATH_OUTSIDE = "project path {path} resolves to {real}, outside LOOPSWEB_PROJECT_ROOTS"
+DIR_MISSING = "project directory does not exist: {path}"
+REQUIRED_NOT_GIT = (
+    "worktreeMode=required but projectPath is not an existing git repository: {path}"
+)
+
+
+class ProjectPathError(ValidationError):
+    """A project path outside the roots, malformed, or with no roots configured."""
+
+
+def project_roots() -> tuple[str, ...]:
+    """The configured roots, real paths (symlinks of the roots themselves followed)."""
+    return tuple(os.path.realpath(root) for root in settings.LOOPSWEB_PROJECT_ROOTS)
+
+
+def _inside(real: str, roots: Sequence[str]) -> str | None:
+    """The root `real` lies in (the deepest, when roots nest), or None."""
+    found = [root for root in roots if Path(real).is_relative_to(root)]
+    return max(found, key=len) if found else None
+
+
+def _checked_real(path: str | None, roots: Sequence[str]) -> tuple[str, str]:
+    if not roots:
+        raise ProjectPathError(ROOTS_UNSET)
+    if path is None or not path.strip():
+        raise ProjectPathError(PATH_EMPTY)
+    if "\x00" in path:
+        raise ProjectPathError(PATH_NUL)
+    if not os.path.isabs(path):
+        raise ProjectPathError(PATH_NOT_ABSOLUTE.format(path=path))
+    if ".." in Path(path).parts:
+        raise ProjectPathError(PATH_DOTDOT.format(path=path))
+    try:
+        real = os.path.realpath(path)
+    except OSError as exc:  # a name too long, a symlink loop, ...
+        raise ProjectPathError(
+            PATH_UNRESOLVABLE.format(path=path, error=exc.strerror)
+        ) from None
+    root = _inside(real, roots)
+    if root is None:
+        raise ProjectPathError(PATH_OUTSIDE.format(path=path, real=real))
+    return real, root
+
+
+def project_path_resolve(path: str | None, roots: Sequence[str] | None = None) -> str:
+    """The project a route works on, or ProjectPathError (see the module docstring)."""
+    real, root = _checked_real(path, project_roots() if roots is None else roots)
+    candidate = Path(real)
+    # The git top level, but never above the root: the agent may not reach past it.
+    while True:
+        try:
+            if (candidate / ".git").exists():
+                return str(candidate)
+        except OSError as exc:
+            raise ProjectPathError(
+                PATH_UNRESOLVABLE.format(path=path, error=exc.strerror)
+            ) from None
+        if str(candidate) == root or candidate.parent == candidate:
+            return real
+        candidate = candidate.parent
+
+
+def project_dir_check(path: str | None, roots: Sequence[str] | None = None) -> str:
+    """A step's working directory, checked again when the step starts: inside a root and
+    an existing directory. Returns its real path."""
+    real, _root = _checked_real(path, project_roots() if roots is None else roots)
+    if not os.path.isdir(real):
+        raise ProjectPathError(DIR_MISSING.format(path=path))
+    return real
+
+
+def is_git_work_tree(project: str) -> bool:
+    """Whether `project` (a resolved project path) is the top of a git work tree.
+
+    `.git` is a directory in a clone and a file in a linked worktree or submodule.
+    """
+    try:
+        return (Path(project) / ".git").exists()
+    except OSError:
+        return False
