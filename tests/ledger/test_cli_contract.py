@@ -100,7 +100,12 @@ def _empty_home(tmp_path: Path) -> dict[str, str]:
 def _argv(provider: str, binary: Path, prompt: str, settings: object) -> list[str]:
     settings.LOOPSWEB_PROVIDER_BINARIES = {provider: str(binary)}  # type: ignore[attr-defined]
     invocation = agent_invocation(
-        target={"provider": provider, "prompt": prompt, "sandbox": "workspace-write"},
+        target={
+            "provider": provider,
+            "prompt": prompt,
+            "sandbox": "workspace-write",
+            "cwd": str(Path.home()),
+        },
         profile=None,
         tool=None,
         run_id="r",
