@@ -10,18 +10,20 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.apps import apps
-from django.core.management import call_command, load_command_class
+from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import CommandError
 from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from routing.api.forms import INGEST_ROUTE_OPTIONS
 from routing.api.tokens import api_token_create
 from routing.drains.inbox import inbox_ingest
 from tests.routing.helpers import generic_event, todos_event
@@ -29,10 +31,12 @@ from tests.routing.helpers import generic_event, todos_event
 pytestmark = pytest.mark.django_db
 
 # Derandomized: the same examples on every run, so a failure in CI reproduces and never
-# blocks an unrelated change at random; widen max_examples locally to search further.
+# blocks an unrelated change at random. LOOPSWEB_PROPERTY_SEARCH=N searches N random
+# examples per test instead (locally, to look further).
+_SEARCH = int(os.environ.get("LOOPSWEB_PROPERTY_SEARCH") or 0)
 PROPERTY_SETTINGS = settings(
-    max_examples=100,
-    derandomize=True,
+    max_examples=_SEARCH or 100,
+    derandomize=not _SEARCH,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -62,23 +66,14 @@ def _changed(before: dict[str, int], after: dict[str, int]) -> set[str]:
 
 # --- management commands --------------------------------------------------------------------------
 
+# Every command of our apps, found at run time: a new command is covered without a change here.
 COMMANDS = {
-    # command: (app, fixed leading arguments strategy)
-    "drain": "routing",
-    "route_event": "routing",
-    "schedule_drain": "routing",
-    "ingest_events": "routing",
-    "api_token": "routing",
-    "sync_schedules": "routing",
-    "ensure_staff_user": "routing",
-    "recover_runs": "ledger",
-    "run_workflow": "ledger",
-    "check_migrations": "ledger",
-    "lock_migrations": "ledger",
+    name: app for name, app in get_commands().items() if app in ("ledger", "routing")
 }
 # Options whose values name things on this machine: drawn from prepared paths, not random
 # text (random text would create directories, or run a program, in the working directory).
 PATH_OPTIONS = {"--evidence-dir", "--event-file", "--lock-file"}
+PATH_POSITIONALS = {"file"}
 NEVER = {
     "--source-command",
     "--help",
@@ -87,18 +82,74 @@ NEVER = {
     "--pythonpath",
     "--traceback",
     "--skip-checks",
+    "--no-color",
+    "--force-color",
+    "--verbosity",
+    "-v",
 }
-STYLE = {"--no-color", "--force-color", "--verbosity", "-v"}
 
 
-def _options(name: str) -> list[argparse.Action]:
-    command = load_command_class(COMMANDS[name], name)
-    parser = command.create_parser("manage.py", name)
-    return [
-        action
-        for action in parser._actions
-        if action.option_strings and not set(action.option_strings) & (NEVER | STYLE)
+def _parser(name: str) -> argparse.ArgumentParser:
+    return load_command_class(COMMANDS[name], name).create_parser("manage.py", name)
+
+
+def _value(draw: Any, action: argparse.Action, paths: list[str]) -> str:
+    flag = action.option_strings[-1] if action.option_strings else action.dest
+    if flag in PATH_OPTIONS or action.dest in PATH_POSITIONALS:
+        return draw(st.sampled_from(paths))
+    if action.dest == "kind":
+        return draw(st.one_of(st.sampled_from(["generic", "todos-task"]), ARG_TEXT))
+    if flag == "--source":
+        return draw(st.sampled_from(["inbox", "command", "other"]))
+    if flag == "--database":
+        return draw(st.sampled_from(["default", "other"]))
+    if action.choices:
+        return draw(
+            st.one_of(st.sampled_from(sorted(map(str, action.choices))), ARG_TEXT)
+        )
+    return draw(VALUES)
+
+
+def _arguments(
+    draw: Any, parser: argparse.ArgumentParser, paths: list[str]
+) -> list[str]:
+    argv: list[str] = []
+    subcommands = None
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            subcommands = action
+        elif not action.option_strings and action.dest != "help":
+            if action.nargs == "?" and draw(st.booleans()):
+                continue
+            argv.append(_value(draw, action, paths))
+    options = [
+        a
+        for a in parser._actions
+        if a.option_strings and not set(a.option_strings) & NEVER
     ]
+    for action in (
+        draw(st.lists(st.sampled_from(options), max_size=6, unique_by=lambda a: a.dest))
+        if options
+        else []
+    ):
+        flag = action.option_strings[-1]
+        if action.nargs == 0:
+            argv.append(flag)
+        else:
+            argv += [flag, _value(draw, action, paths)]
+    if subcommands is not None:
+        choice = draw(st.sampled_from(sorted(subcommands.choices)))
+        argv += [choice, *_arguments(draw, subcommands.choices[choice], paths)]
+    return argv
+
+
+@st.composite
+def command_lines(draw: Any, paths: list[str]) -> list[str]:
+    name = draw(st.sampled_from(sorted(COMMANDS)))
+    argv = [name, *_arguments(draw, _parser(name), paths)]
+    if name == "lock_migrations" and "--lock-file" not in argv:
+        argv += ["--lock-file", paths[2]]  # never the repository's own lock file
+    return argv
 
 
 @pytest.fixture
@@ -119,61 +170,6 @@ def paths(tmp_path: Path) -> list[str]:
         "/proc/loopsweb-nowhere",
         "/dev/null",
     ]
-
-
-@st.composite
-def command_lines(draw: Any, paths: list[str]) -> list[str]:
-    name = draw(st.sampled_from(sorted(COMMANDS)))
-    argv: list[str] = [name]
-    if name in ("drain", "route_event"):
-        argv.append(
-            draw(st.one_of(st.sampled_from(["generic", "todos-task"]), ARG_TEXT))
-        )
-    elif name == "schedule_drain":
-        argv += draw(st.sampled_from([[], ["nightly", "generic"], ["n", "todos-task"]]))
-    elif name == "ingest_events":
-        argv.append(draw(st.sampled_from(paths)))
-    elif name == "run_workflow":
-        argv.append(draw(ARG_TEXT))
-    elif name == "api_token":
-        action = draw(st.sampled_from(["create", "list", "revoke"]))
-        argv.append(action)
-        if action != "list":
-            argv.append(draw(ARG_TEXT))
-        if action == "create":
-            for scope in draw(
-                st.lists(
-                    st.one_of(st.sampled_from(["ingest", "read", "metrics"]), ARG_TEXT),
-                    max_size=3,
-                )
-            ):
-                argv += ["--scope", scope]
-        return argv
-    if name == "lock_migrations":  # never the repository's own lock file
-        argv += ["--lock-file", draw(st.sampled_from(paths))]
-    options = [
-        a
-        for a in _options(name)
-        if not (name == "lock_migrations" and a.dest == "lock_file")
-    ]
-    chosen = (
-        draw(st.lists(st.sampled_from(options), max_size=6, unique_by=lambda a: a.dest))
-        if options
-        else []
-    )
-    for action in chosen:
-        flag = action.option_strings[-1]
-        if action.nargs == 0:
-            argv.append(flag)
-        elif flag in PATH_OPTIONS:
-            argv += [flag, draw(st.sampled_from(paths))]
-        elif flag == "--source":
-            argv += [flag, draw(st.sampled_from(["inbox", "command", "other"]))]
-        elif flag == "--database":
-            argv += [flag, draw(st.sampled_from(["default", "other"]))]
-        else:
-            argv += [flag, draw(VALUES)]
-    return argv
 
 
 @PROPERTY_SETTINGS
@@ -222,24 +218,8 @@ API_PARAMS = {
 INGEST_PARAMS = [
     "route",
     "kind",
-    "template",
-    "provider",
-    "auth_profile",
-    "auth_profile_pool",
-    "triage_auth_profile",
-    "planner_auth_profile",
-    "worker_auth_profile",
-    "verifier_auth_profile",
-    "max_active",
-    "max_active_scope",
-    "max_active_per_project",
-    "max_active_per_project_group",
-    "project_group",
-    "project_path",
-    "max_per_profile",
-    "name_prefix",
-    "dry_run",
-]
+    *INGEST_ROUTE_OPTIONS,
+]  # every route option the API takes
 PAGE_PARAMS = {
     "/ops/": ["page"],
     "/ops/deferrals/": ["reason_code", "route_scope", "project_key", "page"],

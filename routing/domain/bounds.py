@@ -40,6 +40,9 @@ BOUNDS: dict[str, Bound] = {
     "--source-timeout": Bound(1, 86_400),  # seconds: a day
     # schedule_drain: django-q2 stores minutes in a smallint
     "--every": Bound(1, 32_767),
+    # loop-level retries (routing.domain.retry)
+    "--max-attempts": Bound(1, 100),
+    "--retry-backoff": Bound(0, 7 * 24 * 3600),  # seconds: a week
 }
 
 

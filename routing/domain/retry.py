@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 
+from routing.domain.bounds import BOUNDS, bounded_int
 from routing.domain.errors import ValidationError
 
 DEFAULT_MAX_ATTEMPTS = 1
 # Upstream's loop default: retryDelayMs 60 000.
 DEFAULT_RETRY_BACKOFF_SECONDS = 60
-MAX_ATTEMPTS_LIMIT = 100
-RETRY_BACKOFF_LIMIT_SECONDS = 7 * 24 * 3600
+MAX_ATTEMPTS_LIMIT = BOUNDS["--max-attempts"].maximum
+RETRY_BACKOFF_LIMIT_SECONDS = BOUNDS["--retry-backoff"].maximum
 
 MAX_ATTEMPTS_INVALID = "--max-attempts must be a positive integer"
 MAX_ATTEMPTS_TOO_LARGE = f"--max-attempts must be at most {MAX_ATTEMPTS_LIMIT}"
@@ -32,20 +33,8 @@ _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
 
 def parse_max_attempts(value: object) -> int | None:
     """`--max-attempts`: a whole number 1..100 (int or ASCII digits); None when unset."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    if isinstance(value, bool):
-        raise ValidationError(MAX_ATTEMPTS_INVALID)
-    if isinstance(value, str):
-        text = value.strip()
-        if not (text.isascii() and text.isdigit()):
-            raise ValidationError(MAX_ATTEMPTS_INVALID)
-        value = int(text)
-    if not isinstance(value, int) or value < 1:
-        raise ValidationError(MAX_ATTEMPTS_INVALID)
-    if value > MAX_ATTEMPTS_LIMIT:
-        raise ValidationError(MAX_ATTEMPTS_TOO_LARGE)
-    return value
+    # routing.domain.bounds: the same messages, and no int() of a 5,000-digit text.
+    return bounded_int("--max-attempts", value)
 
 
 def parse_retry_backoff(value: object) -> int | None:
@@ -60,6 +49,10 @@ def parse_retry_backoff(value: object) -> int | None:
         match = _DURATION.match(value.strip().lower())
         if not match or not value.strip().isascii():
             raise ValidationError(RETRY_BACKOFF_INVALID)
+        if len(match.group(1).lstrip("0")) > len(str(RETRY_BACKOFF_LIMIT_SECONDS)):
+            raise ValidationError(
+                RETRY_BACKOFF_TOO_LARGE
+            )  # before int() of a huge text
         seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     else:
         raise ValidationError(RETRY_BACKOFF_INVALID)

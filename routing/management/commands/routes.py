@@ -33,7 +33,8 @@ from ledger.services.common import (
 )
 from routing.admission import work_item_to_dict
 from routing.api.serializers import iso
-from routing.domain.errors import ApplicationError
+from routing.domain.bounds import bounded_int
+from routing.domain.errors import ApplicationError, ValidationError
 
 ROUTE_ITEM_NOT_FOUND = "route work item not found: {item_id}"
 DEFAULT_LIMIT = 50
@@ -43,10 +44,13 @@ MAX_LIMIT = 1000
 def _limit(value: str | None) -> int:
     if value is None:
         return DEFAULT_LIMIT
-    text = value.strip()
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIMIT:
-        raise CommandError(f"--limit must be a whole number from 1 to {MAX_LIMIT}")
-    return int(text)
+    try:
+        limit = bounded_int("--limit", value, maximum=MAX_LIMIT)
+    except ValidationError:
+        raise CommandError(
+            f"--limit must be a whole number from 1 to {MAX_LIMIT}"
+        ) from None
+    return DEFAULT_LIMIT if limit is None else limit
 
 
 def _run_dict(run: WorkflowRun, attempt: int) -> dict[str, Any]:

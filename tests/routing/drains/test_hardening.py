@@ -303,3 +303,30 @@ def test_an_overlong_json_lines_line_is_refused_without_reading_it_whole(
     assert "new=1" in big_out and "invalid=1" in big_out and "line 2" in big_out
     # The 200 MB line costs no more than the 2 MB one, give or take 20 MB of noise.
     assert big_peak - small_peak < 20 * 1024, (small_peak, big_peak)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["routes", "list", "--limit", NINES],
+            "--limit must be a whole number from 1 to 1000",
+        ),
+        (["routes", "invocations", "--limit", "1" + "0" * 20], "from 1 to 1000"),
+        (
+            ["drain", "generic", "--max-attempts", NINES],
+            "--max-attempts must be at most 100",
+        ),
+        (
+            ["drain", "generic", "--retry-backoff", NINES + "s"],
+            "--retry-backoff must be at most",
+        ),
+    ],
+)
+def test_listing_and_retry_options_are_bounded_too(
+    argv: list[str], message: str
+) -> None:
+    before = row_counts()
+    with pytest.raises(CommandError, match=message):
+        call_command(*argv, stdout=io.StringIO())
+    assert row_counts() == before
