@@ -12,7 +12,10 @@
    LOOPSWEB_PROJECT_ROOTS, or a worktree git cannot make fails the run before any step.
    The worktree is removed when the run succeeds and kept (then pruned) when it does not.
 3b. Per step: `step_start` (admission lock + account re-check). While the step's account is
-   at its `maxPerProfile` cap or cooling down, wait and retry, renewing the lease. An agent
+   at its `maxPerProfile` cap or cooling down: as a django-q2 task, park the run and hand
+   its task back to the queue with a delay (the worker is free meanwhile; the next delivery
+   resumes after the steps already done, in the worktree the run already has); inline
+   (`manage.py run_workflow`), wait and retry, renewing the lease. An agent
    step's directory is checked against the project roots again (a root may be gone since
    admission) and a generated step passes the sandbox preflight again, against the worktree
    the run actually has.
@@ -45,10 +48,11 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from ledger import services
@@ -84,6 +88,7 @@ logger = logging.getLogger(__name__)
 NOT_CLAIMED = "not-claimed"
 NOT_DUE = "not-due"
 LOST = "lease-lost"
+HANDED_BACK = "handed-back"
 
 STEP_TIMED_OUT = "step timed out after {ms} ms"
 STEP_IDLE_TIMED_OUT = "step produced no output for {ms} ms (idle timeout)"
@@ -331,10 +336,22 @@ class _LeaseLost(Exception):
     """The run is no longer this worker's (cancelled, recovered): stop writing."""
 
 
+class _HandedBack(Exception):
+    """The run waits for its step's account in the queue, not in this worker."""
+
+
+# `hand_back(run_id, delay_seconds)`: enqueue the run's task again, due in `delay_seconds`.
+# Called inside the transaction that parks the run, so both happen or neither does.
+HandBack = Callable[[str, float], None]
+
+
 class _RunExecution:
-    def __init__(self, run: WorkflowRun, worker: str) -> None:
+    def __init__(
+        self, run: WorkflowRun, worker: str, hand_back: HandBack | None = None
+    ) -> None:
         self.run = run
         self.worker = worker
+        self.hand_back = hand_back
         lease = float(settings.LOOPSWEB_RUN_LEASE_SECONDS)
         # Three renewals per lease: one slow write (SQLite busy wait) cannot lose the lease.
         self.keep_alive_every = max(0.05, lease / 3)
@@ -372,6 +389,8 @@ class _RunExecution:
         failure: tuple[str, str, str] | None = None
         for step_id in order:
             step = by_id[step_id]
+            if step.status == StepStatus.SUCCEEDED:
+                continue  # a resumed run: done before it was handed back
             if failure is not None:
                 try:
                     services.step_skip(
@@ -416,6 +435,13 @@ class _RunExecution:
             if wanted[1] == WORKTREE_REQUIRED:
                 raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
             return None  # auto: the project directory, under the provider's own sandbox
+        if self.run.worktree_path and self.run.worktree_branch:
+            # A resumed run (handed back while a step waited): the worktree it already has.
+            return Worktree(
+                project=project,
+                path=self.run.worktree_path,
+                branch=self.run.worktree_branch,
+            )
         path, branch = str(worktree_dir(self.run.id)), worktree_branch(self.run.id)
         if not services.run_worktree_record(
             run_id=self.run.id, worker=self.worker, path=path, branch=branch
@@ -479,6 +505,8 @@ class _RunExecution:
             if outcome.retry_at is not None:
                 until = (outcome.retry_at - timezone.now()).total_seconds()
                 delay = max(0.01, min(delay, until))
+            if self.hand_back is not None:
+                self._park(delay)
             # step_start renewed the lease; sleep no longer than a renewal interval.
             time.sleep(min(delay, self.keep_alive_every))
             if time.monotonic() >= next_renewal:
@@ -512,6 +540,18 @@ class _RunExecution:
                 step.step_id,
                 moved,
             )
+
+    def _park(self, delay: float) -> None:
+        """Free this worker: the run's task comes back in `delay` seconds (see run_park)."""
+        assert self.hand_back is not None
+        resume_at = timezone.now() + timedelta(seconds=delay)
+        with transaction.atomic():
+            if not services.run_park(
+                run_id=self.run.id, worker=self.worker, resume_at=resume_at
+            ):
+                raise _LeaseLost()
+            self.hand_back(self.run.id, delay)
+        raise _HandedBack()
 
     def _run_step(
         self, step: WorkflowStepRun, spec: Mapping[str, Any]
@@ -641,13 +681,18 @@ class _RunExecution:
         return status, error
 
 
-def run_workflow_run(run_id: str) -> str:
+def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
     """Claim and execute one queued run; returns its final status.
 
     Returns `not-due` for a retry whose backoff has not ended (nothing written),
     `not-claimed` when the run was not queued (a second delivery, a cancelled run)
     and `lease-lost` when the run was taken away mid-way (cancelled or recovered); neither
     writes anything further. An unexpected error fails the run (best effort) and re-raises.
+
+    With `hand_back` (the django-q2 task), a step that must wait for its account does not
+    wait here: the run is parked and its task enqueued again with a delay (`handed-back`),
+    and the next delivery resumes a parked run where it stopped. Without it (`manage.py
+    run_workflow`), the runner waits in this process, renewing the lease.
     """
     worker = services.worker_identity()
     run = services.run_claim(run_id=run_id, worker=worker)
@@ -660,12 +705,17 @@ def run_workflow_run(run_id: str) -> str:
             "workflow run %s not claimed (its retry backoff has not ended)", run_id
         )
         return NOT_DUE
+    if run is None and hand_back is not None:
+        run = services.run_resume(run_id=run_id, worker=worker)
     if run is None:
         logger.info("workflow run %s not claimed (not queued)", run_id)
         return NOT_CLAIMED
-    execution = _RunExecution(run, worker)
+    execution = _RunExecution(run, worker, hand_back)
     try:
         return execution.execute()
+    except _HandedBack:
+        logger.debug("workflow run %s handed back to the queue", run_id)
+        return HANDED_BACK
     except _LeaseLost:
         current = (
             WorkflowRun.objects.filter(pk=run_id)

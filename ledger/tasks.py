@@ -1,5 +1,10 @@
 """django-q2 tasks of the ledger: thin adapters that call one service each. Their dotted
-paths (`ledger.tasks.run_workflow`, …) are stored in schedules and queued tasks: they never move."""
+paths (`ledger.tasks.run_workflow`, …) are stored in schedules and queued tasks: they never move.
+
+Workflow runs go to their own queue, `settings.LOOPSWEB_RUN_CLUSTER`, served by the run cluster
+(`Q_CLUSTER_NAME=loopsweb-runs manage.py qcluster`, LOOPSWEB_RUN_WORKERS workers); everything
+else (drains, schedules, recovery) stays on the main cluster's queue.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,22 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django_q.brokers.orm import ORM
 from django_q.conf import Conf
-from django_q.models import Schedule
+from django_q.models import OrmQ, Schedule
+from django_q.signing import BadSignature, SignedPackage
 from django_q.tasks import async_task
 
 from ledger.models import WorkflowRun
 from ledger.runner import NOT_DUE, run_workflow_run
 from ledger.services import runs_queued_stale, runs_recover_expired
 from ledger.worktrees import worktrees_prune
+
+RUN_TASK = "ledger.tasks.run_workflow"
+# A queued or parked run with no task in the broker for this long is handed out again. The
+# recovery schedule runs every minute (checked every ~30 s), so a lost run is found within
+# about two minutes.
+LOST_TASK_AFTER = timedelta(seconds=30)
 
 
 def enqueue_run_workflow(run_id: str, *, not_before: datetime | None = None) -> None:
@@ -43,30 +56,68 @@ def enqueue_run_workflow(run_id: str, *, not_before: datetime | None = None) -> 
         transaction.on_commit(lambda: _enqueue(run_id, not_before))
 
 
-def _enqueue(run_id: str, not_before: datetime | None = None) -> None:
+def _enqueue(
+    run_id: str, not_before: datetime | None = None, *, delay: float = 0.0
+) -> None:
+    """The run's task on the run cluster's queue: now, in `delay` seconds, or at `not_before`."""
     if not_before is not None and not_before > timezone.now():
         # One schedule per run (by name): a second hand-over moves it, never duplicates it.
+        # It fires on the main cluster (the one that runs schedules) and queues the task on
+        # the run cluster's queue (q_options cluster).
         Schedule.objects.update_or_create(
             name=f"run-workflow-{run_id}",
             defaults={
-                "func": "ledger.tasks.run_workflow",
+                "func": RUN_TASK,
                 "args": repr((run_id,)),
-                "kwargs": None,
+                "kwargs": repr(
+                    {"q_options": {"cluster": settings.LOOPSWEB_RUN_CLUSTER}}
+                ),
                 "schedule_type": Schedule.ONCE,
                 "repeats": -1,
                 "next_run": not_before,
             },
         )
         return
-    async_task("ledger.tasks.run_workflow", run_id, task_name=f"run-workflow-{run_id}")
+    options: dict[str, object] = {"cluster": settings.LOOPSWEB_RUN_CLUSTER}
+    if delay > 0 and Conf.ORM:
+        options["broker"] = _DelayedOrm(settings.LOOPSWEB_RUN_CLUSTER, delay)
+    async_task(RUN_TASK, run_id, task_name=f"run-workflow-{run_id}", **options)
+
+
+class _DelayedOrm(ORM):
+    """The ORM broker, but the task becomes visible `delay` seconds from now.
+
+    The ORM broker hands out rows whose `lock` is in the past; a row written with a future
+    lock waits in the queue until then, with no worker held. (Other brokers have no such
+    field; loopsweb configures the ORM broker.)
+    """
+
+    def __init__(self, list_key: str, delay: float) -> None:
+        super().__init__(list_key=list_key)
+        self.delay = delay
+
+    def enqueue(self, task: str) -> int:
+        visible = timezone.now() + timedelta(seconds=self.delay)
+        row = self.get_connection().create(
+            key=self.list_key, payload=task, lock=visible
+        )
+        return int(row.pk)
+
+
+def hand_back_run(run_id: str, delay: float) -> None:
+    """The runner's hand-back: the run's task again, due in `delay` seconds."""
+    _enqueue(run_id, delay=delay)
 
 
 def run_workflow(run_id: str) -> str:
     """django-q2 task: execute one admitted run (idempotent: a second delivery is a no-op).
 
-    A retry delivered before its backoff ended (a stale-run hand-over) is handed over again
-    for its due time."""
-    result = run_workflow_run(run_id)
+    While a step waits for its account the run goes back to the queue (hand_back_run) instead
+    of holding this worker; the next delivery resumes it. A retry delivered before its
+    backoff ended (a stale-run hand-over) is handed over again for its due time.
+    """
+    # Sync mode (debugging) runs tasks inline: a hand-back would recurse, so wait inline.
+    result = run_workflow_run(run_id, hand_back=None if Conf.SYNC else hand_back_run)
     if result == NOT_DUE:
         due = (
             WorkflowRun.objects.filter(pk=run_id)
@@ -78,12 +129,39 @@ def run_workflow(run_id: str) -> str:
     return result
 
 
+def runs_with_a_task() -> set[str]:
+    """Ids of the runs that have a task coming: a broker row (waiting, delayed or being
+    executed) or a pending one-off schedule (a retry waiting for its backoff).
+
+    Reads the ORM broker's rows and opens their signed payloads; a row this installation
+    cannot read (signed with another key) does not count, so its run is enqueued again.
+    """
+    ids: set[str] = set()
+    rows = OrmQ.objects.using(Conf.ORM or "default").values_list("payload", flat=True)
+    for payload in rows.iterator():
+        try:
+            task = SignedPackage.loads(payload)
+        except (BadSignature, TypeError, ValueError):
+            continue
+        args = task.get("args") or ()
+        if task.get("func") == RUN_TASK and args:
+            ids.add(str(args[0]))
+    scheduled = (
+        Schedule.objects.filter(func=RUN_TASK, name__startswith="run-workflow-")
+        .exclude(repeats=0)  # fired (django-q2 keeps a ONCE schedule it did not delete)
+        .values_list("name", flat=True)
+    )
+    ids.update(name.removeprefix("run-workflow-") for name in scheduled)
+    return ids
+
+
 def recover_expired_runs() -> int:
     """django-q2 task (every minute): fail running runs whose worker lease expired, and hand
-    queued runs whose task was lost (older than the broker's retry window) to the runner again."""
+    queued or parked runs whose task is gone (dropped, never delivered, row deleted) to the
+    run cluster again."""
     recovered = len(runs_recover_expired())
     for run_id in runs_queued_stale(
-        older_than=timedelta(seconds=settings.Q_CLUSTER["retry"])
+        older_than=LOST_TASK_AFTER, with_task=runs_with_a_task()
     ):
         _enqueue(run_id)
     return recovered

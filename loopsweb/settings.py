@@ -8,13 +8,19 @@ than failing later in a request or a worker.
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from loopsweb.installation import (
+    DEV_SECRET_KEY_FILE,
+    INSTALLATION_ENV_FILE,
+    development_secret_key,
+    load_installation_env,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -60,9 +66,6 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [part.strip() for part in raw.split(",") if part.strip()]
 
 
-DEBUG = env_bool("DEBUG", False)
-
-
 def _is_test_run() -> bool:
     """True only in the pytest process itself (its own executable or `python -m pytest`).
 
@@ -80,6 +83,16 @@ def _is_test_run() -> bool:
 
 TESTING = _is_test_run()
 
+# Where the SQLite database, the development key and other local state live by default.
+DATA_DIR = Path(env_str("LOOPSWEB_DATA_DIR") or BASE_DIR / "var").resolve()
+# The installation's own settings (`make run` writes DEBUG=1 there on first start), so every
+# process of this installation, in any terminal, runs with the same configuration. The
+# environment wins; the suite ignores the file (its environment is explicit).
+if not TESTING:
+    load_installation_env(DATA_DIR / INSTALLATION_ENV_FILE)
+
+DEBUG = env_bool("DEBUG", False)
+
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
     if not (DEBUG or TESTING):
@@ -87,16 +100,15 @@ if not SECRET_KEY:
             "SECRET_KEY must be set when DEBUG is off (generate one with "
             "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`)"
         )
-    # Development and tests only: a per-process key, so sessions do not survive restarts.
-    SECRET_KEY = "dev-" + secrets.token_urlsafe(40)
+    # Development and tests only: one key per installation, generated once into a private
+    # file, so the web server, both clusters and every command sign and read the same tasks
+    # and sessions survive restarts.
+    SECRET_KEY = development_secret_key(DATA_DIR / DEV_SECRET_KEY_FILE)
 
 ALLOWED_HOSTS = env_list(
     "ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if (DEBUG or TESTING) else []
 )
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
-
-# Where the SQLite database, evidence files and other local state live by default.
-DATA_DIR = Path(env_str("LOOPSWEB_DATA_DIR") or BASE_DIR / "var").resolve()
 
 
 def private_directory(path: Path) -> None:
@@ -306,6 +318,13 @@ if Q_RETRY <= Q_TIMEOUT:
     raise ImproperlyConfigured(
         f"Q_RETRY ({Q_RETRY}) must be greater than Q_TIMEOUT ({Q_TIMEOUT})"
     )
+# Two clusters on one broker (django-q2 multi-queue). The main cluster (`qcluster`, Q_WORKERS)
+# runs drains, schedules and lease recovery; agent runs, which last minutes to hours, go to
+# their own queue and cluster (`Q_CLUSTER_NAME=loopsweb-runs qcluster`, LOOPSWEB_RUN_WORKERS),
+# so they never hold the workers that keep the system moving. Tasks are kept apart by the ORM
+# broker's queue key (the cluster name); `name` (the signing salt) is shared.
+LOOPSWEB_RUN_CLUSTER = "loopsweb-runs"
+LOOPSWEB_RUN_WORKERS = env_int("LOOPSWEB_RUN_WORKERS", 8, minimum=1)
 Q_CLUSTER = {
     "name": "loopsweb",
     "orm": "default",
@@ -318,6 +337,16 @@ Q_CLUSTER = {
     "poll": 0.5,
     "save_limit": 1000,
     "sync": env_bool("Q_SYNC", False),
+    "ALT_CLUSTERS": {
+        LOOPSWEB_RUN_CLUSTER: {
+            "workers": LOOPSWEB_RUN_WORKERS,
+            # Take a run from the broker only when a worker can start it soon: a cluster
+            # whose workers are all busy must not hoard runs another machine could start.
+            "queue_limit": 1,
+            # Schedules (drains, recovery) fire on the main cluster only.
+            "scheduler": False,
+        }
+    },
 }
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper() or "INFO"

@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# `make run`: the app on SQLite. Migrates, makes sure a staff user exists, then runs the web
-# server on 127.0.0.1:8000 and a qcluster side by side. Ctrl-C (or SIGTERM) stops both.
+# `make run`: the app on SQLite, everything one machine runs. Migrates, makes sure a staff user
+# exists, then runs the web server on 127.0.0.1:8000, the main qcluster (drains, schedules,
+# lease recovery; Q_WORKERS) and the run qcluster (agent runs; LOOPSWEB_RUN_WORKERS) side by
+# side. Ctrl-C (or SIGTERM) stops all three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-export DEBUG=${DEBUG:-1}
-export LOOPSWEB_HTTPS=${LOOPSWEB_HTTPS:-0}
-# One key for the web server and the qcluster: django-q2 signs the tasks the web server
-# enqueues (an event routed through the API starts a run) and the cluster checks them.
-if [ -z "${SECRET_KEY:-}" ]; then
-  SECRET_KEY=$("$PY" -c 'import secrets; print("dev-" + secrets.token_urlsafe(40))')
-  export SECRET_KEY
+data_dir=${LOOPSWEB_DATA_DIR:-var}
+
+# The installation's development configuration, written once: every process of this
+# installation reads it (loopsweb/installation.py), so `manage.py` commands typed in another
+# terminal run with the same settings and the same generated SECRET_KEY as this one.
+mkdir -p "$data_dir"
+if [ ! -e "$data_dir/loopsweb.env" ]; then
+  (umask 077 && printf '%s\n' \
+    "# loopsweb installation settings (NAME=value); the environment wins over this file." \
+    "# Written by \`make run\` for development; production sets DEBUG=0 and SECRET_KEY." \
+    "DEBUG=1" "LOOPSWEB_HTTPS=0" \
+    "LOOPSWEB_PROJECT_ROOTS=${LOOPSWEB_PROJECT_ROOTS:-$(realpath -m "$data_dir")/projects}" \
+    >"$data_dir/loopsweb.env")
+  echo "loopsweb: wrote $data_dir/loopsweb.env (development settings of this installation)"
 fi
 
 # Agents run only inside LOOPSWEB_PROJECT_ROOTS. Unless one is set, make run uses a demo root
 # in the data directory with one git project in it, so a first routed event can run.
 if [ -z "${LOOPSWEB_PROJECT_ROOTS:-}" ]; then
-  data_dir=$(realpath -m "${LOOPSWEB_DATA_DIR:-var}")
-  export LOOPSWEB_PROJECT_ROOTS="$data_dir/projects"
+  export LOOPSWEB_PROJECT_ROOTS="$(realpath -m "$data_dir")/projects"
   demo="$LOOPSWEB_PROJECT_ROOTS/demo"
   mkdir -p "$demo"
   if command -v git >/dev/null && [ ! -e "$demo/.git" ]; then
@@ -35,27 +43,33 @@ fi
 "$PY" manage.py sync_schedules
 
 pids=()
+clusters=()
 stop() {
   trap - INT TERM EXIT
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  # qcluster finishes its running tasks on SIGTERM; give it a bounded time, then make sure
-  # nothing of its process group is left behind.
+  # A qcluster finishes its running tasks on SIGTERM; give each a bounded time, then make
+  # sure nothing of its process group is left behind.
   for _ in $(seq 1 300); do
-    kill -0 "$qcluster" 2>/dev/null || break
+    alive=0
+    for pid in "${clusters[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
     sleep 0.1
   done
-  kill -KILL -- "-$qcluster" 2>/dev/null || true
+  for pid in "${clusters[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
 trap stop INT TERM EXIT
 
-# qcluster runs in its own session: a terminal Ctrl-C must not reach its worker processes
+# Each qcluster runs in its own session: a terminal Ctrl-C must not reach its worker processes
 # directly (they would die mid-task and the cluster would wait for them); it gets one SIGTERM
 # from stop() and shuts its workers down itself.
 setsid "$PY" manage.py qcluster &
-qcluster=$!
-pids+=("$qcluster")
+clusters+=($!)
+pids+=($!)
+Q_CLUSTER_NAME=loopsweb-runs setsid "$PY" manage.py qcluster &
+clusters+=($!)
+pids+=($!)
 "$PY" manage.py runserver --noreload "127.0.0.1:${LOOPSWEB_PORT:-8000}" &
 pids+=($!)
-echo "loopsweb: http://127.0.0.1:${LOOPSWEB_PORT:-8000}/admin/ (Ctrl-C stops the web server and the qcluster)"
+echo "loopsweb: http://127.0.0.1:${LOOPSWEB_PORT:-8000}/admin/ (Ctrl-C stops the web server and both clusters)"
 wait -n "${pids[@]}" || true

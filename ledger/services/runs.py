@@ -5,6 +5,7 @@ recovery, and the cascade a run's end makes to its steps, work item, loop and sp
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -61,6 +62,9 @@ logger = logging.getLogger(__name__)
 
 # A run that ends with one of these may be retried by its loop (workItemStatusForLoopRun).
 RETRYABLE_RUN_STATUSES = (RunStatus.FAILED, RunStatus.TIMED_OUT)
+
+# Most runs handed out again per call of runs_queued_stale (per kind).
+STALE_BATCH = 500
 
 
 def _finish_open_steps(
@@ -509,6 +513,43 @@ def run_claim(
     return run
 
 
+def run_park(
+    *, run_id: str, worker: str, resume_at: datetime, now: datetime | None = None
+) -> bool:
+    """Hand a running run back to the queue while its next step waits for its account.
+
+    The run stays `running` (its item stays active, its pending steps keep counting toward
+    their accounts) but no worker holds it: `claimed_by` is cleared and `lease_expires_at`
+    becomes `resume_at`, when its task is due again. Lease recovery leaves such a run alone
+    (it has no process to lose); a parked run whose task is lost is handed out again like a
+    queued one (`runs_awaiting_task`). False when the run is no longer this worker's.
+    """
+    now = _now(now)
+    with transaction.atomic():
+        parked = WorkflowRun.objects.filter(
+            pk=run_id, status=RunStatus.RUNNING, claimed_by=worker
+        ).update(claimed_by=None, lease_expires_at=resume_at, updated_at=now)
+    return parked == 1
+
+
+def run_resume(
+    *, run_id: str, worker: str, now: datetime | None = None
+) -> WorkflowRun | None:
+    """Take a parked run (running, held by no worker) for `worker`; None when it is not parked.
+
+    A conditional UPDATE, like the claim: of two deliveries of the same task, one resumes
+    the run and the other changes nothing. The run gets a fresh lease.
+    """
+    now = _now(now)
+    with transaction.atomic():
+        resumed = WorkflowRun.objects.filter(
+            pk=run_id, status=RunStatus.RUNNING, claimed_by__isnull=True
+        ).update(claimed_by=worker, lease_expires_at=now + _lease(), updated_at=now)
+    if resumed != 1:
+        return None
+    return WorkflowRun.objects.select_related("workflow").get(pk=run_id)
+
+
 def run_lease_renew(*, run_id: str, worker: str, now: datetime | None = None) -> bool:
     """Extend a running run's lease; False when the run is no longer this worker's.
 
@@ -684,7 +725,11 @@ def runs_recover_expired(
     """
     now = _now(now)
     expired = list(
-        WorkflowRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
+        WorkflowRun.objects.filter(
+            status=RunStatus.RUNNING,
+            lease_expires_at__lt=now,
+            claimed_by__isnull=False,  # parked runs (run_park) hold no process
+        )
         .order_by("lease_expires_at")
         .values_list("id", flat=True)
     )
@@ -725,10 +770,11 @@ def _recover_run(run_id: str, now: datetime) -> RecoveredRun | None:
         run = _lock_run(run_id)
         if (
             run.status != RunStatus.RUNNING
+            or run.claimed_by is None
             or run.lease_expires_at is None
             or run.lease_expires_at >= now
         ):
-            return None  # renewed or finished since the scan
+            return None  # renewed, parked or finished since the scan
         lease_expires_at = run.lease_expires_at
         claimed_by = run.claimed_by
         pending = list(
@@ -771,24 +817,50 @@ def _recover_run(run_id: str, now: datetime) -> RecoveredRun | None:
 
 
 def runs_queued_stale(
-    *, older_than: timedelta, now: datetime | None = None
+    *,
+    older_than: timedelta,
+    now: datetime | None = None,
+    with_task: Collection[str] = (),
 ) -> list[str]:
-    """Queued runs untouched for `older_than` (their django-q2 task was lost): ids to enqueue again.
+    """Runs waiting for a task that may be gone: ids to enqueue again.
 
-    Each returned run's updated_at is bumped, so a run is handed out again at most once per
-    window however often this is called; the runner's conditional claim makes any duplicate
-    delivery a no-op.
+    - `queued` runs untouched for `older_than`;
+    - parked runs (`run_park`) whose task was due more than `older_than` ago.
+    Runs in `with_task` (the caller saw their task in the broker) are left alone. Each returned
+    run is bumped (updated_at, or a parked run's due time), so a run is handed out again at
+    most once per window however often this is called; the runner's conditional claim and
+    resume make any duplicate delivery a no-op.
     """
     now = now or timezone.now()
+    cutoff = now - older_than
+    skip = set(with_task)
     with transaction.atomic():
-        ids = list(
-            WorkflowRun.objects.filter(
-                status=RunStatus.QUEUED, updated_at__lt=now - older_than
+        # Ids only, filtered here: `with_task` can hold thousands of ids (a backlog waiting
+        # for run workers), too many for an IN list.
+        queued = [
+            run_id
+            for run_id in WorkflowRun.objects.filter(
+                status=RunStatus.QUEUED, updated_at__lt=cutoff
             )
             .order_by("created_at")
-            .values_list("id", flat=True)[:500]
-        )
-        WorkflowRun.objects.filter(id__in=ids, status=RunStatus.QUEUED).update(
+            .values_list("id", flat=True)
+            if run_id not in skip
+        ][:STALE_BATCH]
+        WorkflowRun.objects.filter(id__in=queued, status=RunStatus.QUEUED).update(
             updated_at=now
         )
-    return ids
+        parked = [
+            run_id
+            for run_id in WorkflowRun.objects.filter(
+                status=RunStatus.RUNNING,
+                claimed_by__isnull=True,
+                lease_expires_at__lt=cutoff,
+            )
+            .order_by("lease_expires_at")
+            .values_list("id", flat=True)
+            if run_id not in skip
+        ][:STALE_BATCH]
+        WorkflowRun.objects.filter(
+            id__in=parked, status=RunStatus.RUNNING, claimed_by__isnull=True
+        ).update(lease_expires_at=now, updated_at=now)
+    return queued + parked

@@ -30,6 +30,7 @@ from routing.domain import reasons
 from routing.drains import configs as drain_configs
 from routing.models import DrainRecord, InboxEvent
 from routing.ops import accounts as account_selectors
+from routing.ops import capacity as ops_capacity
 from routing.ops import selectors as sel
 from routing.ops.display import (
     LoadBar,
@@ -100,6 +101,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         reasons=sel.reason_rows(since=now - timedelta(hours=24), live=live),
         inbox=sel.inbox_depth(),
         drains=list(sel.latest_drains()[:10]),
+        capacity=ops_capacity.capacity_view(configs, now=now),
     )
 
 

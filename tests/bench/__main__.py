@@ -31,6 +31,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("backlog", "tests.bench.bench_backlog"),
     ("drain_memory", "tests.bench.bench_drain_memory"),
     ("pages", "tests.bench.bench_pages"),
+    ("run_latency", "tests.bench.bench_run_latency"),
 ]
 
 

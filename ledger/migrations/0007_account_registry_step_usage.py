@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
     # Additive only: a new table (the account registry) and nullable usage columns.
 
     dependencies = [
-        ('ledger', '0005_run_worktree'),
+        ('ledger', '0006_run_workers'),
     ]
 
     operations = [

@@ -1,0 +1,160 @@
+"""Run capacity: which run workers exist (busy / total per cluster) and which runs wait too long.
+
+- Every worker process of a run cluster reports itself every HEARTBEAT_SECONDS from a small
+  thread started when django-q2 spawns it (`post_spawn`, connected in ledger.apps); a row not
+  seen for LIVE_WITHIN is a worker that is gone (stopped, killed, its machine down).
+- Busy workers are the live ones holding a running run (`claimed_by` = `<host>:<pid>`), read
+  from the runs themselves: nothing else to keep in step.
+- Waiting too long: queued runs (and parked runs past their due time) older than
+  WAITING_TOO_LONG, the horizon after which a run whose task is lost has been handed out again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db.models import Count, Min, Q
+from django.utils import timezone
+
+from ledger.models import RunStatus, RunWorker, WorkflowRun
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 10.0
+LIVE_WITHIN = timedelta(seconds=35)
+# Rows of workers gone this long are deleted by the next heartbeat of any worker.
+FORGET_AFTER = timedelta(days=1)
+WAITING_TOO_LONG = timedelta(minutes=2)
+
+
+def run_worker_report(
+    *, cluster: str, host: str, pid: int, cluster_pid: int, now: datetime | None = None
+) -> None:
+    """Record that this worker is alive (upsert on host and pid); forget long-gone workers."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        updated = RunWorker.objects.filter(host=host, pid=pid).update(
+            cluster=cluster, cluster_pid=cluster_pid, seen_at=now, updated_at=now
+        )
+        if not updated:
+            RunWorker.objects.create(
+                cluster=cluster,
+                host=host,
+                pid=pid,
+                cluster_pid=cluster_pid,
+                seen_at=now,
+            )
+        RunWorker.objects.filter(seen_at__lt=now - FORGET_AFTER).delete()
+
+
+def _heartbeat(cluster: str, stop: threading.Event) -> None:
+    host, pid, parent = socket.gethostname(), os.getpid(), os.getppid()
+    while True:
+        try:
+            close_old_connections()
+            run_worker_report(cluster=cluster, host=host, pid=pid, cluster_pid=parent)
+        except DatabaseError:
+            logger.warning("run worker %s:%s could not report itself", host, pid)
+        finally:
+            connection.close()  # this thread's own connection; never held between beats
+        if stop.wait(HEARTBEAT_SECONDS):
+            return
+
+
+def on_worker_spawn(sender: Any, proc_name: str = "", **kwargs: Any) -> None:
+    """django-q2 `post_spawn` receiver: a run-cluster worker starts reporting itself."""
+    from django_q.conf import Conf
+
+    if Conf.CLUSTER_NAME != settings.LOOPSWEB_RUN_CLUSTER:
+        return
+    threading.Thread(
+        target=_heartbeat,
+        args=(Conf.CLUSTER_NAME, threading.Event()),
+        name="loopsweb-run-worker-heartbeat",
+        daemon=True,
+    ).start()
+
+
+@dataclass(frozen=True)
+class ClusterCapacity:
+    cluster: str
+    host: str
+    cluster_pid: int
+    workers: int
+    busy: int
+    seen_at: datetime
+
+
+@dataclass(frozen=True)
+class RunCapacity:
+    clusters: list[ClusterCapacity]
+    waiting: int  # runs waiting longer than WAITING_TOO_LONG
+    oldest_waiting: datetime | None
+
+    @property
+    def workers(self) -> int:
+        return sum(c.workers for c in self.clusters)
+
+    @property
+    def busy(self) -> int:
+        return sum(c.busy for c in self.clusters)
+
+
+def run_capacity(*, now: datetime) -> RunCapacity:
+    """Live run workers per cluster with how many hold a run, and the runs waiting too long.
+
+    Three queries whatever the history: live workers, running runs per worker, waiting runs.
+    """
+    workers = list(
+        RunWorker.objects.filter(seen_at__gte=now - LIVE_WITHIN).order_by(
+            "cluster", "host", "cluster_pid", "pid"
+        )
+    )
+    holding = dict(
+        WorkflowRun.objects.filter(status=RunStatus.RUNNING, claimed_by__isnull=False)
+        .values("claimed_by")
+        .annotate(n=Count("id"))
+        .values_list("claimed_by", "n")
+    )
+    totals: Counter[tuple[str, str, int]] = Counter()
+    busy: Counter[tuple[str, str, int]] = Counter()
+    seen: dict[tuple[str, str, int], datetime] = {}
+    for worker in workers:
+        key = (worker.cluster, worker.host, worker.cluster_pid)
+        totals[key] += 1
+        if holding.get(f"{worker.host}:{worker.pid}"):
+            busy[key] += 1
+        seen[key] = max(seen.get(key, worker.seen_at), worker.seen_at)
+    cutoff = now - WAITING_TOO_LONG
+    waiting = WorkflowRun.objects.filter(
+        Q(status=RunStatus.QUEUED, created_at__lt=cutoff)
+        | Q(
+            status=RunStatus.RUNNING,
+            claimed_by__isnull=True,
+            lease_expires_at__lt=cutoff,
+        )
+    ).aggregate(n=Count("id"), oldest=Min("created_at"))
+    return RunCapacity(
+        clusters=[
+            ClusterCapacity(
+                cluster=key[0],
+                host=key[1],
+                cluster_pid=key[2],
+                workers=totals[key],
+                busy=busy[key],
+                seen_at=seen[key],
+            )
+            for key in totals
+        ],
+        waiting=int(waiting["n"] or 0),
+        oldest_waiting=waiting["oldest"],
+    )

@@ -1,0 +1,126 @@
+"""What /ops/ says about run capacity: run workers busy / total per cluster, runs waiting too
+long, and the warnings an operator must act on (each names the setting or process to change).
+
+Warnings:
+1. no run cluster is running (admitted runs wait in the queue);
+2. the caps of the scheduled drains allow more active runs than there are run workers
+   (LOOPSWEB_RUN_WORKERS): the worker count, not the caps, would decide how many agents run;
+3. a schedule (a drain, lease recovery) is overdue: the main cluster is not running or is
+   stuck;
+4. runs have waited more than two minutes for a run worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django_q.models import Schedule
+
+from ledger.capacity import WAITING_TOO_LONG, RunCapacity, run_capacity
+from routing.drains.configs import DrainConfig
+
+# django-q2 looks at schedules every 30 s: a schedule later than this was missed.
+OVERDUE_AFTER = timedelta(seconds=90)
+RUN_CLUSTER_COMMAND = "Q_CLUSTER_NAME=loopsweb-runs python manage.py qcluster"
+
+NO_RUN_CLUSTER = (
+    "No run cluster is running: admitted runs wait in the queue until one starts "
+    f"(`{RUN_CLUSTER_COMMAND}`; `make run` starts one)."
+)
+CAPS_OVER_WORKERS = (
+    "The scheduled drains allow up to {allowed} active runs ({parts}) but there are "
+    "{workers} run workers (LOOPSWEB_RUN_WORKERS{where}): runs beyond {workers} wait for a "
+    "worker, not for a cap. Raise LOOPSWEB_RUN_WORKERS, add a run cluster, or lower --max-active."
+)
+UNCAPPED_DRAIN = (
+    "Scheduled drain {name} has no --max-active: it may admit more runs than the {workers} "
+    "run workers (LOOPSWEB_RUN_WORKERS{where}), and then the worker count decides, not the caps."
+)
+SCHEDULE_OVERDUE = (
+    "Schedule {name} is overdue by {late} (due {due:%Y-%m-%d %H:%M:%S} UTC): is the main "
+    "cluster (`python manage.py qcluster`) running?"
+)
+RUNS_WAITING = (
+    "{n} run(s) have waited more than {minutes} minutes for a run worker (oldest admitted "
+    "{oldest:%Y-%m-%d %H:%M:%S} UTC): all run workers are busy or no run cluster takes them."
+)
+
+
+@dataclass(frozen=True)
+class CapacityView:
+    capacity: RunCapacity
+    workers: int  # live run workers, or this machine's LOOPSWEB_RUN_WORKERS when none
+    allowed: (
+        int | None
+    )  # sum of the scheduled drains' --max-active (None: one is uncapped)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _late(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
+def capacity_view(configs: Sequence[DrainConfig], *, now: datetime) -> CapacityView:
+    """Capacity and warnings for the overview. Four queries (capacity: three; schedules)."""
+    capacity = run_capacity(now=now)
+    warnings: list[str] = []
+    live = capacity.workers
+    workers = live or int(settings.LOOPSWEB_RUN_WORKERS)
+    where = "" if live else " on this machine"
+    if not live:
+        warnings.append(NO_RUN_CLUSTER)
+
+    # The strictest --max-active of each scope among the scheduled drains, summed.
+    per_scope: dict[str, int | None] = {}
+    uncapped: list[str] = []
+    for config in configs:
+        if config.origin != "schedule":
+            continue
+        if config.max_active is None:
+            uncapped.append(config.label)
+            continue
+        current = per_scope.get(config.scope)
+        per_scope[config.scope] = (
+            config.max_active if current is None else min(current, config.max_active)
+        )
+    allowed = None if uncapped else sum(v or 0 for v in per_scope.values())
+    for name in uncapped:
+        warnings.append(UNCAPPED_DRAIN.format(name=name, workers=workers, where=where))
+    if allowed is not None and allowed > workers:
+        parts = ", ".join(f"{scope} {cap}" for scope, cap in sorted(per_scope.items()))
+        warnings.append(
+            CAPS_OVER_WORKERS.format(
+                allowed=allowed, parts=parts, workers=workers, where=where
+            )
+        )
+
+    overdue = (
+        Schedule.objects.exclude(repeats=0)
+        .filter(next_run__lt=now - OVERDUE_AFTER)
+        .order_by("next_run")
+        .values_list("name", "next_run")
+    )
+    for name, due in overdue:
+        warnings.append(
+            SCHEDULE_OVERDUE.format(name=name, late=_late(now - due), due=due)
+        )
+
+    if capacity.waiting and capacity.oldest_waiting is not None:
+        warnings.append(
+            RUNS_WAITING.format(
+                n=capacity.waiting,
+                minutes=int(WAITING_TOO_LONG.total_seconds() // 60),
+                oldest=capacity.oldest_waiting,
+            )
+        )
+    return CapacityView(
+        capacity=capacity, workers=workers, allowed=allowed, warnings=warnings
+    )

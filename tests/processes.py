@@ -1,0 +1,189 @@
+"""Helpers for tests that start loopsweb's real processes: `make run` (scripts/run.sh), qclusters,
+management commands, and read what they did."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_AGENT = ROOT / "scripts" / "fake-agent"
+PROVIDERS = ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
+# What a fresh terminal does not have: the suite's own configuration.
+SUITE_ONLY = {
+    "DATABASE_URL",
+    "LOOPSWEB_TESTING",
+    "SQLITE_TEST_NAME",
+    "SECRET_KEY",
+    "DEBUG",
+    "LOOPSWEB_HTTPS",
+    "Q_CLUSTER_NAME",
+    "DJANGO_SETTINGS_MODULE",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def terminal_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    """A second terminal's environment: nothing of the suite, the installation's data dir."""
+    env = {k: v for k, v in os.environ.items() if k not in SUITE_ONLY}
+    env.update(
+        LOOPSWEB_DATA_DIR=str(data_dir),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        PYTHONDONTWRITEBYTECODE="1",
+        **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
+    )
+    env.update(extra)
+    return env
+
+
+def start_make_run(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """scripts/run.sh (what `make run` runs), output to `log`, in its own session."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            ["bash", "scripts/run.sh"],
+            cwd=ROOT,
+            env={**env, "PY": sys.executable},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop_make_run(proc: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C, as a terminal sends it (to the whole foreground group)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def start_qcluster(
+    env: dict[str, str], log: Path, *, cluster: str | None = None
+) -> subprocess.Popen[bytes]:
+    """`manage.py qcluster` (the run cluster with `cluster`), in its own session."""
+    if cluster:
+        env = {**env, "Q_CLUSTER_NAME": cluster}
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def manage(
+    env: dict[str, str], *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check:
+        assert done.returncode == 0, f"manage.py {args[0]}: {done.stderr}"
+    return done
+
+
+def wait_until(condition: Any, *, timeout: float = 60, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def http(
+    url: str,
+    *,
+    token: str | None = None,
+    body: Any = None,
+    timeout: float = 60,
+) -> tuple[int, Any]:
+    """One request; JSON in and out. Returns (status, decoded body)."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def wait_for_http(url: str, *, timeout: float = 60) -> None:
+    def answers() -> bool:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return True
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+
+    wait_until(answers, timeout=timeout, what=f"{url} to answer")
+
+
+def generic_event(project: Path, n: int) -> dict[str, Any]:
+    return {
+        "id": f"evt-capacity-{n}-{time.time_ns()}",
+        "type": "build.failed",
+        "source": "ci",
+        "data": {"project_path": str(project), "title": f"Fix {n}", "message": "red"},
+    }
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """Most intervals open at one instant (an end before a start at the same instant)."""
+    points = sorted(
+        [(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
+        key=lambda p: (p[0], p[1]),
+    )
+    best = current = 0
+    for _, delta in points:
+        current += delta
+        best = max(best, current)
+    return best
