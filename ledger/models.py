@@ -435,6 +435,12 @@ class WorkflowStepRun(TimestampedModel):
     account_profile = models.CharField(max_length=200, null=True, blank=True)
     account_tool = models.CharField(max_length=100, null=True, blank=True)
     goal_run_id = models.CharField(max_length=32, null=True, blank=True)
+    # loopsweb (0004): usage the agent reported in its machine-readable output (codex
+    # --json, claude --output-format json); NULL when it printed none we could read.
+    usage_input_tokens = models.BigIntegerField(null=True, blank=True)
+    usage_output_tokens = models.BigIntegerField(null=True, blank=True)
+    usage_cached_tokens = models.BigIntegerField(null=True, blank=True)
+    usage_cost_usd = models.FloatField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_step_runs"
@@ -706,3 +712,28 @@ class RunWorker(TimestampedModel):
 
     def __str__(self) -> str:
         return f"{self.cluster} worker {self.host}:{self.pid}"
+
+
+class Account(TimestampedModel):
+    """loopsweb (0004): a registered agent account: which provider, whether it may be
+    assigned, an optional running cap, and the environment that selects its login.
+
+    The environment says WHERE the provider CLI keeps this account's login (for example
+    `CODEX_HOME=/srv/agents/acctA/codex`), never a secret: keys that look like secrets are
+    refused by `account_add`. The name is the `account_profile` step runs record.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)
+    provider = models.CharField(max_length=20)
+    enabled = models.BooleanField(default=True)
+    # Tightens the route's --max-per-profile for this account (None: the route's cap only).
+    max_running = models.PositiveIntegerField(null=True, blank=True)
+    env_json = models.JSONField(default=dict, blank=True)
+    notes = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "accounts"
+
+    def __str__(self) -> str:
+        state = "" if self.enabled else " (disabled)"
+        return f"{self.name} [{self.provider}]{state}"

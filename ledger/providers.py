@@ -9,20 +9,26 @@ Binaries come from `settings.LOOPSWEB_PROVIDER_BINARIES` (env `LOOPSWEB_<PROVIDE
 name looked up on PATH or an absolute path.
 
 How the account reaches the agent (the step's recorded `account_profile`, so the account the
-ledger counts is the account the agent uses):
+ledger counts is the login the agent uses). A REGISTERED account (`manage.py account add`)
+brings its own environment (`account_environment`), for example
+`CODEX_HOME=/srv/agents/acctA/codex`: that variable is what the CLI reads to find its login.
+An unregistered name only reaches codewith (`--profile`) and aicopilot
+(`AICOPILOT_PROFILE`); the other CLIs then use the worker's own login.
 
-| provider  | argv                                                         | profile           |
-|-----------|--------------------------------------------------------------|-------------------|
-| codewith  | `codewith exec --sandbox S [--profile P] -- PROMPT`          | `--profile P` + env |
-| codex     | `codex exec --sandbox S -- PROMPT`                           | env `CODEX_PROFILE` |
-| claude    | `claude --print -- PROMPT`                                   | env `CLAUDE_PROFILE` |
-| cursor    | `cursor-agent --print -- PROMPT`                             | env `CURSOR_PROFILE` |
-| opencode  | `opencode run -- PROMPT`                                     | env `OPENCODE_PROFILE` |
-| aicopilot | `aicopilot --prompt-file FILE`                               | env `AICOPILOT_PROFILE` |
+| provider  | argv                                                        | selects the login        |
+|-----------|-------------------------------------------------------------|--------------------------|
+| codewith  | `codewith exec --sandbox S [--profile P] -- PROMPT`         | `--profile P` (+ `CODEWITH_PROFILE`) |
+| codex     | `codex exec --json --sandbox S -- PROMPT`                   | `CODEX_HOME` (registry)  |
+| claude    | `claude --print --output-format json -- PROMPT`             | `CLAUDE_CONFIG_DIR` (registry) |
+| cursor    | `cursor-agent --print -- PROMPT`                            | `HOME` (registry; not on npm, unverified) |
+| opencode  | `opencode run -- PROMPT`                                    | `XDG_DATA_HOME` (registry) |
+| aicopilot | `aicopilot --prompt-file FILE`                              | `AICOPILOT_PROFILE`      |
+
+The argv of codex, claude and opencode is checked against the real CLIs' `--help` by
+tests/ledger/test_cli_contract.py (pinned npm versions in `CLI_PACKAGES`).
 
 Every agent also gets `LOOPSWEB_ACCOUNT_PROFILE`, `LOOPSWEB_ACCOUNT_TOOL`, `LOOPSWEB_RUN_ID`
-and `LOOPSWEB_STEP_ID`. Wrapper scripts map the profile env var to a provider's config
-directory where a provider keeps one login per directory.
+and `LOOPSWEB_STEP_ID`.
 
 The child environment is built from an allowlist, never from the worker's whole environment
 (cloud keys, SSH agent sockets and loopsweb's own settings stay with the worker):
@@ -38,7 +44,6 @@ Later entries win. loopsweb's settings (`LOOPSWEB_*` other than the ones it sets
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -48,7 +53,9 @@ from typing import Any
 
 from django.conf import settings
 
+from ledger.selectors import RegisteredAccount, account_registry
 from routing.domain.errors import ApplicationError
+from routing.domain.pool import valid_profile_name
 
 PROVIDER_UNKNOWN = "unknown agent provider: {provider}"
 BINARY_NOT_FOUND = (
@@ -57,6 +64,9 @@ BINARY_NOT_FOUND = (
 PROMPT_MISSING = "agent step has no prompt"
 PROMPT_NUL = "agent prompt contains a NUL byte"
 PROFILE_INVALID = "auth profile is not a valid name: {profile!r}"
+ACCOUNT_WRONG_PROVIDER = (
+    "account {profile} is registered for provider {registered}, not {provider}"
+)
 CWD_MISSING = "working directory does not exist: {cwd}"
 AGENT_CWD_NONE = "agent step has no working directory (target.cwd)"
 COMMAND_MISSING = "command step has no command"
@@ -71,9 +81,6 @@ _RESERVED_NAMES = frozenset(
     {"DATABASE_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE", "PG_TEST_URL"}
 )
 _RESERVED_PREFIXES = ("LOOPSWEB_",)
-# Profile names come from operator options, but they land next to flags: refuse anything that
-# could read as a flag or break a line.
-_PROFILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+:=-]{0,199}$")
 
 
 class ProviderError(ApplicationError):
@@ -86,12 +93,21 @@ PROVIDERS = ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
 
 @dataclass(frozen=True)
 class Adapter:
+    """How one provider's CLI is called.
+
+    - `leading`: argv after the binary (subcommand, print mode, machine-readable output);
+    - `profile_flag` / `profile_env`: how an account NAME reaches a CLI that takes one;
+    - `account_variable`: the variable the CLI reads to find its login, which a registered
+      account's environment sets (documentation and `account add` hints).
+    """
+
     provider: str
     leading: tuple[str, ...]
     sandbox_flag: str | None = None
     profile_flag: str | None = None
     profile_env: str | None = None
     prompt_file_flag: str | None = None
+    account_variable: str | None = None
 
 
 ADAPTERS: dict[str, Adapter] = {
@@ -102,12 +118,26 @@ ADAPTERS: dict[str, Adapter] = {
         profile_flag="--profile",
         profile_env="CODEWITH_PROFILE",
     ),
+    # `codex exec --help`: "--json  Print events to stdout as JSONL"; the login lives in
+    # CODEX_HOME (`-p/--profile` is a config profile, not a login).
     "codex": Adapter(
-        "codex", ("exec",), sandbox_flag="--sandbox", profile_env="CODEX_PROFILE"
+        "codex",
+        ("exec", "--json"),
+        sandbox_flag="--sandbox",
+        account_variable="CODEX_HOME",
     ),
-    "claude": Adapter("claude", ("--print",), profile_env="CLAUDE_PROFILE"),
-    "cursor": Adapter("cursor", ("--print",), profile_env="CURSOR_PROFILE"),
-    "opencode": Adapter("opencode", ("run",), profile_env="OPENCODE_PROFILE"),
+    # `claude --help`: -p/--print, --output-format json (one result object with usage and
+    # total_cost_usd); one login per configuration directory, CLAUDE_CONFIG_DIR.
+    "claude": Adapter(
+        "claude",
+        ("--print", "--output-format", "json"),
+        account_variable="CLAUDE_CONFIG_DIR",
+    ),
+    # cursor-agent is not published on npm (the npm package of that name is unrelated);
+    # it keeps its login under the user's home directory.
+    "cursor": Adapter("cursor", ("--print",), account_variable="HOME"),
+    # opencode keeps credentials in $XDG_DATA_HOME/opencode/auth.json.
+    "opencode": Adapter("opencode", ("run",), account_variable="XDG_DATA_HOME"),
     "aicopilot": Adapter(
         "aicopilot",
         (),
@@ -133,7 +163,7 @@ class Invocation:
 
 
 def _passes(name: str, passthrough: tuple[str, ...]) -> bool:
-    if name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES):
+    if reserved_variable(name):
         return False
     if name in _INHERIT_NAMES or name.startswith(_INHERIT_PREFIXES):
         return True
@@ -146,12 +176,28 @@ def _passes(name: str, passthrough: tuple[str, ...]) -> bool:
     return False
 
 
-def account_environment(profile: str | None, tool: str | None) -> dict[str, str]:
+def reserved_variable(name: str) -> bool:
+    """True for loopsweb's own variables, which never reach an agent or command."""
+    return name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES)
+
+
+def account_environment(
+    profile: str | None,
+    tool: str | None = None,
+    *,
+    registry: dict[str, RegisteredAccount] | None = None,
+) -> dict[str, str]:
     """The account's own variables (its login), merged over the inherited ones.
 
-    The accounts registry supplies them; until an account has any, this is empty.
+    From the account registry (`manage.py account add NAME --env KEY=VALUE`): what selects
+    the account's login for its provider's CLI (`CODEX_HOME`, `CLAUDE_CONFIG_DIR`, ...);
+    {} for an unregistered name. `registry` saves the query when the caller read the row.
     """
-    return {}
+    if not profile:
+        return {}
+    rows = registry if registry is not None else account_registry([profile])
+    row = rows.get(profile)
+    return dict(row.env) if row is not None else {}
 
 
 def child_environment(
@@ -213,8 +259,16 @@ def agent_invocation(
         raise ProviderError(PROMPT_MISSING)
     if "\x00" in prompt:
         raise ProviderError(PROMPT_NUL)
-    if profile is not None and not _PROFILE_RE.match(profile):
+    if profile is not None and not valid_profile_name(profile):
         raise ProviderError(PROFILE_INVALID.format(profile=profile))
+    registry = account_registry([profile]) if profile else {}
+    account = registry.get(profile) if profile else None
+    if account is not None and account.provider != provider:
+        raise ProviderError(
+            ACCOUNT_WRONG_PROVIDER.format(
+                profile=profile, registered=account.provider, provider=provider
+            )
+        )
     cwd = _check_cwd(target.get("cwd"))
     if cwd is None:
         # Never the worker's own directory (loopsweb's source tree or data).
@@ -251,7 +305,8 @@ def agent_invocation(
         argv=argv,
         cwd=cwd,
         env=child_environment(
-            env_extra, account_env=account_environment(profile, tool)
+            env_extra,
+            account_env=account_environment(profile, tool, registry=registry),
         ),
         cleanup=cleanup,
         provider=provider,

@@ -23,8 +23,11 @@
    step and everything it spawns is one process group. Keep bounded stdout/stderr tails,
    enforce `timeoutMs` and `idleTimeoutMs` by killing the group (SIGTERM, then SIGKILL after
    LOOPSWEB_KILL_GRACE_SECONDS), renew the run lease about three times per lease.
-5. Record the step (exit code, pid, duration, tails). An agent step that reports a provider
-   rate limit puts its account in cooldown. A failed or timed-out step ends the run: the
+5. Record the step (exit code, pid, duration, tails, and the token usage its agent printed
+   in machine-readable output, ledger.usage). An agent step that reports a provider
+   rate limit puts its account in cooldown; when its run was admitted with a pool and
+   another member is free, the step moves there and runs again (at most
+   LOOPSWEB_RATE_LIMIT_MOVES times, ledger.services.failover). A failed or timed-out step ends the run: the
    remaining steps are skipped (runs are sequential and fail fast) and the run is
    `failed` / `timed_out`; all steps succeeded → `succeeded`.
    When a step's process exits, anything it left running in its group is killed.
@@ -67,6 +70,7 @@ from ledger.providers import (
     rate_limit_exit_codes,
 )
 from ledger.ratelimit import detect_rate_limit
+from ledger.usage import Usage, parse_usage
 from ledger.worktrees import (
     Worktree,
     WorktreeError,
@@ -352,6 +356,7 @@ class _RunExecution:
         # Three renewals per lease: one slow write (SQLite busy wait) cannot lose the lease.
         self.keep_alive_every = max(0.05, lease / 3)
         self.poll_seconds = float(settings.LOOPSWEB_STEP_START_POLL_SECONDS)
+        self.rate_limited: str | None = None  # the last attempt's rate-limit snippet
         self.worktree: Worktree | None = None
 
     # Renewal: any False is final; a database hiccup is not (the lease may still hold, and
@@ -397,7 +402,7 @@ class _RunExecution:
                 except services.LedgerError:
                     raise _LeaseLost() from None
                 continue
-            status, error = self._run_step(step, specs[step_id])
+            status, error = self._run_step_with_moves(step, specs[step_id])
             if status != StepStatus.SUCCEEDED:
                 failure = (step_id, status, error or status)
         if failure is None:
@@ -509,6 +514,33 @@ class _RunExecution:
                 if not self.keep_alive():
                     raise _LeaseLost()
 
+    def _run_step_with_moves(
+        self, step: WorkflowStepRun, spec: Mapping[str, Any]
+    ) -> tuple[str, str | None]:
+        """Run a step; when its agent reports a rate limit and another member of the run's
+        pool is free, move it there and try again, up to LOOPSWEB_RATE_LIMIT_MOVES moves
+        (ledger.services.failover). Pinned and single-account steps never move."""
+        moves = 0
+        while True:
+            self.rate_limited = None
+            status, error = self._run_step(step, spec)
+            if status == StepStatus.SUCCEEDED or self.rate_limited is None:
+                return status, error
+            if moves >= int(settings.LOOPSWEB_RATE_LIMIT_MOVES):
+                return status, error
+            moved = services.step_move_after_rate_limit(
+                step_run_id=step.id, reason=self.rate_limited
+            )
+            if moved is None:
+                return status, error
+            moves += 1
+            logger.info(
+                "run %s step %s rate limited; trying again on %s",
+                self.run.id,
+                step.step_id,
+                moved,
+            )
+
     def _park(self, delay: float) -> None:
         """Free this worker: the run's task comes back in `delay` seconds (see run_park)."""
         assert self.hand_back is not None
@@ -585,11 +617,14 @@ class _RunExecution:
             )
         else:
             status, error = StepStatus.SUCCEEDED, None
+        usage = None
         if is_agent and result.timeout is None:
             note = self._record_rate_limit(step, invocation.provider, result)
             if note and error:
                 error += note
-        return self._finish(step, status, error=error, result=result)
+        if is_agent:
+            usage = parse_usage(invocation.provider, result.stdout)
+        return self._finish(step, status, error=error, result=result, usage=usage)
 
     def _record_rate_limit(
         self, step: WorkflowStepRun, provider: str | None, result: ProcessResult
@@ -602,6 +637,7 @@ class _RunExecution:
         )
         if signal_seen is None:
             return None
+        self.rate_limited = signal_seen.snippet
         if step.account_profile:
             # Recorded before the step is finished, so no other step can start on the
             # account in between and hit the same limit.
@@ -626,9 +662,11 @@ class _RunExecution:
         *,
         error: str | None,
         result: ProcessResult | None = None,
+        usage: Usage | None = None,
     ) -> tuple[str, str | None]:
         try:
             services.step_finish(
+                usage=usage,
                 step_run_id=step.id,
                 status=status,
                 exit_code=result.exit_code if result else None,

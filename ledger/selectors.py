@@ -25,6 +25,7 @@ from django.db.models import Model, QuerySet
 
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
+    Account,
     AccountCooldown,
     AccountLoadCount,
     SpecStatus,
@@ -256,3 +257,39 @@ def distinct_values(
     with connection.cursor() as cursor:
         cursor.execute(sql, [limit])
         return [row[0] for row in cursor.fetchall()]
+
+
+# --- the account registry ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegisteredAccount:
+    """One row of the account registry, as decisions read it."""
+
+    name: str
+    provider: str
+    enabled: bool
+    max_running: int | None
+    env: dict[str, str]
+
+
+def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
+    """Registered accounts by name (all of them, or only `names`); one query."""
+    rows = Account.objects.all()
+    if names is not None:
+        rows = rows.filter(pk__in=[str(n).strip() for n in names])
+    return {
+        row.name: RegisteredAccount(
+            name=row.name,
+            provider=row.provider,
+            enabled=row.enabled,
+            max_running=row.max_running,
+            env={str(k): str(v) for k, v in (row.env_json or {}).items()},
+        )
+        for row in rows
+    }
+
+
+def registered_providers() -> dict[str, str]:
+    """Account name -> provider for every registered account (what admission plans need)."""
+    return dict(Account.objects.values_list("name", "provider"))

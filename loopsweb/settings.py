@@ -433,6 +433,9 @@ LOOPSWEB_STEP_START_POLL_SECONDS = env_int(
 )
 # Seconds between SIGTERM and SIGKILL when a step's process group is stopped.
 LOOPSWEB_KILL_GRACE_SECONDS = env_int("LOOPSWEB_KILL_GRACE_SECONDS", 5, minimum=0)
+# How many times a rate-limited agent step moves to another free member of its run's pool
+# before the run fails (ledger.services.failover).
+LOOPSWEB_RATE_LIMIT_MOVES = env_int("LOOPSWEB_RATE_LIMIT_MOVES", 2, minimum=0)
 # Loop-level retries (--max-attempts): the delay doubles per failed attempt up to this cap.
 LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = env_int(
     "LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS", 3600, minimum=0

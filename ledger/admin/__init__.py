@@ -1,6 +1,7 @@
 """Ledger admins: the operator console over the record.
 
-The record is history, so nothing is added, edited or deleted here; the only writes are the
+The record is history, so nothing is added, edited or deleted here (except the account
+registry, `accounts`, which is configuration); the only writes are the
 lifecycle actions (requeue, cancel, dead-letter, retry), each of which calls its service in
 ledger.services after a confirmation page that shows how many rows it will touch.
 
@@ -15,8 +16,8 @@ Large tables (a million work items, millions of step runs) stay fast:
 
 
 Modules: `base` (the shared admin, paginator, links), `filters`, `actions` (lifecycle
-actions), `work_items`, `runs`. Layer: a web surface; imports `ledger.*`, `routing.domain`
+actions), `work_items`, `runs`, `accounts`. Layer: a web surface; imports `ledger.*`, `routing.domain`
 and lower layers, never `routing.api`/`routing.ops` pages.
 """
 
-from ledger.admin import runs, work_items  # noqa: F401  (registers the admins)
+from ledger.admin import accounts, runs, work_items  # noqa: F401  (registers the admins)

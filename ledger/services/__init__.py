@@ -5,7 +5,9 @@
   dead-letter);
 - `runs`: claim, lease, finalize, cancel, lease recovery, the cascade of a run's end;
 - `steps`: step start (account cap and cooldown from the rows), process record, finish, skip;
+- `accounts`: the account registry (add, enable/disable, remove);
 - `cooldowns`: account cooldowns after rate limits;
+- `failover`: moving a step to a free member of its run's pool (step start, rate limit);
 - `processes`: stopping the process group a step left behind;
 - `loops`: loop status actions (pause, resume, archive, stop, delete) and their cascades.
 
@@ -24,6 +26,13 @@ Rules every service follows:
 Layer: `ledger` (imports `ledger.*` and `routing.domain` only).
 """
 
+from ledger.services.accounts import (
+    AccountError,
+    account_add,
+    account_env_parse,
+    account_remove,
+    account_set_enabled,
+)
 from ledger.services.common import (
     CANCEL_REASON_DEFAULT,
     CANCELLABLE_STATUSES,
@@ -38,6 +47,7 @@ from ledger.services.common import (
     worker_identity,
 )
 from ledger.services.cooldowns import account_cooldown_record
+from ledger.services.failover import step_move_after_rate_limit
 from ledger.services.loops import (
     LOOP_ACTIONS,
     LoopChange,
@@ -85,9 +95,14 @@ __all__ = [
     "AdmitRows",
     "LedgerError",
     "NotFound",
+    "AccountError",
     "LOOP_ACTIONS",
     "LoopChange",
     "RecoveredRun",
+    "account_add",
+    "account_env_parse",
+    "account_remove",
+    "account_set_enabled",
     "StepStart",
     "account_cooldown_record",
     "join_reason",
@@ -105,6 +120,7 @@ __all__ = [
     "runs_queued_stale",
     "runs_recover_expired",
     "step_finish",
+    "step_move_after_rate_limit",
     "step_process_record",
     "step_skip",
     "step_spec",

@@ -21,6 +21,7 @@ from ledger.models import (
     WorkflowRun,
     WorkflowStepRun,
 )
+from ledger.selectors import account_registry
 from ledger.services.common import (
     OPEN_STEP_STATUSES,
     STEP_CLAIMABLE_STATUSES,
@@ -35,11 +36,15 @@ from ledger.services.common import (
     _clean_text,
     _lease,
     _lock_step,
-    _max_per_profile,
     _ms,
     _now,
     step_spec,
 )
+from ledger.services.failover import account_limit, step_failover
+from ledger.usage import Usage
+from routing.domain import reasons
+
+WAIT_DISABLED = "account {profile} is disabled in the account registry"
 
 
 @dataclass(frozen=True)
@@ -62,10 +67,14 @@ def step_start(
        one decision, serialised with admissions and every other step start.
     2. The run must be `running` and claimed by `worker`; the step must be pending (or
        failed/timed_out, upstream's retry states). Otherwise `STEP_NOT_CLAIMABLE`.
-    3. Account re-check, when the step has an account_profile: cooling now → refused
-       (`retry_at` = when it frees); the step's `routing.maxPerProfile` set and running steps
-       on the account (other than this one) >= it → refused. A refusal records one
-       `step_waiting` event per distinct reason and renews the lease; the runner retries.
+    3. Account re-check, when the step has an account_profile: disabled in the account
+       registry → refused; cooling now → refused (`retry_at` = when it frees); running steps
+       on the account (other than this one) >= the stricter of the step's
+       `routing.maxPerProfile` and the account's `max_running` → refused. Before refusing,
+       a step of a pool-routed run moves to a free pool member (ledger.services.failover:
+       attribution rewritten, event `step_account_moved`) and starts there. A refusal
+       records one `step_waiting` event per distinct reason and renews the lease; the
+       runner retries.
     4. Started: started_at = now, finish fields and output cleared, event `step_started`
        with the account, run lease renewed.
     """
@@ -92,7 +101,18 @@ def step_start(
         WorkflowRun.objects.filter(pk=run.id).update(
             lease_expires_at=run.lease_expires_at, updated_at=now
         )
-        refusal = _account_refusal(step, step_spec(run, step.step_id), now)
+        spec = step_spec(run, step.step_id)
+        refusal = _account_refusal(step, spec, now)
+        if refusal is not None and step_failover(
+            run=run,
+            step=step,
+            steps=steps,
+            code=refusal[0],
+            reason=refusal[1],
+            now=now,
+        ):
+            before = run_load(run.status, steps)  # the move applied its own change
+            refusal = _account_refusal(step, spec, now)
         if refusal is not None:
             code, reason, retry_at = refusal
             last = (
@@ -148,6 +168,9 @@ def _account_refusal(
     profile = step.account_profile
     if not profile:
         return None
+    account = account_registry([profile]).get(profile)
+    if account is not None and not account.enabled:
+        return (reasons.ACCOUNT_DISABLED, WAIT_DISABLED.format(profile=profile), None)
     cooldown = AccountCooldown.objects.filter(
         account_profile=profile, until__gt=now
     ).first()
@@ -157,7 +180,7 @@ def _account_refusal(
             WAIT_COOLING.format(profile=profile, until=cooldown.until.isoformat()),
             cooldown.until,
         )
-    limit = _max_per_profile(spec)
+    limit = account_limit(spec, account)
     if limit is None:
         return None
     running = (
@@ -194,6 +217,7 @@ def step_finish(
     stdout: str | None = None,
     stderr: str | None = None,
     error: str | None = None,
+    usage: Usage | None = None,
     now: datetime | None = None,
 ) -> WorkflowStepRun:
     """Finish a running step: succeeded, failed or timed_out (reference §2.3).
@@ -227,6 +251,10 @@ def step_finish(
         step.stdout = _clean_text(stdout)
         step.stderr = _clean_text(stderr)
         step.error = _clean_text(error)
+        step.usage_input_tokens = usage.input_tokens if usage else None
+        step.usage_output_tokens = usage.output_tokens if usage else None
+        step.usage_cached_tokens = usage.cached_tokens if usage else None
+        step.usage_cost_usd = usage.cost_usd if usage else None
         step.save()
         apply_load_delta(load_change(before, run_load(run.status, steps)))
         _append_event(

@@ -10,7 +10,7 @@ from typing import Any
 
 from ledger.providers import PROVIDERS
 from routing.domain.errors import ValidationError
-from routing.domain.pool import drop_blank
+from routing.domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
 from routing.domain.retry import parse_max_attempts, parse_retry_backoff
 from routing.domain.sandbox import (
     DEFAULT_SANDBOX,
@@ -147,6 +147,11 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
         pool = tuple(drop_blank([str(p) for p in pool_raw]))
     else:
         pool = tuple(parse_pool(_text("auth_profile_pool", pool_raw)))
+    auth_profile = _text("auth_profile", raw.get("auth_profile"))
+    pins = {role: _text(flag, raw.get(flag)) for flag, role in PIN_OPTIONS.items()}
+    for name in (*pool, auth_profile, *pins.values()):
+        if name is not None and not valid_profile_name(name.strip()):
+            raise ValidationError(PROFILE_NAME_INVALID.format(name=name))
     dry_run = raw.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ValidationError("--dry-run must be a boolean")
@@ -156,9 +161,9 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
     return RouteOptions(
         template=_text("template", raw.get("template")),
         provider=provider,
-        auth_profile=_text("auth_profile", raw.get("auth_profile")),
+        auth_profile=auth_profile,
         auth_profile_pool=pool,
-        pins={role: _text(flag, raw.get(flag)) for flag, role in PIN_OPTIONS.items()},
+        pins=pins,
         max_active=parse_limit("--max-active", raw.get("max_active")),
         max_active_scope=_text("max_active_scope", raw.get("max_active_scope")),
         max_active_per_project=parse_limit(

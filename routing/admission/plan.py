@@ -52,7 +52,7 @@ from routing.domain.keys import (
     todos_task_key,
     todos_task_names,
 )
-from routing.domain.pool import drop_blank
+from routing.domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
 from routing.domain.retry import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF_SECONDS
 from routing.domain.sandbox import (
     WORKTREE_REQUIRED,
@@ -141,6 +141,7 @@ def plan_route(
     options: RouteOptions,
     env: Mapping[str, str],
     cwd: str | None = None,
+    registered: Mapping[str, str] | None = None,
 ) -> RoutePlan | RouteResult:
     """Everything decidable without the store; a RouteResult when the event is skipped.
 
@@ -150,6 +151,9 @@ def plan_route(
     sandbox preflight (reference §3.3). `cwd` is accepted for the callers' sake but never
     used as a project path: upstream's fallback to the process directory would run an
     event's agent wherever the routing process happens to sit.
+
+    `registered` (account name -> provider, from the account registry, read by the
+    caller) decides whether a non-codewith pool is routed (routing.domain.templates 4).
     """
     route_key = route_key_for_kind(kind)
     template_id = template_for(route_key, options.template)
@@ -211,8 +215,14 @@ def plan_route(
     pool = list(options.auth_profile_pool) or (
         [] if options.auth_profile else _event_pool(envelope)
     )
+    for member in pool:
+        # The event's own pool reaches here unchecked by route_options.
+        if not valid_profile_name(member.strip()):
+            raise ValidationError(PROFILE_NAME_INVALID.format(name=member))
     pins = {role: options.pins.get(role) for role in ROLES}
-    pool_active = pool_routing_active(provider=options.provider, pool=pool, pins=pins)
+    pool_active = pool_routing_active(
+        provider=options.provider, pool=pool, pins=pins, registered=registered
+    )
     max_per_profile = options.max_per_profile
     if pool_active and max_per_profile is None:
         max_per_profile = DEFAULT_MAX_PER_PROFILE
@@ -237,7 +247,7 @@ def plan_route(
     )
     if pool_active and max_per_profile:
         # The runner re-checks the account's cap when a step starts (no stacking at start).
-        for step_id in pool_roles_by_step(spec):
+        for step_id in pool_roles_by_step(spec, options.provider):
             for step in spec["steps"]:
                 if step["id"] == step_id:
                     step["routing"]["maxPerProfile"] = max_per_profile

@@ -39,7 +39,14 @@ from ledger.models import (
     WorkItemDeferral,
     WorkItemStatus,
 )
-from ledger.selectors import account_state, active_counts, admission_rows
+from ledger.selectors import (
+    RegisteredAccount,
+    account_registry,
+    account_state,
+    active_counts,
+    admission_rows,
+    registered_providers,
+)
 from ledger.services import join_reason, work_item_admit
 from ledger.tasks import enqueue_run_workflow
 from routing.admission.options import RouteOptions
@@ -251,8 +258,25 @@ class PoolView:
 def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
     """Least-loaded assignment for this plan's pool from the ledger as it is now."""
     state = account_state(now=now)
-    members_cooling = {p: until for p, until in state.cooling.items() if p in plan.pool}
-    loads = state.load.total()
+    return pool_view(
+        plan,
+        loads=state.load.total(),
+        cooling=state.cooling,
+        registry=account_registry(plan.pool),
+    )
+
+
+def pool_view(
+    plan: RoutePlan,
+    *,
+    loads: dict[str, int],
+    cooling: dict[str, datetime],
+    registry: dict[str, RegisteredAccount],
+) -> PoolView:
+    """Least-loaded assignment for this plan's pool from the given loads, cooldowns and
+    account registry rows (disabled members are absent; a member's max_running caps it)."""
+    members_cooling = {p: until for p, until in cooling.items() if p in plan.pool}
+    members = {p.strip() for p in plan.pool}
     assignment = assign_pool_auth_profiles(
         list(plan.pool),
         loads,
@@ -260,6 +284,16 @@ def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
         list(plan.roles),
         plan.max_per_profile,
         cooling=tuple(members_cooling),
+        disabled=tuple(
+            name
+            for name, row in registry.items()
+            if name in members and not row.enabled
+        ),
+        account_caps={
+            name: row.max_running
+            for name, row in registry.items()
+            if name in members and row.max_running is not None
+        },
     )
     return PoolView(assignment=assignment, loads=loads, cooling=members_cooling)
 
@@ -400,7 +434,7 @@ def _admit(
     body = plan.spec
     account_profiles: dict[str, str] | None = None
     if assignment is not None and assignment.profiles:
-        body = apply_pool_profiles(plan.spec, assignment.profiles)
+        body = apply_pool_profiles(plan.spec, assignment.profiles, plan.provider)
         account_profiles = dict(assignment.profiles)
     spec = _spec_reuse_or_create(plan, body, found.spec_id)
     loop, run = work_item_admit(
@@ -509,6 +543,7 @@ def route_event(
         options=options,
         env=os.environ if env is None else env,
         cwd=cwd or os.getcwd(),
+        registered=registered_providers(),
     )
     if isinstance(plan, RouteResult):
         return plan

@@ -20,7 +20,7 @@ from ledger.models import (
 )
 from routing.admission import work_item_to_dict
 from routing.models import DrainRecord, InboxEvent
-from routing.ops.accounts import AccountRow
+from routing.ops.accounts import AccountRow, UsageTotals
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -320,6 +320,38 @@ class AccountDict(TypedDict):
     maxPerProfile: int | None
     atCap: bool
     cooldown: CooldownDict | None
+    # The account registry: None for an unregistered name.
+    registry: RegistryDict | None
+    # Token usage reported by the agents over the last 5 hours and 7 days.
+    usage5h: UsageDict | None
+    usage7d: UsageDict | None
+
+
+class RegistryDict(TypedDict):
+    provider: str
+    enabled: bool
+    maxRunning: int | None
+    env: dict[str, str]
+
+
+class UsageDict(TypedDict):
+    steps: int
+    inputTokens: int
+    outputTokens: int
+    cachedTokens: int
+    costUsd: float | None
+
+
+def _usage_dict(usage: UsageTotals | None) -> UsageDict | None:
+    if usage is None:
+        return None
+    return UsageDict(
+        steps=usage.steps,
+        inputTokens=usage.input_tokens,
+        outputTokens=usage.output_tokens,
+        cachedTokens=usage.cached_tokens,
+        costUsd=usage.cost_usd,
+    )
 
 
 def account_to_dict(row: AccountRow, *, now: datetime) -> AccountDict:
@@ -340,4 +372,14 @@ def account_to_dict(row: AccountRow, *, now: datetime) -> AccountDict:
         maxPerProfile=row.cap.limit if row.cap else None,
         atCap=row.at_cap,
         cooldown=cooldown,
+        registry=RegistryDict(
+            provider=row.registered.provider,
+            enabled=row.registered.enabled,
+            maxRunning=row.registered.max_running,
+            env=dict(row.registered.env),
+        )
+        if row.registered is not None
+        else None,
+        usage5h=_usage_dict(row.usage_5h),
+        usage7d=_usage_dict(row.usage_7d),
     )

@@ -11,13 +11,20 @@ Contract:
 4. Loads are a snapshot and are not incremented between roles.
 5. ``max_per_profile`` (an int > 0) defers the whole route when every member already
    carries that many; ``None`` or 0 disables the guard.
-6. loopsweb extension: ``cooling`` members are removed before anything else; when every
-   member is cooling the route is deferred with reason code ``cooldown``. With nothing
-   cooling the result is exactly upstream's.
+6. loopsweb extension: ``disabled`` members (switched off in the account registry) are
+   removed first; when every member is disabled the route is deferred with reason code
+   ``account_disabled``. Then ``cooling`` members are removed; when every remaining member
+   is cooling the route is deferred with reason code ``cooldown``. Then members at their
+   own registry cap (``account_caps``: load >= cap) are removed; when none is left the
+   route is deferred with ``profile_cap``. With none of these the result is exactly
+   upstream's.
+7. ``valid_profile_name`` is the shape every account name must have: it lands next to
+   flags on an agent's command line, so it never starts with ``-`` and holds no spaces.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +41,19 @@ PROFILE_CAP_REASON = (
     "(all {n} pool members >= {limit} running; min {min_load})"
 )
 COOLDOWN_REASON = "all {n} pool members cooling down"
+DISABLED_REASON = "all {n} pool members disabled in the account registry"
+ACCOUNT_CAP_REASON = "every pool member is at its own running cap (min {min_load})"
+PROFILE_NAME_INVALID = (
+    "account name {name!r} is not valid: letters, digits and _ . @ + : = - only, "
+    "not starting with - (at most 200 characters)"
+)
+
+_PROFILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+:=-]{0,199}$")
+
+
+def valid_profile_name(name: str) -> bool:
+    """True when ``name`` may be an account name (contract 7)."""
+    return bool(_PROFILE_RE.match(name))
 
 
 @dataclass(frozen=True)
@@ -149,6 +169,8 @@ def assign_pool_auth_profiles(
     max_per_profile: int | None = None,
     *,
     cooling: Collection[str] = (),
+    disabled: Collection[str] = (),
+    account_caps: Mapping[str, int] | None = None,
 ) -> PoolAssignment:
     """Choose one profile per role from ``pool`` (reference §4.4 plus cooldown).
 
@@ -163,6 +185,17 @@ def assign_pool_auth_profiles(
     if not members:
         return PoolAssignment()
 
+    if disabled:
+        enabled = [entry for entry in members if entry not in disabled]
+        if not enabled:
+            return PoolAssignment(
+                deferred=True,
+                min_load=min(load_counts.get(entry, 0) for entry in members),
+                reason=DISABLED_REASON.format(n=len(members)),
+                reason_code=reasons.ACCOUNT_DISABLED,
+            )
+        members = enabled
+
     if cooling:
         candidates = [entry for entry in members if entry not in cooling]
         if not candidates:
@@ -173,6 +206,23 @@ def assign_pool_auth_profiles(
                 reason_code=reasons.COOLDOWN,
             )
         members = candidates
+
+    if account_caps:
+        free = [
+            entry
+            for entry in members
+            if entry not in account_caps
+            or load_counts.get(entry, 0) < account_caps[entry]
+        ]
+        if not free:
+            min_load = min(load_counts.get(entry, 0) for entry in members)
+            return PoolAssignment(
+                deferred=True,
+                min_load=min_load,
+                reason=ACCOUNT_CAP_REASON.format(min_load=min_load),
+                reason_code=reasons.PROFILE_CAP,
+            )
+        members = free
 
     min_load = min(load_counts.get(entry, 0) for entry in members)
     limit = _guard_limit(max_per_profile)

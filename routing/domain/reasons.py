@@ -12,8 +12,16 @@ PROJECT_CAP = "project_cap"
 GROUP_CAP = "group_cap"
 PROFILE_CAP = "profile_cap"
 COOLDOWN = "cooldown"
+ACCOUNT_DISABLED = "account_disabled"
 
-ALL: tuple[str, ...] = (ROUTE_CAP, PROJECT_CAP, GROUP_CAP, PROFILE_CAP, COOLDOWN)
+ALL: tuple[str, ...] = (
+    ROUTE_CAP,
+    PROJECT_CAP,
+    GROUP_CAP,
+    PROFILE_CAP,
+    COOLDOWN,
+    ACCOUNT_DISABLED,
+)
 
 LABELS: dict[str, str] = {
     ROUTE_CAP: "Route scope limit (--max-active)",
@@ -21,4 +29,5 @@ LABELS: dict[str, str] = {
     GROUP_CAP: "Project group limit (--max-active-per-project-group)",
     PROFILE_CAP: "All pool accounts at capacity (--max-per-profile)",
     COOLDOWN: "All pool accounts cooling down",
+    ACCOUNT_DISABLED: "All pool accounts disabled in the account registry",
 }

@@ -9,10 +9,12 @@ Contract:
    items or files, never through a shell (DESIGN.md rule 7), so nothing is escaped.
 3. Render-time profile per role: an explicit role pin, else the pool's hash pick
    (a single-member pool always gives that member), else ``--auth-profile``.
-4. Pool routing (least-loaded assignment at admission) is active only for provider
-   ``codewith`` with at least two non-blank pool members and no role pinned; every
-   generated template has codewith-routable agent steps, so the fourth upstream
-   condition reduces to the provider check.
+4. Pool routing (least-loaded assignment at admission) is active for provider
+   ``codewith`` (upstream), and (loopsweb) for any other provider when every pool member
+   is a registered account of that provider (``registered``: name -> provider), in both
+   cases with at least two non-blank pool members and no role pinned. Every generated
+   template has agent steps of the route's provider, so the fourth upstream condition
+   reduces to the provider check.
 5. ``step_account`` gives the (account_profile, account_tool) a step run records.
 """
 
@@ -109,11 +111,18 @@ def _pin(pins: Mapping[str, str | None], role: str) -> str | None:
 
 
 def pool_routing_active(
-    *, provider: str, pool: Sequence[str], pins: Mapping[str, str | None]
+    *,
+    provider: str,
+    pool: Sequence[str],
+    pins: Mapping[str, str | None],
+    registered: Mapping[str, str] | None = None,
 ) -> bool:
-    if provider != POOL_PROVIDER:
+    members = drop_blank(pool)
+    if len(members) < 2:
         return False
-    if len(drop_blank(pool)) < 2:
+    if provider != POOL_PROVIDER and not all(
+        (registered or {}).get(member.strip()) == provider for member in members
+    ):
         return False
     # Explicit pins are honoured verbatim, so any pin switches pool routing off for
     # every role (upstream behaviour), not only for the pinned one.
@@ -231,12 +240,14 @@ def _step_role(step: Mapping[str, Any]) -> str | None:
     return None
 
 
-def pool_roles_by_step(spec: Mapping[str, Any]) -> dict[str, str]:
-    """step id → role for the codewith agent steps pool assignment may re-target."""
+def pool_roles_by_step(
+    spec: Mapping[str, Any], provider: str = POOL_PROVIDER
+) -> dict[str, str]:
+    """step id → role for the agent steps of ``provider`` pool assignment may re-target."""
     out: dict[str, str] = {}
     for step in spec.get("steps", []):
         target = step.get("target") or {}
-        if target.get("type") != "agent" or target.get("provider") != POOL_PROVIDER:
+        if target.get("type") != "agent" or target.get("provider") != provider:
             continue
         role = _step_role(step)
         if role:
@@ -245,14 +256,14 @@ def pool_roles_by_step(spec: Mapping[str, Any]) -> dict[str, str]:
 
 
 def apply_pool_profiles(
-    spec: Mapping[str, Any], profiles: Mapping[str, str]
+    spec: Mapping[str, Any], profiles: Mapping[str, str], provider: str = POOL_PROVIDER
 ) -> dict[str, Any]:
     """A copy of ``spec`` with each pool-routed step's ``authProfile`` set from its role.
 
     Steps whose role got no profile keep their render-time choice.
     """
     result = copy.deepcopy(dict(spec))
-    roles = pool_roles_by_step(result)
+    roles = pool_roles_by_step(result, provider)
     for step in result.get("steps", []):
         chosen = profiles.get(roles.get(step["id"], ""))
         if chosen:

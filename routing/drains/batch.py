@@ -45,7 +45,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.selectors import account_state
+from ledger.selectors import account_registry, account_state
 from ledger.services import work_item_admit_rows
 from ledger.tasks import enqueue_run_workflow
 from routing.admission import (
@@ -63,9 +63,9 @@ from routing.admission.transaction import (
     loop_description,
     new_invocation,
     new_spec,
+    pool_view,
 )
 from routing.domain import reasons
-from routing.domain.pool import assign_pool_auth_profiles
 from routing.domain.templates import apply_pool_profiles
 from routing.domain.throttle import (
     AdmissionDecision,
@@ -188,20 +188,16 @@ class _Loads:
         state = account_state(now=now)
         self.total: dict[str, int] = state.load.total()
         self.cooling = state.cooling
+        self.registry = account_registry()  # the registry is small: read it whole, once
 
     def view(self, plan: RoutePlan) -> PoolView:
         # As `routing.admission.pool_assignment_now`, from the loads in memory.
-        members_cooling = {p: u for p, u in self.cooling.items() if p in plan.pool}
-        loads = dict(self.total)
-        assignment = assign_pool_auth_profiles(
-            list(plan.pool),
-            loads,
-            plan.seed,
-            list(plan.roles),
-            plan.max_per_profile,
-            cooling=tuple(members_cooling),
+        return pool_view(
+            plan,
+            loads=dict(self.total),
+            cooling=self.cooling,
+            registry=self.registry,
         )
-        return PoolView(assignment=assignment, loads=loads, cooling=members_cooling)
 
     def add(self, delta: LoadDelta) -> None:
         for counter in (delta.running, delta.reserved):
@@ -376,7 +372,7 @@ def _admit_fresh(
     account_profiles: dict[str, str] | None = None
     assignment = view.assignment if view is not None else None
     if assignment is not None and assignment.profiles:
-        body = apply_pool_profiles(plan.spec, assignment.profiles)
+        body = apply_pool_profiles(plan.spec, assignment.profiles, plan.provider)
         account_profiles = dict(assignment.profiles)
     spec = new_spec(plan, body)
     admitted = work_item_admit_rows(

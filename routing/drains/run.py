@@ -41,7 +41,7 @@ from django.utils import timezone
 from ledger.dberrors import error_passes
 from ledger.lock import admission_lock, drain_lock
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
-from ledger.selectors import active_counts
+from ledger.selectors import active_counts, registered_providers
 from routing.admission import (
     CREATED,
     SKIPPED,
@@ -145,7 +145,9 @@ class _Full:
         self, plan: RoutePlan, reason: str, code: str, *, shared_pool: bool
     ) -> None:
         if code == reasons.ROUTE_CAP or (
-            shared_pool and code in (reasons.PROFILE_CAP, reasons.COOLDOWN)
+            shared_pool
+            and code
+            in (reasons.PROFILE_CAP, reasons.COOLDOWN, reasons.ACCOUNT_DISABLED)
         ):
             self.every = (reason, code)
         elif code == reasons.PROJECT_CAP and plan.project_path:
@@ -210,6 +212,7 @@ def _route_one(
     now: datetime,
     dry_run: bool,
     full: _Full,
+    registered: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """The result of routing one candidate; None when another drain claimed it first.
 
@@ -224,7 +227,12 @@ def _route_one(
         options.route, dry_run=False
     )  # a dry drain rolls back its outer transaction
     plan = plan_route(
-        kind=options.kind, envelope=envelope, options=route, env=env, cwd=cwd
+        kind=options.kind,
+        envelope=envelope,
+        options=route,
+        env=env,
+        cwd=cwd,
+        registered=registered,
     )
     if isinstance(plan, RouteResult):  # skipped by eligibility
         result = plan.to_dict()
@@ -406,6 +414,7 @@ def _drain_loop(
     chosen = load_envelopes(fair_order(filtered)[: options.limit])
     del filtered  # only the chosen ones carry payloads; let the scan go
     full = _Full()
+    registered = registered_providers()  # one read: which pools are registered accounts
     # Batches while they work; after a failed batch, one candidate at a time.
     batching = not report.dry_run and settings.LOOPSWEB_DRAIN_BATCH_SIZE > 1
     lost: set[str | None] = set()  # inbox rows another drain claimed during a batch
@@ -420,7 +429,13 @@ def _drain_loop(
             )
             try:
                 done = _route_batch(
-                    chosen[index : index + size], options, env, cwd, full, lost
+                    chosen[index : index + size],
+                    options,
+                    env,
+                    cwd,
+                    full,
+                    lost,
+                    registered,
                 )
             except BatchAborted as exc:  # nothing written; others took these rows
                 lost |= exc.lost
@@ -449,7 +464,7 @@ def _drain_loop(
                 result = _hold_unread(candidate, full, report)
             else:
                 result = _route_one(
-                    candidate, options, env, cwd, now, report.dry_run, full
+                    candidate, options, env, cwd, now, report.dry_run, full, registered
                 )
         except Exception as exc:  # one bad item never stops the batch (§5.2.3)
             result = _failed(candidate, exc, now, report.dry_run)
@@ -513,6 +528,7 @@ def _route_batch(
     cwd: str,
     full: _Full,
     lost: set[str | None],
+    registered: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any] | None]:
     """Route `candidates` in order as `_route_one` would, the admissions in one transaction
     (routing.drains.batch). Returns one result per candidate it handled, in order (None for
@@ -533,7 +549,12 @@ def _route_batch(
             continue
         try:
             plan = plan_route(
-                kind=options.kind, envelope=envelope, options=route, env=env, cwd=cwd
+                kind=options.kind,
+                envelope=envelope,
+                options=route,
+                env=env,
+                cwd=cwd,
+                registered=registered,
             )
         except Exception as exc:
             slots.append(_failed(candidate, exc, now, False))

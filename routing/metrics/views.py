@@ -109,7 +109,8 @@ def collect(*, now: datetime) -> list[Family]:
     profile_cap = Family(
         "loopsweb_account_max_per_profile",
         "gauge",
-        "--max-per-profile that applies to the account (strictest pool naming it). Absent "
+        "--max-per-profile that applies to the account (strictest pool naming it, tightened "
+        "by the registry's max running). Absent "
         "when no pool routing caps it.",
     )
     cooldown = Family(
@@ -117,7 +118,52 @@ def collect(*, now: datetime) -> list[Family]:
         "gauge",
         "Seconds until a rate-limited account may take new steps (cooling accounts only).",
     )
+    registered = Family(
+        "loopsweb_account_registered",
+        "gauge",
+        "1 for each account in the account registry (enabled 1 or 0, its provider).",
+    )
+    tokens = Family(
+        "loopsweb_account_tokens",
+        "gauge",
+        "Tokens the agents reported for steps that started in the window (5h, 7d); kind "
+        "input (cached included), output, cached.",
+    )
+    cost = Family(
+        "loopsweb_account_cost_usd",
+        "gauge",
+        "Cost the agents reported (claude) for steps that started in the window.",
+    )
     for account in account_rows(configs, now=now):
+        if account.registered is not None:
+            registered.add(
+                1,
+                account=account.profile,
+                provider=account.registered.provider,
+                enabled="1" if account.registered.enabled else "0",
+            )
+        for window, usage in (("5h", account.usage_5h), ("7d", account.usage_7d)):
+            if usage is None:
+                continue
+            tokens.add(
+                usage.input_tokens, account=account.profile, window=window, kind="input"
+            )
+            tokens.add(
+                usage.output_tokens,
+                account=account.profile,
+                window=window,
+                kind="output",
+            )
+            tokens.add(
+                usage.cached_tokens,
+                account=account.profile,
+                window=window,
+                kind="cached",
+            )
+            if usage.cost_usd is not None:
+                cost.add(
+                    round(usage.cost_usd, 6), account=account.profile, window=window
+                )
         running.add(account.running, account=account.profile)
         reserved.add(account.reserved, account=account.profile)
         if account.cap is not None:
@@ -168,6 +214,9 @@ def collect(*, now: datetime) -> list[Family]:
         reserved,
         profile_cap,
         cooldown,
+        registered,
+        tokens,
+        cost,
         deferred,
         oldest,
         inbox,

@@ -15,6 +15,7 @@ from django.db.models import (
     DateTimeField,
     F,
     Q,
+    Sum,
     When,
 )
 from django.db.models.functions import TruncHour
@@ -25,7 +26,12 @@ from ledger.models import (
     WorkflowStepRun,
 )
 from ledger.runner import RATE_LIMIT_NOTE
-from ledger.selectors import account_load, created_since
+from ledger.selectors import (
+    RegisteredAccount,
+    account_load,
+    account_registry,
+    created_since,
+)
 from routing.drains.configs import Cap, DrainConfig, strictest
 from routing.ops.selectors import FAILED_STEP_STATUSES
 
@@ -56,6 +62,15 @@ class AccountRow:
     failed_7d: int = 0
     rate_limited_7d: int = 0
     breakdown: list[StepBreakdown] = field(default_factory=list)
+    # The account registry's row (None: an unregistered name, as before the registry).
+    registered: RegisteredAccount | None = None
+    # Token usage the agents reported, over the last 5 hours and the last 7 days.
+    usage_5h: UsageTotals | None = None
+    usage_7d: UsageTotals | None = None
+
+    @property
+    def disabled(self) -> bool:
+        return self.registered is not None and not self.registered.enabled
 
     @property
     def load(self) -> int:
@@ -67,6 +82,17 @@ class AccountRow:
 
     def cooling(self, now: datetime) -> bool:
         return self.cooldown is not None and self.cooldown.until > now
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """Tokens (and cost, where the CLI reports one) of the steps that reported usage."""
+
+    steps: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float | None = None
 
 
 @dataclass(frozen=True)
@@ -90,12 +116,14 @@ def account_rows(
     step counts by role and provider (from `activity`, step_activity's rows, or queried
     for `now` when `with_history`).
 
-    Accounts come from the load, the cooldown table, the pools of the drain configurations
-    and the activity. Queries: account_load's one, the cooldowns, and step_activity's one
-    when it is queried here.
+    Accounts come from the load, the cooldown table, the pools of the drain configurations,
+    the account registry and the activity; each row carries its registry entry and its
+    token usage over 5 h and 7 d. Queries: account_load's one, the cooldowns, the
+    registry, the usage, and step_activity's one when it is queried here.
     """
+    now = now or timezone.now()
     if activity is None and with_history:
-        activity = step_activity(now=now or timezone.now())
+        activity = step_activity(now=now)
     load = account_load()
     rows: dict[str, AccountRow] = {}
 
@@ -121,6 +149,20 @@ def account_rows(
     for config in configs:
         for profile in config.pool:
             row(profile)
+    for name, registered in account_registry().items():
+        account = row(name)
+        account.registered = registered
+        account.tool = registered.provider
+        limit = registered.max_running
+        if limit is not None and (account.cap is None or limit < account.cap.limit):
+            # The registry's running cap tightens --max-per-profile for this account.
+            account.cap = Cap(
+                limit=limit,
+                source=DrainConfig(origin="registry", label=name, scope="", at=None),
+            )
+    for profile, windows in account_usage(now=now).items():
+        account = row(profile)
+        account.usage_5h, account.usage_7d = windows
     if activity is not None:
         breakdown: dict[tuple[str, str, str | None], list[int]] = {}
         for stat in activity:
@@ -182,6 +224,56 @@ def step_activity(*, now: datetime) -> list[dict[str, Any]]:
         )
         .order_by()
     )
+
+
+USAGE_WINDOWS = (timedelta(hours=5), timedelta(days=7))
+
+
+def account_usage(*, now: datetime) -> dict[str, tuple[UsageTotals, UsageTotals]]:
+    """Per account: usage of the steps that started in the last 5 hours and 7 days and
+    reported usage (one GROUP BY over a primary-key range, as step_activity)."""
+    short, week = (now - window for window in USAGE_WINDOWS)
+    steps = created_since(WorkflowStepRun.objects.all(), week - STEP_START_SLACK)
+    reported = Q(usage_input_tokens__isnull=False) | Q(
+        usage_output_tokens__isnull=False
+    )
+    recent = Q(started_at__gte=short)
+    rows = (
+        steps.filter(reported, started_at__gte=week, account_profile__isnull=False)
+        .values("account_profile")
+        .annotate(
+            n=Count("id"),
+            inp=Sum("usage_input_tokens"),
+            out=Sum("usage_output_tokens"),
+            cached=Sum("usage_cached_tokens"),
+            cost=Sum("usage_cost_usd"),
+            n5=Count("id", filter=recent),
+            inp5=Sum("usage_input_tokens", filter=recent),
+            out5=Sum("usage_output_tokens", filter=recent),
+            cached5=Sum("usage_cached_tokens", filter=recent),
+            cost5=Sum("usage_cost_usd", filter=recent),
+        )
+        .order_by()
+    )
+    out: dict[str, tuple[UsageTotals, UsageTotals]] = {}
+    for r in rows:
+        out[r["account_profile"]] = (
+            UsageTotals(
+                steps=r["n5"],
+                input_tokens=r["inp5"] or 0,
+                output_tokens=r["out5"] or 0,
+                cached_tokens=r["cached5"] or 0,
+                cost_usd=r["cost5"],
+            ),
+            UsageTotals(
+                steps=r["n"],
+                input_tokens=r["inp"] or 0,
+                output_tokens=r["out"] or 0,
+                cached_tokens=r["cached"] or 0,
+                cost_usd=r["cost"],
+            ),
+        )
+    return out
 
 
 def timeline_hours(now: datetime) -> list[datetime]:

@@ -24,6 +24,7 @@ from ledger.models import (
 )
 from ledger.runner import NOT_CLAIMED, run_workflow_run
 from ledger.selectors import account_load
+from ledger.services import account_add
 from routing.admission import CREATED, RouteResult, route_event, route_options
 from tests.ledger.runner_helpers import (
     FAKE_AGENT,
@@ -374,10 +375,11 @@ def test_event_text_with_shell_metacharacters_reaches_the_agent_literally(
             ["exec", "--sandbox", "workspace-write", "--profile", "acct-1"],
             "CODEWITH_PROFILE",
         ),
-        ("codex", ["exec", "--sandbox", "workspace-write"], "CODEX_PROFILE"),
-        ("claude", ["--print"], "CLAUDE_PROFILE"),
-        ("cursor", ["--print"], "CURSOR_PROFILE"),
-        ("opencode", ["run"], "OPENCODE_PROFILE"),
+        # Registered accounts: the variable the CLI reads to find its login.
+        ("codex", ["exec", "--json", "--sandbox", "workspace-write"], "CODEX_HOME"),
+        ("claude", ["--print", "--output-format", "json"], "CLAUDE_CONFIG_DIR"),
+        ("cursor", ["--print"], "HOME"),
+        ("opencode", ["run"], "XDG_DATA_HOME"),
         ("aicopilot", ["--prompt-file"], "AICOPILOT_PROFILE"),
     ],
 )
@@ -391,6 +393,10 @@ def test_each_provider_gets_its_argv_account_and_no_database_secrets(
 ) -> None:
     monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/x")
     monkeypatch.setenv("SECRET_KEY", "do-not-leak")
+    expected = "acct-1"
+    if not profile_env.endswith("_PROFILE"):
+        expected = str(tmp_path / "logins" / "acct-1")
+        account_add(name="acct-1", provider=provider, env={profile_env: expected})
     prompt = "-starts with a dash; $(touch nope)"
     run = admit_workflow(
         [
@@ -409,7 +415,7 @@ def test_each_provider_gets_its_argv_account_and_no_database_secrets(
     (record,) = agent.records()
     assert record["argv"][: len(argv_head)] == argv_head
     assert record["prompt"] == prompt
-    assert record["env"][profile_env] == "acct-1"
+    assert record["env"][profile_env] == expected
     assert record["env"]["LOOPSWEB_ACCOUNT_PROFILE"] == "acct-1"
     assert record["env"]["LOOPSWEB_ACCOUNT_TOOL"] == provider
     assert record["env"]["LOOPSWEB_RUN_ID"] == run.id
@@ -678,8 +684,11 @@ def test_a_provider_rate_limit_exit_code_cools_the_account_with_backoff(
 
 
 def test_after_a_rate_limit_the_next_admission_avoids_the_account_and_defers_when_all_cool(
-    agent: FakeAgent, tmp_path: Path
+    agent: FakeAgent, tmp_path: Path, settings: Any
 ) -> None:
+    settings.LOOPSWEB_RATE_LIMIT_MOVES = (
+        0  # admission's side only: the step never moves
+    )
     limited = "429 Too Many Requests"
     agent.configure(
         profiles={"acctA": {"rate_limit": limited}, "acctB": {"rate_limit": limited}}

@@ -404,7 +404,9 @@ def test_step_attribution_follows_account_refs_for_any_step_kind(
         "cmd": ("ops", None),
     }
     records = {r["step"]: r for r in agent.records()}
-    assert records["claude"]["env"]["CLAUDE_PROFILE"] == "p"
+    # An unregistered claude account: its name only, the worker's own login.
+    assert records["claude"]["env"]["LOOPSWEB_ACCOUNT_PROFILE"] == "p"
+    assert "CLAUDE_CONFIG_DIR" not in records["claude"]["env"]
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.SUCCEEDED
 
 

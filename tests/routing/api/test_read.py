@@ -197,6 +197,7 @@ def test_accounts_show_load_cap_and_cooldown(read: Callable[..., Any]) -> None:
     cooling = accounts["a2"]["cooldown"]
     assert cooling["reason"] == "429" and 240 < cooling["remainingSeconds"] <= 300
     assert accounts["a3"]["load"] == 0 and accounts["a3"]["cooldown"] is None
+    assert accounts["a1"]["registry"] is None and accounts["a1"]["usage7d"] is None
 
 
 def test_drains_list_counts_and_detail_results(read: Callable[..., Any]) -> None:
@@ -252,7 +253,8 @@ def _populate(n: int) -> WorkflowWorkItem:
         ("/api/v1/work-items/{item}", 6),
         ("/api/v1/drains/{drain}", 2),
         # token + load (2) + cooldowns + drain schedules + latest drain per scope
-        ("/api/v1/accounts", 5),
+        # + the account registry + the usage windows
+        ("/api/v1/accounts", 7),
     ],
 )
 def test_query_counts_do_not_grow_with_rows(

@@ -360,3 +360,56 @@ def test_equal_loads_reproduce_the_render_time_pick_for_every_role(
     result = assign_pool_auth_profiles(pool, loads, seed, LIFECYCLE)
     for role in LIFECYCLE:
         assert result.profiles[role] == render_time_profile(pool, seed, role)
+
+
+# --- loopsweb: the account registry (disabled accounts, per-account caps) ---------------------
+
+
+def test_disabled_members_are_never_assigned() -> None:
+    result = assign_pool_auth_profiles(
+        P3, {}, "task-42", ["worker", "verifier"], 2, disabled=["acctB", "acctC"]
+    )
+    assert not result.deferred
+    assert set(result.profiles.values()) == {"acctA"}
+
+
+def test_a_wholly_disabled_pool_defers_with_its_own_reason_code() -> None:
+    result = assign_pool_auth_profiles(
+        P3, {}, "task-42", ["worker"], 2, cooling=["acctA"], disabled=P3
+    )
+    assert result.deferred and result.reason_code == reasons.ACCOUNT_DISABLED
+    assert result.reason == "all 3 pool members disabled in the account registry"
+
+
+def test_disabled_then_cooling_leaves_nothing_and_defers_as_cooldown() -> None:
+    result = assign_pool_auth_profiles(
+        P3, {}, "s", ["worker"], 2, cooling=["acctA"], disabled=["acctB", "acctC"]
+    )
+    assert result.deferred and result.reason_code == reasons.COOLDOWN
+
+
+def test_an_account_cap_tightens_max_per_profile_for_that_member_only() -> None:
+    loads = {"acctA": 1, "acctB": 1, "acctC": 1}
+    capped = assign_pool_auth_profiles(
+        P3, loads, "task-42", ["worker", "verifier"], 4, account_caps={"acctB": 1}
+    )
+    assert not capped.deferred and "acctB" not in capped.profiles.values()
+    full = assign_pool_auth_profiles(
+        P3, loads, "task-42", ["worker"], 4, account_caps={p: 1 for p in P3}
+    )
+    assert full.deferred and full.reason_code == reasons.PROFILE_CAP
+
+
+@given(
+    loads=st.dictionaries(st.sampled_from(P3), st.integers(0, 5)),
+    seed=st.text(max_size=8),
+    limit=st.one_of(st.none(), st.integers(0, 4)),
+)
+@settings(max_examples=200, deadline=None)
+def test_with_no_registry_facts_the_result_is_upstreams(
+    loads: dict[str, int], seed: str, limit: int | None
+) -> None:
+    plain = assign_pool_auth_profiles(P3, loads, seed, LIFECYCLE, limit)
+    assert plain == assign_pool_auth_profiles(
+        P3, loads, seed, LIFECYCLE, limit, disabled=(), account_caps={}
+    )

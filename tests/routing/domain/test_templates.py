@@ -276,3 +276,23 @@ def test_rendered_steps_attribute_to_their_profiles() -> None:
         ("acctA", "codewith"),
         ("acctB", "codewith"),
     ]
+
+
+def test_a_pool_of_registered_accounts_of_the_provider_routes_for_any_provider() -> (
+    None
+):
+    registered = {"a": "claude", "b": "claude", "c": "codex"}
+    assert pool_routing_active(
+        provider="claude", pool=["a", "b"], pins=NO_PINS, registered=registered
+    )
+    # One member unregistered, or of another provider: upstream (no routing).
+    assert not pool_routing_active(
+        provider="claude", pool=["a", "x"], pins=NO_PINS, registered=registered
+    )
+    assert not pool_routing_active(
+        provider="claude", pool=["a", "c"], pins=NO_PINS, registered=registered
+    )
+    pins = {**NO_PINS, "worker": "a"}
+    assert not pool_routing_active(
+        provider="claude", pool=["a", "b"], pins=pins, registered=registered
+    )

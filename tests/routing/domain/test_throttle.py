@@ -198,5 +198,6 @@ def test_reason_codes_are_listed_and_labelled() -> None:
         "group_cap",
         "profile_cap",
         "cooldown",
+        "account_disabled",
     )
     assert set(reasons.LABELS) == set(reasons.ALL)

@@ -12,7 +12,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from ledger.models import AccountCooldown, WorkflowWorkItem
+from ledger.models import Account, AccountCooldown, WorkflowWorkItem
 from routing.metrics.views import escape_label
 from routing.models import DrainRecord, InboxEvent
 from tests.factories import make_run, make_step_run, make_work_item
@@ -214,7 +214,15 @@ def test_a_scrape_runs_the_same_queries_for_3_and_30_of_everything(
             )
             make_work_item(status="admitted", route_scope=f"s{tag}")
             run = make_run(status="running")
-            make_step_run(workflow_run=run, status="running", account_profile=f"a{tag}")
+            make_step_run(
+                workflow_run=run,
+                status="running",
+                account_profile=f"a{tag}",
+                started_at=now,
+                usage_input_tokens=10,
+                usage_output_tokens=2,
+            )
+            Account.objects.create(name=f"a{tag}", provider="codex")
             AccountCooldown.objects.create(
                 account_profile=f"c{tag}", until=now + timedelta(hours=1)
             )
@@ -229,5 +237,10 @@ def test_a_scrape_runs_the_same_queries_for_3_and_30_of_everything(
             response = client.get("/metrics", **bearer(token))
         assert response.status_code == 200
         assert response.content.count(b"loopsweb_route_scope_max_active{") == n
+        assert response.content.count(b"loopsweb_account_registered{") == n
+        assert (
+            response.content.count(b"loopsweb_account_tokens{") == n * 2 * 3
+        )  # 5h and 7d, input/output/cached
         counts.append(len(captured))
-    assert counts[0] == counts[1] == 11  # token + ten (routing.metrics.collect)
+    # token + twelve (routing.metrics.collect; the registry and the usage are one each)
+    assert counts[0] == counts[1] == 13

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
+from ledger.models import Account, WorkflowStepRun
 from routing.models import DrainRecord
 from tests.routing.helpers import generic_event
 from tests.routing.ops import seed as ops_seed
@@ -122,6 +123,18 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     ops_seed.redefer(history, 3)
     (report,) = ops_seed.drains(1, inbox_events=4)
     ops_seed.account_history(3)
+    # The account registry: acct-00 registered with its login dir, acct-01 disabled,
+    # acct-02 left unregistered; acct-00's failed step reported claude usage.
+    Account.objects.create(
+        name="acct-00",
+        provider="codewith",
+        env_json={"CODEWITH_HOME": "/srv/agents/acct-00"},
+        max_running=2,
+    )
+    Account.objects.create(name="acct-01", provider="codewith", enabled=False)
+    WorkflowStepRun.objects.filter(
+        account_profile="acct-00", step_id="verifier"
+    ).update(usage_input_tokens=18540, usage_output_tokens=311, usage_cost_usd=0.042)
 
     # Sign in through the admin login, which sends the operator back to /ops/.
     browser.get(f"{live_server.url}/ops/")
@@ -173,6 +186,29 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     follow(browser, browser.find_element(By.LINK_TEXT, "Accounts"))
     assert text_of(browser, "#content h1") == "Accounts"
     assert "acct-00" in text_of(browser, "#table")
+    # One read of the rendered table (no element handles kept across reads).
+    cells = browser.execute_script(
+        """
+        const out = {};
+        for (const row of document.querySelectorAll('#table tr[id^="account-"]')) {
+          const cell = (css) => row.querySelector(css).innerText.trim();
+          out[cell('td code')] = {
+            registry: cell('td.registry'),
+            tokens5h: cell('td.tokens-5h'),
+            tokens7d: cell('td.tokens-7d'),
+          };
+        }
+        return out;
+        """
+    )
+    assert "enabled" in cells["acct-00"]["registry"]
+    assert "CODEWITH_HOME=/srv/agents/acct-00" in cells["acct-00"]["registry"]
+    assert "max running 2" in cells["acct-00"]["registry"]
+    assert "disabled" in cells["acct-01"]["registry"]
+    assert cells["acct-02"]["registry"] == "unregistered"
+    assert "18540 in / 311 out" in cells["acct-00"]["tokens5h"]
+    assert "$0.0420" in cells["acct-00"]["tokens7d"]
+    assert cells["acct-02"]["tokens7d"] == "—"
     chart = browser.find_element(By.CSS_SELECTOR, "svg.load-chart")
     assert chart.size["width"] > 400 and chart.size["height"] > 60
     assert len(chart.find_elements(By.CSS_SELECTOR, "rect.running")) >= 3

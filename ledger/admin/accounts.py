@@ -1,0 +1,80 @@
+"""Admin of the account registry: configuration, so operators add, edit and remove rows
+here (the same checks as `manage.py account`: no secret-looking variables)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+
+from ledger.models import Account
+from ledger.providers import PROVIDERS
+from ledger.services.accounts import AccountError, account_check
+
+
+class AccountForm(forms.ModelForm):
+    provider = forms.ChoiceField(choices=[(p, p) for p in PROVIDERS])
+
+    class Meta:
+        model = Account
+        fields = ("name", "provider", "enabled", "max_running", "env_json", "notes")
+        labels = {"env_json": "Environment", "max_running": "Max running steps"}
+        help_texts = {
+            "env_json": 'Variables that select the login, e.g. {"CODEX_HOME": '
+            '"/srv/agents/acctA/codex"}. Never a secret.',
+            "max_running": "Tightens the route's --max-per-profile for this account.",
+        }
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        env = data.get("env_json")
+        if env is not None and not isinstance(env, dict):
+            self.add_error("env_json", "a JSON object of variable names to strings")
+            return data
+        name = data.get("name") or (self.instance.name if self.instance.pk else "")
+        try:
+            data["env_json"] = account_check(
+                name=str(name).strip(),
+                provider=str(data.get("provider") or ""),
+                env=env or {},
+                max_running=data.get("max_running"),
+            )
+        except AccountError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return data
+
+
+@admin.register(Account)
+class AccountAdmin(admin.ModelAdmin):
+    form = AccountForm
+    list_display = (
+        "name",
+        "provider",
+        "enabled",
+        "max_running",
+        "env_keys",
+        "updated_at",
+    )
+    list_filter = ("provider", "enabled")
+    search_fields = ("name", "notes")
+    ordering = ("name",)
+    actions = ("disable_accounts", "enable_accounts")
+
+    def get_readonly_fields(self, request: Any, obj: Account | None = None) -> Any:
+        # The name is what step runs record: renaming would orphan their history.
+        return ("name", "created_at", "updated_at") if obj else ()
+
+    @admin.display(description="environment")
+    def env_keys(self, obj: Account) -> str:
+        return ", ".join(f"{k}={v}" for k, v in sorted((obj.env_json or {}).items()))
+
+    @admin.action(description="Disable selected accounts (never assigned)")
+    def disable_accounts(self, request: Any, queryset: Any) -> None:
+        n = queryset.filter(enabled=True).update(enabled=False)
+        self.message_user(request, f"{n} account(s) disabled")
+
+    @admin.action(description="Enable selected accounts")
+    def enable_accounts(self, request: Any, queryset: Any) -> None:
+        n = queryset.filter(enabled=False).update(enabled=True)
+        self.message_user(request, f"{n} account(s) enabled")

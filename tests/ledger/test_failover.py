@@ -1,0 +1,289 @@
+"""Failover between pool accounts (ledger.services.failover), in-process with the fake agent:
+a step whose account cools after admission moves without waiting, a rate-limited step
+succeeds on another member, pinned profiles never move, and with every member cooling the
+step waits with its reason on /ops/."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from ledger import services
+from ledger.loads import account_load_drift
+from ledger.models import (
+    Account,
+    AccountCooldown,
+    RunStatus,
+    WorkflowEvent,
+    WorkflowRun,
+)
+from ledger.runner import run_workflow_run
+from routing.admission import CREATED, route_event, route_options
+from tests.ledger.runner_helpers import (
+    FakeAgent,
+    git_project,
+    install_fake_agent,
+    steps_of,
+)
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+
+@pytest.fixture
+def agent(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeAgent:
+    return install_fake_agent(settings, monkeypatch, tmp_path)
+
+
+def _route(project: Path, n: int = 0, **raw: Any) -> Any:
+    event = {
+        "id": f"evt-failover-{n}",
+        "type": "build.failed",
+        "source": "ci",
+        "data": {"project_path": str(project), "title": "Fix", "message": "broken"},
+    }
+    result = route_event(
+        kind="generic", envelope=event, options=route_options(raw), env={}
+    )
+    assert result.kind == CREATED, result.to_dict()
+    return result.run
+
+
+def _moves(run: WorkflowRun) -> list[dict[str, Any]]:
+    return [
+        {**(e.payload_json or {}), "step": e.step_id}
+        for e in WorkflowEvent.objects.filter(
+            workflow_run=run, event_type="step_account_moved"
+        ).order_by("sequence")
+    ]
+
+
+def _cool(profile: str, minutes: int = 10) -> None:
+    services.account_cooldown_record(
+        profile=profile,
+        tool="codewith",
+        until=timezone.now() + timedelta(minutes=minutes),
+        reason="429",
+    )
+
+
+def test_a_step_whose_account_cools_after_admission_moves_to_a_free_member_without_waiting(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    run = _route(tmp_path, auth_profile_pool="acctA,acctB,acctC")
+    steps = steps_of(run)
+    worker, verifier = (
+        steps["worker"].account_profile,
+        steps["verifier"].account_profile,
+    )
+    _cool(worker)
+
+    assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
+
+    free = ({"acctA", "acctB", "acctC"} - {worker, verifier}).pop()
+    steps = steps_of(run)
+    # The member the verifier does not use: verifier != worker where possible.
+    assert steps["worker"].account_profile == free
+    assert steps["verifier"].account_profile == verifier
+    assert _moves(run) == [
+        {
+            "step": "worker",
+            "from": worker,
+            "to": free,
+            "code": "cooldown",
+            "reason": _moves(run)[0]["reason"],
+        }
+    ]
+    assert "cooling down" in _moves(run)[0]["reason"]
+    assert not WorkflowEvent.objects.filter(
+        workflow_run=run, event_type="step_waiting"
+    ).exists()
+    # The agent ran on the account the ledger records.
+    ran = {r["step"]: r["profile"] for r in agent.records()}
+    assert ran == {"worker": free, "verifier": verifier}
+    assert account_load_drift() == []  # the kept loads followed the move
+
+
+def test_a_disabled_account_is_left_for_a_free_member(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    run = _route(tmp_path, auth_profile_pool="acctA,acctB")
+    worker = steps_of(run)["worker"].account_profile
+    Account.objects.create(name=worker, provider="codewith", enabled=False)
+
+    assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
+    assert steps_of(run)["worker"].account_profile != worker
+    assert _moves(run)[0]["code"] == "account_disabled"
+
+
+def test_a_rate_limited_step_succeeds_on_the_second_account(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    run = _route(tmp_path, auth_profile_pool="acctA,acctB")
+    first = steps_of(run)["worker"].account_profile
+    other = ({"acctA", "acctB"} - {first}).pop()
+    agent.configure(profiles={first: {"rate_limit": "HTTP 429 Too Many Requests"}})
+
+    assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
+
+    assert steps_of(run)["worker"].account_profile == other
+    assert AccountCooldown.objects.filter(pk=first, until__gt=timezone.now()).exists()
+    (move,) = _moves(run)
+    assert (move["from"], move["to"], move["code"]) == (first, other, "rate_limit")
+    assert [r["profile"] for r in agent.records() if r["step"] == "worker"] == [
+        first,
+        other,
+    ]
+    assert account_load_drift() == []
+
+
+def test_rate_limit_moves_are_bounded_then_the_run_fails(
+    agent: FakeAgent, tmp_path: Path, settings: Any
+) -> None:
+    settings.LOOPSWEB_RATE_LIMIT_MOVES = 2
+    pool = ["acctA", "acctB", "acctC", "acctD"]
+    agent.configure(default={"rate_limit": "usage limit reached"})
+    run = _route(tmp_path, auth_profile_pool=",".join(pool))
+
+    assert run_workflow_run(run.id) == RunStatus.FAILED
+
+    attempts = [r["profile"] for r in agent.records() if r["step"] == "worker"]
+    assert len(attempts) == 3 and len(set(attempts)) == 3  # two moves, three accounts
+    assert len(_moves(run)) == 2
+
+
+def test_a_pinned_profile_never_moves(agent: FakeAgent, tmp_path: Path) -> None:
+    run = _route(
+        tmp_path,
+        auth_profile_pool="acctA,acctB",
+        worker_auth_profile="acctA",
+        verifier_auth_profile="acctB",
+    )
+    agent.configure(profiles={"acctA": {"rate_limit": "HTTP 429"}})
+
+    assert run_workflow_run(run.id) == RunStatus.FAILED
+    assert steps_of(run)["worker"].account_profile == "acctA"
+    assert _moves(run) == []
+
+    # Cooling too: the pinned step waits rather than move.
+    pinned = _route(
+        tmp_path, 1, worker_auth_profile="acctA", auth_profile_pool="acctA,acctB"
+    )
+    claimed = services.run_claim(run_id=pinned.id, worker="w")
+    assert claimed is not None
+    outcome = services.step_start(step_run_id=steps_of(pinned)["worker"].id, worker="w")
+    assert not outcome.started and outcome.wait_code == "cooldown"
+    assert _moves(pinned) == []
+
+
+def test_with_every_member_cooling_the_step_waits_and_ops_shows_why(
+    agent: FakeAgent, tmp_path: Path, admin_client: Any
+) -> None:
+    run = _route(tmp_path, auth_profile_pool="acctA,acctB")
+    _cool("acctA")
+    _cool("acctB")
+    claimed = services.run_claim(run_id=run.id, worker="w")
+    assert claimed is not None
+    outcome = services.step_start(step_run_id=steps_of(run)["worker"].id, worker="w")
+
+    assert not outcome.started and outcome.wait_code == "cooldown"
+    assert _moves(run) == []
+    assert account_load_drift() == []
+    page = admin_client.get("/ops/").content.decode()
+    section = page.split('id="waiting"')[1].split("</section>")[0]
+    worker = steps_of(run)["worker"].account_profile
+    assert f"<code>{worker}</code>" in section
+    assert f"account {worker} is cooling down until" in section
+
+
+def test_a_registered_claude_pool_is_routed_least_loaded_with_its_cap(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    for name in ("c1", "c2"):
+        Account.objects.create(
+            name=name,
+            provider="claude",
+            env_json={"CLAUDE_CONFIG_DIR": str(tmp_path / name)},
+            max_running=1,
+        )
+    project = git_project(
+        tmp_path / "repo"
+    )  # claude needs the run's worktree (isolation)
+    runs = [
+        _route(project, n, provider="claude", auth_profile_pool="c1,c2")
+        for n in range(2)
+    ]
+    # Least-loaded: the second admission takes the other account for its worker.
+    workers = {steps_of(r)["worker"].account_profile for r in runs}
+    assert workers == {"c1", "c2"}
+    # Both accounts now carry one reserved step: their own cap (1) defers the third.
+    third = route_event(
+        kind="generic",
+        envelope={
+            "id": "evt-failover-3",
+            "type": "t",
+            "source": "ci",
+            "data": {"project_path": str(project), "title": "x"},
+        },
+        options=route_options({"provider": "claude", "auth_profile_pool": "c1,c2"}),
+        env={},
+    )
+    assert third.kind == "throttled" and third.reason_code == "profile_cap"
+
+    assert run_workflow_run(runs[0].id) == RunStatus.SUCCEEDED
+    for record in agent.records():
+        assert record["env"]["CLAUDE_CONFIG_DIR"] == str(tmp_path / record["profile"])
+
+
+def test_an_unregistered_claude_pool_behaves_as_upstream(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    run = _route(
+        git_project(tmp_path / "repo"), provider="claude", auth_profile_pool="u1,u2"
+    )
+    assert run.invocation.scope_json["providerRouting"]["poolRouting"] is False
+
+
+def test_a_wholly_disabled_pool_defers_with_its_own_reason(tmp_path: Path) -> None:
+    for name in ("acctA", "acctB"):
+        Account.objects.create(name=name, provider="codewith", enabled=False)
+    result = route_event(
+        kind="generic",
+        envelope={
+            "id": "evt-disabled",
+            "type": "t",
+            "source": "ci",
+            "data": {"project_path": str(tmp_path), "title": "x"},
+        },
+        options=route_options({"auth_profile_pool": "acctA,acctB"}),
+        env={},
+    )
+    assert result.kind == "throttled" and result.reason_code == "account_disabled"
+
+
+@pytest.mark.parametrize(
+    "pool", [["--config=/tmp/evil", "-p"], "acctA,-p", ["acct A", "b"]]
+)
+def test_pool_member_names_are_validated_at_admission(pool: Any) -> None:
+    from ledger.models import WorkflowWorkItem
+    from routing.domain.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="not valid"):
+        route_options({"auth_profile_pool": pool})
+    with pytest.raises(ValidationError, match="not valid"):
+        route_event(
+            kind="generic",
+            envelope={
+                "id": "evt-bad-pool",
+                "type": "t",
+                "source": "ci",
+                "data": {"title": "x", "project_path": "/srv/p"},
+                "metadata": {"authProfilePool": pool},
+            },
+            options=route_options({}),
+            env={},
+        )
+    assert not WorkflowWorkItem.objects.exists()
