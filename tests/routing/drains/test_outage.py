@@ -127,8 +127,11 @@ def test_a_short_outage_stops_the_drain_which_records_itself_when_the_database_i
     assert 10 <= report["created"] < EVENTS and report["fatal"] == 0
     states = _states(url)
     # Nothing failed: what was admitted is admitted, everything else is pending as before.
+    # A batch whose COMMIT was in flight when the server died may have committed without
+    # the drain hearing so: its (at most 5) rows are admitted in the ledger but not counted
+    # in the report. Nothing is lost or admitted twice either way.
     assert states.get("failed", 0) == 0
-    assert states["admitted"] == report["created"]
+    assert report["created"] <= states["admitted"] <= report["created"] + 5
     assert states["admitted"] + states["pending"] == EVENTS
     with psycopg.connect(url) as conn:
         record = conn.execute("SELECT created, error FROM routing_drains").fetchall()
