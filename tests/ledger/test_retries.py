@@ -403,3 +403,40 @@ def test_the_api_item_detail_numbers_each_attempt(client: Any) -> None:
         (2, "queued", None),
     ]
     assert body["runs"][1]["scheduledFor"] is not None
+
+
+def test_a_retry_after_a_rate_limit_starts_on_a_free_pool_member(
+    agent: FakeAgent, tmp_path: Path, settings: Any
+) -> None:
+    """The retry is admitted on the failed attempt's accounts; the account rules (issue 15's
+    failover at step start) then move its step off the account the rate limit left cooling."""
+    settings.LOOPSWEB_RATE_LIMIT_MOVES = 0  # the rate limit fails the attempt itself
+    result = _route(
+        tmp_path, auth_profile_pool="acctA,acctB", max_attempts=2, retry_backoff=0
+    )
+    assert result.kind == CREATED and result.run is not None
+    item_id = result.work_item.id  # type: ignore[union-attr]
+    limited = result.run.step_runs.get(step_id="worker").account_profile
+    other = ({"acctA", "acctB"} - {limited}).pop()
+    agent.configure(profiles={limited: {"rate_limit": "HTTP 429 Too Many Requests"}})
+
+    assert run_workflow_run(result.run.id) == RunStatus.FAILED
+    first, second = _runs(item_id)
+    assert second.status == RunStatus.QUEUED
+    assert second.step_runs.get(step_id="worker").account_profile == limited
+
+    assert run_workflow_run(second.id) == RunStatus.SUCCEEDED
+    assert second.step_runs.get(step_id="worker").account_profile == other
+    (move,) = [
+        e.payload_json
+        for e in second.events.filter(event_type="step_account_moved")
+        if e.step_id == "worker"
+    ]
+    assert (move["from"], move["to"]) == (limited, other)
+    worker_profiles = [r["profile"] for r in agent.records() if r["step"] == "worker"]
+    assert worker_profiles == [limited, other]
+    item = WorkflowWorkItem.objects.get(pk=item_id)
+    assert item.status == WorkItemStatus.SUCCEEDED and item.attempts == 1
+    from tests.account_loads import assert_account_counts_match_rows
+
+    assert_account_counts_match_rows()
