@@ -499,20 +499,14 @@ def run_claim(
             if not claimed_item:
                 item = WorkflowWorkItem.objects.filter(pk=run.work_item_id).first()
         if item is not None and item.status not in RUNNABLE_STATUSES:
-            message = WORK_ITEM_NOT_RUNNABLE.format(item_id=item.id, status=item.status)
-            _finish_open_steps(
+            # The item is ended already: its reason and the steps' stay as they are.
+            _cancel_locked(
                 run,
-                pending_to=StepStatus.CANCELLED,
-                running_to=StepStatus.CANCELLED,
-                error=None,
+                reason=WORK_ITEM_NOT_RUNNABLE.format(
+                    item_id=item.id, status=item.status
+                ),
                 now=now,
-            )
-            _end_run(
-                run,
-                status=RunStatus.CANCELLED,
-                error=message,
-                item_reason=None,
-                now=now,
+                run_only=True,
             )
             return None
         _append_event(
@@ -661,24 +655,26 @@ def _cancel_locked(
     *,
     reason: str,
     now: datetime,
-    event_payload: dict[str, Any],
+    event_payload: dict[str, Any] | None = None,
     archive: bool = True,
+    run_only: bool = False,
 ) -> list[WorkflowStepRun]:
     """Cancel a run the caller locked (under the admission lock): its open steps and the
     run itself cancelled with `reason`, and the cascade. Returns the steps that were
-    running (their process groups are the caller's to kill, after commit)."""
+    running (their process groups are the caller's to kill, after commit). `run_only`:
+    the reason is the run's error alone, not its running steps' or its item's."""
     was_running = _finish_open_steps(
         run,
         pending_to=StepStatus.CANCELLED,
         running_to=StepStatus.CANCELLED,
-        error=reason,
+        error=None if run_only else reason,
         now=now,
     )
     _end_run(
         run,
         status=RunStatus.CANCELLED,
         error=reason,
-        item_reason=reason,
+        item_reason=None if run_only else reason,
         now=now,
         event_payload=event_payload,
         archive=archive,
