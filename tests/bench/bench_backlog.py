@@ -305,7 +305,9 @@ def _runner_statements() -> dict[str, Any]:
     os.environ["PATH"] = (
         f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     )
-    project = tempfile.mkdtemp(prefix="loopsweb-bench-runner-")
+    project = os.path.realpath(tempfile.mkdtemp(prefix="loopsweb-bench-runner-"))
+    # the agent really runs here: a project root of its own beside the harness's fake /srv
+    settings.LOOPSWEB_PROJECT_ROOTS = (*settings.LOOPSWEB_PROJECT_ROOTS, project)
     counts = []
     for n in range(RUNNER_RUNS):
         result = route_event(
