@@ -34,7 +34,6 @@ BACKLOG_EVENTS = harness.scaled(10_000, 200)
 WINDOW = harness.scaled(200, 50)  # events in the first and last windows (>= one batch)
 PROJECTS = [f"/srv/backlog/p{n:02d}" for n in range(20)]
 ACCOUNTS = ("acct-a", "acct-b", "acct-c", "acct-d", "acct-e")
-# The largest caps the options accept (routing.domain.bounds), far above the 15,000 items here.
 CAPS: dict[str, Any] = {
     "max_active": 100_000,
     "max_active_per_project": 100_000,
@@ -305,9 +304,9 @@ def _runner_statements() -> dict[str, Any]:
     os.environ["PATH"] = (
         f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     )
-    project = os.path.realpath(tempfile.mkdtemp(prefix="loopsweb-bench-runner-"))
-    # the agent really runs here: a project root of its own beside the harness's fake /srv
-    settings.LOOPSWEB_PROJECT_ROOTS = (*settings.LOOPSWEB_PROJECT_ROOTS, project)
+    project = tempfile.mkdtemp(prefix="loopsweb-bench-runner-")
+    # The agent really runs there: the project must lie inside the allowed roots.
+    settings.LOOPSWEB_PROJECT_ROOTS = [project]
     counts = []
     for n in range(RUNNER_RUNS):
         result = route_event(
