@@ -14,10 +14,18 @@ A candidate that meets existing rows (an item seen before, a reused invocation o
 admitted the one-at-a-time way (`_admit`), in the same transaction, after the rows decided
 before it are written; the counts are read again after it.
 
-A failure anywhere rolls the whole batch back: it never writes part of a batch. After an
-error the drain routes candidates one at a time; when the failure is only that another drain
-claimed some of the batch's inbox rows since the scan, the drain drops those rows (as one at a
-time would) and decides the rest again in a batch.
+The batch owns its inbox rows before it decides anything: right after the admission lock it
+reads, in one statement, which of its rows are still as the drain scanned them (open, same
+attempt counter), locking them on PostgreSQL (`FOR UPDATE`; on SQLite `BEGIN IMMEDIATE`
+already holds the database's write lock). A row another drain took since the scan is lost
+to this drain, as one-at-a-time routing finds when its claim fails: it gets no admission and
+no write; only a hold the row already records is still reported (one at a time decides the
+pre-check before it claims, and such a hold writes nothing). The rows it owns are recorded,
+attempt counter included, with at most two UPDATEs at the end.
+
+A failure anywhere rolls the whole batch back: it never writes part of a batch, and its rows
+stay as they were (open, for this drain one at a time or a later drain). After an error the
+drain routes candidates one at a time.
 """
 
 from __future__ import annotations
@@ -75,15 +83,6 @@ from routing.domain.throttle import (
 from routing.drains.outcomes import _INBOX_STATE, _hold_record
 from routing.drains.sources import Candidate
 from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
-
-
-class BatchAborted(Exception):
-    """Inbox rows of the batch were claimed by another drain since the scan: the batch
-    wrote nothing (rolled back); the drain drops those rows and decides the rest again."""
-
-    def __init__(self, lost: set[str | None]) -> None:
-        super().__init__(f"{len(lost)} inbox row(s) claimed by another drain")
-        self.lost = lost
 
 
 @dataclass
@@ -252,27 +251,28 @@ def route_batch(
     full: Any,
     shared_pool: bool,
     held: Any,
-) -> list[Decided]:
+) -> list[Decided | None]:
     """Decide and write `pairs` in order in one transaction (module docstring).
 
     `full` is the drain's `_Full` (caps seen full), updated as one-at-a-time routing would;
     `held(envelope, reason, code, plan)` builds a hold's result. Returns the outcomes of the
-    candidates it decided: all of them, or those before the one that found the scope (or a
-    shared pool) full, which the drain then holds unread. Raises BatchAborted (nothing
-    written) naming the inbox rows another drain claimed meanwhile; any other error
-    propagates, also with nothing written.
+    candidates it decided, None for one whose inbox row another drain took since the scan:
+    all of them, or those before the one that found the scope (or a shared pool) full, which
+    the drain then holds unread. An error propagates with nothing written.
     """
-    decided: list[Decided] = []
+    decided: list[Decided | None] = []
     with transaction.atomic():
         admission_lock()
-        rows = _existing_rows([plan for _, plan in pairs])
+        owned = _own_inbox_rows([candidate for candidate, _ in pairs])
         plans = [plan for _, plan in pairs]
+        rows = _existing_rows(plans)
         counts: _Counts | None = None
         loads: _Loads | None = None
         pending = _Pending()
         for candidate, plan in pairs:
             if full.every is not None:
                 break
+            lost = bool(candidate.inbox_id) and candidate.inbox_id not in owned
             status = rows.items.get(plan.idempotency_key)
             if status is None or status not in KEEP_WORK_ITEM_STATUSES:
                 # The pre-check of one-at-a-time routing, from the counts in memory.
@@ -303,6 +303,11 @@ def route_batch(
                         )
                 if hold is not None:
                     full.saw(plan, *hold, shared_pool=shared_pool)
+                    if lost and not candidate.recorded_as(
+                        InboxState.DEFERRED, hold[1], hold[0]
+                    ):
+                        decided.append(None)  # its claim would fail: nothing written
+                        continue
                     decided.append(
                         Decided(
                             candidate,
@@ -310,6 +315,9 @@ def route_batch(
                             hold=hold,
                         )
                     )
+                    continue
+                if lost:  # one at a time claims before it admits: that claim fails
+                    decided.append(None)
                     continue
                 if (
                     status is None
@@ -327,6 +335,9 @@ def route_batch(
                     rows.specs.add(plan.workflow_name)
                     decided.append(Decided(candidate, routed.to_dict(), routed=routed))
                     continue
+            elif lost:  # already routed: admission would dedupe, but the claim fails first
+                decided.append(None)
+                continue
             # Existing rows: the one-at-a-time admission, on the rows written so far.
             check_plan_fits_columns(plan)
             pending.flush()
@@ -346,8 +357,31 @@ def route_batch(
                 )
             decided.append(Decided(candidate, routed.to_dict(), routed=routed))
         pending.flush()
-        _record_inbox(decided, now)
+        _record_inbox([d for d in decided if d is not None], now)
     return decided
+
+
+def _own_inbox_rows(candidates: Sequence[Candidate]) -> set[str]:
+    """The inbox rows of `candidates` still as the drain scanned them (open, same attempt
+    counter), locked until the batch ends: one SELECT, under the admission lock. On
+    PostgreSQL `FOR UPDATE` (in id order) makes a concurrent claim wait for this batch and
+    then fail; on SQLite the transaction already holds the database's write lock."""
+    wanted = [c for c in candidates if c.inbox_id]
+    if not wanted:
+        return set()
+    states = [str(s) for s in OPEN_INBOX_STATES]
+    match = " OR ".join(["(id = %s AND route_attempts = %s)"] * len(wanted))
+    params: list[object] = [*states]
+    for candidate in wanted:
+        params += [candidate.inbox_id, candidate.route_attempts]
+    lock = " ORDER BY id FOR UPDATE" if connection.features.has_select_for_update else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT id FROM "{InboxEvent._meta.db_table}" '
+            f"WHERE state IN ({', '.join(['%s'] * len(states))}) AND ({match}){lock}",
+            params,
+        )
+        return {str(row[0]) for row in cursor.fetchall()}
 
 
 def _admit_fresh(
@@ -420,27 +454,39 @@ _ROUTED_FIELDS = [
     "reason_code",
     "routed_at",
     "updated_at",
+    "route_attempts",
 ]
-_HOLD_FIELDS = ["state", "last_reason", "reason_code", "routed_at", "updated_at"]
+_HOLD_FIELDS = [
+    "state",
+    "last_reason",
+    "reason_code",
+    "routed_at",
+    "updated_at",
+    "route_attempts",
+]
 
 
 def _record_inbox(decided: Sequence[Decided], now: datetime) -> None:
-    """Claim the inbox rows this batch settles (one conditional UPDATE; a row another drain
-    took since the scan aborts the batch) and record their outcomes (one UPDATE per kind).
-    A hold the row already records writes nothing, as in one-at-a-time routing."""
+    """Record the outcomes on the inbox rows the batch owns (one UPDATE per kind), bumping
+    their attempt counters as a claim does. A hold the row already records writes nothing,
+    as in one-at-a-time routing."""
     routed: list[InboxEvent] = []
     holds: list[InboxEvent] = []
-    claims: list[Candidate] = []
     for outcome in decided:
         candidate = outcome.candidate
         if not candidate.inbox_id:
             continue
+        attempts = candidate.route_attempts + 1
         if outcome.hold is not None:
             reason, code = outcome.hold
             if candidate.recorded_as(InboxState.DEFERRED, code, reason):
                 continue
             holds.append(
-                InboxEvent(pk=candidate.inbox_id, **_hold_record(outcome.result, now))
+                InboxEvent(
+                    pk=candidate.inbox_id,
+                    route_attempts=attempts,
+                    **_hold_record(outcome.result, now),
+                )
             )
         else:
             result = outcome.routed
@@ -455,28 +501,9 @@ def _record_inbox(decided: Sequence[Decided], now: datetime) -> None:
                     reason_code=result.reason_code,
                     routed_at=now,
                     updated_at=now,
+                    route_attempts=attempts,
                 )
             )
-        claims.append(candidate)
-    if not claims:
-        return
-    table = InboxEvent._meta.db_table
-    states = [str(s) for s in OPEN_INBOX_STATES]
-    match = " OR ".join(["(id = %s AND route_attempts = %s)"] * len(claims))
-    params: list[object] = [*states]
-    for candidate in claims:
-        params += [candidate.inbox_id, candidate.route_attempts]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f'UPDATE "{table}" SET route_attempts = route_attempts + 1 '
-            f"WHERE state IN ({', '.join(['%s'] * len(states))}) AND ({match}) "
-            "RETURNING id",
-            params,
-        )
-        claimed = {row[0] for row in cursor.fetchall()}
-    lost = {c.inbox_id for c in claims} - claimed
-    if lost:
-        raise BatchAborted(lost)
     if routed:
         InboxEvent.objects.bulk_update(routed, _ROUTED_FIELDS)
     if holds:

@@ -57,7 +57,7 @@ from routing.domain.errors import ApplicationError
 from routing.domain.keys import route_key_for_kind
 from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from routing.domain.throttle import ThrottleCounts, admission_decision
-from routing.drains.batch import BatchAborted, route_batch
+from routing.drains.batch import route_batch
 from routing.drains.candidates import _passes_filters, fair_order
 from routing.drains.options import DrainOptions
 from routing.drains.outage import (
@@ -417,7 +417,6 @@ def _drain_loop(
     registered = registered_providers()  # one read: which pools are registered accounts
     # Batches while they work; after a failed batch, one candidate at a time.
     batching = not report.dry_run and settings.LOOPSWEB_DRAIN_BATCH_SIZE > 1
-    lost: set[str | None] = set()  # inbox rows another drain claimed during a batch
     index = 0
     while index < len(chosen):
         if report.counts[CREATED] >= options.max_dispatch:
@@ -434,12 +433,8 @@ def _drain_loop(
                     env,
                     cwd,
                     full,
-                    lost,
                     registered,
                 )
-            except BatchAborted as exc:  # nothing written; others took these rows
-                lost |= exc.lost
-                continue
             except ConnectionLost:
                 raise
             except Exception as exc:  # nothing of the batch was written
@@ -527,7 +522,6 @@ def _route_batch(
     env: Mapping[str, str],
     cwd: str,
     full: _Full,
-    lost: set[str | None],
     registered: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any] | None]:
     """Route `candidates` in order as `_route_one` would, the admissions in one transaction
@@ -544,9 +538,6 @@ def _route_batch(
     for candidate in candidates:
         envelope = candidate.envelope
         assert envelope is not None, "load_envelopes() before routing"
-        if candidate.inbox_id in lost:  # claimed by a concurrent drain
-            slots.append(None)
-            continue
         try:
             plan = plan_route(
                 kind=options.kind,
@@ -586,7 +577,8 @@ def _route_batch(
         if isinstance(slot, int):
             if slot >= len(decided):  # the scope filled before this candidate
                 break
-            out.append(decided[slot].result)
+            outcome = decided[slot]
+            out.append(None if outcome is None else outcome.result)
         else:
             out.append(slot)
     return out
