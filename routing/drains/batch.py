@@ -251,14 +251,16 @@ def route_batch(
     full: Any,
     shared_pool: bool,
     held: Any,
+    max_created: int,
 ) -> list[Decided | None]:
     """Decide and write `pairs` in order in one transaction (module docstring).
 
     `full` is the drain's `_Full` (caps seen full), updated as one-at-a-time routing would;
     `held(envelope, reason, code, plan)` builds a hold's result. Returns the outcomes of the
     candidates it decided, None for one whose inbox row another drain took since the scan:
-    all of them, or those before the one that found the scope (or a shared pool) full, which
-    the drain then holds unread. An error propagates with nothing written.
+    all of them, or those up to the one that made the `max_created`th admission (the drain's
+    max_dispatch), or those before the one that found the scope (or a shared pool) full,
+    which the drain then holds unread. An error propagates with nothing written.
     """
     decided: list[Decided | None] = []
     with transaction.atomic():
@@ -269,8 +271,9 @@ def route_batch(
         counts: _Counts | None = None
         loads: _Loads | None = None
         pending = _Pending()
+        created = 0
         for candidate, plan in pairs:
-            if full.every is not None:
+            if full.every is not None or created >= max_created:
                 break
             lost = bool(candidate.inbox_id) and candidate.inbox_id not in owned
             status = rows.items.get(plan.idempotency_key)
@@ -334,8 +337,11 @@ def route_batch(
                     rows.invocations.add(plan.idempotency_key)
                     rows.specs.add(plan.workflow_name)
                     decided.append(Decided(candidate, routed.to_dict(), routed=routed))
+                    created += 1
                     continue
-            elif lost:  # already routed: admission would dedupe, but the claim fails first
+            elif (
+                lost
+            ):  # already routed: admission would dedupe, but the claim fails first
                 decided.append(None)
                 continue
             # Existing rows: the one-at-a-time admission, on the rows written so far.
@@ -356,6 +362,7 @@ def route_batch(
                     shared_pool=shared_pool,
                 )
             decided.append(Decided(candidate, routed.to_dict(), routed=routed))
+            created += routed.kind == CREATED
         pending.flush()
         _record_inbox([d for d in decided if d is not None], now)
     return decided
@@ -374,7 +381,9 @@ def _own_inbox_rows(candidates: Sequence[Candidate]) -> set[str]:
     params: list[object] = [*states]
     for candidate in wanted:
         params += [candidate.inbox_id, candidate.route_attempts]
-    lock = " ORDER BY id FOR UPDATE" if connection.features.has_select_for_update else ""
+    lock = (
+        " ORDER BY id FOR UPDATE" if connection.features.has_select_for_update else ""
+    )
     with connection.cursor() as cursor:
         cursor.execute(
             f'SELECT id FROM "{InboxEvent._meta.db_table}" '

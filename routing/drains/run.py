@@ -422,17 +422,14 @@ def _drain_loop(
         if report.counts[CREATED] >= options.max_dispatch:
             break
         if batching and full.every is None:
-            size = min(
-                settings.LOOPSWEB_DRAIN_BATCH_SIZE,
-                options.max_dispatch - report.counts[CREATED],
-            )
             try:
                 done = _route_batch(
-                    chosen[index : index + size],
+                    chosen[index : index + settings.LOOPSWEB_DRAIN_BATCH_SIZE],
                     options,
                     env,
                     cwd,
                     full,
+                    options.max_dispatch - report.counts[CREATED],
                     registered,
                 )
             except ConnectionLost:
@@ -522,18 +519,21 @@ def _route_batch(
     env: Mapping[str, str],
     cwd: str,
     full: _Full,
+    max_created: int,
     registered: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any] | None]:
     """Route `candidates` in order as `_route_one` would, the admissions in one transaction
     (routing.drains.batch). Returns one result per candidate it handled, in order (None for
-    a row another drain claimed): all of them, or those before the scope (or the shared
-    pool) filled. Raises, having written nothing of the admission transaction, when it fails.
+    a row another drain claimed): all of them, or those up to the one that made the
+    `max_created`th admission, or those before the scope (or the shared pool) filled. Raises,
+    having written nothing of the admission transaction, when it fails.
 
-    Plans are made first, outside the transaction: an unplannable candidate fails alone and an
-    ineligible one is settled as skipped (one statement each, as one at a time)."""
+    Plans are made first, outside the transaction; an unplannable candidate fails alone and an
+    ineligible one is settled as skipped (one statement each, as one at a time), after the
+    transaction and only if the drain reached it."""
     now = timezone.now()
     route = replace(options.route, dry_run=False)
-    slots: list[dict[str, Any] | None | int] = []
+    slots: list[int | RouteResult | Exception] = []
     pairs: list[tuple[Candidate, RoutePlan]] = []
     for candidate in candidates:
         envelope = candidate.envelope
@@ -548,16 +548,10 @@ def _route_batch(
                 registered=registered,
             )
         except Exception as exc:
-            slots.append(_failed(candidate, exc, now, False))
+            slots.append(exc)
             continue
         if isinstance(plan, RouteResult):  # skipped by eligibility
-            result = plan.to_dict()
-            if candidate.inbox_id and not _claim(
-                candidate, **_hold_record(result, now)
-            ):
-                slots.append(None)
-            else:
-                slots.append(result)
+            slots.append(plan)
             continue
         slots.append(len(pairs))
         pairs.append((candidate, plan))
@@ -568,19 +562,31 @@ def _route_batch(
             full=full,
             shared_pool=bool(options.route.auth_profile_pool),
             held=_held,
+            max_created=max_created,
         )
         if pairs
         else []
     )
     out: list[dict[str, Any] | None] = []
-    for slot in slots:
+    created = 0
+    for candidate, slot in zip(candidates, slots, strict=True):
+        if created >= max_created:  # the drain stops here, as one at a time
+            break
         if isinstance(slot, int):
             if slot >= len(decided):  # the scope filled before this candidate
                 break
             outcome = decided[slot]
-            out.append(None if outcome is None else outcome.result)
+            result = None if outcome is None else outcome.result
+            created += bool(result and result["kind"] == CREATED)
+        elif isinstance(slot, Exception):
+            result = _failed(candidate, slot, now, False)
         else:
-            out.append(slot)
+            result = slot.to_dict()
+            if candidate.inbox_id and not _claim(
+                candidate, **_hold_record(result, now)
+            ):
+                result = None
+        out.append(result)
     return out
 
 

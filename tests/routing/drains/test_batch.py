@@ -264,9 +264,7 @@ def test_rows_another_drain_took_since_the_scan_are_left_to_it_without_a_rollbac
         if len(calls) == 1:
             # Another drain claims the second row after this one scanned it (committed
             # before this batch starts: its transaction only begins in route_batch).
-            InboxEvent.objects.filter(pk=pairs[1][0].inbox_id).update(
-                route_attempts=7
-            )
+            InboxEvent.objects.filter(pk=pairs[1][0].inbox_id).update(route_attempts=7)
         return real(pairs, **kwargs)
 
     real_fresh = batch._admit_fresh
@@ -326,3 +324,45 @@ def test_a_hold_already_recorded_is_reported_even_if_another_drain_rewrote_the_r
     assert InboxEvent.objects.filter(
         pk=held.pk, route_attempts=5, last_reason="another drain's reason"
     ).exists()
+
+
+def test_a_batch_stops_where_max_dispatch_stops_one_at_a_time(settings: Any) -> None:
+    """A batch takes more candidates than max_dispatch leaves to admit; those after the
+    last admission stay untouched, ineligible ones included (one at a time never reaches
+    them), and a later batch of the same drain reaches the ineligible one before them."""
+    from tests.routing.helpers import todos_event
+
+    outcomes = []
+    for batch_size in (1, 50):
+        settings.LOOPSWEB_DRAIN_BATCH_SIZE = batch_size
+        events = [
+            todos_event(project="/srv/a"),
+            todos_event(tags=["auto:route", "manual"]),
+            todos_event(project="/srv/b"),
+            todos_event(tags=[]),
+            todos_event(project="/srv/c"),
+        ]
+        _ingest(events)
+        report = drain_run(
+            options=drain_options("todos-task", {"max_dispatch": 2}), env={}
+        )
+        outcomes.append(
+            (
+                [(r["kind"], bool(r.get("precheck"))) for r in report.results],
+                sorted(InboxEvent.objects.values_list("state", "route_attempts")),
+            )
+        )
+        _wipe()
+    assert outcomes[0] == outcomes[1]
+    # The drain stops at its second admission: the ineligible event before it is settled
+    # as skipped, the one after it and the last eligible one stay pending, untouched.
+    assert outcomes[1] == (
+        [("created", False), ("skipped", False), ("created", False)],
+        [
+            ("admitted", 1),
+            ("admitted", 1),
+            ("pending", 0),
+            ("pending", 0),
+            ("skipped", 1),
+        ],
+    )
