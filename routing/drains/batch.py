@@ -80,7 +80,7 @@ from routing.domain.throttle import (
     ThrottleCounts,
     admission_decision,
 )
-from routing.drains.outcomes import _INBOX_STATE, _hold_record
+from routing.drains.outcomes import _INBOX_STATE, _claim, _hold_record
 from routing.drains.sources import Candidate
 from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
 
@@ -244,6 +244,64 @@ class Decided:
     routed: RouteResult | None = None
 
 
+class _Seen:
+    """The cap counts and account loads a batch decides from: read on first need, then
+    kept in memory as it admits."""
+
+    def __init__(self, plans: Sequence[RoutePlan], now: datetime) -> None:
+        self.plans = plans
+        self.now = now
+        self._counts: _Counts | None = None
+        self._loads: _Loads | None = None
+
+    def counts(self) -> _Counts:
+        if self._counts is None:
+            self._counts = _Counts(self.plans)
+        return self._counts
+
+    def loads(self) -> _Loads:
+        if self._loads is None:
+            self._loads = _Loads(self.now)
+        return self._loads
+
+    def admitted(self, plan: RoutePlan, load: LoadDelta) -> None:
+        if self._counts is not None:
+            self._counts.admitted(plan)
+        if self._loads is not None:
+            self._loads.add(load)
+
+    def forget(self) -> None:
+        self._counts = self._loads = None
+
+
+def _precheck(
+    plan: RoutePlan, full: Any, seen: _Seen
+) -> tuple[tuple[str, str] | None, AdmissionDecision | None, PoolView | None]:
+    """The pre-check of one-at-a-time routing, from the counts in memory: the hold
+    (reason, code) or None, and the throttle decision and pool view it made."""
+    hold = full.held(plan)
+    decision: AdmissionDecision | None = None
+    view: PoolView | None = None
+    if hold is None and plan.limits.any_set:
+        decision = admission_decision(
+            scope=plan.scope,
+            project_path=plan.project_path,
+            project_group=plan.project_group,
+            counts=seen.counts().of(plan),
+            limits=plan.limits,
+        )
+        if not decision.allowed:
+            hold = (decision.reason or "", decision.reason_code or reasons.ROUTE_CAP)
+    if hold is None and plan.pool_active:
+        view = seen.loads().view(plan)
+        if view.assignment.deferred:
+            hold = (
+                view.deferral_reason,
+                view.assignment.reason_code or reasons.PROFILE_CAP,
+            )
+    return hold, decision, view
+
+
 def route_batch(
     pairs: Sequence[tuple[Candidate, RoutePlan]],
     *,
@@ -253,7 +311,7 @@ def route_batch(
     held: Any,
     max_created: int,
 ) -> list[Decided | None]:
-    """Decide and write `pairs` in order in one transaction (module docstring).
+    """Decide and write `pairs` in order (module docstring).
 
     `full` is the drain's `_Full` (caps seen full), updated as one-at-a-time routing would;
     `held(envelope, reason, code, plan)` builds a hold's result. Returns the outcomes of the
@@ -262,14 +320,16 @@ def route_batch(
     max_dispatch), or those before the one that found the scope (or a shared pool) full,
     which the drain then holds unread. An error propagates with nothing written.
     """
+    holds = _all_held(pairs, now=now, full=full, shared_pool=shared_pool, held=held)
+    if holds is not None:
+        return _record_holds(holds, now)
     decided: list[Decided | None] = []
     with transaction.atomic():
         admission_lock()
         owned = _own_inbox_rows([candidate for candidate, _ in pairs])
         plans = [plan for _, plan in pairs]
         rows = _existing_rows(plans)
-        counts: _Counts | None = None
-        loads: _Loads | None = None
+        seen = _Seen(plans, now)
         pending = _Pending()
         created = 0
         for candidate, plan in pairs:
@@ -278,32 +338,7 @@ def route_batch(
             lost = bool(candidate.inbox_id) and candidate.inbox_id not in owned
             status = rows.items.get(plan.idempotency_key)
             if status is None or status not in KEEP_WORK_ITEM_STATUSES:
-                # The pre-check of one-at-a-time routing, from the counts in memory.
-                hold = full.held(plan)
-                decision: AdmissionDecision | None = None
-                view: PoolView | None = None
-                if hold is None and plan.limits.any_set:
-                    counts = counts or _Counts(plans)
-                    decision = admission_decision(
-                        scope=plan.scope,
-                        project_path=plan.project_path,
-                        project_group=plan.project_group,
-                        counts=counts.of(plan),
-                        limits=plan.limits,
-                    )
-                    if not decision.allowed:
-                        hold = (
-                            decision.reason or "",
-                            decision.reason_code or reasons.ROUTE_CAP,
-                        )
-                if hold is None and plan.pool_active:
-                    loads = loads or _Loads(now)
-                    view = loads.view(plan)
-                    if view.assignment.deferred:
-                        hold = (
-                            view.deferral_reason,
-                            view.assignment.reason_code or reasons.PROFILE_CAP,
-                        )
+                hold, decision, view = _precheck(plan, full, seen)
                 if hold is not None:
                     full.saw(plan, *hold, shared_pool=shared_pool)
                     if lost and not candidate.recorded_as(
@@ -329,10 +364,7 @@ def route_batch(
                 ):
                     check_plan_fits_columns(plan)  # as route_event (an error aborts)
                     routed, load = _admit_fresh(plan, decision, view, now, pending)
-                    if counts is not None:
-                        counts.admitted(plan)
-                    if loads is not None:
-                        loads.add(load)
+                    seen.admitted(plan, load)
                     rows.items[plan.idempotency_key] = WorkItemStatus.ADMITTED
                     rows.invocations.add(plan.idempotency_key)
                     rows.specs.add(plan.workflow_name)
@@ -348,7 +380,7 @@ def route_batch(
             check_plan_fits_columns(plan)
             pending.flush()
             routed = _admit(plan, now=now, dry_run=False)
-            counts = loads = None  # read again after it
+            seen.forget()  # read again after it
             if routed.work_item is not None:
                 rows.items[plan.idempotency_key] = routed.work_item.status
             rows.invocations.add(plan.idempotency_key)
@@ -366,6 +398,72 @@ def route_batch(
         pending.flush()
         _record_inbox([d for d in decided if d is not None], now)
     return decided
+
+
+def _all_held(
+    pairs: Sequence[tuple[Candidate, RoutePlan]],
+    *,
+    now: datetime,
+    full: Any,
+    shared_pool: bool,
+    held: Any,
+) -> list[Decided] | None:
+    """The holds of the batch when its pre-check, from unlocked reads, holds every
+    candidate (up to a full scope or shared pool); None, with `full` as it was, as soon as
+    one would go on to admission.
+
+    This is what one-at-a-time routing does for such candidates: its pre-check is an
+    unlocked read, and a held candidate never takes the admission lock. A drain whose caps
+    are full (the common case when several drains compete) then decides without the lock,
+    without SQLite's write lock, and writes only the holds its rows do not record yet."""
+    every, keys = full.every, dict(full.keys)
+    plans = [plan for _, plan in pairs]
+    rows: _Rows | None = (
+        None  # read once a hold is found: a batch that admits its first
+    )
+    seen = _Seen(plans, now)  # candidate pays only the counts (and loads) read here
+    decided: list[Decided] = []
+    for candidate, plan in pairs:
+        if full.every is not None:
+            break
+        hold = _precheck(plan, full, seen)[0]
+        if hold is not None:
+            rows = rows or _existing_rows(plans)
+            if rows.items.get(plan.idempotency_key) in KEEP_WORK_ITEM_STATUSES:
+                hold = None  # one at a time never holds an item that ran: it dedupes
+        if hold is None:  # admission (or a dedupe) decides this one: under the lock
+            full.every = every
+            full.keys.clear()
+            full.keys.update(keys)
+            return None
+        full.saw(plan, *hold, shared_pool=shared_pool)
+        decided.append(
+            Decided(candidate, held(candidate.envelope, *hold, plan=plan), hold=hold)
+        )
+    return decided
+
+
+def _record_holds(holds: list[Decided], now: datetime) -> list[Decided | None]:
+    """Claim and record the rows of `holds` that do not record their hold yet (as one at a
+    time: one conditional UPDATE each; a row another drain took since the scan is left to
+    it and its candidate dropped), in one transaction, in id order (the order a batch
+    locks rows in, so the two never deadlock on PostgreSQL)."""
+    writes = [
+        outcome
+        for outcome in holds
+        if outcome.candidate.inbox_id
+        and outcome.hold is not None
+        and not outcome.candidate.recorded_as(
+            InboxState.DEFERRED, outcome.hold[1], outcome.hold[0]
+        )
+    ]
+    lost: set[int] = set()
+    if writes:
+        with transaction.atomic():
+            for outcome in sorted(writes, key=lambda o: str(o.candidate.inbox_id)):
+                if not _claim(outcome.candidate, **_hold_record(outcome.result, now)):
+                    lost.add(id(outcome))
+    return [None if id(outcome) in lost else outcome for outcome in holds]
 
 
 def _own_inbox_rows(candidates: Sequence[Candidate]) -> set[str]:

@@ -429,7 +429,7 @@ def _drain_loop(
                     env,
                     cwd,
                     full,
-                    options.max_dispatch - report.counts[CREATED],
+                    report,
                     registered,
                 )
             except ConnectionLost:
@@ -519,18 +519,20 @@ def _route_batch(
     env: Mapping[str, str],
     cwd: str,
     full: _Full,
-    max_created: int,
+    report: DrainReport,
     registered: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any] | None]:
     """Route `candidates` in order as `_route_one` would, the admissions in one transaction
     (routing.drains.batch). Returns one result per candidate it handled, in order (None for
-    a row another drain claimed): all of them, or those up to the one that made the
-    `max_created`th admission, or those before the scope (or the shared pool) filled. Raises,
-    having written nothing of the admission transaction, when it fails.
+    a row another drain claimed): all of them, or those up to the one that made the drain's
+    max_dispatch-th admission. Once the scope (or the shared pool) fills, the rest are held
+    unread as the drain loop would (`_hold_unread`, with the plans made here). Raises, having
+    written nothing of the admission transaction, when it fails.
 
     Plans are made first, outside the transaction; an unplannable candidate fails alone and an
     ineligible one is settled as skipped (one statement each, as one at a time), after the
     transaction and only if the drain reached it."""
+    max_created = options.max_dispatch - report.counts[CREATED]
     now = timezone.now()
     route = replace(options.route, dry_run=False)
     slots: list[int | RouteResult | Exception] = []
@@ -573,8 +575,9 @@ def _route_batch(
         if created >= max_created:  # the drain stops here, as one at a time
             break
         if isinstance(slot, int):
-            if slot >= len(decided):  # the scope filled before this candidate
-                break
+            if slot >= len(decided):  # the scope (or the shared pool) filled before it
+                out.append(_hold_unread(candidate, full, report))
+                continue
             outcome = decided[slot]
             result = None if outcome is None else outcome.result
             created += bool(result and result["kind"] == CREATED)
