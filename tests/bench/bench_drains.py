@@ -98,12 +98,7 @@ def hold_seconds(item_id: str) -> float:
 
 def main() -> None:
     if len(sys.argv) > 4 and sys.argv[1] == "--worker":
-        import os
-        if os.environ.get("PROF_DIR"):
-            import cProfile
-            cProfile.runctx("worker(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])", globals(), locals(), f"{os.environ['PROF_DIR']}/w{sys.argv[2]}-{os.getpid()}.prof")
-        else:
-            worker(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
+        worker(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--completer":
         completer()

@@ -367,3 +367,45 @@ def test_a_batch_stops_where_max_dispatch_stops_one_at_a_time(settings: Any) -> 
             ("skipped", 1),
         ],
     )
+
+
+@pytest.mark.parametrize("batch_size", [1, 50])
+def test_holds_decided_without_the_lock_leave_rows_another_drain_took(
+    settings: Any, batch_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every candidate held: no admission lock (as one at a time, whose pre-check is an
+    unlocked read), and a hold whose row another drain took since the scan is dropped."""
+    from ledger import lock
+    from routing.drains import batch, run
+
+    settings.LOOPSWEB_DRAIN_BATCH_SIZE = batch_size
+    caps = {"max_active": 10, "max_active_per_project": 1, "max_dispatch": 10}
+    _ingest([generic_event(project="/srv/a"), generic_event(project="/srv/a")])
+    _drain(**caps)  # admits the first, records the second's hold
+    _ingest([generic_event(project="/srv/a"), generic_event(project="/srv/a")])
+    taken = InboxEvent.objects.filter(state="pending").order_by("received_at").first()
+    assert taken is not None
+    real_load, real_lock = run.load_envelopes, lock.admission_lock
+    locks: list[int] = []
+
+    def another_drain_takes_one(candidates: Any) -> Any:
+        InboxEvent.objects.filter(pk=taken.pk).update(route_attempts=5)
+        return real_load(candidates)
+
+    def counted_lock(*args: Any, **kwargs: Any) -> None:
+        locks.append(1)
+        real_lock(*args, **kwargs)
+
+    monkeypatch.setattr(run, "load_envelopes", another_drain_takes_one)
+    monkeypatch.setattr(run, "admission_lock", counted_lock)
+    monkeypatch.setattr(batch, "admission_lock", counted_lock)
+    report = _drain(**caps)
+    assert [r["reasonCode"] for r in report.results] == ["project_cap", "project_cap"]
+    assert taken.event_id not in {r["event"]["id"] for r in report.results}
+    assert locks == []
+    assert sorted(InboxEvent.objects.values_list("state", "route_attempts")) == [
+        ("admitted", 1),
+        ("deferred", 1),
+        ("deferred", 1),
+        ("pending", 5),
+    ]
