@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from http.cookiejar import CookieJar
 from pathlib import Path
 from typing import Any
+
+from tests.conftest import CHILD_TEST_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_AGENT = ROOT / "scripts" / "fake-agent"
@@ -48,6 +53,62 @@ def terminal_env(data_dir: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+STAFF_USER = "operator"
+STAFF_PASSWORD = "a-long-test-password"
+
+
+def make_run_env(data_dir: Path, port: int, **extra: str) -> dict[str, str]:
+    """A newcomer's shell for `make run`: none of the suite's settings (no test key, so make
+    run and a second terminal share the data directory's development key; no isolation
+    settings, so make run chooses its demo root), a staff user, the fake agent as codewith."""
+    dropped = {
+        "DATABASE_URL",
+        "SQLITE_TEST_NAME",
+        *CHILD_TEST_ENV,
+        "LOOPSWEB_PROJECT_ROOTS",
+        "LOOPSWEB_WORKTREE_DIR",
+        "LOOPSWEB_AGENT_ENV_PASSTHROUGH",
+    }
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env.update(
+        LOOPSWEB_DATA_DIR=str(data_dir),
+        LOOPSWEB_PORT=str(port),
+        LOOPSWEB_ADMIN_USER=STAFF_USER,
+        LOOPSWEB_ADMIN_PASSWORD=STAFF_PASSWORD,
+        LOOPSWEB_CODEWITH_BIN=str(FAKE_AGENT),
+        PY=sys.executable,
+    )
+    env.update(extra)
+    return env
+
+
+def staff_login(base: str, next_path: str) -> tuple[urllib.request.OpenerDirector, Any]:
+    """Sign the staff user in through the admin login form: (opener with the session
+    cookie, the response the login redirected to)."""
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(CookieJar())
+    )
+    page = opener.open(f"{base}/admin/login/").read().decode()
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert found, "no CSRF token on the login page"
+    form = urllib.parse.urlencode(
+        {
+            "csrfmiddlewaretoken": found.group(1),
+            "username": STAFF_USER,
+            "password": STAFF_PASSWORD,
+            "next": next_path,
+        }
+    ).encode()
+    landed = opener.open(
+        urllib.request.Request(
+            f"{base}/admin/login/?next={next_path}",
+            data=form,
+            headers={"Referer": base},
+        )
+    )
+    return opener, landed
 
 
 def start_make_run(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

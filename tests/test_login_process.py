@@ -11,7 +11,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_make_run import _free_port, _wait_for
+from tests.processes import free_port, wait_for_http
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.sqlite, pytest.mark.slow]
@@ -66,7 +65,7 @@ def test_the_real_server_locks_a_login_out_after_the_failure_limit(
             check=True,
             timeout=300,
         )
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
         cwd=ROOT,
@@ -77,7 +76,7 @@ def test_the_real_server_locks_a_login_out_after_the_failure_limit(
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_for(f"{base}/admin/login/", time.monotonic() + 60)
+        wait_for_http(f"{base}/admin/login/")
         answers = [_attempt(base, "wrong")[0] for _ in range(3)]
         assert answers == [200, 200, 429]
         status, _ = _attempt(base, "a-long-test-password")

@@ -2,43 +2,28 @@
 
 from __future__ import annotations
 
-import http.cookiejar
 import json
-import os
-import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CHILD_TEST_ENV
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.processes import (
+    ROOT,
+    free_port,
+    make_run_env,
+    staff_login,
+    start_make_run,
+    stop_make_run,
+    wait_for_http,
+)
 
 pytestmark = [pytest.mark.sqlite, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(url: str, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer in time")
 
 
 def _processes_with_env(marker: str) -> list[int]:
@@ -107,58 +92,15 @@ def _run_row(database: Path, item_id: str) -> tuple | None:
 def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops_everything(
     tmp_path: Path,
 ) -> None:
-    port = _free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in {
-            "DATABASE_URL",
-            "SQLITE_TEST_NAME",
-            *CHILD_TEST_ENV,
-            # The suite's own isolation settings: make run chooses its demo root itself.
-            "LOOPSWEB_PROJECT_ROOTS",
-            "LOOPSWEB_WORKTREE_DIR",
-            "LOOPSWEB_AGENT_ENV_PASSTHROUGH",
-        }
-    }
-    env.update(
-        LOOPSWEB_DATA_DIR=str(tmp_path),
-        LOOPSWEB_PORT=str(port),
-        LOOPSWEB_ADMIN_USER="operator",
-        LOOPSWEB_ADMIN_PASSWORD="a-long-test-password",
-        LOOPSWEB_CODEWITH_BIN=str(ROOT / "scripts" / "fake-agent"),
-        PY=sys.executable,
-    )
-    proc = subprocess.Popen(
-        ["bash", "scripts/run.sh"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    port = free_port()
+    env = make_run_env(tmp_path, port)
+    log = tmp_path / "make-run.log"
+    proc = start_make_run(env, log)
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_for(f"{base}/admin/login/", time.monotonic() + 60)
+        wait_for_http(f"{base}/admin/login/")
 
-        jar = http.cookiejar.CookieJar()
-        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-        page = opener.open(f"{base}/admin/login/").read().decode()
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-        form = urllib.parse.urlencode(
-            {
-                "csrfmiddlewaretoken": token,
-                "username": "operator",
-                "password": "a-long-test-password",
-                "next": "/admin/",
-            }
-        ).encode()
-        request = urllib.request.Request(
-            f"{base}/admin/login/?next=/admin/", data=form, headers={"Referer": base}
-        )
-        landed = opener.open(request)
+        _, landed = staff_login(base, "/admin/")
         assert landed.geturl().endswith("/admin/")
         assert "Site administration" in landed.read().decode()
 
@@ -185,8 +127,9 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
         assert branch == f"loopsweb/run-{run_id}" and removed_at is not None
         assert not Path(worktree).exists()
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
+        stop_make_run(proc)
+    assert proc.returncode != -signal.SIGKILL, "make run did not stop on Ctrl-C"
+    output = log.read_text()
     marker = f"LOOPSWEB_DATA_DIR={tmp_path}"
     deadline = time.monotonic() + 20
     while _processes_with_env(marker) and time.monotonic() < deadline:

@@ -5,91 +5,45 @@ accounts with the steps they ran (issue 19)."""
 
 from __future__ import annotations
 
-import http.cookiejar
-import os
-import re
-import signal
 import sqlite3
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CHILD_TEST_ENV
-from tests.test_make_run import _free_port, _wait_for
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.processes import (
+    ROOT,
+    free_port,
+    make_run_env,
+    staff_login,
+    start_make_run,
+    stop_make_run,
+    wait_for_http,
+)
 
 pytestmark = [pytest.mark.sqlite, pytest.mark.slow]
-
-
-def _login(base: str) -> urllib.request.OpenerDirector:
-    jar = http.cookiejar.CookieJar()
-    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    page = opener.open(f"{base}/admin/login/").read().decode()
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
-    form = urllib.parse.urlencode(
-        {
-            "csrfmiddlewaretoken": token,
-            "username": "operator",
-            "password": "a-long-test-password",
-            "next": "/ops/",
-        }
-    ).encode()
-    opener.open(
-        urllib.request.Request(
-            f"{base}/admin/login/?next=/ops/", data=form, headers={"Referer": base}
-        )
-    )
-    return opener
 
 
 def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
     tmp_path: Path,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     data = tmp_path / "var"  # the second terminal runs in tmp_path: var/projects/demo
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        # as a newcomer's shell: no test key, so make run and the second terminal share
-        # the development key of the data directory
-        if k
-        not in {
-            "DATABASE_URL",
-            "SQLITE_TEST_NAME",
-            *CHILD_TEST_ENV,
-            "LOOPSWEB_PROJECT_ROOTS",
-            "LOOPSWEB_WORKTREE_DIR",
-            "LOOPSWEB_AGENT_ENV_PASSTHROUGH",
-        }
-    }
-    env.update(
-        LOOPSWEB_DATA_DIR=str(data),
-        LOOPSWEB_PORT=str(port),
-        LOOPSWEB_ADMIN_USER="operator",
-        LOOPSWEB_ADMIN_PASSWORD="a-long-test-password",
-        LOOPSWEB_CODEWITH_BIN=str(ROOT / "scripts" / "fake-agent"),
+    # nothing of the suite's: make run and the second terminal share the development key
+    # of the data directory
+    env = make_run_env(
+        data,
+        port,
         FAKE_AGENT_SLEEP="1",
         LOOPSWEB_AGENT_ENV_PASSTHROUGH="FAKE_AGENT_*",
-        PY=sys.executable,
     )
-    server = subprocess.Popen(
-        ["bash", "scripts/run.sh"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    log = tmp_path / "make-run.log"
+    server = start_make_run(env, log)
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_for(f"{base}/admin/login/", time.monotonic() + 60)
+        wait_for_http(f"{base}/admin/login/")
 
         # The second terminal, in a working directory of its own (the project path in the
         # example is relative to it).
@@ -143,15 +97,15 @@ def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
         ).fetchall()
         database.close()
         if status != "succeeded":
-            os.killpg(server.pid, signal.SIGINT)
-            output = server.communicate(timeout=60)[0]
+            stop_make_run(server)
+            output = log.read_text()
             raise AssertionError((status, steps, runs, queue, tasks, output[-3000:]))
         assert sorted(s[1] for s in steps) == ["acct-a", "acct-b"]
         assert {(s[2], s[3]) for s in steps} == {("succeeded", 0)}
 
-        accounts = _login(base).open(f"{base}/ops/accounts/").read().decode()
+        opener, _ = staff_login(base, "/ops/")
+        accounts = opener.open(f"{base}/ops/accounts/").read().decode()
         table = accounts.split('id="table"')[1].split("</section>")[0]
         assert "<code>acct-a</code>" in table and "<code>acct-b</code>" in table
     finally:
-        os.killpg(server.pid, signal.SIGINT)
-        server.communicate(timeout=60)
+        stop_make_run(server)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any, TypedDict
 
@@ -191,6 +192,15 @@ def step_to_dict(step: WorkflowStepRun) -> StepDict:
     )
 
 
+def with_attempts(runs: Iterable[WorkflowRun]) -> Iterator[tuple[WorkflowRun, int]]:
+    """Each of `runs` (oldest first) with its attempt: its number among the runs of its loop
+    (one admission; a loop-level retry is the next attempt)."""
+    per_loop: dict[str | None, int] = {}
+    for run in runs:
+        per_loop[run.loop_id] = per_loop.get(run.loop_id, 0) + 1
+        yield run, per_loop[run.loop_id]
+
+
 def run_to_dict(run: WorkflowRun, *, attempt: int | None = None) -> RunDict:
     return RunDict(
         id=run.id,
@@ -223,15 +233,10 @@ def work_item_detail_to_dict(item: WorkflowWorkItem) -> WorkItemDetailDict:
     """Needs `api_selectors.work_item_detail`'s prefetches (else one query per relation row).
 
     Runs come oldest first; each is numbered among the runs of its loop (its attempt)."""
-    per_loop: dict[str | None, int] = {}
-    runs: list[RunDict] = []
-    for run in item.runs.all():
-        per_loop[run.loop_id] = per_loop.get(run.loop_id, 0) + 1
-        runs.append(run_to_dict(run, attempt=per_loop[run.loop_id]))
     return WorkItemDetailDict(
         **work_item_summary(item),
         deferrals=[deferral_to_dict(d) for d in item.deferrals.all()],
-        runs=runs,
+        runs=[run_to_dict(run, attempt=n) for run, n in with_attempts(item.runs.all())],
         inboxEvents=[inbox_ref_to_dict(e) for e in item.inbox_events.all()],
     )
 

@@ -19,10 +19,12 @@ The answer is 202: the events are stored; admitted runs start later.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -60,6 +62,8 @@ from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest
 from routing.drains.sources import TODOS_EVENT_PREFIX
 from routing.models import DrainRecord, InboxEvent
 from routing.ops.accounts import account_rows
+
+_Row = TypeVar("_Row", bound=Model)
 
 JSON_CONTENT_TYPE = "application/json"
 UNSUPPORTED_TYPE = "Content-Type must be application/json (UTF-8)"
@@ -276,29 +280,42 @@ def events(request: HttpRequest) -> HttpResponse:
     return JsonResponse(answer, status=202)
 
 
+def _page_response(
+    key: str,
+    rows: QuerySet[_Row],
+    serialize: Callable[[_Row], Any],
+    *,
+    time_field: str,
+    query: dict[str, Any],
+) -> JsonResponse:
+    """One keyset page of a list endpoint: `{key: [...], "nextCursor": ...}`; `query` is a
+    list form's cleaned data (cursor, limit)."""
+    page = api_selectors.keyset_page(
+        rows, time_field=time_field, after=query["cursor"], limit=query["limit"]
+    )
+    return JsonResponse(
+        {
+            key: [serialize(row) for row in page.rows],
+            "nextCursor": cursor_encode(page.next_key) if page.next_key else None,
+        }
+    )
+
+
 @api_auth("read")
 def work_item_list(request: HttpRequest) -> HttpResponse:
     form = WorkItemQueryForm(request.GET)
     if not form.is_valid():
         return _form_error(form)
     q = form.cleaned_data
-    page = api_selectors.keyset_page(
-        api_selectors.work_items(
-            status=q["status"],
-            route_scope=q["route_scope"],
-            project=q["project"],
-            reason_code=q["reason_code"],
-            account=q["account"],
-        ),
-        time_field="created_at",
-        after=q["cursor"],
-        limit=q["limit"],
+    items = api_selectors.work_items(
+        status=q["status"],
+        route_scope=q["route_scope"],
+        project=q["project"],
+        reason_code=q["reason_code"],
+        account=q["account"],
     )
-    return JsonResponse(
-        {
-            "workItems": [work_item_summary(item) for item in page.rows],
-            "nextCursor": cursor_encode(page.next_key) if page.next_key else None,
-        }
+    return _page_response(
+        "workItems", items, work_item_summary, time_field="created_at", query=q
     )
 
 
@@ -330,17 +347,9 @@ def drain_list(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _form_error(form)
     q = form.cleaned_data
-    page = api_selectors.keyset_page(
-        api_selectors.drains(kind=q["kind"], route_scope=q["route_scope"]),
-        time_field="started_at",
-        after=q["cursor"],
-        limit=q["limit"],
-    )
-    return JsonResponse(
-        {
-            "drains": [drain_to_dict(drain) for drain in page.rows],
-            "nextCursor": cursor_encode(page.next_key) if page.next_key else None,
-        }
+    drains = api_selectors.drains(kind=q["kind"], route_scope=q["route_scope"])
+    return _page_response(
+        "drains", drains, drain_to_dict, time_field="started_at", query=q
     )
 
 

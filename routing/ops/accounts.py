@@ -255,25 +255,18 @@ def account_usage(*, now: datetime) -> dict[str, tuple[UsageTotals, UsageTotals]
         )
         .order_by()
     )
-    out: dict[str, tuple[UsageTotals, UsageTotals]] = {}
-    for r in rows:
-        out[r["account_profile"]] = (
-            UsageTotals(
-                steps=r["n5"],
-                input_tokens=r["inp5"] or 0,
-                output_tokens=r["out5"] or 0,
-                cached_tokens=r["cached5"] or 0,
-                cost_usd=r["cost5"],
-            ),
-            UsageTotals(
-                steps=r["n"],
-                input_tokens=r["inp"] or 0,
-                output_tokens=r["out"] or 0,
-                cached_tokens=r["cached"] or 0,
-                cost_usd=r["cost"],
-            ),
+
+    def totals(r: dict[str, Any], window: str) -> UsageTotals:
+        # window: "5" for the last 5 hours, "" for the week
+        return UsageTotals(
+            steps=r[f"n{window}"],
+            input_tokens=r[f"inp{window}"] or 0,
+            output_tokens=r[f"out{window}"] or 0,
+            cached_tokens=r[f"cached{window}"] or 0,
+            cost_usd=r[f"cost{window}"],
         )
-    return out
+
+    return {r["account_profile"]: (totals(r, "5"), totals(r, "")) for r in rows}
 
 
 def timeline_hours(now: datetime) -> list[datetime]:

@@ -383,38 +383,49 @@ class LiveStep:
     code: str = ""
 
 
+# The columns a LiveStep needs from a step, its run and its item (one join, no more).
+_LIVE_STEP_FIELDS = (
+    "step_id",
+    "account_profile",
+    "account_tool",
+    "workflow_run__id",
+    "workflow_run__work_item__id",
+    "workflow_run__work_item__subject_ref",
+)
+
+
+def _live_steps(
+    steps: QuerySet[WorkflowStepRun], *extra: str
+) -> QuerySet[WorkflowStepRun]:
+    return steps.select_related("workflow_run__work_item").only(
+        *_LIVE_STEP_FIELDS, *extra
+    )
+
+
+def _live_step(
+    step: WorkflowStepRun, *, since: datetime | None, why: str = "", code: str = ""
+) -> LiveStep:
+    """One row of the running/waiting tables; `step` comes from `_live_steps`."""
+    run = step.workflow_run
+    return LiveStep(
+        step_id=step.step_id,
+        account_profile=step.account_profile,
+        account_tool=step.account_tool,
+        run_id=run.id,
+        work_item_id=run.work_item_id,
+        subject=run.work_item.subject_ref if run.work_item_id else run.id,
+        since=since,
+        why=why,
+        code=code,
+    )
+
+
 def running_steps(*, limit: int = 50) -> list[LiveStep]:
     """Steps running now (the step status index), oldest start first, with their item."""
-    rows = (
-        WorkflowStepRun.objects.filter(status=StepStatus.RUNNING)
-        .select_related("workflow_run__work_item")
-        .only(
-            "step_id",
-            "account_profile",
-            "account_tool",
-            "started_at",
-            "workflow_run__id",
-            "workflow_run__work_item__id",
-            "workflow_run__work_item__subject_ref",
-        )
-        .order_by("started_at")[:limit]
-    )
-    return [
-        LiveStep(
-            step_id=s.step_id,
-            account_profile=s.account_profile,
-            account_tool=s.account_tool,
-            run_id=s.workflow_run.id,
-            work_item_id=s.workflow_run.work_item_id,
-            subject=(
-                s.workflow_run.work_item.subject_ref
-                if s.workflow_run.work_item_id
-                else s.workflow_run.id
-            ),
-            since=s.started_at,
-        )
-        for s in rows
-    ]
+    rows = _live_steps(
+        WorkflowStepRun.objects.filter(status=StepStatus.RUNNING), "started_at"
+    ).order_by("started_at")[:limit]
+    return [_live_step(s, since=s.started_at) for s in rows]
 
 
 def waiting_steps(*, limit: int = 50) -> list[LiveStep]:
@@ -423,19 +434,11 @@ def waiting_steps(*, limit: int = 50) -> list[LiveStep]:
     and time. Two queries: the pending steps (step status index), their waiting events (the
     run's event key)."""
     pending = list(
-        WorkflowStepRun.objects.filter(
-            status=StepStatus.PENDING, workflow_run__status=RunStatus.RUNNING
-        )
-        .select_related("workflow_run__work_item")
-        .only(
-            "step_id",
-            "account_profile",
-            "account_tool",
-            "workflow_run__id",
-            "workflow_run__work_item__id",
-            "workflow_run__work_item__subject_ref",
-        )
-        .order_by("workflow_run_id", "sequence")[: limit * 4]
+        _live_steps(
+            WorkflowStepRun.objects.filter(
+                status=StepStatus.PENDING, workflow_run__status=RunStatus.RUNNING
+            )
+        ).order_by("workflow_run_id", "sequence")[: limit * 4]
     )
     if not pending:
         return []
@@ -452,17 +455,8 @@ def waiting_steps(*, limit: int = 50) -> list[LiveStep]:
             continue  # not started yet because an earlier step runs, not waiting
         payload = event.payload_json if isinstance(event.payload_json, dict) else {}
         rows.append(
-            LiveStep(
-                step_id=s.step_id,
-                account_profile=s.account_profile,
-                account_tool=s.account_tool,
-                run_id=s.workflow_run.id,
-                work_item_id=s.workflow_run.work_item_id,
-                subject=(
-                    s.workflow_run.work_item.subject_ref
-                    if s.workflow_run.work_item_id
-                    else s.workflow_run.id
-                ),
+            _live_step(
+                s,
                 since=event.created_at,
                 why=str(payload.get("reason") or ""),
                 code=str(payload.get("code") or ""),

@@ -32,7 +32,7 @@ from ledger.services.common import (
     WORK_ITEM_NOT_REQUEUEABLE,
 )
 from routing.admission import work_item_to_dict
-from routing.api.serializers import iso
+from routing.api.serializers import iso, with_attempts
 from routing.domain.bounds import bounded_int
 from routing.domain.errors import ApplicationError, ValidationError
 
@@ -69,12 +69,7 @@ def _run_dict(run: WorkflowRun, attempt: int) -> dict[str, Any]:
 def item_runs(item: WorkflowWorkItem) -> list[dict[str, Any]]:
     """The item's runs oldest first, numbered per loop (an attempt of one admission)."""
     runs = WorkflowRun.objects.filter(work_item_id=item.id).order_by("created_at", "id")
-    seen: dict[str | None, int] = {}
-    out = []
-    for run in runs:
-        seen[run.loop_id] = seen.get(run.loop_id, 0) + 1
-        out.append(_run_dict(run, seen[run.loop_id]))
-    return out
+    return [_run_dict(run, attempt) for run, attempt in with_attempts(runs)]
 
 
 class Command(BaseCommand):

@@ -172,7 +172,7 @@ def test_the_api_answers_a_json_503_while_the_database_is_down(
     import urllib.error
     import urllib.request
 
-    from tests.test_make_run import _free_port, _wait_for
+    from tests.processes import free_port, wait_for_http
 
     url = server.create_database("outage_api")
     _manage(url, tmp_path, "migrate", "--noinput", "-v0")
@@ -186,7 +186,7 @@ def test_the_api_answers_a_json_503_while_the_database_is_down(
         timeout=120,
     )
     token = next(w for w in created.stdout.split() if w.startswith("lw_"))
-    port = _free_port()
+    port = free_port()
     web = subprocess.Popen(
         [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
         cwd=ROOT,
@@ -208,7 +208,7 @@ def test_the_api_answers_a_json_503_while_the_database_is_down(
             return exc.code, exc.headers["Content-Type"], exc.read()
 
     try:
-        _wait_for(f"http://127.0.0.1:{port}/admin/login/", time.monotonic() + 60)
+        wait_for_http(f"http://127.0.0.1:{port}/admin/login/")
         assert get()[0] == 200
         server.stop()
         status, content_type, body = get()
