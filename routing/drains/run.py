@@ -157,16 +157,22 @@ class _Full:
 
     def record_held_rows(self, now: datetime) -> None:
         """One UPDATE for the rows held because everything was full (still open ones only:
-        a row another drain routed meanwhile keeps its outcome)."""
+        a row another drain routed meanwhile keeps its outcome). It locks the rows in id
+        order, as a batch does (routing.drains.batch), so concurrent drains never deadlock
+        on PostgreSQL."""
         if self.held_rows and self.every is not None:
             reason, code = self.every
-            InboxEvent.objects.filter(
+            rows = InboxEvent.objects.filter(
                 pk__in=self.held_rows, state__in=OPEN_INBOX_STATES
-            ).update(
-                **_hold_record(
-                    {"kind": THROTTLED, "reason": reason, "reasonCode": code}, now
-                )
             )
+            with transaction.atomic():  # FOR UPDATE needs a transaction
+                InboxEvent.objects.filter(
+                    pk__in=rows.order_by("pk").select_for_update().values("pk")
+                ).update(
+                    **_hold_record(
+                        {"kind": THROTTLED, "reason": reason, "reasonCode": code}, now
+                    )
+                )
 
 
 def _held(
