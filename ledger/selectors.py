@@ -16,6 +16,7 @@ a loose index scan. The admin filters and the ops pages share these.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -45,17 +46,11 @@ class ActiveCounts:
 _ACTIVE_SQL = f'SELECT COUNT(*) FROM "{WorkflowWorkItem._meta.db_table}" WHERE "status" IN (%s, %s)'
 
 
-def active_counts(
-    *, scope: str | None, project_key: str | None, project_group: str | None
-) -> ActiveCounts:
-    """Active (admitted or running) work items per cap dimension, in one round trip.
-
-    - scope: items whose route_scope equals `scope` (NULL-scope rows never count); with no
-      scope, every active item (upstream's unscoped global count).
-    - project: items of `project_key` across all routes (0 with no key).
-    - project_group: items of the group across all routes; None when no group is set.
-    One SELECT of scalar subqueries; each is served by its own (column, status) index.
-    """
+def _active_count_parts(
+    scope: str | None, project_key: str | None, project_group: str | None
+) -> tuple[list[str], list[str]]:
+    """The three scalar subqueries of `active_counts` (scope, project, group) and their
+    parameters, for a SELECT of its own or one shared with other reads."""
     active = [str(s) for s in ACTIVE_WORK_ITEM_STATUSES]
     parts: list[str] = []
     params: list[str] = []
@@ -72,14 +67,35 @@ def active_counts(
             params += active
         else:
             parts.append("NULL")
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {', '.join(parts)}", params)
-        scope_n, project_n, group_n = cursor.fetchone()
+    return parts, params
+
+
+def _active_counts_of(
+    scope_n: int, project_n: int | None, group_n: int | None, project_group: str | None
+) -> ActiveCounts:
     return ActiveCounts(
         scope=scope_n,
         project=project_n or 0,
         project_group=group_n if project_group else None,
     )
+
+
+def active_counts(
+    *, scope: str | None, project_key: str | None, project_group: str | None
+) -> ActiveCounts:
+    """Active (admitted or running) work items per cap dimension, in one round trip.
+
+    - scope: items whose route_scope equals `scope` (NULL-scope rows never count); with no
+      scope, every active item (upstream's unscoped global count).
+    - project: items of `project_key` across all routes (0 with no key).
+    - project_group: items of the group across all routes; None when no group is set.
+    One SELECT of scalar subqueries; each is served by its own (column, status) index.
+    """
+    parts, params = _active_count_parts(scope, project_key, project_group)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {', '.join(parts)}", params)
+        scope_n, project_n, group_n = cursor.fetchone()
+    return _active_counts_of(scope_n, project_n, group_n, project_group)
 
 
 @dataclass(frozen=True)
@@ -109,14 +125,35 @@ WHERE "until" > %s
 
 
 @dataclass(frozen=True)
+class AccountLimits:
+    """What a pool assignment reads of a registered account: whether it takes work, and
+    its own cap on running steps (None: no cap)."""
+
+    enabled: bool
+    max_running: int | None
+
+
+# The registry rows of the named accounts, in the same statement (`account_state(accounts=)`).
+_LIMITS_SQL = f"""
+SELECT 'account', name, CASE WHEN enabled THEN 1 ELSE 0 END, max_running, NULL
+FROM "{Account._meta.db_table}"
+WHERE name IN ({{marks}})
+"""
+
+
+@dataclass(frozen=True)
 class AccountState:
-    """Load per account and the accounts cooling down (profile → when it frees)."""
+    """Load per account and the accounts cooling down (profile → when it frees); with
+    `account_state(accounts=...)`, the registry limits of those accounts that are registered."""
 
     load: AccountLoad
     cooling: dict[str, datetime]
+    limits: dict[str, AccountLimits] = field(default_factory=dict)
 
 
-def account_state(*, now: datetime | None = None) -> AccountState:
+def account_state(
+    *, now: datetime | None = None, accounts: Iterable[str] | None = None
+) -> AccountState:
     """Load per account profile, the loopsweb way (load that cannot herd), in one round trip.
 
     - running: step runs in `running` with an account profile (upstream's count).
@@ -125,6 +162,8 @@ def account_state(*, now: datetime | None = None) -> AccountState:
       carries an account. Without this, one drain batch could place every item on the same
       idle account before any of them starts.
     - cooling (only with `now`): cooldowns still in force at `now`.
+    - limits (only with `accounts`): enabled and max_running of those of the named accounts
+      that are registered (as `account_registry(accounts)` reads them).
     Later steps of a started run count only once they run. Running and reserved are the
     counts kept per account (`ledger.loads`), equal to a recount of the rows: the read costs
     one row per account, not a scan of the queued runs.
@@ -136,9 +175,14 @@ def account_state(*, now: datetime | None = None) -> AccountState:
     if now is not None:
         parts.insert(0, _COOLING_SQL)
         params.append(_db_datetime(now))
+    names = sorted({str(n).strip() for n in accounts or ()})
+    if names:
+        parts.append(_LIMITS_SQL.format(marks=", ".join(["%s"] * len(names))))
+        params += names
     running: dict[str, int] = {}
     reserved: dict[str, int] = {}
     cooling: dict[str, datetime] = {}
+    limits: dict[str, AccountLimits] = {}
     with connection.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), params)
         for kind, profile, n_running, n_reserved, until in cursor.fetchall():
@@ -147,10 +191,16 @@ def account_state(*, now: datetime | None = None) -> AccountState:
                     running[profile] = n_running
                 if n_reserved:
                     reserved[profile] = n_reserved
+            elif kind == "account":
+                limits[profile] = AccountLimits(
+                    enabled=bool(n_running), max_running=n_reserved
+                )
             else:
                 cooling[profile] = _aware(until)
     return AccountState(
-        load=AccountLoad(running=running, reserved=reserved), cooling=cooling
+        load=AccountLoad(running=running, reserved=reserved),
+        cooling=cooling,
+        limits=limits,
     )
 
 
@@ -172,11 +222,13 @@ def _aware(value: datetime | str) -> datetime:
 
 @dataclass(frozen=True)
 class AdmissionRows:
-    """Ids of the rows an admission may reuse (None where there is none yet)."""
+    """Ids of the rows an admission may reuse (None where there is none yet), and the active
+    counts when they were asked for."""
 
     work_item_id: str | None
     invocation_id: str | None
     spec_id: str | None
+    active: ActiveCounts | None = None
 
 
 _ADMISSION_ROWS_SQL = f"""
@@ -191,29 +243,44 @@ SELECT
 
 
 def admission_rows(
-    *, route_key: str, idempotency_key: str, workflow_name: str
+    *,
+    route_key: str,
+    idempotency_key: str,
+    workflow_name: str,
+    counts: bool = False,
+    scope: str | None = None,
+    project_key: str | None = None,
+    project_group: str | None = None,
 ) -> AdmissionRows:
     """The work item, the event invocation and the active spec an admission would reuse.
 
     One round trip of three unique-index lookups (the work items' (route_key,
     idempotency_key) key, idx_workflow_invocations_dedupe, idx_workflows_name_active). Most routed events are new,
-    so the usual answer is three NULLs and no row is read in full.
+    so the usual answer is three NULLs and no row is read in full. With `counts`, the same
+    statement also returns `active_counts(scope=, project_key=, project_group=)`.
     """
+    sql = _ADMISSION_ROWS_SQL
+    params: list[str] = [
+        route_key,
+        idempotency_key,
+        "event",
+        idempotency_key,
+        str(SpecStatus.ACTIVE),
+        workflow_name,
+    ]
+    if counts:
+        parts, more = _active_count_parts(scope, project_key, project_group)
+        sql += "".join(f", {part}" for part in parts)
+        params += more
     with connection.cursor() as cursor:
-        cursor.execute(
-            _ADMISSION_ROWS_SQL,
-            [
-                route_key,
-                idempotency_key,
-                "event",
-                idempotency_key,
-                str(SpecStatus.ACTIVE),
-                workflow_name,
-            ],
-        )
-        item_id, invocation_id, spec_id = cursor.fetchone()
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    item_id, invocation_id, spec_id = row[:3]
     return AdmissionRows(
-        work_item_id=item_id, invocation_id=invocation_id, spec_id=spec_id
+        work_item_id=item_id,
+        invocation_id=invocation_id,
+        spec_id=spec_id,
+        active=_active_counts_of(*row[3:], project_group) if counts else None,
     )
 
 

@@ -116,8 +116,10 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             row = _run_row(database, item_id)
+            # The runner records the worktree's removal just after the run's end.
             if row and row[0] not in ("queued", "running"):
-                break
+                if row[0] != "succeeded" or row[4] is not None:
+                    break
             time.sleep(0.3)
         status, run_id, worktree, branch, removed_at, error = _run_row(
             database, item_id

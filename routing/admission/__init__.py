@@ -2,7 +2,7 @@
 
 - `options`: route options and their validation;
 - `plan`: stage 1, the plan (no store access);
-- `transaction`: stages 2 and 3, early dedupe and the admission transaction (`route_event`);
+- `transaction`: stage 2, the admission transaction in one pass (`admit`, `route_event`);
 - `results`: RouteResult and the work-item dict.
 
 Layer: above `ledger`; imports `ledger.*`, `routing.domain` and `routing.models`, never the
@@ -30,7 +30,14 @@ from routing.admission.results import (
     RouteResult,
     work_item_to_dict,
 )
-from routing.admission.transaction import PoolView, pool_assignment_now, route_event
+from routing.admission.transaction import (
+    Held,
+    PoolView,
+    admit,
+    hand_over,
+    pool_assignment_now,
+    route_event,
+)
 
 __all__ = [
     "CREATED",
@@ -40,11 +47,14 @@ __all__ = [
     "PIN_OPTIONS",
     "SKIPPED",
     "THROTTLED",
+    "Held",
     "PoolView",
     "RouteOptions",
     "RoutePlan",
     "RouteResult",
+    "admit",
     "check_plan_fits_columns",
+    "hand_over",
     "normalize_project_path",
     "plan_route",
     "pool_assignment_now",

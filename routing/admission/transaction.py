@@ -1,16 +1,17 @@
 """Route admission: one event in, one decision out (reference §3), under the admission lock.
 
-`route_event` is the single entry point used by the `route_event` command, drains and the
-API. It runs in three stages:
+`route_event` is the single entry point of the `route_event` command and the API; drains
+call `admit` inside their own transaction (the inbox row is written in it). Two stages:
 1. Plan (no store access): validate the envelope and options, check todos-task eligibility,
    resolve the project path, group, route scope, idempotency key, names, template and the
    render-time account per role. Bad input raises ValidationError and writes nothing.
-2. Early dedupe (a plain read): an item that already ran or is running is `deduped` without
-   taking the lock, unless a finished todos-task item is due for re-admission (§2.5).
-3. The admission transaction (§3.6), after `admission_lock()`: invocation create-or-get,
-   dedupe, re-admission, throttle decision, pool assignment with the load read in the same
-   transaction, upsert; then either a recorded deferral or the spec, one-shot loop, admitted
-   item, and a `queued` run with one `pending` step run per step carrying its account.
+2. The admission transaction (§3.6), after `admission_lock()`, in one pass (`admit`): one
+   statement finds the rows to reuse and reads the active counts, one reads the pool
+   (loads, cooldowns, the members' registry rows); then the decision: dedupe (upstream's
+   early dedupe of a todos task that ran or runs, from the same lookup, writing nothing),
+   re-admission, throttle, pool assignment; then the writes: invocation create-or-get,
+   upsert, and either a recorded deferral or the spec, one-shot loop, admitted item, and a
+   `queued` run with one `pending` step run per step carrying its account.
 
 Dry runs execute the same transaction and roll it back, so they report exactly the decision
 a real call would make now (loopsweb's dry-run; upstream's never opened the store).
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -40,10 +41,9 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.selectors import (
+    AccountLimits,
     RegisteredAccount,
-    account_registry,
     account_state,
-    active_counts,
     admission_rows,
     registered_providers,
 )
@@ -73,7 +73,7 @@ from routing.domain.throttle import (
     pool_deferral_decision,
 )
 
-# --- stage 3: the admission transaction -------------------------------------------------------
+# --- stage 2: the admission transaction -------------------------------------------------------
 
 
 class _DryRunRollback(Exception):
@@ -256,13 +256,14 @@ class PoolView:
 
 
 def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
-    """Least-loaded assignment for this plan's pool from the ledger as it is now."""
-    state = account_state(now=now)
+    """Least-loaded assignment for this plan's pool from the ledger as it is now (one read:
+    the loads, the cooldowns and the pool members' registry rows)."""
+    state = account_state(now=now, accounts=plan.pool)
     return pool_view(
         plan,
         loads=state.load.total(),
         cooling=state.cooling,
-        registry=account_registry(plan.pool),
+        registry=state.limits,
     )
 
 
@@ -271,7 +272,7 @@ def pool_view(
     *,
     loads: dict[str, int],
     cooling: dict[str, datetime],
-    registry: dict[str, RegisteredAccount],
+    registry: Mapping[str, AccountLimits | RegisteredAccount],
 ) -> PoolView:
     """Least-loaded assignment for this plan's pool from the given loads, cooldowns and
     account registry rows (disabled members are absent; a member's max_running caps it)."""
@@ -298,31 +299,94 @@ def pool_view(
     return PoolView(assignment=assignment, loads=loads, cooling=members_cooling)
 
 
+@dataclass(frozen=True)
+class Held:
+    """A cap already full for an item not yet routed (`admit(hold_when_full=True)`): nothing
+    was written. `reason` and `code` are what a drain's pre-check hold reports."""
+
+    reason: str
+    code: str
+
+
 def _admit(
-    plan: RoutePlan, *, now: datetime, dry_run: bool, enqueue: bool = True
+    plan: RoutePlan,
+    *,
+    now: datetime,
+    dry_run: bool,
+    enqueue: bool = True,
+    early_dedupe: bool = False,
 ) -> RouteResult:
+    """`admit` without holds (the batch's path for rows that exist; route_event's)."""
+    result = admit(
+        plan, now=now, dry_run=dry_run, enqueue=enqueue, early_dedupe=early_dedupe
+    )
+    assert isinstance(result, RouteResult)
+    return result
+
+
+def admit(
+    plan: RoutePlan,
+    *,
+    now: datetime,
+    dry_run: bool = False,
+    enqueue: bool = True,
+    early_dedupe: bool = False,
+    hold_when_full: bool = False,
+) -> RouteResult | Held:
+    """Stage 3 for one plan, in one pass: call inside a transaction, after `admission_lock()`.
+
+    Reads first, each once: the rows to reuse and the active counts in one statement, then
+    (when the pool decides) the loads, cooldowns and the members' registry rows in another.
+    Then the decision, and only then the writes.
+    - `early_dedupe` (todos-task outside a dry run, as upstream's early dedupe): an item that
+      ran or runs and is not due for re-admission is deduped with its own invocation, and
+      nothing is written.
+    - `hold_when_full` (drains): when the caps (or the pool) are already full for an item that
+      has not run, return Held, written nothing (the drain's pre-check hold), instead of
+      recording a deferral.
+    - `enqueue=False`: the caller hands a created run to the runner (`enqueue_run_workflow`)
+      itself, after its own writes in the same transaction.
+    """
     envelope = plan.envelope
     found = admission_rows(
         route_key=plan.route_key,
         idempotency_key=plan.idempotency_key,
         workflow_name=plan.workflow_name,
+        counts=plan.limits.any_set,
+        scope=plan.scope,
+        project_key=plan.project_path,
+        project_group=plan.project_group,
     )
     existing = None
     if found.work_item_id is not None:
-        existing = WorkflowWorkItem.objects.select_related("invocation").get(
-            pk=found.work_item_id
-        )
-    invocation, invocation_created = _invocation_reuse_or_create(
-        plan, found.invocation_id, existing
-    )
-    readmit_reason: str | None = None
-    if existing is not None and existing.status in KEEP_WORK_ITEM_STATUSES:
+        existing = WorkflowWorkItem.objects.select_related(
+            "invocation", "workflow", "loop"
+        ).get(pk=found.work_item_id)
+    routed = existing is not None and existing.status in KEEP_WORK_ITEM_STATUSES
+    invocation: WorkflowInvocation | None = None
+    invocation_created = False
+    if existing is not None and routed:
+        check_plan_fits_columns(plan)
         readmission = readmission_decision(
             route_key=plan.route_key,
             status=existing.status,
             attempts=existing.attempts,
             finished_at=existing.updated_at,
             now=now,
+        )
+        if not readmission.readmit and early_dedupe:
+            return RouteResult(
+                kind=DEDUPED,
+                idempotency_key=plan.idempotency_key,
+                event=envelope,
+                work_item=existing,
+                invocation=existing.invocation,
+                workflow=existing.workflow,
+                loop=existing.loop,
+                task_id=plan.task_id,
+            )
+        invocation, invocation_created = _invocation_reuse_or_create(
+            plan, found.invocation_id, existing
         )
         if not readmission.readmit:
             return RouteResult(
@@ -336,18 +400,14 @@ def _admit(
                 task_id=plan.task_id,
                 dry_run=dry_run,
             )
-        readmit_reason = readmission.reason
-        _requeue_for_readmission(existing, readmit_reason or "")
+        # A finished item is requeued (not active before or after: the counts still hold).
+        _requeue_for_readmission(existing, readmission.reason or "")
 
     # Throttle first (§3.7 order), then the pool: both read rows inside this transaction.
     decision: AdmissionDecision | None = None
     counts: ThrottleCounts | None = None
-    if plan.limits.any_set:
-        seen = active_counts(
-            scope=plan.scope,
-            project_key=plan.project_path,
-            project_group=plan.project_group,
-        )
+    if found.active is not None:
+        seen = found.active
         counts = ThrottleCounts(
             scope=seen.scope, project=seen.project, project_group=seen.project_group
         )
@@ -358,11 +418,19 @@ def _admit(
             counts=counts,
             limits=plan.limits,
         )
+        if hold_when_full and not routed and not decision.allowed:
+            return Held(
+                decision.reason or "", decision.reason_code or reasons.ROUTE_CAP
+            )
     assignment: PoolAssignment | None = None
     pool_seen: dict[str, Any] = {}
     if plan.pool_active and (decision is None or decision.allowed):
         view = pool_assignment_now(plan, now)
         assignment, members_cooling = view.assignment, view.cooling
+        if hold_when_full and not routed and assignment.deferred:
+            return Held(
+                view.deferral_reason, assignment.reason_code or reasons.PROFILE_CAP
+            )
         pool_seen = {
             "accounts": {p: view.loads.get(p, 0) for p in plan.pool},
             "cooling": {p: until.isoformat() for p, until in members_cooling.items()},
@@ -378,6 +446,11 @@ def _admit(
                 reason=reason,
                 reason_code=assignment.reason_code or reasons.PROFILE_CAP,
             )
+    if invocation is None:
+        check_plan_fits_columns(plan)
+        invocation, invocation_created = _invocation_reuse_or_create(
+            plan, found.invocation_id, existing
+        )
 
     deferred = decision is not None and not decision.allowed
     item = _work_item_upsert(
@@ -476,38 +549,11 @@ def _admit(
     )
 
 
-def _early_dedupe(plan: RoutePlan, now: datetime) -> RouteResult | None:
-    """A read before the lock: items that ran or run need no decision (§3.2.9)."""
-    # One unique-key look-up (no ORDER BY, no second read); most routed events find nothing.
-    found = list(
-        WorkflowWorkItem.objects.filter(
-            route_key=plan.route_key,
-            idempotency_key=plan.idempotency_key,
-            status__in=KEEP_WORK_ITEM_STATUSES,
-        ).select_related("workflow", "loop", "invocation")[:1]
-    )
-    if not found:
-        return None
-    item = found[0]
-    readmission = readmission_decision(
-        route_key=plan.route_key,
-        status=item.status,
-        attempts=item.attempts,
-        finished_at=item.updated_at,
-        now=now,
-    )
-    if readmission.readmit:
-        return None
-    return RouteResult(
-        kind=DEDUPED,
-        idempotency_key=plan.idempotency_key,
-        event=plan.envelope,
-        work_item=item,
-        invocation=item.invocation,
-        workflow=item.workflow,
-        loop=item.loop,
-        task_id=plan.task_id,
-    )
+def hand_over(result: RouteResult) -> None:
+    """Hand a created run to the runner (inside the admitting transaction: see
+    `ledger.tasks.enqueue_run_workflow`); anything else has no run to hand over."""
+    if result.kind == CREATED and result.run is not None:
+        enqueue_run_workflow(result.run.id)
 
 
 def route_event(
@@ -519,16 +565,20 @@ def route_event(
     cwd: str | None = None,
     now: datetime | None = None,
     enqueue: bool = True,
+    then: Callable[[RouteResult], None] | None = None,
 ) -> RouteResult:
     """Route one event envelope (a dict, a parsed Envelope, or JSON text).
 
-    `enqueue=False` admits without handing the run to the runner: a dry-run drain admits
-    for real inside a transaction it rolls back, and must not queue (or log) a task for it.
+    `enqueue=False` admits without handing the run to the runner (a caller that rolls the
+    admission back must not queue, or log, a task for it). `then(result)` runs with every
+    result that is not an error: inside the admission's transaction, after the decision and
+    before the run is handed over (an API delivery records the outcome on its inbox row
+    there, in the same commit); alone for an event skipped at planning.
 
     Returns a RouteResult of kind created, deduped, throttled or skipped. Raises
-    ValidationError for bad input, before anything is written. Nested inside an outer
-    transaction (a dry-run drain) it runs in a savepoint; on its own it commits one
-    transaction per event.
+    ValidationError for bad input, before anything is written. One transaction (a savepoint
+    when nested in an outer one), one lock, one pass (`admit`): upstream's early dedupe of a
+    todos task that ran or runs is made there, under the lock, from the same lookup.
     """
     if isinstance(envelope, Envelope):
         parsed = envelope
@@ -545,21 +595,32 @@ def route_event(
         cwd=cwd or os.getcwd(),
         registered=registered_providers(),
     )
-    if isinstance(plan, RouteResult):
+    if isinstance(plan, RouteResult):  # skipped: no admission, no transaction
+        if then is not None:
+            then(plan)
         return plan
-    check_plan_fits_columns(plan)
+    check_plan_fits_columns(plan)  # bad input never takes the lock
     if not options.dry_run:
-        # Upstream's early dedupe (todos-task only): a finished or running task needs no lock.
-        early = _early_dedupe(plan, now) if plan.route_key == TODOS_TASK else None
-        if early is not None:
-            return early
         with transaction.atomic():
             admission_lock()
-            return _admit(plan, now=now, dry_run=False, enqueue=enqueue)
+            result = _admit(
+                plan,
+                now=now,
+                dry_run=False,
+                enqueue=False,
+                early_dedupe=plan.route_key == TODOS_TASK,
+            )
+            if then is not None:
+                then(result)
+            if enqueue:
+                hand_over(result)
+            return result
     try:
         with transaction.atomic():
             admission_lock()
             result = _admit(plan, now=now, dry_run=True)
+            if then is not None:
+                then(result)
             raise _DryRunRollback(result)
     except _DryRunRollback as rollback:
         return rollback.result

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
@@ -171,9 +171,9 @@ def _route_accepted(
 ) -> list[dict[str, Any]]:
     """Route each newly stored event now, recording the outcome on its inbox row.
 
-    The same steps as a drain's `_route_one` after its pre-check: route_event decides under
-    the admission lock, and the inbox row changes in the same transaction. The env is empty
-    so the scope never comes from the web server's environment.
+    route_event decides under the admission lock, and the inbox row records the outcome in
+    the same transaction (`then`). The env is empty so the scope never comes from the web
+    server's environment.
     """
     inbox_ids: dict[tuple[str, str], str] = {}
     by_source: dict[str, list[str]] = {}
@@ -189,11 +189,14 @@ def _route_accepted(
         envelope, inbox_id = envelopes[key], inbox_ids[key]
         now = timezone.now()
         try:
-            with transaction.atomic():
-                result = route_event(
-                    kind=kind, envelope=envelope, options=options, env={}, cwd=cwd
-                )
-                inbox_record_route(inbox_id, result, now)
+            result = route_event(
+                kind=kind,
+                envelope=envelope,
+                options=options,
+                env={},
+                cwd=cwd,
+                then=partial(inbox_record_route, inbox_id, now=now),
+            )
             results.append(compact_result(result.to_dict()))
         except ApplicationError as exc:
             # Planned successfully a moment ago, so this is rare (e.g. a template changed);

@@ -1,5 +1,5 @@
-"""What a drain writes on an inbox row: the claim before routing, the outcome of a route
-or a hold (state, reason, code), a failure.
+"""What a drain writes on an inbox row: the claim (with the outcome of a route or a hold:
+state, reason, code, in the same statement), a failure.
 """
 
 from __future__ import annotations
@@ -64,16 +64,21 @@ _INBOX_STATE = {
 }
 
 
-def inbox_record_route(inbox_id: str, result: RouteResult, now: datetime) -> None:
-    InboxEvent.objects.filter(pk=inbox_id).update(
-        state=_INBOX_STATE[result.kind],
-        work_item=result.work_item,
-        last_reason=result.reason
+def route_record(result: RouteResult, now: datetime) -> dict[str, Any]:
+    """The inbox columns for a routed item (created, deduped, throttled, skipped)."""
+    return {
+        "state": _INBOX_STATE[result.kind],
+        "work_item": result.work_item,
+        "last_reason": result.reason
         or (result.work_item.last_reason if result.work_item else None),
-        reason_code=result.reason_code,
-        routed_at=now,
-        updated_at=now,
-    )
+        "reason_code": result.reason_code,
+        "routed_at": now,
+        "updated_at": now,
+    }
+
+
+def inbox_record_route(inbox_id: str, result: RouteResult, now: datetime) -> None:
+    InboxEvent.objects.filter(pk=inbox_id).update(**route_record(result, now))
 
 
 def _record_failure(

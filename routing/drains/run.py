@@ -8,14 +8,18 @@
    path prefix), and order candidates fairly: round-robin across projects, oldest first within
    a project (upstream takes source order and lets one busy project starve the rest). The
    inbox scan keeps light rows; envelopes are loaded for the `limit` candidates only.
-2. For each candidate, until `max_dispatch` results are `created`: pre-check the caps with an
-   unlocked read and hold back (reported as throttled with `precheck: true`; the inbox row
-   becomes `deferred` with the reason and code) items whose scope, project, group or account
-   pool is already full, without spending an admission on them; otherwise route it through
-   `route_event`, which decides again under the admission lock. Only `created` counts toward
-   max_dispatch. An error on one item is recorded as `fatal` and the batch continues. Once
-   the scope (or a pool every candidate shares) is full, the rest are held unread, and a
-   full project or group holds its later candidates without another count.
+2. For each candidate, until `max_dispatch` results are `created`: hold back (reported as
+   throttled with `precheck: true`; the inbox row becomes `deferred` with the reason and
+   code) items whose scope, project, group or account pool is already full, without
+   spending an admission on them; otherwise admit it. Both in one pass under the admission
+   lock (`routing.admission.admit`: the lookup, the counts and the pool read once, the inbox
+   row claimed and recorded in one UPDATE). Items that ran or run are never held: admission
+   dedupes them. Only `created` counts toward max_dispatch. An error on one item is
+   recorded as `fatal` and the batch continues. Once the scope (or a pool every candidate
+   shares) is full, the rest are held unread, and a full project or group holds its later
+   candidates without another count. By default candidates are decided in batches
+   (`routing.drains.batch`), with the same decisions; one at a time after a failed batch,
+   with LOOPSWEB_DRAIN_BATCH_SIZE=1, and in dry runs.
 3. Store a drain record (options, scope, timing, counts, compact results) and, with
    `evidence_dir`, write the full report as a private JSON file.
 
@@ -46,15 +50,16 @@ from routing.admission import (
     CREATED,
     SKIPPED,
     THROTTLED,
+    Held,
     RoutePlan,
     RouteResult,
+    admit,
+    hand_over,
     plan_route,
-    pool_assignment_now,
-    route_event,
 )
 from routing.domain import reasons
 from routing.domain.errors import ApplicationError
-from routing.domain.keys import route_key_for_kind
+from routing.domain.keys import TODOS_TASK, route_key_for_kind
 from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from routing.domain.throttle import ThrottleCounts, admission_decision
 from routing.drains.batch import route_batch
@@ -70,7 +75,7 @@ from routing.drains.outcomes import (
     _claim,
     _hold_record,
     _record_failure,
-    inbox_record_route,
+    route_record,
 )
 from routing.drains.report import (
     DrainReport,
@@ -90,35 +95,6 @@ from routing.drains.sources import (
 from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
 
 logger = logging.getLogger(__name__)
-
-
-def _precheck(plan: RoutePlan, now: datetime) -> tuple[str, str] | None:
-    """(reason, code) when this item's caps are already full (unlocked read), else None."""
-    if plan.limits.any_set:
-        seen = active_counts(
-            scope=plan.scope,
-            project_key=plan.project_path,
-            project_group=plan.project_group,
-        )
-        decision = admission_decision(
-            scope=plan.scope,
-            project_path=plan.project_path,
-            project_group=plan.project_group,
-            counts=ThrottleCounts(
-                scope=seen.scope, project=seen.project, project_group=seen.project_group
-            ),
-            limits=plan.limits,
-        )
-        if not decision.allowed:
-            return decision.reason or "", decision.reason_code or reasons.ROUTE_CAP
-    if plan.pool_active:
-        view = pool_assignment_now(plan, now)
-        if view.assignment.deferred:  # the reason admission would give
-            return (
-                view.deferral_reason,
-                view.assignment.reason_code or reasons.PROFILE_CAP,
-            )
-    return None
 
 
 @dataclass
@@ -210,6 +186,15 @@ def _scope_full(report: DrainReport, options: DrainOptions) -> tuple[str, str] |
     return decision.reason or "", decision.reason_code or reasons.ROUTE_CAP
 
 
+def _already_routed(plan: RoutePlan) -> bool:
+    """Whether the item ran or runs: admission dedupes it, a hold never applies to it."""
+    return WorkflowWorkItem.objects.filter(
+        route_key=plan.route_key,
+        idempotency_key=plan.idempotency_key,
+        status__in=KEEP_WORK_ITEM_STATUSES,
+    ).exists()
+
+
 def _route_one(
     candidate: Candidate,
     options: DrainOptions,
@@ -222,20 +207,22 @@ def _route_one(
 ) -> dict[str, Any] | None:
     """The result of routing one candidate; None when another drain claimed it first.
 
-    Writes (not in a dry run): one conditional UPDATE for an item skipped, or held by the
-    pre-check (none when its row already records that hold); otherwise one transaction under
-    the admission lock: the claim, the admission and the row's outcome.
+    One pass: the plan is made once (here), and one transaction under the admission lock
+    (`routing.admission.admit`) looks the item up and reads the counts once, then holds it
+    (the caps or its pool are full and it has not run: nothing written but its inbox row,
+    unless the row already records that hold) or admits it; the inbox row is claimed and
+    records the outcome in one conditional UPDATE at the end (a row another drain took since
+    the scan rolls the admission back). Without a transaction: an item skipped (one
+    conditional UPDATE), or held because this drain already saw its project or group full
+    (one read, and one UPDATE unless the row records that hold).
     """
     envelope = candidate.envelope
     assert envelope is not None, "load_envelopes() before routing"
     settle = bool(candidate.inbox_id) and not dry_run
-    route = replace(
-        options.route, dry_run=False
-    )  # a dry drain rolls back its outer transaction
     plan = plan_route(
         kind=options.kind,
         envelope=envelope,
-        options=route,
+        options=replace(options.route, dry_run=False),  # a dry drain rolls back itself
         env=env,
         cwd=cwd,
         registered=registered,
@@ -245,50 +232,56 @@ def _route_one(
         if settle and not _claim(candidate, **_hold_record(result, now)):
             return None
         return result
-    already_routed = WorkflowWorkItem.objects.filter(
-        route_key=plan.route_key,
-        idempotency_key=plan.idempotency_key,
-        status__in=KEEP_WORK_ITEM_STATUSES,
-    ).exists()
-    # Items that already ran or run are deduped by admission, never held by a pre-check.
-    held = None
-    if not already_routed:
-        held = full.held(plan) or _precheck(plan, now)
     shared_pool = bool(options.route.auth_profile_pool)
-    if held is not None:
-        full.saw(plan, *held, shared_pool=shared_pool)
-        result = _held(envelope, *held, plan=plan)
-        if (
-            settle
-            and not candidate.recorded_as(InboxState.DEFERRED, held[1], held[0])
-            and not _claim(candidate, **_hold_record(result, now))
-        ):
-            return None
-        return result
-    with transaction.atomic():
-        if settle:
-            # The admission lock first: every writer of inbox rows and work items that could
-            # meet this one (an API delivery, an operator's requeue) takes it first too, so
-            # locking the row before the work item cannot deadlock. A lost claim costs one
-            # statement, not an admission.
-            admission_lock()
-            if not _claim(candidate):
-                return None
-        routed = route_event(
-            kind=options.kind,
-            envelope=envelope,
-            options=route,
-            env=env,
-            cwd=cwd,
+    # Items that already ran or run are deduped by admission, never held.
+    held = full.held(plan)
+    if held is not None and not _already_routed(plan):
+        return _settle_hold(candidate, plan, held, now, settle)
+    with transaction.atomic():  # a savepoint in a dry drain's outer transaction
+        # The admission lock first: every writer of inbox rows and work items that could
+        # meet this one (an API delivery, an operator's requeue) takes it first too, so the
+        # order in which this transaction then writes the item and the row cannot deadlock.
+        admission_lock()
+        routed = admit(
+            plan,
             now=now,
-            enqueue=not dry_run,  # rolled back at the end: no task for the runner
+            enqueue=False,
+            early_dedupe=plan.route_key == TODOS_TASK,
+            hold_when_full=True,
         )
-        if settle:
-            inbox_record_route(candidate.inbox_id, routed, now)
-    if routed.kind == THROTTLED and routed.reason_code:  # lost a race under the lock
+        if isinstance(routed, Held):
+            hold = (routed.reason, routed.code)
+            full.saw(plan, *hold, shared_pool=shared_pool)
+            return _settle_hold(candidate, plan, hold, now, settle)
+        if settle and not _claim(candidate, **route_record(routed, now)):
+            transaction.set_rollback(True)  # another drain took the row since the scan
+            return None
+        if not dry_run:  # a dry drain rolls back: no task for the runner
+            hand_over(routed)
+    if routed.kind == THROTTLED and routed.reason_code:  # a deferral of a re-admission
         full.saw(plan, routed.reason or "", routed.reason_code, shared_pool=shared_pool)
     routed.dry_run = dry_run
     return routed.to_dict()
+
+
+def _settle_hold(
+    candidate: Candidate,
+    plan: RoutePlan,
+    hold: tuple[str, str],
+    now: datetime,
+    settle: bool,
+) -> dict[str, Any] | None:
+    """A hold's result; its row records it (one conditional UPDATE, none when the row already
+    records this very hold). None when another drain took the row since the scan."""
+    assert candidate.envelope is not None
+    result = _held(candidate.envelope, *hold, plan=plan)
+    if (
+        settle
+        and not candidate.recorded_as(InboxState.DEFERRED, hold[1], hold[0])
+        and not _claim(candidate, **_hold_record(result, now))
+    ):
+        return None
+    return result
 
 
 def drain_run(

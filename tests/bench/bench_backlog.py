@@ -35,10 +35,10 @@ WINDOW = harness.scaled(200, 50)  # events in the first and last windows (>= one
 PROJECTS = [f"/srv/backlog/p{n:02d}" for n in range(20)]
 ACCOUNTS = ("acct-a", "acct-b", "acct-c", "acct-d", "acct-e")
 CAPS: dict[str, Any] = {
-    "max_active": 1_000_000,
-    "max_active_per_project": 1_000_000,
+    "max_active": 100_000,
+    "max_active_per_project": 100_000,
     "auth_profile_pool": ",".join(ACCOUNTS),
-    "max_per_profile": 1_000_000,
+    "max_per_profile": 100_000,
 }
 CHUNK = 50
 PHASES = (

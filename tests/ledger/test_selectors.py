@@ -84,3 +84,65 @@ def test_account_state_with_only_cooldowns_and_with_nothing() -> None:
     AccountCooldown.objects.create(account_profile="a1", until=now + timedelta(hours=1))
     state = account_state(now=now)
     assert list(state.cooling) == ["a1"] and state.load.total() == {}
+
+
+def test_admission_rows_can_read_the_active_counts_in_the_same_statement() -> None:
+    from ledger.selectors import active_counts
+
+    make_work_item(route_scope="s1", project_key="/p", status="admitted")
+    make_work_item(route_scope="s1", project_key="/q", status="running")
+    make_work_item(route_scope="s1", project_key="/p", status="succeeded")
+    make_work_item(
+        route_scope="s2", project_key="/p", project_group="g", status="admitted"
+    )
+    for scope, project, group in (
+        ("s1", "/p", None),
+        ("s2", "/p", "g"),
+        (None, None, None),
+    ):
+        with CaptureQueriesContext(connection) as captured:
+            found = admission_rows(
+                route_key="generic-event",
+                idempotency_key="none",
+                workflow_name="wf",
+                counts=True,
+                scope=scope,
+                project_key=project,
+                project_group=group,
+            )
+        assert len(captured) == 1
+        assert found.active == active_counts(
+            scope=scope, project_key=project, project_group=group
+        )
+    assert (found.active.scope, found.active.project) == (
+        3,
+        0,
+    )  # unscoped: every active
+    without = admission_rows(
+        route_key="generic-event", idempotency_key="none", workflow_name="wf"
+    )
+    assert without.active is None
+
+
+def test_account_state_reads_the_named_accounts_limits_in_the_same_statement() -> None:
+    from ledger.models import Account
+    from ledger.selectors import AccountLimits, account_registry
+
+    Account.objects.create(name="on", provider="codex", max_running=2)
+    Account.objects.create(name="off", provider="codex", enabled=False)
+    Account.objects.create(name="other", provider="codex", max_running=9)
+    now = timezone.now()
+    AccountCooldown.objects.create(account_profile="on", until=now + timedelta(hours=1))
+    with CaptureQueriesContext(connection) as captured:
+        state = account_state(now=now, accounts=[" on", "off", "unregistered"])
+    assert len(captured) == 1
+    assert state.limits == {
+        "on": AccountLimits(enabled=True, max_running=2),
+        "off": AccountLimits(enabled=False, max_running=None),
+    }
+    assert list(state.cooling) == ["on"]
+    registry = account_registry(["on", "off"])
+    assert {n: (r.enabled, r.max_running) for n, r in registry.items()} == {
+        n: (lim.enabled, lim.max_running) for n, lim in state.limits.items()
+    }
+    assert account_state(now=now).limits == {}  # not asked: no registry branch

@@ -556,12 +556,14 @@ def test_the_inbox_scan_is_light_and_envelopes_load_in_one_query() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
-    monkeypatch,
+    monkeypatch, settings
 ) -> None:  # type: ignore[no-untyped-def]
-    """The drain locks the inbox row, then the item; the requeue the item, then its inbox
-    rows. Both take the admission lock first, so on PostgreSQL they queue instead of
-    deadlocking (without it on the requeue side, this deadlocked)."""
+    """The drain and the requeue both write the item and its inbox rows. Both take the
+    admission lock first, so on PostgreSQL they queue instead of deadlocking (without it on
+    the requeue side, this deadlocked). One at a time, so the slowed `admit` is the drain's."""
     import time
+
+    settings.LOOPSWEB_DRAIN_BATCH_SIZE = 1
 
     from ledger.services import work_item_requeue
     from routing.drains import run as drains
@@ -579,13 +581,13 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
     InboxEvent.objects.filter(event_id="evt-t1-again").update(
         state="deferred", work_item=item, reason_code="route_cap", last_reason="held"
     )
-    real_route_event = drains.route_event
+    real_admit = drains.admit
 
-    def slow_route_event(**kwargs):  # type: ignore[no-untyped-def]
+    def slow_admit(*args, **kwargs):  # type: ignore[no-untyped-def]
         time.sleep(0.8)  # the requeue starts while the drain is inside its transaction
-        return real_route_event(**kwargs)
+        return real_admit(*args, **kwargs)
 
-    monkeypatch.setattr(drains, "route_event", slow_route_event)
+    monkeypatch.setattr(drains, "admit", slow_admit)
     outcome: dict[str, object] = {}
 
     def run(name: str, call) -> None:  # type: ignore[no-untyped-def]
@@ -643,14 +645,12 @@ def test_a_passing_database_error_leaves_the_row_open(monkeypatch, settings) -> 
 
     from routing.drains import run as drains
 
-    settings.LOOPSWEB_DRAIN_BATCH_SIZE = (
-        1  # one at a time: route_event is the admission
-    )
+    settings.LOOPSWEB_DRAIN_BATCH_SIZE = 1  # one at a time: `admit` is the admission
 
-    def locked(**kwargs):  # type: ignore[no-untyped-def]
+    def locked(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise OperationalError("database is locked")
 
-    monkeypatch.setattr(drains, "route_event", locked)
+    monkeypatch.setattr(drains, "admit", locked)
     ingest(generic_event())
     report = drain()
     (result,) = report.results
