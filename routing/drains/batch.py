@@ -412,10 +412,12 @@ def _all_held(
     candidate (up to a full scope or shared pool); None, with `full` as it was, as soon as
     one would go on to admission.
 
-    This is what one-at-a-time routing does for such candidates: its pre-check is an
-    unlocked read, and a held candidate never takes the admission lock. A drain whose caps
-    are full (the common case when several drains compete) then decides without the lock,
-    without SQLite's write lock, and writes only the holds its rows do not record yet."""
+    Holds are the same as one-at-a-time routing makes (the property test compares them);
+    deciding them from an unlocked read is safe, since a hold never raises a count: at
+    worst a count that dropped meanwhile holds an item a later drain admits. A drain whose
+    caps are full (the common case when several drains compete) then decides without the
+    admission lock, without SQLite's write lock, and writes only the holds its rows do not
+    record yet."""
     every, keys = full.every, dict(full.keys)
     plans = [plan for _, plan in pairs]
     rows: _Rows | None = (
