@@ -577,6 +577,10 @@ class WorkflowWorkItem(TimestampedModel):
             models.Index(
                 fields=["route_scope", "status"], name="idx_workflow_work_items_scope"
             ),
+            # the child side of the workflow_run foreign key (0008): SQLite looks up the
+            # items naming a run when a run is inserted after its item (a batched
+            # admission) and when a run is deleted; without it each lookup reads every item
+            models.Index(fields=["workflow_run"], name="idx_workflow_work_items_run"),
         ]
 
     def __str__(self) -> str:

@@ -185,7 +185,7 @@ def account_environment(
     profile: str | None,
     tool: str | None = None,
     *,
-    registry: dict[str, RegisteredAccount] | None = None,
+    registry: Mapping[str, RegisteredAccount] | None = None,
 ) -> dict[str, str]:
     """The account's own variables (its login), merged over the inherited ones.
 
@@ -248,8 +248,12 @@ def agent_invocation(
     tool: str | None,
     run_id: str,
     step_id: str,
+    registry: Mapping[str, RegisteredAccount] | None = None,
 ) -> Invocation:
-    """argv/env/cwd for an agent step (target `{type: agent, provider, prompt, cwd, …}`)."""
+    """argv/env/cwd for an agent step (target `{type: agent, provider, prompt, cwd, …}`).
+
+    `registry` (the profile's registry row as the step start read it, {} when it has none)
+    saves reading it again."""
     provider = str(target.get("provider") or "")
     adapter = ADAPTERS.get(provider)
     if adapter is None:
@@ -261,7 +265,8 @@ def agent_invocation(
         raise ProviderError(PROMPT_NUL)
     if profile is not None and not valid_profile_name(profile):
         raise ProviderError(PROFILE_INVALID.format(profile=profile))
-    registry = account_registry([profile]) if profile else {}
+    if registry is None:
+        registry = account_registry([profile]) if profile else {}
     account = registry.get(profile) if profile else None
     if account is not None and account.provider != provider:
         raise ProviderError(

@@ -11,7 +11,10 @@
    there. `required` on a project that is no longer a git work tree, a project outside
    LOOPSWEB_PROJECT_ROOTS, or a worktree git cannot make fails the run before any step.
    The worktree is removed when the run succeeds and kept (then pruned) when it does not.
-3b. Per step: `step_start` (admission lock + account re-check). While the step's account is
+3b. Per step: started under the admission lock with an account re-check, by the transaction
+   that finished the step before it (`step_complete`: one transaction per step boundary),
+   or for the first step, and one whose account was not free then, by `step_start`. While
+   the step's account is
    at its `maxPerProfile` cap or cooling down: as a django-q2 task, park the run and hand
    its task back to the queue with a delay (the worker is free meanwhile; the next delivery
    resumes after the steps already done, in the worktree the run already has); inline
@@ -29,7 +32,8 @@
    another member is free, the step moves there and runs again (at most
    LOOPSWEB_RATE_LIMIT_MOVES times, ledger.services.failover). A failed or timed-out step ends the run: the
    remaining steps are skipped (runs are sequential and fail fast) and the run is
-   `failed` / `timed_out`; all steps succeeded → `succeeded`.
+   `failed` / `timed_out`; all steps succeeded → `succeeded`. The last step's record and
+   the run's end are one transaction, as are a step's record and the next step's start.
    When a step's process exits, anything it left running in its group is killed.
 6. If the lease is lost (the run was cancelled, or recovered after a stall), the process
    group is killed and nothing more is written.
@@ -386,35 +390,67 @@ class _RunExecution:
             return self._finalize(
                 RunStatus.FAILED, RUN_FAILED_BEFORE_START.format(error=exc)
             )
-        failure: tuple[str, str, str] | None = None
-        for step_id in order:
-            step = by_id[step_id]
-            if step.status == StepStatus.SUCCEEDED:
-                continue  # a resumed run: done before it was handed back
-            if failure is not None:
-                try:
-                    services.step_skip(
-                        step_run_id=step.id,
-                        reason=SKIP_AFTER_FAILURE.format(
-                            step_id=failure[0], status=failure[1]
-                        ),
-                    )
-                except services.LedgerError:
-                    raise _LeaseLost() from None
+        todo = [by_id[s] for s in order if by_id[s].status != StepStatus.SUCCEEDED]
+        # A step is started by the transaction that finished the one before it (one
+        # transaction per step boundary); only the first step, or one whose account was not
+        # free then, is started on its own (waiting, or handing the run back, meanwhile).
+        start: services.StepStart | None = None
+        for index, step in enumerate(todo):
+            if start is None:
+                start = self._wait_for_start(step)
+            result, recorded = self._run_step_with_moves(start, specs[step.step_id])
+            rest = todo[index + 1 :]
+            if result.status == StepStatus.SUCCEEDED and rest:
+                start = self._complete(step, result, start_next=rest[0].id)
+                if start is not None and not start.started:
+                    start = None
                 continue
-            status, error = self._run_step_with_moves(step, specs[step_id])
-            if status != StepStatus.SUCCEEDED:
-                failure = (step_id, status, error or status)
-        if failure is None:
-            return self._finalize(RunStatus.SUCCEEDED, None)
-        step_id, status, error = failure
-        run_status = (
-            RunStatus.TIMED_OUT if status == StepStatus.TIMED_OUT else RunStatus.FAILED
+            end = self._run_end(step, result, rest)
+            self._complete(step, None if recorded else result, end=end)
+            if end.status == RunStatus.SUCCEEDED:
+                self._remove_worktree()
+            return end.status
+        return self._finalize(RunStatus.SUCCEEDED, None)
+
+    @staticmethod
+    def _run_end(
+        step: WorkflowStepRun,
+        result: services.StepResult,
+        rest: Sequence[WorkflowStepRun],
+    ) -> services.RunEnd:
+        """How the run ends after `step`: succeeded when it was the last and succeeded;
+        else failed (timed_out when the step timed out), the steps after it skipped."""
+        if result.status == StepStatus.SUCCEEDED and not rest:
+            return services.RunEnd(status=RunStatus.SUCCEEDED)
+        status = result.status
+        return services.RunEnd(
+            status=RunStatus.TIMED_OUT
+            if status == StepStatus.TIMED_OUT
+            else RunStatus.FAILED,
+            error=RUN_STEP_FAILED.format(
+                step_id=step.step_id, status=status, error=result.error or status
+            ),
+            skip_reason=SKIP_AFTER_FAILURE.format(step_id=step.step_id, status=status),
         )
-        return self._finalize(
-            run_status,
-            RUN_STEP_FAILED.format(step_id=step_id, status=status, error=error),
-        )
+
+    def _complete(
+        self,
+        step: WorkflowStepRun,
+        result: services.StepResult | None,
+        *,
+        start_next: str | None = None,
+        end: services.RunEnd | None = None,
+    ) -> services.StepStart | None:
+        try:
+            return services.step_complete(
+                step_run_id=step.id,
+                worker=self.worker,
+                result=result,
+                start_next=start_next,
+                end=end,
+            )
+        except services.LedgerError:
+            raise _LeaseLost() from None
 
     def _finalize(self, status: str, error: str | None) -> str:
         try:
@@ -485,7 +521,7 @@ class _RunExecution:
             step_isolation(spec, worktree=self.worktree is not None)
         return target
 
-    def _wait_for_start(self, step: WorkflowStepRun) -> WorkflowStepRun:
+    def _wait_for_start(self, step: WorkflowStepRun) -> services.StepStart:
         next_renewal = time.monotonic() + self.keep_alive_every
         while True:
             try:
@@ -493,7 +529,7 @@ class _RunExecution:
             except services.LedgerError:
                 raise _LeaseLost() from None
             if outcome.started:
-                return outcome.step_run
+                return outcome
             # Debug only: the first refusal of each kind is a `step_waiting` event already.
             logger.debug(
                 "run %s step %s waits: %s",
@@ -507,7 +543,7 @@ class _RunExecution:
                 delay = max(0.01, min(delay, until))
             if self.hand_back is not None:
                 self._park(delay)
-            # step_start renewed the lease; sleep no longer than a renewal interval.
+            # A refused start renewed the lease; sleep no longer than a renewal interval.
             time.sleep(min(delay, self.keep_alive_every))
             if time.monotonic() >= next_renewal:
                 next_renewal = time.monotonic() + self.keep_alive_every
@@ -515,24 +551,30 @@ class _RunExecution:
                     raise _LeaseLost()
 
     def _run_step_with_moves(
-        self, step: WorkflowStepRun, spec: Mapping[str, Any]
-    ) -> tuple[str, str | None]:
-        """Run a step; when its agent reports a rate limit and another member of the run's
-        pool is free, move it there and try again, up to LOOPSWEB_RATE_LIMIT_MOVES moves
-        (ledger.services.failover). Pinned and single-account steps never move."""
+        self, start: services.StepStart, spec: Mapping[str, Any]
+    ) -> tuple[services.StepResult, bool]:
+        """Run a started step; when its agent reports a rate limit and another member of
+        the run's pool is free, record the attempt, move the step there and try again, up
+        to LOOPSWEB_RATE_LIMIT_MOVES moves (ledger.services.failover). Pinned and
+        single-account steps never move.
+
+        Returns the last attempt's result and whether it is recorded already (a rate-limited
+        attempt that found no member to move to); otherwise the caller records it."""
         moves = 0
         while True:
             self.rate_limited = None
-            status, error = self._run_step(step, spec)
-            if status == StepStatus.SUCCEEDED or self.rate_limited is None:
-                return status, error
+            result = self._run_step(start, spec)
+            if result.status == StepStatus.SUCCEEDED or self.rate_limited is None:
+                return result, False
             if moves >= int(settings.LOOPSWEB_RATE_LIMIT_MOVES):
-                return status, error
+                return result, False
+            step = start.step_run
+            self._complete(step, result)
             moved = services.step_move_after_rate_limit(
                 step_run_id=step.id, reason=self.rate_limited
             )
             if moved is None:
-                return status, error
+                return result, True
             moves += 1
             logger.info(
                 "run %s step %s rate limited; trying again on %s",
@@ -540,6 +582,7 @@ class _RunExecution:
                 step.step_id,
                 moved,
             )
+            start = self._wait_for_start(step)
 
     def _park(self, delay: float) -> None:
         """Free this worker: the run's task comes back in `delay` seconds (see run_park)."""
@@ -554,9 +597,10 @@ class _RunExecution:
         raise _HandedBack()
 
     def _run_step(
-        self, step: WorkflowStepRun, spec: Mapping[str, Any]
-    ) -> tuple[str, str | None]:
-        step = self._wait_for_start(step)
+        self, start: services.StepStart, spec: Mapping[str, Any]
+    ) -> services.StepResult:
+        """Run a started step's process; its result, not yet recorded."""
+        step = start.step_run
         target = spec.get("target") if isinstance(spec.get("target"), dict) else {}
         kind = target.get("type") or spec.get("kind")
         is_agent = kind == "agent"
@@ -569,6 +613,12 @@ class _RunExecution:
                     tool=step.account_tool,
                     run_id=self.run.id,
                     step_id=step.step_id,
+                    # The start read the account's registry row; no second read.
+                    registry=(
+                        {step.account_profile: start.account} if start.account else {}
+                    )
+                    if step.account_profile
+                    else None,
                 )
             elif kind == "command":
                 invocation = command_invocation(
@@ -577,7 +627,7 @@ class _RunExecution:
             else:
                 raise ProviderError(STEP_KIND_UNKNOWN.format(kind=kind))
         except (ProviderError, ValidationError) as exc:
-            return self._finish(step, StepStatus.FAILED, error=str(exc))
+            return services.StepResult(status=StepStatus.FAILED, error=str(exc))
         timeout_ms = _positive_ms(spec.get("timeoutMs"), target.get("timeoutMs"))
         idle_ms = _positive_ms(spec.get("idleTimeoutMs"), target.get("idleTimeoutMs"))
         try:
@@ -598,9 +648,7 @@ class _RunExecution:
         if result.lost:
             raise _LeaseLost()
         if result.spawn_error:
-            return self._finish(
-                step, StepStatus.FAILED, error=result.spawn_error, result=result
-            )
+            return _step_result(result, StepStatus.FAILED, error=result.spawn_error)
         if result.timeout == "total":
             status, error = StepStatus.TIMED_OUT, STEP_TIMED_OUT.format(ms=timeout_ms)
         elif result.timeout == "idle":
@@ -624,7 +672,7 @@ class _RunExecution:
                 error += note
         if is_agent:
             usage = parse_usage(invocation.provider, result.stdout)
-        return self._finish(step, status, error=error, result=result, usage=usage)
+        return _step_result(result, status, error=error, usage=usage)
 
     def _record_rate_limit(
         self, step: WorkflowStepRun, provider: str | None, result: ProcessResult
@@ -655,30 +703,20 @@ class _RunExecution:
             )
         return RATE_LIMIT_NOTE.format(snippet=signal_seen.snippet)
 
-    def _finish(
-        self,
-        step: WorkflowStepRun,
-        status: str,
-        *,
-        error: str | None,
-        result: ProcessResult | None = None,
-        usage: Usage | None = None,
-    ) -> tuple[str, str | None]:
-        try:
-            services.step_finish(
-                usage=usage,
-                step_run_id=step.id,
-                status=status,
-                exit_code=result.exit_code if result else None,
-                pid=result.pid if result else None,
-                duration_ms=result.duration_ms if result else None,
-                stdout=result.stdout if result else None,
-                stderr=result.stderr if result else None,
-                error=error,
-            )
-        except services.LedgerError:
-            raise _LeaseLost() from None
-        return status, error
+
+def _step_result(
+    result: ProcessResult, status: str, *, error: str | None, usage: Usage | None = None
+) -> services.StepResult:
+    return services.StepResult(
+        status=status,
+        exit_code=result.exit_code,
+        pid=result.pid,
+        duration_ms=result.duration_ms,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        error=error,
+        usage=usage,
+    )
 
 
 def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:

@@ -360,3 +360,47 @@ def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
 def registered_providers() -> dict[str, str]:
     """Account name -> provider for every registered account (what admission plans need)."""
     return dict(Account.objects.values_list("name", "provider"))
+
+
+@dataclass(frozen=True)
+class AccountGate:
+    """What a step start checks of one account: its registry row (None when unregistered),
+    the end of its cooldown (None when not cooling at `now`), its running steps."""
+
+    account: RegisteredAccount | None
+    cooling_until: datetime | None
+    running: int
+
+
+_ACCOUNTS = Account._meta.db_table
+_COOLDOWNS = AccountCooldown._meta.db_table
+_LOADS = AccountLoadCount._meta.db_table
+_GATE_SQL = (
+    "SELECT a.name, a.provider, a.enabled, a.max_running, a.env_json, "
+    f'(SELECT c."until" FROM "{_COOLDOWNS}" c '
+    'WHERE c.account_profile = p.name AND c."until" > %s), '
+    f'(SELECT l.running FROM "{_LOADS}" l WHERE l.account_profile = p.name) '
+    f'FROM (SELECT %s AS name) p LEFT JOIN "{_ACCOUNTS}" a ON a.name = p.name'
+)
+
+
+def account_gate(profile: str, *, now: datetime) -> AccountGate:
+    """`AccountGate` of `profile` in one statement (registry row, cooldown, kept count)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_GATE_SQL, [_db_datetime(now), profile])
+        name, provider, enabled, max_running, env, until, running = cursor.fetchone()
+    account = None
+    if name is not None:
+        env = Account._meta.get_field("env_json").from_db_value(env, None, connection)
+        account = RegisteredAccount(
+            name=name,
+            provider=provider,
+            enabled=bool(enabled),
+            max_running=max_running,
+            env={str(k): str(v) for k, v in (env or {}).items()},
+        )
+    return AccountGate(
+        account=account,
+        cooling_until=_aware(until) if until is not None else None,
+        running=running or 0,
+    )

@@ -68,7 +68,10 @@ from ledger.services.runs import (
     runs_recover_expired,
 )
 from ledger.services.steps import (
+    RunEnd,
+    StepResult,
     StepStart,
+    step_complete,
     step_finish,
     step_process_record,
     step_skip,
@@ -103,6 +106,8 @@ __all__ = [
     "account_env_parse",
     "account_remove",
     "account_set_enabled",
+    "RunEnd",
+    "StepResult",
     "StepStart",
     "account_cooldown_record",
     "join_reason",
@@ -119,6 +124,7 @@ __all__ = [
     "run_worktree_removed",
     "runs_queued_stale",
     "runs_recover_expired",
+    "step_complete",
     "step_finish",
     "step_move_after_rate_limit",
     "step_process_record",

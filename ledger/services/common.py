@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -164,16 +167,20 @@ def _lock_run(run_id: str) -> WorkflowRun:
 
 
 def _lock_step(
-    step_run_id: str,
+    step_run_id: str, *, with_item: bool = False
 ) -> tuple[WorkflowRun, WorkflowStepRun, list[WorkflowStepRun]]:
     """Lock a step's run row (as `_lock_run`), then the run's step rows (a handful, in
     sequence order): the step itself and its run's steps, which say what load the run puts
-    on its accounts before and after the change (ledger.loads)."""
+    on its accounts before and after the change (ledger.loads).
+
+    `with_item`: the run's work item and its invocation come in the same statement (read,
+    not locked), for a transaction that ends the run (`_maybe_archive_spec` reads them)."""
+    related = ("work_item__invocation",) if with_item else ()
     try:
         # The run row found through the step and locked in one statement (as `_lock_run`).
         run = (
             WorkflowRun.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("workflow", "loop")
+            .select_related("workflow", "loop", *related)
             .get(
                 pk=Subquery(
                     WorkflowStepRun.objects.filter(pk=step_run_id).values(
@@ -196,12 +203,71 @@ def _lock_step(
 
 
 _EVENTS = WorkflowEvent._meta.db_table
-_APPEND_EVENT_SQL = f"""
-INSERT INTO "{_EVENTS}"
-    (id, workflow_run_id, sequence, event_type, step_id, payload_json, created_at)
-SELECT %s, %s, COALESCE(MAX(sequence), 0) + 1, %s, %s, %s, %s
-FROM "{_EVENTS}" WHERE workflow_run_id = %s
-"""
+# One row per event: the run's next sequence is its MAX + the event's place among the run's
+# events of this statement. Both databases evaluate the SELECT before inserting any row.
+_EVENT_ROW_SQL = (
+    "SELECT %s, %s, COALESCE(MAX(sequence), 0) + %s, %s, %s, {payload}, %s "
+    f'FROM "{_EVENTS}" WHERE workflow_run_id = %s'
+)
+_APPEND_EVENTS_SQL = (
+    f'INSERT INTO "{_EVENTS}" '
+    "(id, workflow_run_id, sequence, event_type, step_id, payload_json, created_at) "
+)
+
+# (run_id, event_type, step_id, payload) waiting for the end of `events_in_one_statement`.
+_pending_events: ContextVar[list[tuple[str, str, str | None, Any]] | None] = ContextVar(
+    "loopsweb_pending_events", default=None
+)
+
+
+def _write_events(events: list[tuple[str, str, str | None, Any]]) -> None:
+    if not events:
+        return
+    fields = {f.name: f for f in WorkflowEvent._meta.fields}
+    created = fields["created_at"].get_db_prep_save(timezone.now(), connection)
+    # PostgreSQL types a UNION column from its branches: a NULL payload first would make
+    # the column text, which jsonb rows cannot join.
+    row = _EVENT_ROW_SQL.format(
+        payload="CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
+    )
+    place: dict[str, int] = {}
+    rows: list[str] = []
+    params: list[Any] = []
+    for run_id, event_type, step_id, payload in events:
+        place[run_id] = place.get(run_id, 0) + 1
+        rows.append(row)
+        params += [
+            new_id(),
+            run_id,
+            place[run_id],
+            event_type,
+            step_id,
+            fields["payload_json"].get_db_prep_save(payload, connection),
+            created,
+            run_id,
+        ]
+    with connection.cursor() as cursor:
+        cursor.execute(_APPEND_EVENTS_SQL + " UNION ALL ".join(rows), params)
+
+
+@contextmanager
+def events_in_one_statement() -> Iterator[None]:
+    """Hold the events `_append_event` appends inside the block and write them, in order,
+    with one INSERT when it ends (inside the caller's transaction; nothing on an error).
+
+    For transactions that append several events (a step finishing and the next starting,
+    a run ending): one statement instead of one per event.
+    """
+    if _pending_events.get() is not None:  # nested: the outer block writes them
+        yield
+        return
+    token = _pending_events.set([])
+    try:
+        yield
+        events = _pending_events.get() or []
+    finally:
+        _pending_events.reset(token)
+    _write_events(events)
 
 
 def _append_event(
@@ -211,24 +277,41 @@ def _append_event(
     step_id: str | None = None,
     payload: dict[str, Any] | None = None,
 ) -> None:
-    """Append the run's next event (sequence = MAX + 1) in one statement.
+    """Append the run's next event (sequence = MAX + 1) in one statement, or hold it for
+    the enclosing `events_in_one_statement`.
 
     The caller holds the run row lock (or SQLite's write lock): MAX + 1 cannot race.
     """
-    fields = {f.name: f for f in WorkflowEvent._meta.fields}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _APPEND_EVENT_SQL,
-            [
-                new_id(),
-                run_id,
-                event_type,
-                step_id,
-                fields["payload_json"].get_db_prep_save(payload, connection),
-                fields["created_at"].get_db_prep_save(timezone.now(), connection),
-                run_id,
-            ],
+    event = (run_id, event_type, step_id, payload)
+    pending = _pending_events.get()
+    if pending is not None:
+        pending.append(event)
+    else:
+        _write_events([event])
+
+
+def _last_event_is(
+    run_id: str, event_type: str, *, step_id: str | None, code: str | None
+) -> bool:
+    """Whether the run's latest event (held ones included) is `event_type` for `step_id`
+    with payload `code`."""
+    pending = [e for e in (_pending_events.get() or []) if e[0] == run_id]
+    if pending:
+        _, last_type, last_step, payload = pending[-1]
+    else:
+        last = (
+            WorkflowEvent.objects.filter(workflow_run_id=run_id)
+            .order_by("-sequence")
+            .first()
         )
+        if last is None:
+            return False
+        last_type, last_step, payload = last.event_type, last.step_id, last.payload_json
+    return (
+        last_type == event_type
+        and last_step == step_id
+        and (payload or {}).get("code") == code
+    )
 
 
 def _operator_event(

@@ -118,17 +118,16 @@ def step_failover(
 ) -> str | None:
     """Move `step` (locked by the caller with its run's `steps`, under the admission lock)
     to a free pool member; returns the new account, or None when there is none (rules 1-4).
-    The account load counters follow the move in the same transaction (ledger.loads: the
-    run's reservation moves with its first step)."""
+    The caller applies the change in account load with its own (ledger.loads: computed from
+    `steps` when it locked them and when it is done, so the run's reservation moves with
+    its first step)."""
     spec = step_spec(run, step.step_id)
     chosen = _free_member(run, step, spec, now)
     if chosen is None:
         return None
-    before = run_load(run.status, steps)
     previous = step.account_profile
     step.account_profile = chosen
     step.save(update_fields=["account_profile", "updated_at"])
-    apply_load_delta(load_change(before, run_load(run.status, steps)))
     _append_event(
         run.id,
         MOVED_EVENT,
@@ -149,7 +148,8 @@ def step_move_after_rate_limit(
         run, step, steps = _lock_step(step_run_id)
         if step.status not in (StepStatus.FAILED, StepStatus.TIMED_OUT):
             return None
-        return step_failover(
+        before = run_load(run.status, steps)
+        moved = step_failover(
             run=run,
             step=step,
             steps=steps,
@@ -157,3 +157,5 @@ def step_move_after_rate_limit(
             reason=reason,
             now=now,
         )
+        apply_load_delta(load_change(before, run_load(run.status, steps)))
+        return moved

@@ -38,8 +38,6 @@ from ledger.models import (
     TERMINAL_RUN_STATUSES,
     Loop,
     LoopStatus,
-    RunStatus,
-    StepStatus,
     WorkflowRun,
     WorkflowStepRun,
     WorkflowWorkItem,
@@ -54,8 +52,7 @@ from ledger.services.common import (
 )
 from ledger.services.processes import _kill_leftovers
 from ledger.services.runs import (
-    _end_run,
-    _finish_open_steps,
+    _cancel_locked,
     _maybe_archive_spec,
     run_again,
 )
@@ -246,19 +243,10 @@ def _halt(
     )
     for run_id in list(open_runs):
         run = _lock_run(run_id)
-        was_running = _finish_open_steps(
-            run,
-            pending_to=StepStatus.CANCELLED,
-            running_to=StepStatus.CANCELLED,
-            error=reason,
-            now=now,
-        )
         # The items were moved above, so the run's own cascade finds nothing active.
-        _end_run(
+        was_running = _cancel_locked(
             run,
-            status=RunStatus.CANCELLED,
-            error=reason,
-            item_reason=reason,
+            reason=reason,
             now=now,
             event_payload={"reason": reason},
             archive=not parks,

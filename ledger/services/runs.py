@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, TextField, Value
+from django.db.models import Exists, F, Q, TextField, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -152,16 +152,15 @@ def _close_one_shot_loop(run: WorkflowRun, now: datetime) -> None:
     schedule = loop.schedule_json if isinstance(loop.schedule_json, dict) else {}
     if schedule.get("type") != "once":
         return
-    if (
+    # One statement: stopped only while no other run of the loop is open.
+    other_open = (
         WorkflowRun.objects.filter(loop_id=loop.id)
         .exclude(status__in=TERMINAL_RUN_STATUSES)
         .exclude(pk=run.id)
-        .exists()
-    ):
-        return
-    type(loop).objects.filter(pk=loop.id, status=LoopStatus.ACTIVE).update(
-        status=LoopStatus.STOPPED, next_run_at=None, updated_at=now
     )
+    type(loop).objects.filter(pk=loop.id, status=LoopStatus.ACTIVE).exclude(
+        Exists(other_open)
+    ).update(status=LoopStatus.STOPPED, next_run_at=None, updated_at=now)
 
 
 def _maybe_archive_spec(run: WorkflowRun, now: datetime) -> bool:
@@ -176,11 +175,14 @@ def _maybe_archive_spec(run: WorkflowRun, now: datetime) -> bool:
     loop = run.loop
     if spec.status != SpecStatus.ACTIVE or loop is None or not run.work_item_id:
         return False
-    item = (
-        WorkflowWorkItem.objects.select_related("invocation")
-        .filter(pk=run.work_item_id)
-        .first()
-    )
+    if WorkflowRun.work_item.is_cached(run):  # read with the run (`_lock_step`)
+        item = run.work_item
+    else:
+        item = (
+            WorkflowWorkItem.objects.select_related("invocation")
+            .filter(pk=run.work_item_id)
+            .first()
+        )
     if item is None:
         return False
     templates = GENERATED_TEMPLATES_BY_ROUTE_KEY.get(item.route_key, frozenset())
@@ -200,15 +202,18 @@ def _maybe_archive_spec(run: WorkflowRun, now: datetime) -> bool:
         return False
     if item.loop_id != loop.id or item.workflow_id != spec.id:
         return False
-    if (
-        WorkflowRun.objects.filter(workflow_id=spec.id)
-        .exclude(status__in=TERMINAL_RUN_STATUSES)
-        .exists()
-    ):
-        return False
-    type(spec).objects.filter(pk=spec.id, status=SpecStatus.ACTIVE).update(
-        status=SpecStatus.ARCHIVED, updated_at=now
+    # One statement: archived only while no run of the spec is open.
+    open_runs = WorkflowRun.objects.filter(workflow_id=spec.id).exclude(
+        status__in=TERMINAL_RUN_STATUSES
     )
+    archived = (
+        type(spec)
+        .objects.filter(pk=spec.id, status=SpecStatus.ACTIVE)
+        .exclude(Exists(open_runs))
+        .update(status=SpecStatus.ARCHIVED, updated_at=now)
+    )
+    if not archived:
+        return False
     spec.status = SpecStatus.ARCHIVED
     _append_event(
         run.id,
@@ -287,7 +292,12 @@ def run_again(
 
 
 def _retry_schedule(
-    run: WorkflowRun, *, status: str, error: str | None, now: datetime
+    run: WorkflowRun,
+    *,
+    status: str,
+    error: str | None,
+    now: datetime,
+    steps: list[WorkflowStepRun] | None = None,
 ) -> WorkflowRun | None:
     """A loop-level retry (reference §2.1, §2.2): the next attempt of a failed run, or None.
 
@@ -334,8 +344,12 @@ def _retry_schedule(
         float(settings.LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS),
     )
     due = now + timedelta(seconds=delay)
-    previous_steps = list(
-        WorkflowStepRun.objects.filter(workflow_run_id=run.id).order_by("sequence")
+    previous_steps = (
+        steps
+        if steps is not None
+        else list(
+            WorkflowStepRun.objects.filter(workflow_run_id=run.id).order_by("sequence")
+        )
     )
     rate_limited = AccountCooldown.objects.filter(
         step_run_id__in=[step.id for step in previous_steps]
@@ -386,11 +400,13 @@ def _end_run(
     now: datetime,
     event_payload: dict[str, Any] | None = None,
     archive: bool = True,
+    steps: list[WorkflowStepRun] | None = None,
 ) -> WorkflowRun | None:
     """Set the run terminal and cascade. The caller holds the admission lock and the run row.
 
     Returns the retry run when a loop-level retry was scheduled. `archive=False` keeps the
-    spec (a paused loop runs it again on resume).
+    spec (a paused loop runs it again on resume). `steps`: the run's step rows, when the
+    caller has them.
     """
     run.status = status
     run.finished_at = now
@@ -411,7 +427,7 @@ def _end_run(
     if error:
         payload.setdefault("error", run.error)
     _append_event(run.id, status, payload=payload or None)
-    retry = _retry_schedule(run, status=status, error=run.error, now=now)
+    retry = _retry_schedule(run, status=status, error=run.error, now=now, steps=steps)
     if retry is None:
         _cascade_work_item(
             run,
@@ -465,11 +481,23 @@ def run_claim(
         if claimed != 1:
             return None
         run = _lock_run(run_id)
-        item = (
-            WorkflowWorkItem.objects.filter(pk=run.work_item_id).first()
-            if run.work_item_id
-            else None
-        )
+        # The item goes `running` with a conditional UPDATE; only when it is no longer
+        # runnable is it read, to say why.
+        item = None
+        if run.work_item_id:
+            lease_ms = run.loop.lease_ms if run.loop else None
+            claimed_item = WorkflowWorkItem.objects.filter(
+                pk=run.work_item_id, status__in=RUNNABLE_STATUSES
+            ).update(
+                status=WorkItemStatus.RUNNING,
+                workflow_run_id=run.id,
+                lease_expires_at=now + timedelta(milliseconds=lease_ms)
+                if lease_ms
+                else run.lease_expires_at,
+                updated_at=now,
+            )
+            if not claimed_item:
+                item = WorkflowWorkItem.objects.filter(pk=run.work_item_id).first()
         if item is not None and item.status not in RUNNABLE_STATUSES:
             message = WORK_ITEM_NOT_RUNNABLE.format(item_id=item.id, status=item.status)
             _finish_open_steps(
@@ -487,19 +515,6 @@ def run_claim(
                 now=now,
             )
             return None
-        if item is not None:
-            lease_ms = run.loop.lease_ms if run.loop else None
-            item_lease = (
-                now + timedelta(milliseconds=lease_ms)
-                if lease_ms
-                else run.lease_expires_at
-            )
-            WorkflowWorkItem.objects.filter(pk=item.id).update(
-                status=WorkItemStatus.RUNNING,
-                workflow_run_id=run.id,
-                lease_expires_at=item_lease,
-                updated_at=now,
-            )
         _append_event(
             run.id,
             "claimed",
@@ -641,6 +656,36 @@ def run_finalize(
     return run
 
 
+def _cancel_locked(
+    run: WorkflowRun,
+    *,
+    reason: str,
+    now: datetime,
+    event_payload: dict[str, Any],
+    archive: bool = True,
+) -> list[WorkflowStepRun]:
+    """Cancel a run the caller locked (under the admission lock): its open steps and the
+    run itself cancelled with `reason`, and the cascade. Returns the steps that were
+    running (their process groups are the caller's to kill, after commit)."""
+    was_running = _finish_open_steps(
+        run,
+        pending_to=StepStatus.CANCELLED,
+        running_to=StepStatus.CANCELLED,
+        error=reason,
+        now=now,
+    )
+    _end_run(
+        run,
+        status=RunStatus.CANCELLED,
+        error=reason,
+        item_reason=reason,
+        now=now,
+        event_payload=event_payload,
+        archive=archive,
+    )
+    return was_running
+
+
 def run_cancel(
     *,
     run_id: str,
@@ -665,18 +710,9 @@ def run_cancel(
             raise LedgerError(
                 RUN_ALREADY_TERMINAL.format(run_id=run.id, status=run.status)
             )
-        was_running = _finish_open_steps(
+        was_running = _cancel_locked(
             run,
-            pending_to=StepStatus.CANCELLED,
-            running_to=StepStatus.CANCELLED,
-            error=reason,
-            now=now,
-        )
-        _end_run(
-            run,
-            status=RunStatus.CANCELLED,
-            error=reason,
-            item_reason=reason,
+            reason=reason,
             now=now,
             # an operator's cancel names the user in the run's `cancelled` event
             event_payload={"reason": reason, **({"user": actor} if actor else {})},

@@ -14,14 +14,12 @@ from django.utils import timezone
 from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
-    AccountCooldown,
     RunStatus,
     StepStatus,
-    WorkflowEvent,
     WorkflowRun,
     WorkflowStepRun,
 )
-from ledger.selectors import account_registry
+from ledger.selectors import AccountGate, RegisteredAccount, account_gate
 from ledger.services.common import (
     OPEN_STEP_STATUSES,
     STEP_CLAIMABLE_STATUSES,
@@ -34,13 +32,16 @@ from ledger.services.common import (
     LedgerError,
     _append_event,
     _clean_text,
+    _last_event_is,
     _lease,
     _lock_step,
     _ms,
     _now,
+    events_in_one_statement,
     step_spec,
 )
 from ledger.services.failover import account_limit, step_failover
+from ledger.services.runs import _end_run
 from ledger.usage import Usage
 from routing.domain import reasons
 
@@ -49,13 +50,42 @@ WAIT_DISABLED = "account {profile} is disabled in the account registry"
 
 @dataclass(frozen=True)
 class StepStart:
-    """The outcome of `step_start`: started, or refused with why and when to look again."""
+    """The outcome of `step_start`: started, or refused with why and when to look again.
+
+    `account` is the registry row of the step's account as the start read it (None when the
+    step has no account or it is unregistered), for the agent's environment.
+    """
 
     started: bool
     step_run: WorkflowStepRun
     wait_reason: str | None = None
     wait_code: str | None = None
     retry_at: datetime | None = None
+    account: RegisteredAccount | None = None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """How a step's process ended, as the runner records it (`step_finish` fields)."""
+
+    status: str
+    exit_code: int | None = None
+    pid: int | None = None
+    duration_ms: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    error: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """The run ends with the step just finished: its other open steps are skipped (with
+    `skip_reason`), then the run gets `status` and `error`."""
+
+    status: str
+    error: str | None = None
+    skip_reason: str | None = None
 
 
 def step_start(
@@ -73,127 +103,182 @@ def step_start(
        `routing.maxPerProfile` and the account's `max_running` → refused. Before refusing,
        a step of a pool-routed run moves to a free pool member (ledger.services.failover:
        attribution rewritten, event `step_account_moved`) and starts there. A refusal
-       records one `step_waiting` event per distinct reason and renews the lease; the
-       runner retries.
+       records one `step_waiting` event per distinct reason and renews the run's lease;
+       the runner retries.
     4. Started: started_at = now, finish fields and output cleared, event `step_started`
-       with the account, run lease renewed.
+       with the account.
     """
     now = _now(now)
-    with transaction.atomic():
+    with transaction.atomic(), events_in_one_statement():
         admission_lock()
         run, step, steps = _lock_step(step_run_id)
         before = run_load(run.status, steps)
-        if (
-            run.status != RunStatus.RUNNING
-            or run.claimed_by != worker
-            or step.status not in STEP_CLAIMABLE_STATUSES
-        ):
+        outcome = _start_locked(run, step, steps, worker=worker, now=now)
+        apply_load_delta(load_change(before, run_load(run.status, steps)))
+    return outcome
+
+
+def step_complete(
+    *,
+    step_run_id: str,
+    worker: str,
+    result: StepResult | None,
+    start_next: str | None = None,
+    end: RunEnd | None = None,
+    now: datetime | None = None,
+) -> StepStart | None:
+    """Finish a running step (`result`; None when it is finished already) and, in the same
+    transaction, go on: start the run's next step (`start_next`, a step run id: the outcome
+    of that start is returned, as from `step_start`; a refused start leaves that step
+    pending and the finish stands) or end the run (`end`: its other open steps skipped,
+    then the run ended as `run_finalize` ends it).
+
+    One lock hold, one read of the run and its steps, one account-load update and one
+    statement for all the events, instead of a transaction for each. The run must be
+    `running` and claimed by `worker` (else `LedgerError`, and nothing is written).
+    """
+    now = _now(now)
+    with transaction.atomic(), events_in_one_statement():
+        admission_lock()
+        run, step, steps = _lock_step(step_run_id, with_item=end is not None)
+        if run.status != RunStatus.RUNNING or run.claimed_by != worker:
             raise LedgerError(
-                STEP_NOT_CLAIMABLE.format(
+                STEP_NOT_RUNNING.format(
                     run_id=run.id,
                     step_id=step.step_id,
-                    status=step.status
-                    if run.status == RunStatus.RUNNING
-                    else f"{step.status} (run {run.status})",
+                    status=f"{step.status} (run {run.status})",
                 )
             )
+        before = run_load(run.status, steps)
+        if result is not None:
+            _finish_locked(run, step, steps, result, now=now)
+        outcome = None
+        if start_next is not None:
+            following = next(s for s in steps if s.pk == start_next)
+            outcome = _start_locked(run, following, steps, worker=worker, now=now)
+        if end is not None:
+            for other in steps:
+                if other.status in OPEN_STEP_STATUSES:
+                    _skip_locked(run, other, end.skip_reason)
+            _end_run(
+                run,
+                status=end.status,
+                error=end.error,
+                item_reason=end.error,
+                now=now,
+                steps=steps,
+            )
+        apply_load_delta(load_change(before, run_load(run.status, steps)))
+    return outcome
+
+
+def _start_locked(
+    run: WorkflowRun,
+    step: WorkflowStepRun,
+    steps: list[WorkflowStepRun],
+    *,
+    worker: str,
+    now: datetime,
+) -> StepStart:
+    """`step_start` on rows the caller locked; the caller applies the load change."""
+    if (
+        run.status != RunStatus.RUNNING
+        or run.claimed_by != worker
+        or step.status not in STEP_CLAIMABLE_STATUSES
+    ):
+        raise LedgerError(
+            STEP_NOT_CLAIMABLE.format(
+                run_id=run.id,
+                step_id=step.step_id,
+                status=step.status
+                if run.status == RunStatus.RUNNING
+                else f"{step.status} (run {run.status})",
+            )
+        )
+    spec = step_spec(run, step.step_id)
+    gate = _account_gate(step, now)
+    refusal = _account_refusal(step, spec, gate)
+    if refusal is not None and step_failover(
+        run=run,
+        step=step,
+        steps=steps,
+        code=refusal[0],
+        reason=refusal[1],
+        now=now,
+    ):
+        gate = _account_gate(step, now)
+        refusal = _account_refusal(step, spec, gate)
+    if refusal is not None:
+        code, reason, retry_at = refusal
+        # The wait renews the lease (a started step's process renews it as it runs).
         run.lease_expires_at = now + _lease()
         WorkflowRun.objects.filter(pk=run.id).update(
             lease_expires_at=run.lease_expires_at, updated_at=now
         )
-        spec = step_spec(run, step.step_id)
-        refusal = _account_refusal(step, spec, now)
-        if refusal is not None and step_failover(
-            run=run,
-            step=step,
-            steps=steps,
-            code=refusal[0],
-            reason=refusal[1],
-            now=now,
-        ):
-            before = run_load(run.status, steps)  # the move applied its own change
-            refusal = _account_refusal(step, spec, now)
-        if refusal is not None:
-            code, reason, retry_at = refusal
-            last = (
-                WorkflowEvent.objects.filter(workflow_run_id=run.id)
-                .order_by("-sequence")
-                .first()
+        if not _last_event_is(run.id, "step_waiting", step_id=step.step_id, code=code):
+            _append_event(
+                run.id,
+                "step_waiting",
+                step_id=step.step_id,
+                payload={"code": code, "reason": reason},
             )
-            if not (
-                last
-                and last.event_type == "step_waiting"
-                and last.step_id == step.step_id
-                and (last.payload_json or {}).get("code") == code
-            ):
-                _append_event(
-                    run.id,
-                    "step_waiting",
-                    step_id=step.step_id,
-                    payload={"code": code, "reason": reason},
-                )
-            return StepStart(
-                started=False,
-                step_run=step,
-                wait_reason=reason,
-                wait_code=code,
-                retry_at=retry_at,
-            )
-        step.status = StepStatus.RUNNING
-        step.started_at = now
-        step.finished_at = None
-        step.exit_code = None
-        step.pid = None
-        step.duration_ms = None
-        step.stdout = None
-        step.stderr = None
-        step.error = None
-        step.save()
-        apply_load_delta(load_change(before, run_load(run.status, steps)))
-        _append_event(
-            run.id,
-            "step_started",
-            step_id=step.step_id,
-            payload={
-                "accountProfile": step.account_profile,
-                "accountTool": step.account_tool,
-            },
+        return StepStart(
+            started=False,
+            step_run=step,
+            wait_reason=reason,
+            wait_code=code,
+            retry_at=retry_at,
         )
-    return StepStart(started=True, step_run=step)
+    step.status = StepStatus.RUNNING
+    step.started_at = now
+    step.finished_at = None
+    step.exit_code = None
+    step.pid = None
+    step.duration_ms = None
+    step.stdout = None
+    step.stderr = None
+    step.error = None
+    step.save()
+    _append_event(
+        run.id,
+        "step_started",
+        step_id=step.step_id,
+        payload={
+            "accountProfile": step.account_profile,
+            "accountTool": step.account_tool,
+        },
+    )
+    return StepStart(
+        started=True, step_run=step, account=gate.account if gate else None
+    )
+
+
+def _account_gate(step: WorkflowStepRun, now: datetime) -> AccountGate | None:
+    return account_gate(step.account_profile, now=now) if step.account_profile else None
 
 
 def _account_refusal(
-    step: WorkflowStepRun, spec: dict[str, Any], now: datetime
+    step: WorkflowStepRun, spec: dict[str, Any], gate: AccountGate | None
 ) -> tuple[str, str, datetime | None] | None:
-    profile = step.account_profile
-    if not profile:
+    if gate is None:
         return None
-    account = account_registry([profile]).get(profile)
+    profile = step.account_profile
+    account = gate.account
     if account is not None and not account.enabled:
         return (reasons.ACCOUNT_DISABLED, WAIT_DISABLED.format(profile=profile), None)
-    cooldown = AccountCooldown.objects.filter(
-        account_profile=profile, until__gt=now
-    ).first()
-    if cooldown is not None:
+    if gate.cooling_until is not None:
         return (
             "cooldown",
-            WAIT_COOLING.format(profile=profile, until=cooldown.until.isoformat()),
-            cooldown.until,
+            WAIT_COOLING.format(profile=profile, until=gate.cooling_until.isoformat()),
+            gate.cooling_until,
         )
     limit = account_limit(spec, account)
-    if limit is None:
-        return None
-    running = (
-        WorkflowStepRun.objects.filter(
-            status=StepStatus.RUNNING, account_profile=profile
-        )
-        .exclude(pk=step.pk)
-        .count()
-    )
-    if running >= limit:
+    # The kept count of running steps on the account: this step is not one of them (it is
+    # pending, or failed/timed_out before a retry).
+    if limit is not None and gate.running >= limit:
         return (
             "profile_cap",
-            WAIT_AT_CAPACITY.format(profile=profile, running=running, limit=limit),
+            WAIT_AT_CAPACITY.format(profile=profile, running=gate.running, limit=limit),
             None,
         )
     return None
@@ -201,10 +286,10 @@ def _account_refusal(
 
 def step_process_record(*, step_run_id: str, pid: int) -> None:
     """Record the pid of a running step's process (its process group id too)."""
-    with transaction.atomic():
-        WorkflowStepRun.objects.filter(
-            pk=step_run_id, status=StepStatus.RUNNING
-        ).update(pid=pid, updated_at=timezone.now())
+    # One statement, in autocommit: no transaction of its own needed.
+    WorkflowStepRun.objects.filter(pk=step_run_id, status=StepStatus.RUNNING).update(
+        pid=pid, updated_at=timezone.now()
+    )
 
 
 def step_finish(
@@ -225,49 +310,73 @@ def step_finish(
     Only from `running` (else `STEP_NOT_RUNNING`, e.g. after recovery or cancel took the
     run). Records the exit code, pid, duration, output tails and error; event
     `step_<status>`. The pid is kept as a record (upstream clears it); recovery only looks
-    at running steps, so a finished step's pid is never signalled.
+    at running steps, so a finished step's pid is never signalled. (The runner uses
+    `step_complete`, which also starts the next step or ends the run.)
     """
-    if status not in STEP_FINAL_STATUSES:
-        raise LedgerError(STEP_STATUS_NOT_FINAL.format(status=status))
+    result = StepResult(
+        status=status,
+        exit_code=exit_code,
+        pid=pid,
+        duration_ms=duration_ms,
+        stdout=stdout,
+        stderr=stderr,
+        error=error,
+        usage=usage,
+    )
     now = _now(now)
     with transaction.atomic():
         run, step, steps = _lock_step(step_run_id)
         before = run_load(run.status, steps)
-        if step.status != StepStatus.RUNNING or run.status != RunStatus.RUNNING:
-            raise LedgerError(
-                STEP_NOT_RUNNING.format(
-                    run_id=run.id, step_id=step.step_id, status=step.status
-                )
-            )
-        step.status = status
-        step.finished_at = now
-        step.exit_code = exit_code
-        step.pid = pid if pid is not None else step.pid
-        step.duration_ms = (
-            duration_ms
-            if duration_ms is not None
-            else (_ms(now - step.started_at) if step.started_at else None)
-        )
-        step.stdout = _clean_text(stdout)
-        step.stderr = _clean_text(stderr)
-        step.error = _clean_text(error)
-        step.usage_input_tokens = usage.input_tokens if usage else None
-        step.usage_output_tokens = usage.output_tokens if usage else None
-        step.usage_cached_tokens = usage.cached_tokens if usage else None
-        step.usage_cost_usd = usage.cost_usd if usage else None
-        step.save()
+        _finish_locked(run, step, steps, result, now=now)
         apply_load_delta(load_change(before, run_load(run.status, steps)))
-        _append_event(
-            run.id,
-            f"step_{status}",
-            step_id=step.step_id,
-            payload={
-                "exitCode": exit_code,
-                "durationMs": step.duration_ms,
-                **({"error": step.error} if step.error else {}),
-            },
-        )
     return step
+
+
+def _finish_locked(
+    run: WorkflowRun,
+    step: WorkflowStepRun,
+    steps: list[WorkflowStepRun],
+    result: StepResult,
+    *,
+    now: datetime,
+) -> None:
+    """`step_finish` on rows the caller locked; the caller applies the load change."""
+    if result.status not in STEP_FINAL_STATUSES:
+        raise LedgerError(STEP_STATUS_NOT_FINAL.format(status=result.status))
+    if step.status != StepStatus.RUNNING or run.status != RunStatus.RUNNING:
+        raise LedgerError(
+            STEP_NOT_RUNNING.format(
+                run_id=run.id, step_id=step.step_id, status=step.status
+            )
+        )
+    usage = result.usage
+    step.status = result.status
+    step.finished_at = now
+    step.exit_code = result.exit_code
+    step.pid = result.pid if result.pid is not None else step.pid
+    step.duration_ms = (
+        result.duration_ms
+        if result.duration_ms is not None
+        else (_ms(now - step.started_at) if step.started_at else None)
+    )
+    step.stdout = _clean_text(result.stdout)
+    step.stderr = _clean_text(result.stderr)
+    step.error = _clean_text(result.error)
+    step.usage_input_tokens = usage.input_tokens if usage else None
+    step.usage_output_tokens = usage.output_tokens if usage else None
+    step.usage_cached_tokens = usage.cached_tokens if usage else None
+    step.usage_cost_usd = usage.cost_usd if usage else None
+    step.save()
+    _append_event(
+        run.id,
+        f"step_{result.status}",
+        step_id=step.step_id,
+        payload={
+            "exitCode": result.exit_code,
+            "durationMs": step.duration_ms,
+            **({"error": step.error} if step.error else {}),
+        },
+    )
 
 
 def step_skip(
@@ -278,20 +387,24 @@ def step_skip(
     with transaction.atomic():
         run, step, steps = _lock_step(step_run_id)
         before = run_load(run.status, steps)
-        if step.status not in OPEN_STEP_STATUSES or run.status != RunStatus.RUNNING:
-            raise LedgerError(
-                STEP_NOT_CLAIMABLE.format(
-                    run_id=run.id, step_id=step.step_id, status=step.status
-                )
-            )
-        step.status = StepStatus.SKIPPED
-        step.error = _clean_text(reason)
-        step.save(update_fields=["status", "error", "updated_at"])
+        _skip_locked(run, step, reason)
         apply_load_delta(load_change(before, run_load(run.status, steps)))
-        _append_event(
-            run.id,
-            "step_skipped",
-            step_id=step.step_id,
-            payload={"reason": reason} if reason else None,
-        )
     return step
+
+
+def _skip_locked(run: WorkflowRun, step: WorkflowStepRun, reason: str | None) -> None:
+    if step.status not in OPEN_STEP_STATUSES or run.status != RunStatus.RUNNING:
+        raise LedgerError(
+            STEP_NOT_CLAIMABLE.format(
+                run_id=run.id, step_id=step.step_id, status=step.status
+            )
+        )
+    step.status = StepStatus.SKIPPED
+    step.error = _clean_text(reason)
+    step.save(update_fields=["status", "error", "updated_at"])
+    _append_event(
+        run.id,
+        "step_skipped",
+        step_id=step.step_id,
+        payload={"reason": reason} if reason else None,
+    )

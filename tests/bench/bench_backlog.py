@@ -305,6 +305,8 @@ def _runner_statements() -> dict[str, Any]:
         f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     )
     project = tempfile.mkdtemp(prefix="loopsweb-bench-runner-")
+    # The agent really runs there: the project must lie inside the allowed roots.
+    settings.LOOPSWEB_PROJECT_ROOTS = [project]
     counts = []
     for n in range(RUNNER_RUNS):
         result = route_event(

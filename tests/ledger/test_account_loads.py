@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from django.db import transaction
 from django.utils import timezone
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ledger import services
@@ -62,6 +62,10 @@ operations = st.lists(
                     "start",
                     "finish",
                     "fail_step",
+                    "finish_then_start",
+                    "finish_then_end",
+                    "fail_then_end",
+                    "move_after_fail",
                     "skip",
                     "succeed_run",
                     "fail_run",
@@ -103,6 +107,16 @@ def _step(index: int, account: str | None, capped: bool) -> dict[str, Any]:
 
 def _admit(accounts: list[str | None], capped: bool, max_attempts: int = 1) -> None:
     item = make_work_item()
+    # Pool routing over the accounts: a step whose account is full or cooling moves to a
+    # free member at its start, and after a rate limit (ledger.services.failover).
+    item.invocation.scope_json = {
+        "providerRouting": {
+            "poolRouting": True,
+            "pool": list(ACCOUNTS),
+            "provider": "codewith",
+        }
+    }
+    item.invocation.save(update_fields=["scope_json"])
     spec = make_spec(steps_json=[_step(i, a, capped) for i, a in enumerate(accounts)])
     with transaction.atomic():
         admission_lock()
@@ -169,6 +183,51 @@ def _apply(op: tuple[Any, ...]) -> None:
                     else StepStatus.FAILED,
                     exit_code=0 if name == "finish" else 1,
                 )
+        elif name in ("finish_then_start", "finish_then_end", "fail_then_end"):
+            # The runner's step boundary: finish, then start the next step or end the run.
+            step = _pick(
+                WorkflowStepRun.objects.filter(
+                    workflow_run__status=RunStatus.RUNNING, status=StepStatus.RUNNING
+                ),
+                n,
+            )
+            if step:
+                following = (
+                    WorkflowStepRun.objects.filter(
+                        workflow_run_id=step.workflow_run_id, status=StepStatus.PENDING
+                    )
+                    .order_by("sequence")
+                    .first()
+                )
+                failed = name == "fail_then_end"
+                services.step_complete(
+                    step_run_id=step.id,
+                    worker=WORKER,
+                    result=services.StepResult(
+                        status=StepStatus.FAILED if failed else StepStatus.SUCCEEDED,
+                        exit_code=1 if failed else 0,
+                    ),
+                    start_next=following.id
+                    if following and name == "finish_then_start"
+                    else None,
+                    end=None
+                    if name == "finish_then_start"
+                    else services.RunEnd(
+                        status=RunStatus.FAILED if failed else RunStatus.SUCCEEDED,
+                        skip_reason="not run: test" if failed else None,
+                    ),
+                )
+        elif name == "move_after_fail":
+            step = _pick(
+                WorkflowStepRun.objects.filter(
+                    workflow_run__status=RunStatus.RUNNING, status=StepStatus.FAILED
+                ),
+                n,
+            )
+            if step:
+                services.step_move_after_rate_limit(
+                    step_run_id=step.id, reason="429 from test"
+                )
         elif name == "skip":
             step = _pick(
                 WorkflowStepRun.objects.filter(
@@ -225,6 +284,21 @@ def _apply(op: tuple[Any, ...]) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(ops=operations)
+# Always tried: a capped step whose account is full moves to a free pool member at its start
+# (the run's reservation moves with it), then the runner's step boundaries.
+@example(
+    ops=[
+        ("admit", ["acctA", "acctB"], True),
+        ("admit", ["acctA", "acctA"], True),
+        ("claim", 0, False),
+        ("claim", 0, False),
+        ("start", 0, False),
+        ("start", 1, False),
+        ("finish_then_start", 0, False),
+        ("fail_then_end", 0, False),
+        ("move_after_fail", 0, False),
+    ]
+)
 def test_kept_counts_equal_a_recount_after_every_operation(ops: list[Any]) -> None:
     for op in ops:
         _apply(op)
