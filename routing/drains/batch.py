@@ -14,10 +14,18 @@ A candidate that meets existing rows (an item seen before, a reused invocation o
 admitted the one-at-a-time way (`_admit`), in the same transaction, after the rows decided
 before it are written; the counts are read again after it.
 
-A failure anywhere rolls the whole batch back: it never writes part of a batch. After an
-error the drain routes candidates one at a time; when the failure is only that another drain
-claimed some of the batch's inbox rows since the scan, the drain drops those rows (as one at a
-time would) and decides the rest again in a batch.
+The batch owns its inbox rows before it decides anything: right after the admission lock it
+reads, in one statement, which of its rows are still as the drain scanned them (open, same
+attempt counter), locking them on PostgreSQL (`FOR UPDATE`; on SQLite `BEGIN IMMEDIATE`
+already holds the database's write lock). A row another drain took since the scan is lost
+to this drain, as one-at-a-time routing finds when its claim fails: it gets no admission and
+no write; only a hold the row already records is still reported (one at a time decides the
+pre-check before it claims, and such a hold writes nothing). The rows it owns are recorded,
+attempt counter included, with at most two UPDATEs at the end.
+
+A failure anywhere rolls the whole batch back: it never writes part of a batch, and its rows
+stay as they were (open, for this drain one at a time or a later drain). After an error the
+drain routes candidates one at a time.
 """
 
 from __future__ import annotations
@@ -72,18 +80,9 @@ from routing.domain.throttle import (
     ThrottleCounts,
     admission_decision,
 )
-from routing.drains.outcomes import _INBOX_STATE, _hold_record
+from routing.drains.outcomes import _INBOX_STATE, _claim, _hold_record
 from routing.drains.sources import Candidate
 from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
-
-
-class BatchAborted(Exception):
-    """Inbox rows of the batch were claimed by another drain since the scan: the batch
-    wrote nothing (rolled back); the drain drops those rows and decides the rest again."""
-
-    def __init__(self, lost: set[str | None]) -> None:
-        super().__init__(f"{len(lost)} inbox row(s) claimed by another drain")
-        self.lost = lost
 
 
 @dataclass
@@ -245,6 +244,64 @@ class Decided:
     routed: RouteResult | None = None
 
 
+class _Seen:
+    """The cap counts and account loads a batch decides from: read on first need, then
+    kept in memory as it admits."""
+
+    def __init__(self, plans: Sequence[RoutePlan], now: datetime) -> None:
+        self.plans = plans
+        self.now = now
+        self._counts: _Counts | None = None
+        self._loads: _Loads | None = None
+
+    def counts(self) -> _Counts:
+        if self._counts is None:
+            self._counts = _Counts(self.plans)
+        return self._counts
+
+    def loads(self) -> _Loads:
+        if self._loads is None:
+            self._loads = _Loads(self.now)
+        return self._loads
+
+    def admitted(self, plan: RoutePlan, load: LoadDelta) -> None:
+        if self._counts is not None:
+            self._counts.admitted(plan)
+        if self._loads is not None:
+            self._loads.add(load)
+
+    def forget(self) -> None:
+        self._counts = self._loads = None
+
+
+def _precheck(
+    plan: RoutePlan, full: Any, seen: _Seen
+) -> tuple[tuple[str, str] | None, AdmissionDecision | None, PoolView | None]:
+    """The pre-check of one-at-a-time routing, from the counts in memory: the hold
+    (reason, code) or None, and the throttle decision and pool view it made."""
+    hold = full.held(plan)
+    decision: AdmissionDecision | None = None
+    view: PoolView | None = None
+    if hold is None and plan.limits.any_set:
+        decision = admission_decision(
+            scope=plan.scope,
+            project_path=plan.project_path,
+            project_group=plan.project_group,
+            counts=seen.counts().of(plan),
+            limits=plan.limits,
+        )
+        if not decision.allowed:
+            hold = (decision.reason or "", decision.reason_code or reasons.ROUTE_CAP)
+    if hold is None and plan.pool_active:
+        view = seen.loads().view(plan)
+        if view.assignment.deferred:
+            hold = (
+                view.deferral_reason,
+                view.assignment.reason_code or reasons.PROFILE_CAP,
+            )
+    return hold, decision, view
+
+
 def route_batch(
     pairs: Sequence[tuple[Candidate, RoutePlan]],
     *,
@@ -252,57 +309,43 @@ def route_batch(
     full: Any,
     shared_pool: bool,
     held: Any,
-) -> list[Decided]:
-    """Decide and write `pairs` in order in one transaction (module docstring).
+    max_created: int,
+) -> list[Decided | None]:
+    """Decide and write `pairs` in order (module docstring).
 
     `full` is the drain's `_Full` (caps seen full), updated as one-at-a-time routing would;
     `held(envelope, reason, code, plan)` builds a hold's result. Returns the outcomes of the
-    candidates it decided: all of them, or those before the one that found the scope (or a
-    shared pool) full, which the drain then holds unread. Raises BatchAborted (nothing
-    written) naming the inbox rows another drain claimed meanwhile; any other error
-    propagates, also with nothing written.
+    candidates it decided, None for one whose inbox row another drain took since the scan:
+    all of them, or those up to the one that made the `max_created`th admission (the drain's
+    max_dispatch), or those before the one that found the scope (or a shared pool) full,
+    which the drain then holds unread. An error propagates with nothing written.
     """
-    decided: list[Decided] = []
+    holds = _all_held(pairs, now=now, full=full, shared_pool=shared_pool, held=held)
+    if holds is not None:
+        return _record_holds(holds, now)
+    decided: list[Decided | None] = []
     with transaction.atomic():
         admission_lock()
-        rows = _existing_rows([plan for _, plan in pairs])
+        owned = _own_inbox_rows([candidate for candidate, _ in pairs])
         plans = [plan for _, plan in pairs]
-        counts: _Counts | None = None
-        loads: _Loads | None = None
+        rows = _existing_rows(plans)
+        seen = _Seen(plans, now)
         pending = _Pending()
+        created = 0
         for candidate, plan in pairs:
-            if full.every is not None:
+            if full.every is not None or created >= max_created:
                 break
+            lost = bool(candidate.inbox_id) and candidate.inbox_id not in owned
             status = rows.items.get(plan.idempotency_key)
             if status is None or status not in KEEP_WORK_ITEM_STATUSES:
-                # The pre-check of one-at-a-time routing, from the counts in memory.
-                hold = full.held(plan)
-                decision: AdmissionDecision | None = None
-                view: PoolView | None = None
-                if hold is None and plan.limits.any_set:
-                    counts = counts or _Counts(plans)
-                    decision = admission_decision(
-                        scope=plan.scope,
-                        project_path=plan.project_path,
-                        project_group=plan.project_group,
-                        counts=counts.of(plan),
-                        limits=plan.limits,
-                    )
-                    if not decision.allowed:
-                        hold = (
-                            decision.reason or "",
-                            decision.reason_code or reasons.ROUTE_CAP,
-                        )
-                if hold is None and plan.pool_active:
-                    loads = loads or _Loads(now)
-                    view = loads.view(plan)
-                    if view.assignment.deferred:
-                        hold = (
-                            view.deferral_reason,
-                            view.assignment.reason_code or reasons.PROFILE_CAP,
-                        )
+                hold, decision, view = _precheck(plan, full, seen)
                 if hold is not None:
                     full.saw(plan, *hold, shared_pool=shared_pool)
+                    if lost and not candidate.recorded_as(
+                        InboxState.DEFERRED, hold[1], hold[0]
+                    ):
+                        decided.append(None)  # its claim would fail: nothing written
+                        continue
                     decided.append(
                         Decided(
                             candidate,
@@ -311,6 +354,9 @@ def route_batch(
                         )
                     )
                     continue
+                if lost:  # one at a time claims before it admits: that claim fails
+                    decided.append(None)
+                    continue
                 if (
                     status is None
                     and plan.idempotency_key not in rows.invocations
@@ -318,20 +364,23 @@ def route_batch(
                 ):
                     check_plan_fits_columns(plan)  # as route_event (an error aborts)
                     routed, load = _admit_fresh(plan, decision, view, now, pending)
-                    if counts is not None:
-                        counts.admitted(plan)
-                    if loads is not None:
-                        loads.add(load)
+                    seen.admitted(plan, load)
                     rows.items[plan.idempotency_key] = WorkItemStatus.ADMITTED
                     rows.invocations.add(plan.idempotency_key)
                     rows.specs.add(plan.workflow_name)
                     decided.append(Decided(candidate, routed.to_dict(), routed=routed))
+                    created += 1
                     continue
+            elif (
+                lost
+            ):  # already routed: admission would dedupe, but the claim fails first
+                decided.append(None)
+                continue
             # Existing rows: the one-at-a-time admission, on the rows written so far.
             check_plan_fits_columns(plan)
             pending.flush()
             routed = _admit(plan, now=now, dry_run=False)
-            counts = loads = None  # read again after it
+            seen.forget()  # read again after it
             if routed.work_item is not None:
                 rows.items[plan.idempotency_key] = routed.work_item.status
             rows.invocations.add(plan.idempotency_key)
@@ -345,9 +394,103 @@ def route_batch(
                     shared_pool=shared_pool,
                 )
             decided.append(Decided(candidate, routed.to_dict(), routed=routed))
+            created += routed.kind == CREATED
         pending.flush()
-        _record_inbox(decided, now)
+        _record_inbox([d for d in decided if d is not None], now)
     return decided
+
+
+def _all_held(
+    pairs: Sequence[tuple[Candidate, RoutePlan]],
+    *,
+    now: datetime,
+    full: Any,
+    shared_pool: bool,
+    held: Any,
+) -> list[Decided] | None:
+    """The holds of the batch when its pre-check, from unlocked reads, holds every
+    candidate (up to a full scope or shared pool); None, with `full` as it was, as soon as
+    one would go on to admission.
+
+    Holds are the same as one-at-a-time routing makes (the property test compares them);
+    deciding them from an unlocked read is safe, since a hold never raises a count: at
+    worst a count that dropped meanwhile holds an item a later drain admits. A drain whose
+    caps are full (the common case when several drains compete) then decides without the
+    admission lock, without SQLite's write lock, and writes only the holds its rows do not
+    record yet."""
+    every, keys = full.every, dict(full.keys)
+    plans = [plan for _, plan in pairs]
+    rows: _Rows | None = (
+        None  # read once a hold is found: a batch that admits its first
+    )
+    seen = _Seen(plans, now)  # candidate pays only the counts (and loads) read here
+    decided: list[Decided] = []
+    for candidate, plan in pairs:
+        if full.every is not None:
+            break
+        hold = _precheck(plan, full, seen)[0]
+        if hold is not None:
+            rows = rows or _existing_rows(plans)
+            if rows.items.get(plan.idempotency_key) in KEEP_WORK_ITEM_STATUSES:
+                hold = None  # one at a time never holds an item that ran: it dedupes
+        if hold is None:  # admission (or a dedupe) decides this one: under the lock
+            full.every = every
+            full.keys.clear()
+            full.keys.update(keys)
+            return None
+        full.saw(plan, *hold, shared_pool=shared_pool)
+        decided.append(
+            Decided(candidate, held(candidate.envelope, *hold, plan=plan), hold=hold)
+        )
+    return decided
+
+
+def _record_holds(holds: list[Decided], now: datetime) -> list[Decided | None]:
+    """Claim and record the rows of `holds` that do not record their hold yet (as one at a
+    time: one conditional UPDATE each; a row another drain took since the scan is left to
+    it and its candidate dropped), in one transaction, in id order (the order a batch
+    locks rows in, so the two never deadlock on PostgreSQL)."""
+    writes = [
+        outcome
+        for outcome in holds
+        if outcome.candidate.inbox_id
+        and outcome.hold is not None
+        and not outcome.candidate.recorded_as(
+            InboxState.DEFERRED, outcome.hold[1], outcome.hold[0]
+        )
+    ]
+    lost: set[int] = set()
+    if writes:
+        with transaction.atomic():
+            for outcome in sorted(writes, key=lambda o: str(o.candidate.inbox_id)):
+                if not _claim(outcome.candidate, **_hold_record(outcome.result, now)):
+                    lost.add(id(outcome))
+    return [None if id(outcome) in lost else outcome for outcome in holds]
+
+
+def _own_inbox_rows(candidates: Sequence[Candidate]) -> set[str]:
+    """The inbox rows of `candidates` still as the drain scanned them (open, same attempt
+    counter), locked until the batch ends: one SELECT, under the admission lock. On
+    PostgreSQL `FOR UPDATE` (in id order) makes a concurrent claim wait for this batch and
+    then fail; on SQLite the transaction already holds the database's write lock."""
+    wanted = [c for c in candidates if c.inbox_id]
+    if not wanted:
+        return set()
+    states = [str(s) for s in OPEN_INBOX_STATES]
+    match = " OR ".join(["(id = %s AND route_attempts = %s)"] * len(wanted))
+    params: list[object] = [*states]
+    for candidate in wanted:
+        params += [candidate.inbox_id, candidate.route_attempts]
+    lock = (
+        " ORDER BY id FOR UPDATE" if connection.features.has_select_for_update else ""
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT id FROM "{InboxEvent._meta.db_table}" '
+            f"WHERE state IN ({', '.join(['%s'] * len(states))}) AND ({match}){lock}",
+            params,
+        )
+        return {str(row[0]) for row in cursor.fetchall()}
 
 
 def _admit_fresh(
@@ -420,27 +563,39 @@ _ROUTED_FIELDS = [
     "reason_code",
     "routed_at",
     "updated_at",
+    "route_attempts",
 ]
-_HOLD_FIELDS = ["state", "last_reason", "reason_code", "routed_at", "updated_at"]
+_HOLD_FIELDS = [
+    "state",
+    "last_reason",
+    "reason_code",
+    "routed_at",
+    "updated_at",
+    "route_attempts",
+]
 
 
 def _record_inbox(decided: Sequence[Decided], now: datetime) -> None:
-    """Claim the inbox rows this batch settles (one conditional UPDATE; a row another drain
-    took since the scan aborts the batch) and record their outcomes (one UPDATE per kind).
-    A hold the row already records writes nothing, as in one-at-a-time routing."""
+    """Record the outcomes on the inbox rows the batch owns (one UPDATE per kind), bumping
+    their attempt counters as a claim does. A hold the row already records writes nothing,
+    as in one-at-a-time routing."""
     routed: list[InboxEvent] = []
     holds: list[InboxEvent] = []
-    claims: list[Candidate] = []
     for outcome in decided:
         candidate = outcome.candidate
         if not candidate.inbox_id:
             continue
+        attempts = candidate.route_attempts + 1
         if outcome.hold is not None:
             reason, code = outcome.hold
             if candidate.recorded_as(InboxState.DEFERRED, code, reason):
                 continue
             holds.append(
-                InboxEvent(pk=candidate.inbox_id, **_hold_record(outcome.result, now))
+                InboxEvent(
+                    pk=candidate.inbox_id,
+                    route_attempts=attempts,
+                    **_hold_record(outcome.result, now),
+                )
             )
         else:
             result = outcome.routed
@@ -455,28 +610,9 @@ def _record_inbox(decided: Sequence[Decided], now: datetime) -> None:
                     reason_code=result.reason_code,
                     routed_at=now,
                     updated_at=now,
+                    route_attempts=attempts,
                 )
             )
-        claims.append(candidate)
-    if not claims:
-        return
-    table = InboxEvent._meta.db_table
-    states = [str(s) for s in OPEN_INBOX_STATES]
-    match = " OR ".join(["(id = %s AND route_attempts = %s)"] * len(claims))
-    params: list[object] = [*states]
-    for candidate in claims:
-        params += [candidate.inbox_id, candidate.route_attempts]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f'UPDATE "{table}" SET route_attempts = route_attempts + 1 '
-            f"WHERE state IN ({', '.join(['%s'] * len(states))}) AND ({match}) "
-            "RETURNING id",
-            params,
-        )
-        claimed = {row[0] for row in cursor.fetchall()}
-    lost = {c.inbox_id for c in claims} - claimed
-    if lost:
-        raise BatchAborted(lost)
     if routed:
         InboxEvent.objects.bulk_update(routed, _ROUTED_FIELDS)
     if holds:

@@ -62,7 +62,7 @@ from routing.domain.errors import ApplicationError
 from routing.domain.keys import TODOS_TASK, route_key_for_kind
 from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from routing.domain.throttle import ThrottleCounts, admission_decision
-from routing.drains.batch import BatchAborted, route_batch
+from routing.drains.batch import route_batch
 from routing.drains.candidates import _passes_filters, fair_order
 from routing.drains.options import DrainOptions
 from routing.drains.outage import (
@@ -133,16 +133,22 @@ class _Full:
 
     def record_held_rows(self, now: datetime) -> None:
         """One UPDATE for the rows held because everything was full (still open ones only:
-        a row another drain routed meanwhile keeps its outcome)."""
+        a row another drain routed meanwhile keeps its outcome). It locks the rows in id
+        order, as a batch does (routing.drains.batch), so concurrent drains never deadlock
+        on PostgreSQL."""
         if self.held_rows and self.every is not None:
             reason, code = self.every
-            InboxEvent.objects.filter(
+            rows = InboxEvent.objects.filter(
                 pk__in=self.held_rows, state__in=OPEN_INBOX_STATES
-            ).update(
-                **_hold_record(
-                    {"kind": THROTTLED, "reason": reason, "reasonCode": code}, now
-                )
             )
+            with transaction.atomic():  # FOR UPDATE needs a transaction
+                InboxEvent.objects.filter(
+                    pk__in=rows.order_by("pk").select_for_update().values("pk")
+                ).update(
+                    **_hold_record(
+                        {"kind": THROTTLED, "reason": reason, "reasonCode": code}, now
+                    )
+                )
 
 
 def _held(
@@ -410,29 +416,21 @@ def _drain_loop(
     registered = registered_providers()  # one read: which pools are registered accounts
     # Batches while they work; after a failed batch, one candidate at a time.
     batching = not report.dry_run and settings.LOOPSWEB_DRAIN_BATCH_SIZE > 1
-    lost: set[str | None] = set()  # inbox rows another drain claimed during a batch
     index = 0
     while index < len(chosen):
         if report.counts[CREATED] >= options.max_dispatch:
             break
         if batching and full.every is None:
-            size = min(
-                settings.LOOPSWEB_DRAIN_BATCH_SIZE,
-                options.max_dispatch - report.counts[CREATED],
-            )
             try:
                 done = _route_batch(
-                    chosen[index : index + size],
+                    chosen[index : index + settings.LOOPSWEB_DRAIN_BATCH_SIZE],
                     options,
                     env,
                     cwd,
                     full,
-                    lost,
+                    report,
                     registered,
                 )
-            except BatchAborted as exc:  # nothing written; others took these rows
-                lost |= exc.lost
-                continue
             except ConnectionLost:
                 raise
             except Exception as exc:  # nothing of the batch was written
@@ -520,26 +518,27 @@ def _route_batch(
     env: Mapping[str, str],
     cwd: str,
     full: _Full,
-    lost: set[str | None],
+    report: DrainReport,
     registered: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any] | None]:
     """Route `candidates` in order as `_route_one` would, the admissions in one transaction
     (routing.drains.batch). Returns one result per candidate it handled, in order (None for
-    a row another drain claimed): all of them, or those before the scope (or the shared
-    pool) filled. Raises, having written nothing of the admission transaction, when it fails.
+    a row another drain claimed): all of them, or those up to the one that made the drain's
+    max_dispatch-th admission. Once the scope (or the shared pool) fills, the rest are held
+    unread as the drain loop would (`_hold_unread`, with the plans made here). Raises, having
+    written nothing of the admission transaction, when it fails.
 
-    Plans are made first, outside the transaction: an unplannable candidate fails alone and an
-    ineligible one is settled as skipped (one statement each, as one at a time)."""
+    Plans are made first, outside the transaction; an unplannable candidate fails alone and an
+    ineligible one is settled as skipped (one statement each, as one at a time), after the
+    transaction and only if the drain reached it."""
+    max_created = options.max_dispatch - report.counts[CREATED]
     now = timezone.now()
     route = replace(options.route, dry_run=False)
-    slots: list[dict[str, Any] | None | int] = []
+    slots: list[int | RouteResult | Exception] = []
     pairs: list[tuple[Candidate, RoutePlan]] = []
     for candidate in candidates:
         envelope = candidate.envelope
         assert envelope is not None, "load_envelopes() before routing"
-        if candidate.inbox_id in lost:  # claimed by a concurrent drain
-            slots.append(None)
-            continue
         try:
             plan = plan_route(
                 kind=options.kind,
@@ -550,16 +549,10 @@ def _route_batch(
                 registered=registered,
             )
         except Exception as exc:
-            slots.append(_failed(candidate, exc, now, False))
+            slots.append(exc)
             continue
         if isinstance(plan, RouteResult):  # skipped by eligibility
-            result = plan.to_dict()
-            if candidate.inbox_id and not _claim(
-                candidate, **_hold_record(result, now)
-            ):
-                slots.append(None)
-            else:
-                slots.append(result)
+            slots.append(plan)
             continue
         slots.append(len(pairs))
         pairs.append((candidate, plan))
@@ -570,18 +563,32 @@ def _route_batch(
             full=full,
             shared_pool=bool(options.route.auth_profile_pool),
             held=_held,
+            max_created=max_created,
         )
         if pairs
         else []
     )
     out: list[dict[str, Any] | None] = []
-    for slot in slots:
+    created = 0
+    for candidate, slot in zip(candidates, slots, strict=True):
+        if created >= max_created:  # the drain stops here, as one at a time
+            break
         if isinstance(slot, int):
-            if slot >= len(decided):  # the scope filled before this candidate
-                break
-            out.append(decided[slot].result)
+            if slot >= len(decided):  # the scope (or the shared pool) filled before it
+                out.append(_hold_unread(candidate, full, report))
+                continue
+            outcome = decided[slot]
+            result = None if outcome is None else outcome.result
+            created += bool(result and result["kind"] == CREATED)
+        elif isinstance(slot, Exception):
+            result = _failed(candidate, slot, now, False)
         else:
-            out.append(slot)
+            result = slot.to_dict()
+            if candidate.inbox_id and not _claim(
+                candidate, **_hold_record(result, now)
+            ):
+                result = None
+        out.append(result)
     return out
 
 

@@ -121,6 +121,9 @@ scenarios = st.fixed_dictionaries(
         "cooling": st.sampled_from([(), ("acctA",), ("acctB", "acctC")]),
         "max_dispatch": st.integers(1, 40),
         "repeat": st.booleans(),
+        # A last drain, and one of another scope that runs after its scan and before it
+        # routes anything: the first meets rows it scanned already taken (or re-recorded).
+        "interleave": st.one_of(st.none(), st.integers(1, 40)),
     }
 )
 
@@ -146,11 +149,37 @@ def _run(scenario: dict[str, Any], batch_size: int, django_settings: Any) -> Any
     if scenario["repeat"]:  # a second drain meets the items and rows of the first
         rng.shuffle(events)
         reports.append(_drain(**raw))
+    if scenario["interleave"] is not None:
+        # One more drain, which another drain's run interleaves (after its scan).
+        with pytest.MonkeyPatch.context() as patch:
+            others: list[Any] = []
+            _interleave(patch, dict(raw, max_dispatch=scenario["interleave"]), others)
+            reports.append(_drain(**raw))
+            reports += others
     return [_outcomes(r) for r in reports], _ledger()
 
 
+def _interleave(
+    patch: pytest.MonkeyPatch, raw: dict[str, Any], reports: list[Any]
+) -> None:
+    """Run a drain of another scope once, right after the next drain's scan (when it loads
+    the envelopes of its candidates, before it routes any), as a concurrent drain would."""
+    from routing.drains import run
+
+    real = run.load_envelopes
+    done: list[bool] = []
+
+    def other_drain_first(candidates: Any) -> Any:
+        if not done:
+            done.append(True)
+            reports.append(_drain(**dict(raw, max_active_scope="other-drain")))
+        return real(candidates)
+
+    patch.setattr(run, "load_envelopes", other_drain_first)
+
+
 @settings(
-    max_examples=25,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -184,9 +213,10 @@ def test_a_batch_admits_in_few_statements(settings: Any) -> None:
         for q in captured.captured_queries
         if not q["sql"].startswith(('INSERT INTO "django_q', 'SELECT "routing_drain'))
     ]
-    # The scan, the envelopes, the batch (lock, rows, counts, loads, bulk inserts, claim,
-    # records) and the drain record: far under one statement per admitted event.
-    assert len(admission) <= 30, [q["sql"][:80] for q in admission]
+    # The scan, the envelopes, the unlocked pre-check of the first candidate (counts,
+    # loads), the batch (lock, inbox rows, rows, counts, loads, bulk inserts, records) and
+    # the drain record: far under one statement per admitted event.
+    assert len(admission) <= 33, [q["sql"][:80] for q in admission]
     assert_account_counts_match_rows()
 
 
@@ -219,36 +249,164 @@ def test_a_failed_batch_writes_nothing_and_the_drain_goes_on_one_at_a_time(
     assert_account_counts_match_rows()
 
 
-def test_a_row_claimed_by_another_drain_is_dropped_and_the_rest_decided_again(
+def test_rows_another_drain_took_since_the_scan_are_left_to_it_without_a_rollback(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from routing.drains import batch
+    from routing.drains import batch, run
 
     settings.LOOPSWEB_DRAIN_BATCH_SIZE = 50
     _ingest([generic_event() for _ in range(3)])
-    real = batch._record_inbox
-    calls = {"n": 0}
+    real = run.route_batch
+    calls: list[int] = []
+    decided_rows: list[int] = []
 
-    def another_drain_first(decided: Any, now: Any) -> None:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            # Another drain claims the second row after this one scanned it (here inside
-            # this batch's transaction, so its claim rolls back with the aborted batch).
-            InboxEvent.objects.filter(pk=decided[1].candidate.inbox_id).update(
-                route_attempts=7
-            )
-            assert WorkflowWorkItem.objects.count() == 3  # written, about to roll back
-        real(decided, now)
+    def another_drain_first(pairs: Any, **kwargs: Any) -> Any:
+        calls.append(len(pairs))
+        if len(calls) == 1:
+            # Another drain claims the second row after this one scanned it (committed
+            # before this batch starts: its transaction only begins in route_batch).
+            InboxEvent.objects.filter(pk=pairs[1][0].inbox_id).update(route_attempts=7)
+        return real(pairs, **kwargs)
 
-    monkeypatch.setattr(batch, "_record_inbox", another_drain_first)
+    real_fresh = batch._admit_fresh
+
+    def count_fresh(*args: Any, **kwargs: Any) -> Any:
+        decided_rows.append(1)
+        return real_fresh(*args, **kwargs)
+
+    monkeypatch.setattr(run, "route_batch", another_drain_first)
+    monkeypatch.setattr(batch, "_admit_fresh", count_fresh)
     report = _drain(max_active=10, max_dispatch=10)
-    assert calls["n"] == 2  # the batch was decided again, still as a batch
-    # The row the other drain took is left to it; the other two are admitted.
+    # One batch, never decided again: the lost row is dropped before any admission.
+    assert calls == [3] and len(decided_rows) == 2
+    # The row the other drain took is left to it (not written); the other two are admitted.
     assert report.counts["created"] == 2 and len(report.results) == 2
     assert WorkflowWorkItem.objects.count() == 2
     assert sorted(InboxEvent.objects.values_list("state", "route_attempts")) == [
         ("admitted", 1),
         ("admitted", 1),
-        ("pending", 0),
+        ("pending", 7),
     ]
     assert_account_counts_match_rows()
+
+
+@pytest.mark.parametrize("batch_size", [1, 50])
+def test_a_hold_already_recorded_is_reported_even_if_another_drain_rewrote_the_row(
+    settings: Any, batch_size: int
+) -> None:
+    """One at a time decides the pre-check before it claims, and a hold the row records
+    (as scanned) writes nothing, so it never learns another drain took the row meanwhile:
+    it reports the hold. A batch owns its rows first but must report the same."""
+    from routing.drains import run
+
+    settings.LOOPSWEB_DRAIN_BATCH_SIZE = batch_size
+    _ingest([generic_event(project="/srv/a"), generic_event(project="/srv/a")])
+    caps = {"max_active": 10, "max_active_per_project": 1, "max_dispatch": 10}
+    first = _drain(**caps)
+    assert [r["kind"] for r in first.results] == ["created", "throttled"]
+    held_id = first.results[1]["event"]["id"]
+    held = InboxEvent.objects.get(event_id=held_id)
+    real = run.load_envelopes
+
+    def another_drain_rewrites_it(candidates: Any) -> Any:
+        # After this drain's scan: another drain held the row for a reason of its own.
+        InboxEvent.objects.filter(pk=held.pk).update(
+            route_attempts=5, last_reason="another drain's reason", reason_code="x"
+        )
+        return real(candidates)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run, "load_envelopes", another_drain_rewrites_it)
+        second = _drain(**caps)
+    assert [(r["event"]["id"], r["kind"], r["reason"]) for r in second.results] == [
+        (held_id, "throttled", held.last_reason)
+    ]
+    # Nothing written on the row: it keeps the other drain's outcome.
+    assert InboxEvent.objects.filter(
+        pk=held.pk, route_attempts=5, last_reason="another drain's reason"
+    ).exists()
+
+
+def test_a_batch_stops_where_max_dispatch_stops_one_at_a_time(settings: Any) -> None:
+    """A batch takes more candidates than max_dispatch leaves to admit; those after the
+    last admission stay untouched, ineligible ones included (one at a time never reaches
+    them), and a later batch of the same drain reaches the ineligible one before them."""
+    from tests.routing.helpers import todos_event
+
+    outcomes = []
+    for batch_size in (1, 50):
+        settings.LOOPSWEB_DRAIN_BATCH_SIZE = batch_size
+        events = [
+            todos_event(project="/srv/a"),
+            todos_event(tags=["auto:route", "manual"]),
+            todos_event(project="/srv/b"),
+            todos_event(tags=[]),
+            todos_event(project="/srv/c"),
+        ]
+        _ingest(events)
+        report = drain_run(
+            options=drain_options("todos-task", {"max_dispatch": 2}), env={}
+        )
+        outcomes.append(
+            (
+                [(r["kind"], bool(r.get("precheck"))) for r in report.results],
+                sorted(InboxEvent.objects.values_list("state", "route_attempts")),
+            )
+        )
+        _wipe()
+    assert outcomes[0] == outcomes[1]
+    # The drain stops at its second admission: the ineligible event before it is settled
+    # as skipped, the one after it and the last eligible one stay pending, untouched.
+    assert outcomes[1] == (
+        [("created", False), ("skipped", False), ("created", False)],
+        [
+            ("admitted", 1),
+            ("admitted", 1),
+            ("pending", 0),
+            ("pending", 0),
+            ("skipped", 1),
+        ],
+    )
+
+
+@pytest.mark.parametrize("batch_size", [1, 50])
+def test_holds_decided_without_the_lock_leave_rows_another_drain_took(
+    settings: Any, batch_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every candidate held: the same outcome as one at a time, a hold whose row another
+    drain took since the scan dropped; a batch decides it without the admission lock."""
+    from ledger import lock
+    from routing.drains import batch, run
+
+    settings.LOOPSWEB_DRAIN_BATCH_SIZE = batch_size
+    caps = {"max_active": 10, "max_active_per_project": 1, "max_dispatch": 10}
+    _ingest([generic_event(project="/srv/a"), generic_event(project="/srv/a")])
+    _drain(**caps)  # admits the first, records the second's hold
+    _ingest([generic_event(project="/srv/a"), generic_event(project="/srv/a")])
+    taken = InboxEvent.objects.filter(state="pending").order_by("received_at").first()
+    assert taken is not None
+    real_load, real_lock = run.load_envelopes, lock.admission_lock
+    locks: list[int] = []
+
+    def another_drain_takes_one(candidates: Any) -> Any:
+        InboxEvent.objects.filter(pk=taken.pk).update(route_attempts=5)
+        return real_load(candidates)
+
+    def counted_lock(*args: Any, **kwargs: Any) -> None:
+        locks.append(1)
+        real_lock(*args, **kwargs)
+
+    monkeypatch.setattr(run, "load_envelopes", another_drain_takes_one)
+    monkeypatch.setattr(run, "admission_lock", counted_lock)
+    monkeypatch.setattr(batch, "admission_lock", counted_lock)
+    report = _drain(**caps)
+    assert [r["reasonCode"] for r in report.results] == ["project_cap", "project_cap"]
+    assert taken.event_id not in {r["event"]["id"] for r in report.results}
+    if batch_size > 1:
+        assert locks == []
+    assert sorted(InboxEvent.objects.values_list("state", "route_attempts")) == [
+        ("admitted", 1),
+        ("deferred", 1),
+        ("deferred", 1),
+        ("pending", 5),
+    ]

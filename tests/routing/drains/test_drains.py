@@ -427,9 +427,9 @@ def test_once_the_scope_fills_the_rest_are_held_unread_with_one_update() -> None
             n - 1
         )
         updates.append(_inbox_updates(captured))
-    # the admitted row's claim and its outcome, the first hold, then one UPDATE for all the
-    # rest: the same for 3 events and for 12
-    assert updates[0] == updates[1] == 4
+    # one batch records the admitted row and the first hold (one UPDATE each, the claim
+    # included), then one UPDATE for all the rest: the same for 3 events and for 12
+    assert updates[0] == updates[1] == 3
 
 
 def test_a_hold_the_row_already_records_writes_nothing() -> None:
