@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django_q.models import Schedule
 
 from ledger.capacity import WAITING_TOO_LONG, RunCapacity, run_capacity
 from routing.drains.configs import DrainConfig
+from routing.ops.selectors import OverdueSchedule
 
-# django-q2 looks at schedules every 30 s: a schedule later than this was missed.
-OVERDUE_AFTER = timedelta(seconds=90)
 RUN_CLUSTER_COMMAND = "Q_CLUSTER_NAME=loopsweb-runs python manage.py qcluster"
 
 NO_RUN_CLUSTER = (
@@ -68,8 +66,14 @@ def _late(delta: timedelta) -> str:
     return f"{seconds // 3600} h"
 
 
-def capacity_view(configs: Sequence[DrainConfig], *, now: datetime) -> CapacityView:
-    """Capacity and warnings for the overview. Four queries (capacity: three; schedules)."""
+def capacity_view(
+    configs: Sequence[DrainConfig],
+    *,
+    now: datetime,
+    overdue: Sequence[OverdueSchedule],
+) -> CapacityView:
+    """Capacity and warnings for the overview. Three queries (run_capacity's); `overdue`
+    is the page's own read of the overdue schedules (selectors.overdue_schedules)."""
     capacity = run_capacity(now=now)
     warnings: list[str] = []
     live = capacity.workers
@@ -102,15 +106,10 @@ def capacity_view(configs: Sequence[DrainConfig], *, now: datetime) -> CapacityV
             )
         )
 
-    overdue = (
-        Schedule.objects.exclude(repeats=0)
-        .filter(next_run__lt=now - OVERDUE_AFTER)
-        .order_by("next_run")
-        .values_list("name", "next_run")
-    )
-    for name, due in overdue:
+    for schedule in overdue:
+        due = schedule.next_run
         warnings.append(
-            SCHEDULE_OVERDUE.format(name=name, late=_late(now - due), due=due)
+            SCHEDULE_OVERDUE.format(name=schedule.name, late=_late(now - due), due=due)
         )
 
     if capacity.waiting and capacity.oldest_waiting is not None:

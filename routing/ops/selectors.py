@@ -525,13 +525,36 @@ class OverdueSchedule:
     repeats: int
 
 
-def overdue_schedules(*, now: datetime, grace: timedelta) -> list[OverdueSchedule]:
-    """django-q2 schedules whose next run is more than `grace` in the past: no qcluster is
-    picking them up (or it is overloaded). Paused schedules (repeats 0) are not overdue."""
-    rows = (
-        Schedule.objects.filter(next_run__lt=now - grace)
-        .exclude(repeats=0)
-        .order_by("next_run")
-        .values("id", "name", "func", "next_run", "repeats")[:50]
+# django-q2 looks at schedules every 30 s: a schedule later than this was missed.
+OVERDUE_AFTER = timedelta(seconds=90)
+OVERDUE_SHOWN = 50
+
+
+def all_schedules() -> list[Schedule]:
+    """Every django-q2 schedule by name, for the pages that need several views of them
+    (the drain schedules, the overdue ones). One query; the table holds what operators and
+    loopsweb scheduled, not history."""
+    return list(Schedule.objects.order_by("name"))
+
+
+def overdue_schedules(
+    rows: Iterable[Schedule], *, now: datetime
+) -> list[OverdueSchedule]:
+    """Of `rows` (all_schedules), those whose next run is more than OVERDUE_AFTER in the
+    past: no qcluster is picking them up (or it is overloaded). Paused schedules (repeats 0)
+    are not overdue. The OVERDUE_SHOWN most overdue, most overdue first."""
+    cutoff = now - OVERDUE_AFTER
+    late = sorted(
+        (r for r in rows if r.repeats != 0 and r.next_run and r.next_run < cutoff),
+        key=lambda r: r.next_run,
     )
-    return [OverdueSchedule(**{**r, "name": r["name"] or r["func"]}) for r in rows]
+    return [
+        OverdueSchedule(
+            id=r.id,
+            name=r.name or r.func,
+            func=r.func,
+            next_run=r.next_run,
+            repeats=r.repeats,
+        )
+        for r in late[:OVERDUE_SHOWN]
+    ]

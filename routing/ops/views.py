@@ -48,8 +48,6 @@ from routing.ops.display import (
 View = Callable[..., HttpResponse]
 PER_PAGE = 50
 DRAIN_RESULTS_SHOWN = 500
-# A schedule whose next run is this far in the past is overdue: no qcluster runs it.
-OVERDUE_GRACE = timedelta(minutes=2)
 # The ops pages reload themselves this often unless the operator pauses it (base.html).
 REFRESH_SECONDS = 30
 DRAIN_FILTERS = {
@@ -111,7 +109,8 @@ def hint_kind(drains: list[DrainRecord], schedules: list[Any]) -> str:
 @staff_required
 def overview(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    schedules = drain_configs.scheduled_drains()
+    every_schedule = sel.all_schedules()  # the drains' and the overdue ones: one read
+    schedules = drain_configs.scheduled_drains(every_schedule)
     configs = drain_configs.drain_configs(now=now, schedules=schedules)
     accounts = account_selectors.account_rows(configs)
     live = sel.live_work()
@@ -121,6 +120,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     waiting = sel.waiting_steps()
     hours = account_selectors.timeline_hours(now)
     deferred_items = sum(r.deferred for r in reasons_now)
+    overdue = sel.overdue_schedules(every_schedule, now=now)
     return _render(
         request,
         "ops/overview.html",
@@ -137,7 +137,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         drains=drains,
         running=sel.running_steps(),
         waiting=waiting,
-        overdue=sel.overdue_schedules(now=now, grace=OVERDUE_GRACE),
+        overdue=overdue,
         throughput=throughput_svg(hours, sel.run_throughput(now=now)),
         kind=hint_kind(drains, schedules),
         # The copy beside the numbers: "nothing is waiting" only when nothing is.
@@ -145,7 +145,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         nothing_waits=not (
             deferred_items or waiting or inbox["deferred"]["n"] or inbox["pending"]["n"]
         ),
-        capacity=ops_capacity.capacity_view(configs, now=now),
+        capacity=ops_capacity.capacity_view(configs, now=now, overdue=overdue),
     )
 
 
