@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +40,8 @@ def _start_cluster(records: Path, log: Path) -> subprocess.Popen[bytes]:
         LOOPSWEB_RUN_WORKERS="8",
         FAKE_AGENT_RECORD_DIR=str(records),
         FAKE_AGENT_SLEEP="0",
+        # Agents get an allowlisted environment: the fake agent's knobs must be let through.
+        LOOPSWEB_AGENT_ENV_PASSTHROUGH="FAKE_AGENT_*",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
     )
@@ -158,15 +159,21 @@ def _admissions(
         if step_started.get(r)
     ]
     latencies = [first_start[r] - admitted[r] for r in admitted if r in first_start]
+    if not latencies:
+        raise SystemExit(
+            f"no agent process left a record in {records} ({failed} of {n} runs did not "
+            "succeed): the run cluster's log says why"
+        )
     return latencies, to_step, failed
 
 
-def run(vendor: str) -> None:
+def run(db: harness.BenchDatabase) -> None:
     report = harness.Report(
-        NAME, f"Run latency: admission to first step, {ADMISSIONS} runs", vendor
+        NAME, f"Run latency: admission to first step, {ADMISSIONS} runs", db.vendor
     )
-    work = Path(tempfile.mkdtemp(prefix="loopsweb-bench-runs-"))
-    records, project = work / "records", work / "project"
+    # The runs' project lies inside the project roots (the benchmark's own root).
+    work = db.workdir
+    records, project = work / "records", db.projects_dir / "project"
     records.mkdir()
     project.mkdir()
     cluster = _start_cluster(records, work / "qcluster.log")
@@ -223,7 +230,7 @@ def run(vendor: str) -> None:
 def main() -> None:
     db = harness.start(NAME)
     try:
-        run(db.vendor)
+        run(db)
     finally:
         db.drop()
 

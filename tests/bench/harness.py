@@ -113,6 +113,11 @@ class BenchDatabase:
     def sqlite_path(self) -> Path:
         return self.workdir / f"{self.name}.sqlite3"
 
+    @property
+    def projects_dir(self) -> Path:
+        """A project root of this benchmark's own, for projects agents really run in."""
+        return self.workdir / "projects"
+
     def drop(self) -> None:
         if self._dropped:
             return
@@ -210,6 +215,7 @@ def start(name: str, *, adopt: bool = False) -> BenchDatabase:
         _pg_admin(base, f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
         _pg_admin(base, f'CREATE DATABASE "{db_name}"')
     signal.signal(signal.SIGTERM, _sigterm_to_exit)
+    db.projects_dir.mkdir()
     configure_environment(db.url, workdir)
     import django
     from django.core.management import call_command
@@ -233,8 +239,9 @@ def configure_environment(url: str, data_dir: Path) -> None:
     os.environ["LOOPSWEB_HTTPS"] = "0"
     os.environ["ALLOWED_HOSTS"] = "testserver,127.0.0.1,localhost"
     os.environ["LOG_LEVEL"] = "WARNING"
-    # The benchmarks' projects are fake paths under /srv (never created, never run).
-    os.environ["LOOPSWEB_PROJECT_ROOTS"] = "/srv"
+    # The benchmarks' projects are fake paths under /srv (never created, never run), or real
+    # directories under the benchmark's own projects root (BenchDatabase.projects_dir).
+    os.environ["LOOPSWEB_PROJECT_ROOTS"] = f"/srv,{data_dir / 'projects'}"
     os.environ["DJANGO_SETTINGS_MODULE"] = "loopsweb.settings"
 
 
