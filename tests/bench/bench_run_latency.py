@@ -161,8 +161,7 @@ def _admissions(
     latencies = [first_start[r] - admitted[r] for r in admitted if r in first_start]
     if not latencies:
         raise SystemExit(
-            f"no agent process left a record in {records} ({failed} of {n} runs did not "
-            "succeed): the run cluster's log says why"
+            f"no agent process left a record ({failed} of {n} runs did not succeed)"
         )
     return latencies, to_step, failed
 
@@ -176,11 +175,18 @@ def run(db: harness.BenchDatabase) -> None:
     records, project = work / "records", db.projects_dir / "project"
     records.mkdir()
     project.mkdir()
-    cluster = _start_cluster(records, work / "qcluster.log")
+    log = work / "qcluster.log"
+    cluster = _start_cluster(records, log)
     try:
         _floor(3)  # warm-up: the cluster is up and its workers have imported everything
         floor = _floor(ADMISSIONS)
         latencies, to_step, failed = _admissions(ADMISSIONS, project, records)
+    except SystemExit:
+        # The work directory goes with the database: show the run cluster's log now.
+        sys.stderr.write(
+            f"run cluster log (last 3,000 characters):\n{log.read_text()[-3000:]}\n"
+        )
+        raise
     finally:
         _stop(cluster)
     ms = [v * 1000 for v in latencies]
