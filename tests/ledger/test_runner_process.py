@@ -102,6 +102,11 @@ def test_a_sigkilled_worker_is_recovered_after_its_lease_and_the_next_item_is_ad
         )
         assert blocked.kind == THROTTLED
 
+        # The agent's stdout is a pipe to the runner: an agent still starting up when its
+        # runner dies fails on its first line (broken pipe). Kill the runner once the agent
+        # has printed it and written its record, i.e. is in its 60 s of work.
+        records = tmp_path / "agent-records"
+        wait_for(lambda: any(records.glob("*.json")), what="the agent's record")
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=60)
         assert process_alive(agent_pid)  # the agent outlives its worker (own session)
