@@ -125,15 +125,10 @@ class ScheduledDrain:
     paused: bool = False  # repeats 0: the scheduler skips it
 
 
-def scheduled_drains(rows: Iterable[Schedule] | None = None) -> list[ScheduledDrain]:
-    """Every drain schedule (django-q2 rows made by `schedule_drain`), by name. One query,
-    or none when given the schedule rows already read (any of them, in name order)."""
-    if rows is None:
-        rows = Schedule.objects.filter(func=DRAIN_FUNC).order_by("name")
+def scheduled_drains() -> list[ScheduledDrain]:
+    """Every drain schedule (django-q2 rows made by `schedule_drain`), by name. One query."""
     out = []
-    for schedule in rows:
-        if schedule.func != DRAIN_FUNC:
-            continue
+    for schedule in Schedule.objects.filter(func=DRAIN_FUNC).order_by("name"):
         kwargs = _schedule_kwargs(schedule.kwargs)
         options = kwargs.get("options")
         out.append(

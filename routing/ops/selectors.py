@@ -530,31 +530,15 @@ OVERDUE_AFTER = timedelta(seconds=90)
 OVERDUE_SHOWN = 50
 
 
-def all_schedules() -> list[Schedule]:
-    """Every django-q2 schedule by name, for the pages that need several views of them
-    (the drain schedules, the overdue ones). One query; the table holds what operators and
-    loopsweb scheduled, not history."""
-    return list(Schedule.objects.order_by("name"))
-
-
-def overdue_schedules(
-    rows: Iterable[Schedule], *, now: datetime
-) -> list[OverdueSchedule]:
-    """Of `rows` (all_schedules), those whose next run is more than OVERDUE_AFTER in the
-    past: no qcluster is picking them up (or it is overloaded). Paused schedules (repeats 0)
-    are not overdue. The OVERDUE_SHOWN most overdue, most overdue first."""
-    cutoff = now - OVERDUE_AFTER
-    late = sorted(
-        (r for r in rows if r.repeats != 0 and r.next_run and r.next_run < cutoff),
-        key=lambda r: r.next_run,
+def overdue_schedules(*, now: datetime) -> list[OverdueSchedule]:
+    """django-q2 schedules whose next run is more than OVERDUE_AFTER in the past: no
+    qcluster is picking them up (or it is overloaded). Paused schedules (repeats 0) are not
+    overdue. The OVERDUE_SHOWN most overdue, most overdue first; one query. (The table also
+    holds one row per run waiting out a retry backoff, so it is never read whole.)"""
+    rows = (
+        Schedule.objects.filter(next_run__lt=now - OVERDUE_AFTER)
+        .exclude(repeats=0)
+        .order_by("next_run")
+        .values("id", "name", "func", "next_run", "repeats")[:OVERDUE_SHOWN]
     )
-    return [
-        OverdueSchedule(
-            id=r.id,
-            name=r.name or r.func,
-            func=r.func,
-            next_run=r.next_run,
-            repeats=r.repeats,
-        )
-        for r in late[:OVERDUE_SHOWN]
-    ]
+    return [OverdueSchedule(**{**r, "name": r["name"] or r["func"]}) for r in rows]

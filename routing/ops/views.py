@@ -109,8 +109,7 @@ def hint_kind(drains: list[DrainRecord], schedules: list[Any]) -> str:
 @staff_required
 def overview(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    every_schedule = sel.all_schedules()  # the drains' and the overdue ones: one read
-    schedules = drain_configs.scheduled_drains(every_schedule)
+    schedules = drain_configs.scheduled_drains()
     configs = drain_configs.drain_configs(now=now, schedules=schedules)
     accounts = account_selectors.account_rows(configs)
     live = sel.live_work()
@@ -120,7 +119,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     waiting = sel.waiting_steps()
     hours = account_selectors.timeline_hours(now)
     deferred_items = sum(r.deferred for r in reasons_now)
-    overdue = sel.overdue_schedules(every_schedule, now=now)
+    overdue = sel.overdue_schedules(now=now)  # the section's and the capacity warning's
     return _render(
         request,
         "ops/overview.html",
