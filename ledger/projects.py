@@ -22,7 +22,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from routing.domain.errors import ValidationError
+from domain.errors import ValidationError
 
 ROOTS_UNSET = (
     "no project roots are configured, so no agent may run: set LOOPSWEB_PROJECT_ROOTS "

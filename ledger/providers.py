@@ -53,9 +53,9 @@ from typing import Any
 
 from django.conf import settings
 
+from domain.errors import ApplicationError
+from domain.pool import valid_profile_name
 from ledger.selectors import RegisteredAccount, account_registry
-from routing.domain.errors import ApplicationError
-from routing.domain.pool import valid_profile_name
 
 PROVIDER_UNKNOWN = "unknown agent provider: {provider}"
 BINARY_NOT_FOUND = (

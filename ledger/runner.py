@@ -59,6 +59,8 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from domain.errors import ApplicationError, ValidationError
+from domain.sandbox import WORKTREE_REQUIRED, step_isolation
 from ledger import services
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
 from ledger.projects import (
@@ -84,8 +86,6 @@ from ledger.worktrees import (
     worktree_project,
     worktree_remove,
 )
-from routing.domain.errors import ApplicationError, ValidationError
-from routing.domain.sandbox import WORKTREE_REQUIRED, step_isolation
 
 logger = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from domain.errors import ApplicationError
+from domain.sandbox import WORKTREE_AUTO, WORKTREE_REQUIRED
 from ledger import services
 from ledger.models import TERMINAL_RUN_STATUSES, RunStatus, WorkflowRun
-from routing.domain.errors import ApplicationError
-from routing.domain.sandbox import WORKTREE_AUTO, WORKTREE_REQUIRED
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("loopsweb", "ledger", "routing")
+PACKAGES = ("domain", "loopsweb", "ledger", "routing")
 
 # Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("domain (pure rules)", ("routing.domain",)),
+    ("domain (pure rules)", ("domain",)),
     ("ledger (record, lock, lifecycle, runner)", ("ledger",)),
     ("admission", ("routing.models", "routing.migrations", "routing.admission")),
     ("drains", ("routing.drains", "routing.tasks")),

@@ -16,7 +16,7 @@ Large tables (a million work items, millions of step runs) stay fast:
 
 
 Modules: `base` (the shared admin, paginator, links), `filters`, `actions` (lifecycle
-actions), `work_items`, `runs`, `accounts`. Layer: a web surface; imports `ledger.*`, `routing.domain`
+actions), `work_items`, `runs`, `accounts`. Layer: a web surface; imports `ledger.*`, `domain`
 and lower layers, never `routing.api`/`routing.ops` pages.
 """
 

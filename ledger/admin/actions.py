@@ -21,8 +21,8 @@ from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
+from domain.errors import ApplicationError
 from ledger import services
-from routing.domain.errors import ApplicationError
 
 # --- lifecycle actions ------------------------------------------------------------------------
 

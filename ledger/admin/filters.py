@@ -12,6 +12,12 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from domain import reasons
+from domain.templates import (
+    EVENT_WORKER_VERIFIER,
+    TASK_LIFECYCLE,
+    TODOS_TASK_WORKER_VERIFIER,
+)
 from ledger.models import (
     AccountCooldown,
     RunStatus,
@@ -21,12 +27,6 @@ from ledger.models import (
 )
 from ledger.providers import PROVIDERS
 from ledger.selectors import created_before, created_since, distinct_values
-from routing.domain import reasons
-from routing.domain.templates import (
-    EVENT_WORKER_VERIFIER,
-    TASK_LIFECYCLE,
-    TODOS_TASK_WORKER_VERIFIER,
-)
 
 # --- filters ----------------------------------------------------------------------------------
 

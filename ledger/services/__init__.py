@@ -23,7 +23,7 @@ Rules every service follows:
 - Conditional updates (`filter(status=<expected>)`) for claims, so a second delivery or a
   racing recovery changes nothing.
 
-Layer: `ledger` (imports `ledger.*` and `routing.domain` only).
+Layer: `ledger` (imports `ledger.*` and `domain` only).
 """
 
 from ledger.services.accounts import (

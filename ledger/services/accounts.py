@@ -1,7 +1,7 @@
 """The account registry: add, enable/disable, remove (manage.py account, the admin).
 
 Rules:
-1. A name is an account profile (routing.domain.pool.valid_profile_name); a provider is
+1. A name is an account profile (domain.pool.valid_profile_name); a provider is
    one of ledger.providers.PROVIDERS.
 2. The environment says where the provider CLI keeps the login, never a secret: a key
    that looks like one (`*_KEY`, `*_TOKEN`, `*PASSWORD*`, `*SECRET*`) is refused, as are
@@ -16,10 +16,10 @@ from collections.abc import Mapping
 
 from django.db import transaction
 
+from domain.pool import PROFILE_NAME_INVALID, valid_profile_name
 from ledger.models import Account
 from ledger.providers import PROVIDERS, reserved_variable
 from ledger.services.common import LedgerError
-from routing.domain.pool import PROFILE_NAME_INVALID, valid_profile_name
 
 ACCOUNT_EXISTS = "account {name} already exists"
 ACCOUNT_NOT_FOUND = "no account named {name!r}"

@@ -17,6 +17,13 @@ from django.db import connection
 from django.db.models import Subquery
 from django.utils import timezone
 
+from domain.errors import ApplicationError
+from domain.keys import GENERIC_EVENT, TODOS_TASK
+from domain.templates import (
+    EVENT_WORKER_VERIFIER,
+    TASK_LIFECYCLE,
+    TODOS_TASK_WORKER_VERIFIER,
+)
 from ledger.ids import new_id
 from ledger.models import (
     StepStatus,
@@ -24,13 +31,6 @@ from ledger.models import (
     WorkflowRun,
     WorkflowStepRun,
     WorkItemStatus,
-)
-from routing.domain.errors import ApplicationError
-from routing.domain.keys import GENERIC_EVENT, TODOS_TASK
-from routing.domain.templates import (
-    EVENT_WORKER_VERIFIER,
-    TASK_LIFECYCLE,
-    TODOS_TASK_WORKER_VERIFIER,
 )
 
 # --- messages ---------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from django.db.models import Exists, F, Q, TextField, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from domain.errors import ValidationError
+from domain.retry import attempts_left, retry_backoff_seconds
 from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
@@ -55,8 +57,6 @@ from ledger.services.common import (
     _now,
 )
 from ledger.services.processes import _kill_leftovers
-from routing.domain.errors import ValidationError
-from routing.domain.retry import attempts_left, retry_backoff_seconds
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from domain import reasons
 from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
@@ -43,7 +44,6 @@ from ledger.services.common import (
 from ledger.services.failover import account_limit, step_failover
 from ledger.services.runs import _end_run
 from ledger.usage import Usage
-from routing.domain import reasons
 
 WAIT_DISABLED = "account {profile} is disabled in the account registry"
 

@@ -9,6 +9,10 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
+from domain.errors import ValidationError
+from domain.templates import (
+    step_account,
+)
 from ledger.loads import LoadDelta, apply_load_delta, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
@@ -48,10 +52,6 @@ from ledger.services.common import (
 )
 from ledger.services.runs import run_cancel
 from ledger.signals import work_item_requeued
-from routing.domain.errors import ValidationError
-from routing.domain.templates import (
-    step_account,
-)
 
 
 def run_retry(

@@ -5,7 +5,7 @@
 - `transaction`: stage 2, the admission transaction in one pass (`admit`, `route_event`);
 - `results`: RouteResult and the work-item dict.
 
-Layer: above `ledger`; imports `ledger.*`, `routing.domain` and `routing.models`, never the
+Layer: above `ledger`; imports `ledger.*`, `domain` and `routing.models`, never the
 drains or the web surfaces.
 """
 

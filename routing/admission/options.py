@@ -8,23 +8,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.providers import PROVIDERS
-from routing.domain.errors import ValidationError
-from routing.domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
-from routing.domain.retry import parse_max_attempts, parse_retry_backoff
-from routing.domain.sandbox import (
+from domain.errors import ValidationError
+from domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
+from domain.retry import parse_max_attempts, parse_retry_backoff
+from domain.sandbox import (
     DEFAULT_SANDBOX,
     DEFAULT_WORKTREE_MODE,
     parse_sandbox,
     parse_worktree_mode,
 )
-from routing.domain.templates import (
+from domain.templates import (
     parse_pool,
 )
-from routing.domain.throttle import (
+from domain.throttle import (
     ThrottleLimits,
     parse_limit,
 )
+from ledger.providers import PROVIDERS
 
 ROLES = ("triage", "planner", "worker", "verifier")
 POOL_METADATA_KEYS = (

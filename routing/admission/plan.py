@@ -13,6 +13,47 @@ from typing import Any
 
 from django.db import models
 
+from domain.eligibility import task_route_eligibility, todos_task_id
+from domain.errors import ValidationError
+from domain.events import (
+    Envelope,
+    first_string,
+    generic_project_path_hint,
+    project_group_hint,
+    task_field,
+    todos_project_path_hint,
+)
+from domain.keys import (
+    TODOS_TASK,
+    generic_event_key,
+    generic_names,
+    generic_pool_seed,
+    pr_fingerprint_from_task,
+    route_key_for_kind,
+    todos_task_key,
+    todos_task_names,
+)
+from domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
+from domain.retry import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF_SECONDS
+from domain.sandbox import (
+    WORKTREE_REQUIRED,
+    sandbox_preflight,
+    worktree_enabled,
+)
+from domain.scope import resolve_route_scope
+from domain.templates import (
+    parse_pool,
+    pool_roles_by_step,
+    pool_routing_active,
+    render_workflow,
+    resolve_role_profiles,
+    roles_for_template,
+    step_account,
+    template_for,
+)
+from domain.throttle import (
+    ThrottleLimits,
+)
 from ledger.models import (
     Loop,
     WorkflowInvocation,
@@ -32,47 +73,6 @@ from routing.admission.options import (
     RouteOptions,
 )
 from routing.admission.results import SKIPPED, RouteResult
-from routing.domain.eligibility import task_route_eligibility, todos_task_id
-from routing.domain.errors import ValidationError
-from routing.domain.events import (
-    Envelope,
-    first_string,
-    generic_project_path_hint,
-    project_group_hint,
-    task_field,
-    todos_project_path_hint,
-)
-from routing.domain.keys import (
-    TODOS_TASK,
-    generic_event_key,
-    generic_names,
-    generic_pool_seed,
-    pr_fingerprint_from_task,
-    route_key_for_kind,
-    todos_task_key,
-    todos_task_names,
-)
-from routing.domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
-from routing.domain.retry import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF_SECONDS
-from routing.domain.sandbox import (
-    WORKTREE_REQUIRED,
-    sandbox_preflight,
-    worktree_enabled,
-)
-from routing.domain.scope import resolve_route_scope
-from routing.domain.templates import (
-    parse_pool,
-    pool_roles_by_step,
-    pool_routing_active,
-    render_workflow,
-    resolve_role_profiles,
-    roles_for_template,
-    step_account,
-    template_for,
-)
-from routing.domain.throttle import (
-    ThrottleLimits,
-)
 
 # --- stage 1: the plan (no store access) ------------------------------------------------------
 
@@ -153,7 +153,7 @@ def plan_route(
     event's agent wherever the routing process happens to sit.
 
     `registered` (account name -> provider, from the account registry, read by the
-    caller) decides whether a non-codewith pool is routed (routing.domain.templates 4).
+    caller) decides whether a non-codewith pool is routed (domain.templates 4).
     """
     route_key = route_key_for_kind(kind)
     template_id = template_for(route_key, options.template)

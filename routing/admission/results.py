@@ -7,18 +7,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from domain.events import (
+    Envelope,
+)
+from domain.throttle import (
+    AdmissionDecision,
+)
 from ledger.models import (
     Loop,
     WorkflowInvocation,
     WorkflowRun,
     WorkflowSpec,
     WorkflowWorkItem,
-)
-from routing.domain.events import (
-    Envelope,
-)
-from routing.domain.throttle import (
-    AdmissionDecision,
 )
 
 PUBLIC_REASON_CHARS = 240

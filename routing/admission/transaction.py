@@ -30,6 +30,26 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from domain import reasons
+from domain.events import (
+    Envelope,
+    load_envelope,
+    parse_envelope,
+)
+from domain.keys import (
+    TODOS_TASK,
+)
+from domain.pool import PoolAssignment, assign_pool_auth_profiles
+from domain.readmission import readmission_decision
+from domain.templates import (
+    apply_pool_profiles,
+)
+from domain.throttle import (
+    AdmissionDecision,
+    ThrottleCounts,
+    admission_decision,
+    pool_deferral_decision,
+)
 from ledger.lock import admission_lock
 from ledger.models import (
     KEEP_WORK_ITEM_STATUSES,
@@ -52,26 +72,6 @@ from ledger.tasks import enqueue_run_workflow
 from routing.admission.options import RouteOptions
 from routing.admission.plan import RoutePlan, check_plan_fits_columns, plan_route
 from routing.admission.results import CREATED, DEDUPED, THROTTLED, RouteResult
-from routing.domain import reasons
-from routing.domain.events import (
-    Envelope,
-    load_envelope,
-    parse_envelope,
-)
-from routing.domain.keys import (
-    TODOS_TASK,
-)
-from routing.domain.pool import PoolAssignment, assign_pool_auth_profiles
-from routing.domain.readmission import readmission_decision
-from routing.domain.templates import (
-    apply_pool_profiles,
-)
-from routing.domain.throttle import (
-    AdmissionDecision,
-    ThrottleCounts,
-    admission_decision,
-    pool_deferral_decision,
-)
 
 # --- stage 2: the admission transaction -------------------------------------------------------
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from django import forms
 
+from domain.errors import ApplicationError
+from domain.keys import KINDS, ROUTE_KEYS
 from ledger.models import WorkItemStatus
 from routing.admission import OPTION_NAMES, route_options
 from routing.api.serializers import cursor_decode
-from routing.domain.errors import ApplicationError
-from routing.domain.keys import KINDS, ROUTE_KEYS
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 50

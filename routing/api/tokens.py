@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from routing.domain.errors import ApplicationError, ValidationError
+from domain.errors import ApplicationError, ValidationError
 from routing.models import ApiToken
 
 TOKEN_PREFIX = "lw_"

@@ -4,7 +4,7 @@
 `{"error": ...}` and no write when it fails:
 1. auth (token with `ingest`), then the query string (IngestQueryForm), then the content
    type (415), then the size: Content-Length, then the bytes actually read (413);
-2. the body: UTF-8, nesting depth, JSON, storable values (400; `routing.domain.jsontext`);
+2. the body: UTF-8, nesting depth, JSON, storable values (400; `domain.jsontext`);
    an array longer than LOOPSWEB_API_MAX_EVENTS is 413;
 3. with `route=now`, every envelope must plan under the given kind and options (400);
 4. envelopes that can never route (planned under the kind their type selects, with no caps:
@@ -29,6 +29,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from domain.errors import ApplicationError
+from domain.events import Envelope, parse_envelope
+from domain.jsontext import loads_limited
 from routing.admission import (
     SKIPPED,
     RouteOptions,
@@ -53,9 +56,6 @@ from routing.api.serializers import (
     work_item_detail_to_dict,
     work_item_summary,
 )
-from routing.domain.errors import ApplicationError
-from routing.domain.events import Envelope, parse_envelope
-from routing.domain.jsontext import loads_limited
 from routing.drains import compact_result, inbox_record_hold, inbox_record_route
 from routing.drains.configs import drain_configs
 from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest

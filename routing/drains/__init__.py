@@ -10,7 +10,7 @@
 - `options`: drain options; `configs`: the caps drain schedules and records configure;
 - `schedules`: the periodic tasks every installation has.
 
-Layer: above admission; imports `ledger.*`, `routing.domain`, `routing.models` and
+Layer: above admission; imports `ledger.*`, `domain`, `routing.models` and
 `routing.admission`, never the web surfaces. The django-q2 entry points are in
 `routing.tasks` (their dotted paths are stored in schedules, so they never move).
 """

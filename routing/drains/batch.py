@@ -38,6 +38,13 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from domain import reasons
+from domain.templates import apply_pool_profiles
+from domain.throttle import (
+    AdmissionDecision,
+    ThrottleCounts,
+    admission_decision,
+)
 from ledger.loads import LoadDelta, apply_load_delta
 from ledger.lock import admission_lock
 from ledger.models import (
@@ -72,13 +79,6 @@ from routing.admission.transaction import (
     new_invocation,
     new_spec,
     pool_view,
-)
-from routing.domain import reasons
-from routing.domain.templates import apply_pool_profiles
-from routing.domain.throttle import (
-    AdmissionDecision,
-    ThrottleCounts,
-    admission_decision,
 )
 from routing.drains.outcomes import _INBOX_STATE, _claim, _hold_record
 from routing.drains.sources import Candidate

@@ -18,8 +18,8 @@ from django.db.models import (
 from django.db.models.functions import RowNumber
 from django_q.models import Schedule
 
+from domain.templates import parse_pool, pool_routing_active
 from routing.admission import DEFAULT_MAX_PER_PROFILE, PIN_OPTIONS
-from routing.domain.templates import parse_pool, pool_routing_active
 from routing.models import DrainRecord
 
 # The django-q2 function every scheduled drain runs (routing.management.commands.schedule_drain).

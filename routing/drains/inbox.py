@@ -21,15 +21,15 @@ from django.core.exceptions import ValidationError as ModelValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger.lock import ADVISORY_NAMESPACE, admission_lock
-from ledger.models import WorkflowWorkItem
-from routing.domain.errors import ApplicationError
-from routing.domain.events import (
+from domain.errors import ApplicationError
+from domain.events import (
     Envelope,
     parse_envelope,
     string_field,
     todos_project_path_hint,
 )
+from ledger.lock import ADVISORY_NAMESPACE, admission_lock
+from ledger.models import WorkflowWorkItem
 from routing.models import InboxEvent, InboxState
 
 INGEST_LOCK_KEY = 2

@@ -6,13 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.bounds import bounded_int
+from domain.errors import ValidationError
+from domain.keys import route_key_for_kind
 from routing.admission import (
     RouteOptions,
     route_options,
 )
-from routing.domain.bounds import bounded_int
-from routing.domain.errors import ValidationError
-from routing.domain.keys import route_key_for_kind
 from routing.drains.sources import (
     COMMAND_SOURCE,
     INBOX_SOURCE,

@@ -16,13 +16,13 @@ from typing import Any
 
 from django.utils import timezone
 
+from domain.errors import ValidationError
 from routing.admission import (
     CREATED,
     DEDUPED,
     SKIPPED,
     THROTTLED,
 )
-from routing.domain.errors import ValidationError
 from routing.drains.options import DrainOptions
 from routing.models import DrainRecord
 

@@ -42,6 +42,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from domain import reasons
+from domain.errors import ApplicationError
+from domain.keys import TODOS_TASK, route_key_for_kind
+from domain.scope import LOOP_NAME_ENV, resolve_route_scope
+from domain.throttle import ThrottleCounts, admission_decision
 from ledger.dberrors import error_passes
 from ledger.lock import admission_lock, drain_lock
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
@@ -57,11 +62,6 @@ from routing.admission import (
     hand_over,
     plan_route,
 )
-from routing.domain import reasons
-from routing.domain.errors import ApplicationError
-from routing.domain.keys import TODOS_TASK, route_key_for_kind
-from routing.domain.scope import LOOP_NAME_ENV, resolve_route_scope
-from routing.domain.throttle import ThrottleCounts, admission_decision
 from routing.drains.batch import route_batch
 from routing.drains.candidates import _passes_filters, fair_order
 from routing.drains.options import DrainOptions

@@ -18,15 +18,15 @@ from typing import Any
 
 from django.conf import settings
 
-from routing.domain.errors import ApplicationError, ValidationError
-from routing.domain.events import (
+from domain.errors import ApplicationError, ValidationError
+from domain.events import (
     Envelope,
     parse_envelope,
     record_tags,
     todos_project_path_hint,
 )
-from routing.domain.jsontext import loads_limited
-from routing.domain.keys import TODOS_TASK
+from domain.jsontext import loads_limited
+from domain.keys import TODOS_TASK
 from routing.models import OPEN_INBOX_STATES, InboxEvent
 
 TODOS_EVENT_PREFIX = "task."

@@ -14,9 +14,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import CommandError
 
+from domain.errors import ROUTE_KIND_INVALID, ValidationError
+from domain.keys import KINDS
 from routing.admission import OPTION_NAMES, RouteOptions, route_options
-from routing.domain.errors import ROUTE_KIND_INVALID, ValidationError
-from routing.domain.keys import KINDS
 
 
 def add_route_arguments(parser: argparse.ArgumentParser) -> None:

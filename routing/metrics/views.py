@@ -22,8 +22,8 @@ from django.db.models import Count, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
+from domain.keys import ROUTE_KEYS
 from routing.api.auth import api_auth
-from routing.domain.keys import ROUTE_KEYS
 from routing.drains.configs import drain_configs
 from routing.models import DrainRecord, InboxEvent, InboxState
 from routing.ops.accounts import account_rows

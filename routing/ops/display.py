@@ -15,7 +15,7 @@ from typing import Any
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from routing.domain import reasons
+from domain import reasons
 
 
 def utc_text(value: datetime | None) -> str:

@@ -27,9 +27,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django_q.models import Schedule
 
+from domain import reasons
 from ledger.admin.base import CappedCountPaginator
 from ledger.models import WorkflowWorkItem
-from routing.domain import reasons
 from routing.drains import configs as drain_configs
 from routing.drains.retention import DID_SOMETHING, EMPTY, HAS_ERROR, HELD
 from routing.models import DrainRecord, InboxEvent

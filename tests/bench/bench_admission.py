@@ -287,6 +287,8 @@ def _bare_rows(
     from django.db import transaction
     from django.utils import timezone
 
+    from domain.events import parse_envelope
+    from domain.templates import step_account
     from ledger.ids import new_id
     from ledger.models import (
         Loop,
@@ -298,8 +300,6 @@ def _bare_rows(
         WorkflowWorkItem,
     )
     from routing.admission import plan_route
-    from routing.domain.events import parse_envelope
-    from routing.domain.templates import step_account
 
     plan = plan_route(
         kind="generic",

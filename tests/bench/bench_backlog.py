@@ -128,6 +128,8 @@ def _floor_rows(count: int) -> list[dict[str, Any]]:
 
     from django.utils import timezone
 
+    from domain.events import parse_envelope
+    from domain.templates import apply_pool_profiles
     from ledger.services import work_item_admit_rows
     from routing.admission import plan_route, route_options
     from routing.admission.transaction import (
@@ -137,8 +139,6 @@ def _floor_rows(count: int) -> list[dict[str, Any]]:
         new_invocation,
         new_spec,
     )
-    from routing.domain.events import parse_envelope
-    from routing.domain.templates import apply_pool_profiles
     from routing.models import InboxEvent
 
     options = route_options(CAPS)

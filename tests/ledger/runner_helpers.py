@@ -18,6 +18,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from domain.templates import EVENT_WORKER_VERIFIER
 from ledger.models import (
     WorkflowEvent,
     WorkflowInvocation,
@@ -28,7 +29,6 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.services import work_item_admit
-from routing.domain.templates import EVENT_WORKER_VERIFIER
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_AGENT = ROOT / "scripts" / "fake-agent"

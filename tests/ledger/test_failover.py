@@ -268,8 +268,8 @@ def test_a_wholly_disabled_pool_defers_with_its_own_reason(tmp_path: Path) -> No
     "pool", [["--config=/tmp/evil", "-p"], "acctA,-p", ["acct A", "b"]]
 )
 def test_pool_member_names_are_validated_at_admission(pool: Any) -> None:
+    from domain.errors import ValidationError
     from ledger.models import WorkflowWorkItem
-    from routing.domain.errors import ValidationError
 
     with pytest.raises(ValidationError, match="not valid"):
         route_options({"auth_profile_pool": pool})

@@ -12,6 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
 
+from domain.errors import ApplicationError
 from ledger import services
 from ledger.models import (
     Loop,
@@ -24,7 +25,6 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.selectors import account_load
-from routing.domain.errors import ApplicationError
 from tests.account_loads import assert_account_counts_match_rows
 from tests.routing.helpers import generic_event, route
 

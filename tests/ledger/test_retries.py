@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from django_q.models import Schedule
 
+from domain.errors import ValidationError
+from domain.retry import retry_backoff_seconds
 from ledger import services
 from ledger.models import (
     LoopStatus,
@@ -29,8 +31,6 @@ from routing.admission import (
     route_event,
     route_options,
 )
-from routing.domain.errors import ValidationError
-from routing.domain.retry import retry_backoff_seconds
 from tests.ledger.runner_helpers import FakeAgent, install_fake_agent
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

@@ -14,10 +14,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from domain.errors import ApplicationError
 from ledger import services
 from ledger.models import Account
 from ledger.providers import ADAPTERS, PROVIDERS
-from routing.domain.errors import ApplicationError
 
 
 def _iso(value: Any) -> str | None:

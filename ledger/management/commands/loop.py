@@ -16,9 +16,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from domain.errors import ApplicationError
 from ledger.models import Loop, LoopStatus
 from ledger.services import LOOP_ACTIONS, LoopChange, loop_status_change
-from routing.domain.errors import ApplicationError
 
 
 class Command(BaseCommand):

@@ -14,9 +14,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from domain.errors import ApplicationError
 from routing.api.serializers import iso
 from routing.api.tokens import SCOPES, api_token_create, api_token_revoke
-from routing.domain.errors import ApplicationError
 from routing.models import ApiToken
 
 

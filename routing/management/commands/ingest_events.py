@@ -18,8 +18,8 @@ from typing import IO, Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from routing.domain.errors import ValidationError
-from routing.domain.jsontext import loads_limited
+from domain.errors import ValidationError
+from domain.jsontext import loads_limited
 from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest
 
 PROGRESS_EVERY = 10_000

@@ -12,8 +12,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from domain.errors import ROUTE_KIND_INVALID, ApplicationError
 from routing.admission import route_event
-from routing.domain.errors import ROUTE_KIND_INVALID, ApplicationError
 from routing.management.arguments import (
     KINDS,
     add_route_arguments,

@@ -18,6 +18,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from domain.bounds import bounded_int
+from domain.errors import ApplicationError, ValidationError
 from ledger.models import (
     WorkflowInvocation,
     WorkflowRun,
@@ -33,8 +35,6 @@ from ledger.services.common import (
 )
 from routing.admission import work_item_to_dict
 from routing.api.serializers import iso, with_attempts
-from routing.domain.bounds import bounded_int
-from routing.domain.errors import ApplicationError, ValidationError
 
 ROUTE_ITEM_NOT_FOUND = "route work item not found: {item_id}"
 DEFAULT_LIMIT = 50

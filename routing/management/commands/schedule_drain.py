@@ -21,8 +21,8 @@ from django.db import transaction
 from django.utils import timezone
 from django_q.models import Schedule
 
-from routing.domain.bounds import BOUNDS, bounded_int
-from routing.domain.errors import ValidationError
+from domain.bounds import BOUNDS, bounded_int
+from domain.errors import ValidationError
 from routing.management.arguments import (
     add_drain_arguments,
     add_route_arguments,
@@ -38,7 +38,7 @@ EVERY_INVALID = "--every must be a positive number of minutes or hours, like 5m 
 
 def parse_every(text: str) -> int:
     """Minutes from `5`, `5m` or `2h` (django-q2 schedules have minute granularity), at most
-    the `--every` bound (routing.domain.bounds) in minutes."""
+    the `--every` bound (domain.bounds) in minutes."""
     match = EVERY.match(text or "")
     if not match:
         raise CommandError(EVERY_INVALID)

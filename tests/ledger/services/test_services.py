@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
+from domain.errors import ValidationError
 from ledger import services, tasks
 from ledger.models import (
     AccountCooldown,
@@ -28,7 +29,6 @@ from ledger.models import (
 )
 from ledger.runner import PlanError, execution_order
 from routing.admission import CREATED, DEDUPED, RouteResult, route_event, route_options
-from routing.domain.errors import ValidationError
 from routing.drains.schedules import SCHEDULES
 from routing.models import InboxEvent, InboxState
 from tests.ledger.runner_helpers import (

@@ -8,6 +8,7 @@ import pytest
 import time_machine
 from django.utils import timezone
 
+from domain.errors import ValidationError
 from ledger import services
 from ledger.models import (
     AccountCooldown,
@@ -17,7 +18,6 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemDeferral,
 )
-from routing.domain.errors import ValidationError
 from tests.account_loads import assert_account_counts_match_rows
 from tests.factories import make_work_item
 from tests.routing.helpers import generic_event, route, todos_event

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from routing.domain import reasons
-from routing.domain.errors import ValidationError
-from routing.domain.throttle import (
+from domain import reasons
+from domain.errors import ValidationError
+from domain.throttle import (
     AdmissionDecision,
     ThrottleCounts,
     ThrottleLimits,

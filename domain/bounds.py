@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from routing.domain.errors import (
+from domain.errors import (
     LIMIT_NOT_NON_NEGATIVE,
     LIMIT_NOT_POSITIVE,
     ValidationError,
@@ -40,7 +40,7 @@ BOUNDS: dict[str, Bound] = {
     "--source-timeout": Bound(1, 86_400),  # seconds: a day
     # schedule_drain: django-q2 stores minutes in a smallint
     "--every": Bound(1, 32_767),
-    # loop-level retries (routing.domain.retry)
+    # loop-level retries (domain.retry)
     "--max-attempts": Bound(1, 100),
     "--retry-backoff": Bound(0, 7 * 24 * 3600),  # seconds: a week
 }

@@ -29,7 +29,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from routing.domain import reasons
+from domain import reasons
 
 FNV_OFFSET_BASIS = 2166136261
 FNV_PRIME = 16777619

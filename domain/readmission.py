@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from routing.domain.keys import TODOS_TASK
+from domain.keys import TODOS_TASK
 
 MAX_TODOS_TASK_ROUTE_REDISPATCHES = 8
 

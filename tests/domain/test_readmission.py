@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from routing.domain.readmission import (
+from domain.readmission import (
     readmission_decision,
     redispatch_backoff,
 )

@@ -3,9 +3,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import routing.domain
+import domain
 
-DOMAIN_DIR = Path(routing.domain.__file__).parent
+DOMAIN_DIR = Path(domain.__file__).parent
 
 
 def _imports(path: Path) -> set[str]:

@@ -21,8 +21,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from routing.domain.errors import ROUTE_KIND_INVALID, ValidationError
-from routing.domain.events import task_field
+from domain.errors import ROUTE_KIND_INVALID, ValidationError
+from domain.events import task_field
 
 TODOS_TASK = "todos-task"
 GENERIC_EVENT = "generic-event"

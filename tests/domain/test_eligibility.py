@@ -4,13 +4,13 @@ from typing import Any
 
 import pytest
 
-from routing.domain.eligibility import (
+from domain.eligibility import (
     eligibility_records,
     is_truthy,
     task_route_eligibility,
     todos_task_id,
 )
-from routing.domain.errors import ValidationError
+from domain.errors import ValidationError
 
 OPTED_IN: dict[str, Any] = {"id": "task-1", "tags": ["auto:route"]}
 

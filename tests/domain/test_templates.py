@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from routing.domain.errors import ValidationError
-from routing.domain.templates import (
+from domain.errors import ValidationError
+from domain.templates import (
     apply_pool_profiles,
     parse_pool,
     pool_roles_by_step,

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from routing.domain import reasons
-from routing.domain.bounds import bounded_int
+from domain import reasons
+from domain.bounds import bounded_int
 
 SCOPE_LIMIT_REASON = "scope {scope} active workflow limit reached ({count}/{limit})"
 PROJECT_LIMIT_REASON = "project active workflow limit reached ({count}/{limit})"
@@ -187,7 +187,7 @@ def pool_deferral_decision(
 
 
 def parse_limit(flag: str, value: object, *, allow_zero: bool = False) -> int | None:
-    """Parse a limit option given as int or decimal text (see routing.domain.bounds).
+    """Parse a limit option given as int or decimal text (see domain.bounds).
 
     ``None`` and blank text mean "unset". Anything else must be a whole number, at
     least 1 (or at least 0 with ``allow_zero``, used by ``--max-per-profile``), and at most

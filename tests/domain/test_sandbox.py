@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from routing.domain.errors import ValidationError
-from routing.domain.sandbox import (
+from domain.errors import ValidationError
+from domain.sandbox import (
     break_glass_allowlist,
     parse_sandbox,
     parse_worktree_mode,

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from routing.domain.errors import TODOS_TASK_ID_MISSING, ValidationError
-from routing.domain.events import object_field, record_tags, task_field
+from domain.errors import TODOS_TASK_ID_MISSING, ValidationError
+from domain.events import object_field, record_tags, task_field
 
 OPT_IN_TAGS: frozenset[str] = frozenset({"auto:route", "route:enabled"})
 OPT_IN_FIELDS: tuple[str, ...] = (

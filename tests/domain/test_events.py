@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from routing.domain.errors import ValidationError
-from routing.domain.events import (
+from domain.errors import ValidationError
+from domain.events import (
     generic_project_path_hint,
     load_envelope,
     parse_envelope,

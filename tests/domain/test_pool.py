@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.domain import reasons
-from routing.domain.pool import (
+from domain import reasons
+from domain.pool import (
     ROLE_ORDER,
     PoolAssignment,
     assign_pool_auth_profiles,

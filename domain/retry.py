@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from routing.domain.bounds import BOUNDS, bounded_int
-from routing.domain.errors import ValidationError
+from domain.bounds import BOUNDS, bounded_int
+from domain.errors import ValidationError
 
 DEFAULT_MAX_ATTEMPTS = 1
 # Upstream's loop default: retryDelayMs 60 000.
@@ -33,7 +33,7 @@ _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
 
 def parse_max_attempts(value: object) -> int | None:
     """`--max-attempts`: a whole number 1..100 (int or ASCII digits); None when unset."""
-    # routing.domain.bounds: the same messages, and no int() of a 5,000-digit text.
+    # domain.bounds: the same messages, and no int() of a 5,000-digit text.
     return bounded_int("--max-attempts", value)
 
 

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from routing.domain.errors import ValidationError
-from routing.domain.keys import (
+from domain.errors import ValidationError
+from domain.keys import (
     GENERIC_EVENT,
     TODOS_TASK,
     generic_event_key,

@@ -24,15 +24,15 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from routing.domain.errors import (
+from domain.errors import (
     ROUTE_KEY_INVALID,
     TEMPLATE_INVALID_GENERIC,
     TEMPLATE_INVALID_TODOS,
     ValidationError,
 )
-from routing.domain.keys import GENERIC_EVENT, TODOS_TASK
-from routing.domain.pool import drop_blank, render_time_profile
-from routing.domain.sandbox import (
+from domain.keys import GENERIC_EVENT, TODOS_TASK
+from domain.pool import drop_blank, render_time_profile
+from domain.sandbox import (
     DEFAULT_SANDBOX,
     DEFAULT_WORKTREE_MODE,
     break_glass_allowlist,

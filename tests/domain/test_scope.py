@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from routing.domain.scope import resolve_route_scope
+from domain.scope import resolve_route_scope
 
 
 def test_explicit_scope_wins_and_is_trimmed() -> None:

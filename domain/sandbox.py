@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from routing.domain.errors import ValidationError
+from domain.errors import ValidationError
 
 READ_ONLY = "read-only"
 WORKSPACE_WRITE = "workspace-write"

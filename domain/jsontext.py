@@ -21,7 +21,7 @@ import math
 import re
 from typing import Any
 
-from routing.domain.errors import ValidationError
+from domain.errors import ValidationError
 
 DEFAULT_MAX_DEPTH = 32
 

@@ -5,7 +5,7 @@ Contract:
    ``data`` and ``metadata`` become ``{}`` when they are not objects. Violations raise
    ``ValidationError`` with upstream's exact messages, checked in that order. An envelope
    holding a value no database can store (NUL, unpaired surrogates, NaN) is refused too
-   (``routing.domain.jsontext``), so bad input fails here instead of inside an INSERT.
+   (``domain.jsontext``), so bad input fails here instead of inside an INSERT.
 2. ``task_field(record, *keys)``: for each key in turn, look in ``record``, then
    ``record.task``, ``record.payload``, ``record.payload.task``; the first non-blank
    string wins, trimmed. Non-strings never match.
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from routing.domain.errors import (
+from domain.errors import (
     EVENT_ID_REQUIRED,
     EVENT_INVALID_JSON,
     EVENT_NOT_OBJECT,
@@ -29,7 +29,7 @@ from routing.domain.errors import (
     EVENT_TYPE_REQUIRED,
     ValidationError,
 )
-from routing.domain.jsontext import (
+from domain.jsontext import (
     DEFAULT_MAX_DEPTH,
     JsonSyntaxError,
     loads_limited,
