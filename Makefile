@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install run test bench lint format check-migrations
+.PHONY: install run test test-fast bench lint format check-migrations
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ run: install
 
 test: install
 	PY=$(PY) scripts/test.sh
+
+# The tests that start no process and wait on no timer (not marked slow), on SQLite.
+test-fast: install
+	PY=$(PY) TEST_BACKENDS=sqlite scripts/test.sh -m "not slow"
 
 bench: install
 	PY=$(PY) $(PY) -m tests.bench

@@ -1,10 +1,28 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite on SQLite, then on PostgreSQL.
+# `make test`: the whole suite on SQLite, then on PostgreSQL, each in parallel (pytest-xdist).
 # PostgreSQL: PG_TEST_URL when given (.ci/run starts one), else a throwaway server started here.
+# TEST_BACKENDS: which suites to run ("sqlite postgresql" by default; `make test-fast`: sqlite).
+# TEST_WORKERS: xdist workers per suite (default 3: most slow tests wait on subprocesses, so a
+# 2-core machine keeps busy with more workers than cores; 0 runs in this process, no xdist).
+# Each worker has its own test database: pytest-django suffixes the test database's name with
+# the worker id (test.sqlite3_gw0, test_loopsweb_gw0, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export PYTHONDONTWRITEBYTECODE=1
+TEST_BACKENDS=${TEST_BACKENDS:-sqlite postgresql}
+TEST_WORKERS=${TEST_WORKERS:-3}
+for backend in $TEST_BACKENDS; do
+  case "$backend" in sqlite | postgresql) ;; *)
+    echo "test: TEST_BACKENDS names sqlite and/or postgresql, got '$backend'" >&2; exit 2 ;;
+  esac
+done
+[ -n "${TEST_BACKENDS// /}" ] || { echo "test: TEST_BACKENDS is empty" >&2; exit 2; }
+[[ "$TEST_WORKERS" =~ ^[0-9]+$ ]] || { echo "test: TEST_WORKERS must be a number, got '$TEST_WORKERS'" >&2; exit 2; }
+parallel=()
+# Tests that share one expensive module fixture carry an xdist_group: loadgroup keeps each group
+# on one worker and spreads the rest test by test.
+[ "$TEST_WORKERS" -gt 0 ] && parallel=(-n "$TEST_WORKERS" --dist loadgroup)
 
 # The ops browser test drives Debian's Chromium through its ChromeDriver (never a downloaded
 # browser). Install them when missing and we can (as root); otherwise that test says how.
@@ -30,24 +48,35 @@ run_suite() {  # $1 = label; the environment selects the database
   SECRET_KEY=check-migrations-only DATABASE_URL="$CHECK_URL" "$PY" manage.py migrate --noinput -v0
   SECRET_KEY=check-migrations-only DATABASE_URL="$CHECK_URL" "$PY" manage.py check_migrations
   echo "=== loopsweb test suite on $1 ==="
-  "$PY" -m pytest -q "${@:2}" || rc=$?
+  "$PY" -m pytest -q "${parallel[@]}" "${@:2}" || rc=$?
   if [ "$rc" = 5 ]; then echo "no tests collected on $1" >&2; return 1; fi
   return "$rc"
 }
 
-CHECK_URL="sqlite:///$work/sqlite/check.sqlite3" \
-LOOPSWEB_DATA_DIR="$work/sqlite" DATABASE_URL="sqlite:///$work/sqlite/app.sqlite3" \
-  SQLITE_TEST_NAME="$work/sqlite/test.sqlite3" run_suite SQLite "$@"
-
-if [ -z "${PG_TEST_URL:-}" ]; then
-  # shellcheck source=../.ci/pg.sh
-  source .ci/pg.sh
-  pg_start
-  started_pg=1
+backends_run=()
+if [[ " $TEST_BACKENDS " == *" sqlite "* ]]; then
+  CHECK_URL="sqlite:///$work/sqlite/check.sqlite3" \
+  LOOPSWEB_DATA_DIR="$work/sqlite" DATABASE_URL="sqlite:///$work/sqlite/app.sqlite3" \
+    SQLITE_TEST_NAME="$work/sqlite/test.sqlite3" run_suite SQLite "$@"
+  backends_run+=(SQLite)
 fi
-# check_migrations' scratch database: the test database's name + _check, on the same server.
-pg_check_db="$(basename "${PG_TEST_URL%%\?*}")_check"
-pg_psql -c "DROP DATABASE IF EXISTS \"$pg_check_db\" WITH (FORCE)" -c "CREATE DATABASE \"$pg_check_db\""
-CHECK_URL="${PG_TEST_URL%/*}/$pg_check_db" \
-LOOPSWEB_DATA_DIR="$work/pg" DATABASE_URL="$PG_TEST_URL" run_suite PostgreSQL "$@"
-echo "=== both suites passed (SQLite and PostgreSQL) ==="
+
+if [[ " $TEST_BACKENDS " == *" postgresql "* ]]; then
+  if [ -z "${PG_TEST_URL:-}" ]; then
+    # shellcheck source=../.ci/pg.sh
+    source .ci/pg.sh
+    pg_start
+    started_pg=1
+  fi
+  # check_migrations' scratch database: the test database's name + _check, on the same server.
+  pg_check_db="$(basename "${PG_TEST_URL%%\?*}")_check"
+  pg_psql -c "DROP DATABASE IF EXISTS \"$pg_check_db\" WITH (FORCE)" -c "CREATE DATABASE \"$pg_check_db\""
+  CHECK_URL="${PG_TEST_URL%/*}/$pg_check_db" \
+  LOOPSWEB_DATA_DIR="$work/pg" DATABASE_URL="$PG_TEST_URL" run_suite PostgreSQL "$@"
+  backends_run+=(PostgreSQL)
+fi
+if [ "${#backends_run[@]}" = 2 ]; then
+  echo "=== both suites passed (SQLite and PostgreSQL) ==="
+else
+  echo "=== the suite passed on ${backends_run[*]} ==="
+fi

@@ -3,13 +3,26 @@
 One suite, two databases: the backend comes from DATABASE_URL (SQLite when unset). Tests that
 only make sense on one backend carry `@pytest.mark.postgres` or `@pytest.mark.sqlite` and are
 skipped on the other.
+
+`make test` runs the suite on pytest-xdist workers. Each worker has its own test database:
+pytest-django suffixes the test database's name with the worker id (SQLite
+`<SQLITE_TEST_NAME>_gw0`, PostgreSQL `test_<name>_gw0`), and the processes a test starts get
+that database through `tests.ledger.runner_helpers.child_database_url()`.
+
+A test that starts a process or sleeps must carry `@pytest.mark.slow` (`make test-fast` leaves
+those out): an unmarked test that does fails at teardown, naming what it started.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import sys
+import threading
+import time
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,6 +87,78 @@ def _project_roots(tmp_path_factory: pytest.TempPathFactory) -> None:
 def _fast_password_hasher(settings) -> None:  # type: ignore[no-untyped-def]
     # Password hashing is not what these tests are about; MD5 keeps user fixtures cheap.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+# --- `slow`: every test that starts a process or waits on a timer ---------------------------------
+
+# Audit events (PEP 578) of starting a process.
+_PROCESS_EVENTS = frozenset(
+    {
+        "subprocess.Popen",
+        "os.fork",
+        "os.forkpty",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.system",
+        "os.exec",
+    }
+)
+# What the running test (not marked slow) started or slept; None while no such test runs.
+_unmarked_waits: list[str] | None = None
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    seen = _unmarked_waits
+    if seen is not None and event in _PROCESS_EVENTS:
+        what = args[1] if event == "subprocess.Popen" else args[:1]
+        seen.append(f"{event} {str(what)[:120]}")
+
+
+sys.addaudithook(_audit)
+# Python 3.11 has no audit event for time.sleep: the suite's processes see it through this
+# wrapper (same behaviour; sleeps of the test's own thread are noted).
+_sleep = time.sleep
+
+
+def _noted_sleep(seconds: float) -> None:
+    seen = _unmarked_waits
+    if (
+        seen is not None
+        and seconds > 0
+        and threading.current_thread() is threading.main_thread()
+    ):
+        seen.append(f"time.sleep({seconds})")
+    _sleep(seconds)
+
+
+time.sleep = _noted_sleep
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, Any]:
+    global _unmarked_waits
+    if item.get_closest_marker("slow") is None:
+        _unmarked_waits = []
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, Any, Any]:
+    global _unmarked_waits
+    try:
+        result = yield
+    finally:
+        seen, _unmarked_waits = _unmarked_waits, None
+    if seen:
+        listed = "; ".join(dict.fromkeys(seen))
+        pytest.fail(
+            f"{item.nodeid} starts a process or sleeps but is not marked slow: give it "
+            f"@pytest.mark.slow (it ran {listed})",
+            pytrace=False,
+        )
+    return result
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]

@@ -42,6 +42,7 @@ def _settings_of(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_processes_of_one_installation_share_one_generated_private_key(
     tmp_path: Path,
 ) -> None:
@@ -57,6 +58,7 @@ def test_processes_of_one_installation_share_one_generated_private_key(
     assert other.stdout.split()[0] != first.stdout.split()[0]
 
 
+@pytest.mark.slow
 def test_the_installation_file_configures_every_process_and_production_needs_a_key(
     tmp_path: Path,
 ) -> None:

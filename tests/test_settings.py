@@ -94,6 +94,7 @@ def _load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
         ),
     ],
 )
+@pytest.mark.slow
 def test_bad_environment_values_raise_improperly_configured(
     tmp_path: Path, env: dict[str, str], message: str
 ) -> None:
@@ -102,6 +103,7 @@ def test_bad_environment_values_raise_improperly_configured(
     assert "ImproperlyConfigured" in result.stderr and message in result.stderr
 
 
+@pytest.mark.slow
 def test_sqlite_is_the_default_with_immediate_transactions_wal_and_a_file_test_database(
     tmp_path: Path,
 ) -> None:
@@ -151,6 +153,7 @@ def _settings_json(tmp_path: Path, prelude: str = "", **env: str) -> dict:  # ty
 
 
 @pytest.mark.parametrize("prelude", ["", "import pytest; "])
+@pytest.mark.slow
 def test_test_mode_cannot_weaken_a_production_process(
     tmp_path: Path, prelude: str
 ) -> None:
@@ -163,6 +166,7 @@ def test_test_mode_cannot_weaken_a_production_process(
     assert loaded["hosts"] == []
 
 
+@pytest.mark.slow
 def test_login_protection_is_configured_from_the_environment(tmp_path: Path) -> None:
     loaded = _settings_json(
         tmp_path,
@@ -173,6 +177,7 @@ def test_login_protection_is_configured_from_the_environment(tmp_path: Path) -> 
     assert loaded["axes"] == [9, 0.5, ["username"]]
 
 
+@pytest.mark.slow
 def test_the_data_directory_is_0700_and_the_database_its_wal_and_shm_0600(
     tmp_path: Path,
 ) -> None:
@@ -217,6 +222,7 @@ def test_the_data_directory_is_0700_and_the_database_its_wal_and_shm_0600(
     assert stat.S_IMODE((fresh / "loopsweb.sqlite3").stat().st_mode) == 0o600
 
 
+@pytest.mark.slow
 def test_a_shared_sticky_directory_keeps_its_mode(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()

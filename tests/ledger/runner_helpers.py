@@ -29,6 +29,7 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.services import work_item_admit
+from routing.admission import CREATED, RouteResult, route_event, route_options
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_AGENT = ROOT / "scripts" / "fake-agent"
@@ -95,6 +96,32 @@ def install_fake_agent(
     monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("FAKE_AGENT_RECORD_DIR", str(record_dir))
     return FakeAgent(record_dir=record_dir, tmp_path=tmp_path, monkeypatch=monkeypatch)
+
+
+def route_generic(
+    project: Path,
+    event_id: str | None = None,
+    *,
+    title: str = "Fix the build",
+    message: str = "It broke",
+    created: bool = False,
+    **raw: Any,
+) -> RouteResult:
+    """Route one generic `build.failed` event for `project` with the routing options `raw`
+    (as the route command takes them); a fresh event id unless `event_id` is given.
+    `created=True`: the admission must have created a run."""
+    event = {
+        "id": event_id or f"evt-{time.time_ns()}",
+        "type": "build.failed",
+        "source": "ci",
+        "data": {"project_path": str(project), "title": title, "message": message},
+    }
+    result = route_event(
+        kind="generic", envelope=event, options=route_options(raw), env={}
+    )
+    if created:
+        assert result.kind == CREATED and result.run is not None, result.to_dict()
+    return result
 
 
 def agent_step(

@@ -354,6 +354,7 @@ def _command(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_recount_command_reports_and_repairs_drift_in_a_subprocess() -> None:
     _admit(["acctB"], False)
     AccountLoadCount.objects.filter(pk="acctB").update(reserved=5)

@@ -51,7 +51,7 @@ def make_tree(tmp_path: Path) -> Path:
     tree.mkdir()
     for name in ("manage.py", "migrations.lock"):
         shutil.copy2(ROOT / name, tree / name)
-    for package in ("loopsweb", "ledger", "routing"):
+    for package in ("domain", "loopsweb", "ledger", "routing"):
         shutil.copytree(
             ROOT / package,
             tree / package,
@@ -109,6 +109,7 @@ def assert_fails_naming(
 
 
 @pytest.mark.sqlite  # backend-independent (own SQLite file): run once
+@pytest.mark.slow
 def test_check_passes_on_the_real_tree_and_prints_the_plan() -> None:
     proc = run(ROOT, "check_migrations", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -147,6 +148,7 @@ def test_the_lock_lists_ledger_0001_and_0002_with_their_current_hashes() -> None
 
 
 @pytest.mark.sqlite  # backend-independent (own SQLite file): run once
+@pytest.mark.slow
 def test_an_edited_released_migration_fails_the_check(tmp_path: Path) -> None:
     tree = make_tree(tmp_path)
     with (tree / RELEASED_0002).open("a") as f:
@@ -155,6 +157,7 @@ def test_an_edited_released_migration_fails_the_check(tmp_path: Path) -> None:
 
 
 @pytest.mark.sqlite  # backend-independent (own SQLite file): run once
+@pytest.mark.slow
 def test_a_removed_released_migration_fails_the_check(tmp_path: Path) -> None:
     tree = make_tree(tmp_path)
     (tree / RELEASED_0002).unlink()
@@ -170,6 +173,7 @@ def test_a_removed_released_migration_fails_the_check(tmp_path: Path) -> None:
 
 
 @pytest.mark.sqlite  # backend-independent (own SQLite file): run once
+@pytest.mark.slow
 def test_a_model_change_without_a_migration_fails_the_check(tmp_path: Path) -> None:
     tree = make_tree(tmp_path)
     with (tree / "ledger" / "models.py").open("a") as f:
@@ -187,6 +191,7 @@ def test_a_model_change_without_a_migration_fails_the_check(tmp_path: Path) -> N
 
 
 @pytest.mark.sqlite  # backend-independent (own SQLite file): run once
+@pytest.mark.slow
 def test_an_irreversible_migration_fails_the_check(tmp_path: Path) -> None:
     tree = make_tree(tmp_path)
     path = add_migration(
@@ -204,6 +209,7 @@ def test_an_irreversible_migration_fails_the_check(tmp_path: Path) -> None:
 
 
 @pytest.mark.sqlite  # backend-independent (own SQLite file): run once
+@pytest.mark.slow
 def test_a_non_additive_migration_fails_until_released_with_a_reason_and_a_breaking_name(
     tmp_path: Path,
 ) -> None:

@@ -35,7 +35,8 @@ HELP_ARGV = {
     "opencode": ["run", "--help"],
 }
 
-pytestmark = pytest.mark.slow
+# One worker runs the module: its npm cache directory is shared, filled once per module.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_contract")]
 
 
 def _cache_dir() -> Path:

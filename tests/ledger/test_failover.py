@@ -22,34 +22,15 @@ from ledger.models import (
     WorkflowRun,
 )
 from ledger.runner import run_workflow_run
-from routing.admission import CREATED, route_event, route_options
+from routing.admission import route_event, route_options
 from tests.ledger.runner_helpers import (
     FakeAgent,
     git_project,
-    install_fake_agent,
+    route_generic,
     steps_of,
 )
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
-
-
-@pytest.fixture
-def agent(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeAgent:
-    return install_fake_agent(settings, monkeypatch, tmp_path)
-
-
-def _route(project: Path, n: int = 0, **raw: Any) -> Any:
-    event = {
-        "id": f"evt-failover-{n}",
-        "type": "build.failed",
-        "source": "ci",
-        "data": {"project_path": str(project), "title": "Fix", "message": "broken"},
-    }
-    result = route_event(
-        kind="generic", envelope=event, options=route_options(raw), env={}
-    )
-    assert result.kind == CREATED, result.to_dict()
-    return result.run
 
 
 def _moves(run: WorkflowRun) -> list[dict[str, Any]]:
@@ -73,7 +54,9 @@ def _cool(profile: str, minutes: int = 10) -> None:
 def test_a_step_whose_account_cools_after_admission_moves_to_a_free_member_without_waiting(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    run = _route(tmp_path, auth_profile_pool="acctA,acctB,acctC")
+    run = route_generic(
+        tmp_path, "evt-failover-0", auth_profile_pool="acctA,acctB,acctC", created=True
+    ).run
     steps = steps_of(run)
     worker, verifier = (
         steps["worker"].account_profile,
@@ -110,7 +93,9 @@ def test_a_step_whose_account_cools_after_admission_moves_to_a_free_member_witho
 def test_a_disabled_account_is_left_for_a_free_member(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    run = _route(tmp_path, auth_profile_pool="acctA,acctB")
+    run = route_generic(
+        tmp_path, "evt-failover-0", auth_profile_pool="acctA,acctB", created=True
+    ).run
     worker = steps_of(run)["worker"].account_profile
     Account.objects.create(name=worker, provider="codewith", enabled=False)
 
@@ -122,7 +107,9 @@ def test_a_disabled_account_is_left_for_a_free_member(
 def test_a_rate_limited_step_succeeds_on_the_second_account(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    run = _route(tmp_path, auth_profile_pool="acctA,acctB")
+    run = route_generic(
+        tmp_path, "evt-failover-0", auth_profile_pool="acctA,acctB", created=True
+    ).run
     first = steps_of(run)["worker"].account_profile
     other = ({"acctA", "acctB"} - {first}).pop()
     agent.configure(profiles={first: {"rate_limit": "HTTP 429 Too Many Requests"}})
@@ -146,7 +133,9 @@ def test_rate_limit_moves_are_bounded_then_the_run_fails(
     settings.LOOPSWEB_RATE_LIMIT_MOVES = 2
     pool = ["acctA", "acctB", "acctC", "acctD"]
     agent.configure(default={"rate_limit": "usage limit reached"})
-    run = _route(tmp_path, auth_profile_pool=",".join(pool))
+    run = route_generic(
+        tmp_path, "evt-failover-0", auth_profile_pool=",".join(pool), created=True
+    ).run
 
     assert run_workflow_run(run.id) == RunStatus.FAILED
 
@@ -156,12 +145,14 @@ def test_rate_limit_moves_are_bounded_then_the_run_fails(
 
 
 def test_a_pinned_profile_never_moves(agent: FakeAgent, tmp_path: Path) -> None:
-    run = _route(
+    run = route_generic(
         tmp_path,
+        "evt-failover-0",
         auth_profile_pool="acctA,acctB",
         worker_auth_profile="acctA",
         verifier_auth_profile="acctB",
-    )
+        created=True,
+    ).run
     agent.configure(profiles={"acctA": {"rate_limit": "HTTP 429"}})
 
     assert run_workflow_run(run.id) == RunStatus.FAILED
@@ -169,9 +160,13 @@ def test_a_pinned_profile_never_moves(agent: FakeAgent, tmp_path: Path) -> None:
     assert _moves(run) == []
 
     # Cooling too: the pinned step waits rather than move.
-    pinned = _route(
-        tmp_path, 1, worker_auth_profile="acctA", auth_profile_pool="acctA,acctB"
-    )
+    pinned = route_generic(
+        tmp_path,
+        "evt-failover-1",
+        worker_auth_profile="acctA",
+        auth_profile_pool="acctA,acctB",
+        created=True,
+    ).run
     claimed = services.run_claim(run_id=pinned.id, worker="w")
     assert claimed is not None
     outcome = services.step_start(step_run_id=steps_of(pinned)["worker"].id, worker="w")
@@ -182,7 +177,9 @@ def test_a_pinned_profile_never_moves(agent: FakeAgent, tmp_path: Path) -> None:
 def test_with_every_member_cooling_the_step_waits_and_ops_shows_why(
     agent: FakeAgent, tmp_path: Path, admin_client: Any
 ) -> None:
-    run = _route(tmp_path, auth_profile_pool="acctA,acctB")
+    run = route_generic(
+        tmp_path, "evt-failover-0", auth_profile_pool="acctA,acctB", created=True
+    ).run
     _cool("acctA")
     _cool("acctB")
     claimed = services.run_claim(run_id=run.id, worker="w")
@@ -213,7 +210,13 @@ def test_a_registered_claude_pool_is_routed_least_loaded_with_its_cap(
         tmp_path / "repo"
     )  # claude needs the run's worktree (isolation)
     runs = [
-        _route(project, n, provider="claude", auth_profile_pool="c1,c2")
+        route_generic(
+            project,
+            f"evt-failover-{n}",
+            provider="claude",
+            auth_profile_pool="c1,c2",
+            created=True,
+        ).run
         for n in range(2)
     ]
     # Least-loaded: the second admission takes the other account for its worker.
@@ -241,9 +244,13 @@ def test_a_registered_claude_pool_is_routed_least_loaded_with_its_cap(
 def test_an_unregistered_claude_pool_behaves_as_upstream(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    run = _route(
-        git_project(tmp_path / "repo"), provider="claude", auth_profile_pool="u1,u2"
-    )
+    run = route_generic(
+        git_project(tmp_path / "repo"),
+        "evt-failover-0",
+        provider="claude",
+        auth_profile_pool="u1,u2",
+        created=True,
+    ).run
     assert run.invocation.scope_json["providerRouting"]["poolRouting"] is False
 
 

@@ -3,7 +3,6 @@ runner and the fake agent, in this process, on both databases."""
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,32 +26,13 @@ from ledger.selectors import active_counts
 from routing.admission import (
     CREATED,
     THROTTLED,
-    RouteResult,
-    route_event,
     route_options,
 )
-from tests.ledger.runner_helpers import FakeAgent, install_fake_agent
+from tests.ledger.runner_helpers import FakeAgent, route_generic
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 WORKER_FAILED = "step worker failed: step exited with code 3"
-
-
-@pytest.fixture
-def agent(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeAgent:
-    return install_fake_agent(settings, monkeypatch, tmp_path)
-
-
-def _route(project: Path, **raw: Any) -> RouteResult:
-    event = {
-        "id": f"evt-{time.time_ns()}",
-        "type": "build.failed",
-        "source": "ci",
-        "data": {"project_path": str(project), "title": "Fix", "message": "flaky"},
-    }
-    return route_event(
-        kind="generic", envelope=event, options=route_options(raw), env={}
-    )
 
 
 def _runs(item_id: str) -> list[WorkflowRun]:
@@ -63,7 +43,9 @@ def test_a_run_failing_twice_then_succeeding_with_three_attempts_succeeds_once_a
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     agent.configure(steps={"worker": {"exit": 3}})
-    result = _route(tmp_path, auth_profile="acctA", max_attempts="3", retry_backoff="0")
+    result = route_generic(
+        tmp_path, auth_profile="acctA", max_attempts="3", retry_backoff="0"
+    )
     assert result.kind == CREATED and result.run is not None and result.loop is not None
     assert (result.loop.max_attempts, result.loop.retry_delay_ms) == (3, 0)
     item_id = result.work_item.id  # type: ignore[union-attr]
@@ -124,7 +106,9 @@ def test_with_two_attempts_the_item_fails_naming_the_last_error(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     agent.configure(steps={"worker": {"exit": 3}})
-    result = _route(tmp_path, auth_profile="acctA", max_attempts=2, retry_backoff=0)
+    result = route_generic(
+        tmp_path, auth_profile="acctA", max_attempts=2, retry_backoff=0
+    )
     item_id = result.work_item.id  # type: ignore[union-attr]
     assert run_workflow_run(result.run.id) == RunStatus.FAILED  # type: ignore[union-attr]
     agent.configure(steps={"worker": {"exit": 4}})
@@ -145,7 +129,7 @@ def test_the_default_is_one_attempt_as_upstream(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     agent.configure(steps={"worker": {"exit": 3}})
-    result = _route(tmp_path, auth_profile="acctA")
+    result = route_generic(tmp_path, auth_profile="acctA")
     assert result.loop.max_attempts == 1  # type: ignore[union-attr]
     assert run_workflow_run(result.run.id) == RunStatus.FAILED  # type: ignore[union-attr]
     item = WorkflowWorkItem.objects.get(pk=result.work_item.id)  # type: ignore[union-attr]
@@ -157,7 +141,9 @@ def test_the_backoff_is_respected_and_doubles_up_to_the_cap(
     agent: FakeAgent, tmp_path: Path, settings: Any
 ) -> None:
     settings.LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = 100
-    result = _route(tmp_path, auth_profile="acctA", max_attempts=4, retry_backoff="1m")
+    result = route_generic(
+        tmp_path, auth_profile="acctA", max_attempts=4, retry_backoff="1m"
+    )
     assert result.loop.retry_delay_ms == 60_000  # type: ignore[union-attr]
     item_id = result.work_item.id  # type: ignore[union-attr]
     first = result.run
@@ -200,7 +186,7 @@ def test_caps_count_a_retrying_item_as_active_while_it_waits(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     caps = {"max_active": "1", "max_active_scope": "nightly"}
-    result = _route(
+    result = route_generic(
         tmp_path, auth_profile="acctA", max_attempts=3, retry_backoff="10m", **caps
     )
     assert result.kind == CREATED and result.run is not None
@@ -212,7 +198,7 @@ def test_caps_count_a_retrying_item_as_active_while_it_waits(
     counts = active_counts(scope="nightly", project_key=None, project_group=None)
     assert counts.scope == 1
 
-    other = _route(tmp_path, auth_profile="acctA", **caps)
+    other = route_generic(tmp_path, auth_profile="acctA", **caps)
     assert other.kind == THROTTLED
     assert other.reason == "scope nightly active workflow limit reached (1/1)"
     assert (
@@ -221,7 +207,9 @@ def test_caps_count_a_retrying_item_as_active_while_it_waits(
 
 
 def test_a_cancelled_run_is_never_retried(agent: FakeAgent, tmp_path: Path) -> None:
-    result = _route(tmp_path, auth_profile="acctA", max_attempts=3, retry_backoff=0)
+    result = route_generic(
+        tmp_path, auth_profile="acctA", max_attempts=3, retry_backoff=0
+    )
     services.run_cancel(run_id=result.run.id, reason="not wanted")  # type: ignore[union-attr]
     item = WorkflowWorkItem.objects.get(pk=result.work_item.id)  # type: ignore[union-attr]
     assert item.status == WorkItemStatus.CANCELLED and len(_runs(item.id)) == 1
@@ -275,7 +263,9 @@ def test_the_ops_item_page_shows_each_attempt_and_why_it_ended(
     from django.urls import reverse
 
     agent.configure(steps={"worker": {"exit": 3}})
-    result = _route(tmp_path, auth_profile="acctA", max_attempts=3, retry_backoff="5m")
+    result = route_generic(
+        tmp_path, auth_profile="acctA", max_attempts=3, retry_backoff="5m"
+    )
     item_id = result.work_item.id  # type: ignore[union-attr]
     assert run_workflow_run(result.run.id) == RunStatus.FAILED  # type: ignore[union-attr]
     page = admin_client.get(reverse("ops:work-item", args=[item_id]))
@@ -339,7 +329,9 @@ def test_a_run_whose_lease_expired_is_retried_when_attempts_are_left(
 
     from ledger.tasks import run_workflow
 
-    result = _route(tmp_path, auth_profile="acctA", max_attempts=2, retry_backoff="1h")
+    result = route_generic(
+        tmp_path, auth_profile="acctA", max_attempts=2, retry_backoff="1h"
+    )
     run = services.run_claim(run_id=result.run.id, worker="gone-host:1")  # type: ignore[union-attr]
     assert run is not None
     later = timezone.now() + timedelta(hours=1)
@@ -411,7 +403,7 @@ def test_a_retry_after_a_rate_limit_starts_on_a_free_pool_member(
     """The retry is admitted on the failed attempt's accounts; the account rules (issue 15's
     failover at step start) then move its step off the account the rate limit left cooling."""
     settings.LOOPSWEB_RATE_LIMIT_MOVES = 0  # the rate limit fails the attempt itself
-    result = _route(
+    result = route_generic(
         tmp_path, auth_profile_pool="acctA,acctB", max_attempts=2, retry_backoff=0
     )
     assert result.kind == CREATED and result.run is not None

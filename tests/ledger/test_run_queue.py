@@ -21,16 +21,10 @@ from tests.ledger.runner_helpers import (
     FakeAgent,
     admit_workflow,
     agent_step,
-    install_fake_agent,
     steps_of,
 )
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def agent(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeAgent:
-    return install_fake_agent(settings, monkeypatch, tmp_path)
 
 
 def _admit(steps: list[dict[str, Any]]) -> WorkflowRun:
@@ -72,6 +66,7 @@ def test_runs_are_queued_for_the_run_cluster_and_drains_for_the_main_one() -> No
     assert [r.key for r in _run_rows(run.id)] == ["loopsweb-runs"]
 
 
+@pytest.mark.slow
 def test_a_waiting_step_hands_its_run_back_to_the_queue_and_the_next_delivery_resumes(
     agent: FakeAgent, tmp_path: Path, settings: Any
 ) -> None:
@@ -118,6 +113,7 @@ def test_a_waiting_step_hands_its_run_back_to_the_queue_and_the_next_delivery_re
     ) == 1
 
 
+@pytest.mark.slow
 def test_a_two_step_run_resumes_after_the_step_already_done(
     agent: FakeAgent, tmp_path: Path, settings: Any
 ) -> None:
@@ -158,6 +154,7 @@ def test_a_cancelled_parked_run_is_not_resumed(
     assert run.status == RunStatus.CANCELLED and agent.records() == []
 
 
+@pytest.mark.slow
 def test_recovery_enqueues_again_queued_and_parked_runs_whose_task_is_gone(
     agent: FakeAgent, tmp_path: Path
 ) -> None:

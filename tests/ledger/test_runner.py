@@ -25,7 +25,7 @@ from ledger.models import (
 from ledger.runner import NOT_CLAIMED, run_workflow_run
 from ledger.selectors import account_load
 from ledger.services import account_add
-from routing.admission import CREATED, RouteResult, route_event, route_options
+from routing.admission import CREATED
 from tests.ledger.runner_helpers import (
     FAKE_AGENT,
     FakeAgent,
@@ -33,8 +33,8 @@ from tests.ledger.runner_helpers import (
     agent_step,
     command_step,
     event_types,
-    install_fake_agent,
     process_alive,
+    route_generic,
     steps_of,
     wait_for,
 )
@@ -42,34 +42,10 @@ from tests.ledger.runner_helpers import (
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
-@pytest.fixture
-def agent(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeAgent:
-    return install_fake_agent(settings, monkeypatch, tmp_path)
-
-
-def _route(
-    project: Path,
-    *,
-    title: str = "Fix the build",
-    message: str = "It broke",
-    **raw: Any,
-) -> RouteResult:
-    event = {
-        "id": f"evt-{time.time_ns()}",
-        "type": "build.failed",
-        "source": "ci",
-        "data": {"project_path": str(project), "title": title, "message": message},
-    }
-    result = route_event(
-        kind="generic", envelope=event, options=route_options(raw), env={}
-    )
-    return result
-
-
 def test_an_admitted_route_runs_worker_then_verifier_on_their_accounts_and_cascades(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    result = _route(tmp_path, auth_profile_pool=["acctA", "acctB"])
+    result = route_generic(tmp_path, auth_profile_pool=["acctA", "acctB"])
     assert result.kind == CREATED and result.run is not None
     run = result.run
 
@@ -154,7 +130,7 @@ def test_a_failing_step_fails_the_run_skips_the_rest_and_fails_the_item(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     agent.configure(steps={"worker": {"exit": 3, "stderr": "boom"}})
-    result = _route(tmp_path, auth_profile="acctA")
+    result = route_generic(tmp_path, auth_profile="acctA")
     run = result.run
 
     assert run_workflow_run(run.id) == RunStatus.FAILED
@@ -353,7 +329,7 @@ def test_event_text_with_shell_metacharacters_reaches_the_agent_literally(
     message = (
         f"details && touch {pwned[2]} | sh; $(touch {pwned[3]})\n-- --help\n'\"$HOME"
     )
-    result = _route(project, title=title, message=message, auth_profile="acctA")
+    result = route_generic(project, title=title, message=message, auth_profile="acctA")
 
     assert run_workflow_run(result.run.id) == RunStatus.SUCCEEDED
 
@@ -694,14 +670,14 @@ def test_after_a_rate_limit_the_next_admission_avoids_the_account_and_defers_whe
         profiles={"acctA": {"rate_limit": limited}, "acctB": {"rate_limit": limited}}
     )
     pool = ["acctA", "acctB"]
-    first = _route(tmp_path, auth_profile_pool=pool)
+    first = route_generic(tmp_path, auth_profile_pool=pool)
     cooled = steps_of(first.run)["worker"].account_profile
     other = ({"acctA", "acctB"} - {cooled}).pop()
 
     assert run_workflow_run(first.run.id) == RunStatus.FAILED
     assert set(AccountCooldown.objects.values_list("pk", flat=True)) == {cooled}
 
-    second = _route(tmp_path, auth_profile_pool=pool)
+    second = route_generic(tmp_path, auth_profile_pool=pool)
     assert second.kind == CREATED
     assert {s.account_profile for s in steps_of(second.run).values()} == {other}
 
@@ -711,7 +687,7 @@ def test_after_a_rate_limit_the_next_admission_avoids_the_account_and_defers_whe
         until=timezone.now() + timedelta(minutes=10),
         reason="429",
     )
-    third = _route(tmp_path, auth_profile_pool=pool)
+    third = route_generic(tmp_path, auth_profile_pool=pool)
     assert third.kind == "throttled" and third.reason_code == "cooldown"
     first_free = AccountCooldown.objects.get(pk=cooled).until
     assert third.reason.endswith(f"until {first_free:%Y-%m-%dT%H:%M:%SZ}")

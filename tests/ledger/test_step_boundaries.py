@@ -31,18 +31,12 @@ from tests.ledger.runner_helpers import (
     admit_workflow,
     agent_step,
     event_types,
-    install_fake_agent,
     steps_of,
 )
 
 pytestmark = pytest.mark.django_db
 
 OK = services.StepResult(status=StepStatus.SUCCEEDED, exit_code=0, duration_ms=5)
-
-
-@pytest.fixture
-def agent(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeAgent:
-    return install_fake_agent(settings, monkeypatch, tmp_path)
 
 
 def _two_steps(tmp_path: Path, worker: str = "acctA", verifier: str = "acctB") -> Any:
@@ -263,6 +257,7 @@ def test_the_account_gate_reads_registry_cooldown_and_running_in_one_statement(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_a_two_step_run_costs_at_most_half_the_statements_it_used_to(
     agent: FakeAgent, tmp_path: Path
 ) -> None:

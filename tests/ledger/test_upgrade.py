@@ -56,6 +56,10 @@ NEW_CODE_ITEM = "0190ff00000000000000000000000002"
 
 T = TypeVar("T")
 
+# Every test migrates copies in `manage.py` subprocesses. One worker runs them all, so the
+# module's upgraded copy is built once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("upgrade")]
+
 
 # --- the two backends behind one small interface -----------------------------------------------
 
@@ -230,12 +234,14 @@ def _vendor() -> str:
 
 def _pg_server_and_prefix() -> tuple[str, str]:
     # Our databases sit beside the suite's: same server, names derived from DATABASE_URL's
-    # database name (h7 -> h7_upg_*), so parallel suites on one server do not collide.
+    # database name and the xdist worker (h7 -> h7_gw1_upg_*), so parallel suites on one
+    # server, and the workers of one suite, do not collide.
     url = os.environ.get(
         "DATABASE_URL", ""
     )  # unset on SQLite, where only files are used
     name = urlsplit(url).path.lstrip("/") or "loopsweb"
-    return url, f"{name}_upg"
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return url, f"{name}_{worker}_upg" if worker else f"{name}_upg"
 
 
 def manage(

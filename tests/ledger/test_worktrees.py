@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,35 +20,15 @@ from ledger.models import RunStatus, StepStatus, WorkflowRun
 from ledger.providers import child_environment
 from ledger.runner import run_workflow_run
 from ledger.worktrees import worktree_branch, worktree_dir, worktrees_prune
-from routing.admission import CREATED, RouteResult, route_event, route_options
 from tests.ledger.runner_helpers import (
     FakeAgent,
     git,
     git_project,
-    install_fake_agent,
+    route_generic,
     steps_of,
 )
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
-
-
-@pytest.fixture
-def agent(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeAgent:
-    return install_fake_agent(settings, monkeypatch, tmp_path)
-
-
-def _route(project: Path, **raw: Any) -> RouteResult:
-    event = {
-        "id": f"evt-{time.time_ns()}",
-        "type": "build.failed",
-        "source": "ci",
-        "data": {"project_path": str(project), "title": "Fix it", "message": "broken"},
-    }
-    result = route_event(
-        kind="generic", envelope=event, options=route_options(raw), env={}
-    )
-    assert result.kind == CREATED and result.run is not None
-    return result
 
 
 def _branches(project: Path) -> list[str]:
@@ -72,7 +51,7 @@ def test_a_git_project_runs_in_its_own_worktree_which_goes_when_the_run_succeeds
 ) -> None:
     project = git_project(tmp_path / "repo")
     agent.env(write="note.txt")
-    run = _route(project).run
+    run = route_generic(project, created=True).run
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
 
     run.refresh_from_db()
@@ -98,7 +77,7 @@ def test_a_failed_runs_worktree_is_kept_then_pruned_after_the_keep_time(
     settings.LOOPSWEB_WORKTREE_KEEP_SECONDS = 3600
     project = git_project(tmp_path / "repo")
     agent.env(write="half-done.txt", exit="3")
-    run = _route(project).run
+    run = route_generic(project, created=True).run
     assert run_workflow_run(run.id) == RunStatus.FAILED
 
     run.refresh_from_db()
@@ -131,7 +110,7 @@ def test_the_prune_command_keeps_a_branch_that_carries_the_agents_commits(
 ) -> None:
     project = git_project(tmp_path / "repo")
     agent.env(write="work.txt", exit="1")
-    run = _route(project).run
+    run = route_generic(project, created=True).run
     run_workflow_run(run.id)
     run.refresh_from_db()
     # The agent (here: the test, for it) committed before the run failed.
@@ -155,7 +134,7 @@ def test_a_worktree_git_cannot_make_fails_the_run_and_leaves_nothing_behind(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     project = git_project(tmp_path / "empty-repo", commit=False)  # no HEAD to check out
-    run = _route(project).run
+    run = route_generic(project, created=True).run
     assert run_workflow_run(run.id) == RunStatus.FAILED
 
     run.refresh_from_db()
@@ -172,7 +151,7 @@ def test_worktree_mode_off_runs_in_the_project_itself(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     project = git_project(tmp_path / "repo")
-    run = _route(project, worktree_mode="off").run
+    run = route_generic(project, worktree_mode="off", created=True).run
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
     run.refresh_from_db()
     assert run.worktree_path is None
@@ -184,7 +163,7 @@ def test_auto_on_a_plain_directory_runs_there_under_the_providers_sandbox(
 ) -> None:
     plain = tmp_path / "plain"
     plain.mkdir()
-    run = _route(plain).run
+    run = route_generic(plain, created=True).run
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
     records = agent.records()
     assert {r["cwd"] for r in records} == {str(plain)}
@@ -197,7 +176,9 @@ def test_a_project_that_stopped_being_a_git_tree_fails_a_required_run(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     project = git_project(tmp_path / "repo")
-    run = _route(project, worktree_mode="required", provider="claude").run
+    run = route_generic(
+        project, worktree_mode="required", provider="claude", created=True
+    ).run
     # After admission, before the run: the repository goes away.
     import shutil
 
@@ -215,7 +196,9 @@ def test_an_unsandboxed_provider_admitted_for_a_worktree_never_runs_without_one(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     project = git_project(tmp_path / "repo")
-    run = _route(project, provider="claude").run  # auto: isolated by the worktree
+    run = route_generic(
+        project, provider="claude", created=True
+    ).run  # auto: isolated by the worktree
     import shutil
 
     shutil.rmtree(project / ".git")  # auto now finds no git work tree
@@ -229,8 +212,8 @@ def test_no_roots_when_the_run_starts_fails_it_naming_the_setting(
     agent: FakeAgent, tmp_path: Path, settings: Any
 ) -> None:
     project = git_project(tmp_path / "repo")
-    with_worktree = _route(project).run
-    in_place = _route(tmp_path, worktree_mode="off").run
+    with_worktree = route_generic(project, created=True).run
+    in_place = route_generic(tmp_path, worktree_mode="off", created=True).run
     settings.LOOPSWEB_PROJECT_ROOTS = ()
     assert run_workflow_run(with_worktree.id) == RunStatus.FAILED
     assert run_workflow_run(in_place.id) == RunStatus.FAILED
@@ -246,7 +229,9 @@ def test_a_root_removed_since_admission_stops_the_step(
 ) -> None:
     project = tmp_path / "proj"
     project.mkdir()
-    run = _route(project, worktree_mode="off").run  # no worktree: the step checks
+    run = route_generic(
+        project, worktree_mode="off", created=True
+    ).run  # no worktree: the step checks
     settings.LOOPSWEB_PROJECT_ROOTS = ("/srv",)  # the root that held it is gone
     assert run_workflow_run(run.id) == RunStatus.FAILED
     run.refresh_from_db()
@@ -270,7 +255,7 @@ def test_the_agent_sees_an_allowlisted_environment(
     monkeypatch.setenv("LC_CTYPE", "C.UTF-8")
     monkeypatch.setenv("DATABASE_URL", "sqlite:////secret.sqlite3")
     settings.LOOPSWEB_AGENT_ENV_PASSTHROUGH = ("FAKE_AGENT_*", "GH_TOKEN")
-    run = _route(tmp_path, auth_profile="acctA").run
+    run = route_generic(tmp_path, auth_profile="acctA", created=True).run
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
 
     names = set(agent.records()[0]["env_names"])
@@ -311,7 +296,7 @@ def test_the_run_pages_show_the_worktree_path_and_branch(
 ) -> None:
     project = git_project(tmp_path / "repo")
     agent.env(exit="1")
-    result = _route(project)
+    result = route_generic(project, created=True)
     run_workflow_run(result.run.id)
     run = WorkflowRun.objects.get(pk=result.run.id)
     path, branch = str(worktree_dir(run.id)), worktree_branch(run.id)

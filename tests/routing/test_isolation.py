@@ -200,6 +200,7 @@ def test_a_symlink_inside_a_root_resolves_to_its_target(tmp_path: Path) -> None:
     assert WorkflowWorkItem.objects.get().project_key == str(target)
 
 
+@pytest.mark.slow
 def test_a_subdirectory_of_a_git_project_routes_to_its_top_level(
     tmp_path: Path,
 ) -> None:
@@ -215,6 +216,7 @@ def test_a_subdirectory_of_a_git_project_routes_to_its_top_level(
     assert WorkflowWorkItem.objects.get().project_key == str(project)
 
 
+@pytest.mark.slow
 def test_the_git_top_level_is_never_looked_for_above_the_root(
     tmp_path: Path, settings: Any
 ) -> None:
@@ -319,6 +321,7 @@ def test_worktree_mode_required_on_a_non_git_directory_is_refused_with_upstreams
     _nothing_routed()
 
 
+@pytest.mark.slow
 def test_worktree_mode_required_on_a_git_project_is_admitted_and_recorded(
     tmp_path: Path,
 ) -> None:
@@ -414,6 +417,7 @@ def test_danger_full_access_with_manual_break_glass_passes_and_is_recorded(
     }
 
 
+@pytest.mark.slow
 def test_a_provider_with_no_sandbox_and_worktrees_off_is_refused(
     client: Client, tmp_path: Path
 ) -> None:

@@ -145,6 +145,7 @@ def test_a_todos_event_without_a_task_id_is_refused() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_the_command_exits_non_zero_with_one_line_for_an_unknown_kind_and_bad_json() -> (
     None
 ):

@@ -115,6 +115,7 @@ def test_invocations_lists_newest_first() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_routes_runs_as_a_process_and_refuses_a_requeue_without_reason() -> None:
     (item,) = _items(1)
     env = {**os.environ, "DATABASE_URL": child_database_url(), "LOOPSWEB_TESTING": "1"}

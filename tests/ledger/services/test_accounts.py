@@ -107,6 +107,7 @@ def test_add_dry_run_writes_nothing() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_the_command_as_a_process_adds_lists_and_refuses_secrets() -> None:
     env = dict(os.environ, DATABASE_URL=child_database_url())
 

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,35 +27,18 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.runner import PlanError, execution_order
-from routing.admission import CREATED, DEDUPED, RouteResult, route_event, route_options
+from routing.admission import CREATED, DEDUPED
 from routing.drains.schedules import SCHEDULES
 from routing.models import InboxEvent, InboxState
 from tests.ledger.runner_helpers import (
     FakeAgent,
     admit_workflow,
     agent_step,
-    install_fake_agent,
+    route_generic,
     steps_of,
 )
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def agent(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeAgent:
-    return install_fake_agent(settings, monkeypatch, tmp_path)
-
-
-def _route(project: Path, event_id: str | None = None, **raw: Any) -> RouteResult:
-    event = {
-        "id": event_id or f"evt-{time.time_ns()}",
-        "type": "build.failed",
-        "source": "ci",
-        "data": {"project_path": str(project), "title": "t", "message": "m"},
-    }
-    return route_event(
-        kind="generic", envelope=event, options=route_options(raw), env={}
-    )
 
 
 # --- ordering (pure) ----------------------------------------------------------------------------
@@ -86,14 +68,14 @@ def test_execution_order_puts_dependencies_first_and_breaks_ties_by_sequence() -
 
 @pytest.mark.django_db(transaction=True)
 def test_admission_enqueues_the_run_in_its_own_transaction(tmp_path: Path) -> None:
-    result = _route(tmp_path, auth_profile="acctA")
+    result = route_generic(tmp_path, auth_profile="acctA")
     assert result.kind == CREATED
     (queued,) = OrmQ.objects.all()
     assert queued.task["func"] == "ledger.tasks.run_workflow"
     assert queued.task["args"] == (result.run.id,)
     # The task row commits or rolls back with the admission: a failed admission leaves none.
     with pytest.raises(RuntimeError), transaction.atomic():
-        assert _route(tmp_path, auth_profile="acctA").kind == CREATED
+        assert route_generic(tmp_path, auth_profile="acctA").kind == CREATED
         raise RuntimeError("admission failed after enqueue")
     assert OrmQ.objects.count() == 1 and WorkflowRun.objects.count() == 1
 
@@ -107,14 +89,15 @@ def test_with_another_broker_or_sync_mode_the_run_is_enqueued_on_commit(
 
     monkeypatch.setattr(Conf, "ORM", None)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        _route(tmp_path, auth_profile="acctA")
+        route_generic(tmp_path, auth_profile="acctA")
     assert len(callbacks) == 1 and OrmQ.objects.count() == 0
 
 
+@pytest.mark.slow
 def test_the_run_workflow_task_runs_the_run_and_a_redelivery_is_a_no_op(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    result = _route(tmp_path, auth_profile="acctA")
+    result = route_generic(tmp_path, auth_profile="acctA")
 
     assert tasks.run_workflow(result.run.id) == RunStatus.SUCCEEDED
     assert tasks.run_workflow(result.run.id) == "not-claimed"
@@ -137,6 +120,7 @@ def test_the_recovery_task_is_a_built_in_schedule_every_minute() -> None:
 # --- commands -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_workflow_command_refuses_unknown_and_non_queued_runs(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
@@ -152,6 +136,7 @@ def test_run_workflow_command_refuses_unknown_and_non_queued_runs(
         call_command("run_workflow", run.id, stdout=io.StringIO())
 
 
+@pytest.mark.slow
 def test_run_workflow_command_fails_when_the_run_fails(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
@@ -227,10 +212,11 @@ def test_a_claim_of_a_run_whose_item_was_ended_cancels_the_run(
     assert item.status == WorkItemStatus.DEAD_LETTER
 
 
+@pytest.mark.slow
 def test_a_succeeded_run_keeps_the_admission_reason_on_its_item(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    result = _route(tmp_path, auth_profile="acctA")
+    result = route_generic(tmp_path, auth_profile="acctA")
     tasks.run_workflow(result.run.id)
     item = result.work_item
     item.refresh_from_db()
@@ -243,11 +229,12 @@ def test_a_succeeded_run_keeps_the_admission_reason_on_its_item(
 # --- operator services --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_requeue_needs_a_reason_and_a_terminal_item_and_keeps_attempts(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     agent.env(exit="1")
-    result = _route(tmp_path, "evt-requeue", auth_profile="acctA")
+    result = route_generic(tmp_path, "evt-requeue", auth_profile="acctA")
     item = result.work_item
     inbox = InboxEvent.objects.create(
         source="ci",
@@ -277,17 +264,18 @@ def test_requeue_needs_a_reason_and_a_terminal_item_and_keeps_attempts(
     assert item.lease_expires_at is None and item.last_reason == "flaky CI, retry"
     inbox.refresh_from_db()
     assert inbox.state == InboxState.PENDING  # the next drain routes it again
-    again = _route(tmp_path, "evt-requeue", auth_profile="acctA")
+    again = route_generic(tmp_path, "evt-requeue", auth_profile="acctA")
     assert again.kind == CREATED and again.work_item.id == item.id
     again.work_item.refresh_from_db()
     assert again.work_item.attempts == 2
 
 
+@pytest.mark.slow
 def test_run_retry_requeues_the_latest_failed_run_only(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     agent.env(exit="1")
-    result = _route(tmp_path, "evt-retry", auth_profile="acctA")
+    result = route_generic(tmp_path, "evt-retry", auth_profile="acctA")
     with pytest.raises(services.LedgerError, match="workflow run is not retryable"):
         services.run_retry(run_id=result.run.id)
     tasks.run_workflow(result.run.id)
@@ -298,7 +286,7 @@ def test_run_retry_requeues_the_latest_failed_run_only(
     assert item.last_reason == f"retry of workflow run {result.run.id}"
     with pytest.raises(services.LedgerError, match="not requeueable"):
         services.run_retry(run_id=result.run.id)
-    second = _route(tmp_path, "evt-retry", auth_profile="acctA")
+    second = route_generic(tmp_path, "evt-retry", auth_profile="acctA")
     assert second.kind == CREATED and second.run.id != result.run.id
     tasks.run_workflow(second.run.id)
     with pytest.raises(
@@ -310,7 +298,7 @@ def test_run_retry_requeues_the_latest_failed_run_only(
 def test_cancelling_an_admitted_item_cancels_its_run_and_dead_letter_parks_it(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    result = _route(tmp_path, "evt-cancel", auth_profile="acctA")
+    result = route_generic(tmp_path, "evt-cancel", auth_profile="acctA")
     item = result.work_item
     with pytest.raises(
         services.LedgerError, match="not dead-letterable: .* status=admitted"
@@ -334,12 +322,12 @@ def test_cancelling_an_admitted_item_cancels_its_run_and_dead_letter_parks_it(
     item.refresh_from_db()
     assert item.status == WorkItemStatus.DEAD_LETTER
     # A dead-lettered item dedupes later deliveries of its event.
-    assert _route(tmp_path, "evt-cancel", auth_profile="acctA").kind == DEDUPED
+    assert route_generic(tmp_path, "evt-cancel", auth_profile="acctA").kind == DEDUPED
 
 
 def test_cancelling_a_deferred_item_needs_no_run(tmp_path: Path) -> None:
-    first = _route(tmp_path, max_active=1, auth_profile="acctA")
-    deferred = _route(tmp_path, max_active=1, auth_profile="acctA")
+    first = route_generic(tmp_path, max_active=1, auth_profile="acctA")
+    deferred = route_generic(tmp_path, max_active=1, auth_profile="acctA")
     assert first.kind == CREATED and deferred.kind == "throttled"
     services.work_item_cancel(item_id=deferred.work_item.id, reason="not needed")
     deferred.work_item.refresh_from_db()
@@ -373,6 +361,7 @@ def test_cooldown_backoff_doubles_within_an_episode_and_restarts_after_a_quiet_p
     assert fresh.reports == 1 and fresh.until == later + timedelta(seconds=10)
 
 
+@pytest.mark.slow
 def test_step_attribution_follows_account_refs_for_any_step_kind(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
@@ -438,6 +427,7 @@ def _runner_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[
     )
 
 
+@pytest.mark.slow
 def test_runner_settings_come_from_the_environment_and_bad_values_are_refused(
     tmp_path: Path,
 ) -> None:

@@ -181,6 +181,7 @@ def test_route_event_admits_in_one_pass_and_dedupes_from_the_same_lookup() -> No
     assert WorkflowRun.objects.count() == 1
 
 
+@pytest.mark.slow
 def test_the_drain_command_one_at_a_time_admits_and_dedupes_every_event_once() -> None:
     """`manage.py drain` in its own process, batches of one, on the test database."""
     inbox_ingest(enumerate(_events(6, "cmd")))

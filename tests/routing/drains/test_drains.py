@@ -226,6 +226,7 @@ def _source_script(tmp_path: Path, body: str) -> str:
     return f"{sys.executable} {script}"
 
 
+@pytest.mark.slow
 def test_a_source_command_supplies_tasks_in_the_todos_ready_shape(
     tmp_path: Path,
 ) -> None:
@@ -265,6 +266,7 @@ def test_a_source_command_supplies_tasks_in_the_todos_ready_shape(
     assert WorkflowWorkItem.objects.get().idempotency_key == "todos-task:tk-1"
 
 
+@pytest.mark.slow
 def test_a_hanging_or_flooding_source_command_fails_the_drain_cleanly(
     tmp_path: Path, settings
 ) -> None:  # type: ignore[no-untyped-def]
@@ -555,6 +557,7 @@ def test_the_inbox_scan_is_light_and_envelopes_load_in_one_query() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
     monkeypatch, settings
 ) -> None:  # type: ignore[no-untyped-def]

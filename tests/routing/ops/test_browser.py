@@ -26,7 +26,11 @@ from tests.routing.helpers import generic_event
 from tests.routing.ops import seed as ops_seed
 
 # transaction=True: the live server thread reads what the test wrote, so it must be committed.
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
