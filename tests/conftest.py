@@ -161,6 +161,16 @@ def pytest_runtest_teardown(
     return result
 
 
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """On xdist workers, slow tests first: the long ones start early instead of ending the run
+    on one busy worker while the others idle. Every worker sorts its identical collection the
+    same way; xdist hands out the `xdist_group`s (largest first) before single tests."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
     from django.db import connection
 

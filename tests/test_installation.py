@@ -80,6 +80,7 @@ def test_the_installation_file_configures_every_process_and_production_needs_a_k
 
 @pytest.mark.sqlite
 @pytest.mark.slow
+@pytest.mark.xdist_group("installation")  # a whole installation: one at a time
 def test_what_the_web_server_and_a_second_terminal_queue_the_run_cluster_executes(
     tmp_path: Path,
 ) -> None:

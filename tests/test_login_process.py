@@ -21,7 +21,12 @@ import pytest
 from tests.processes import free_port, wait_for_http
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.sqlite, pytest.mark.slow]
+# A real web server: with the other installations, one at a time, on one xdist worker.
+pytestmark = [
+    pytest.mark.sqlite,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("installation"),
+]
 
 
 def _attempt(base: str, password: str) -> tuple[int, str]:

@@ -23,7 +23,12 @@ from tests.processes import (
     wait_for_http,
 )
 
-pytestmark = [pytest.mark.sqlite, pytest.mark.slow]
+# A whole installation (web server, both clusters): one at a time, on one xdist worker.
+pytestmark = [
+    pytest.mark.sqlite,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("installation"),
+]
 
 
 def _processes_with_env(marker: str) -> list[int]:

@@ -23,7 +23,12 @@ from tests.processes import (
     wait_for_http,
 )
 
-pytestmark = [pytest.mark.sqlite, pytest.mark.slow]
+# A whole installation (web server, both clusters): one at a time, on one xdist worker.
+pytestmark = [
+    pytest.mark.sqlite,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("installation"),
+]
 
 
 def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(

@@ -32,7 +32,12 @@ from tests.processes import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+# A whole installation (web server, both clusters): one at a time, on one xdist worker.
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.xdist_group("installation"),
+]
 
 # Long enough that six runs hold every run worker across a whole scheduler period (django-q2
 # looks at schedules every 30 s), so the scheduled drain below must fire while they do.

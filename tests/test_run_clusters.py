@@ -25,6 +25,8 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
     pytest.mark.postgres,
+    # Two clusters of workers: with the installations, one at a time, on one xdist worker.
+    pytest.mark.xdist_group("installation"),
 ]
 
 RUNS = 20
