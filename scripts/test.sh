@@ -45,10 +45,14 @@ run_suite() {  # $1 = label; the environment selects the database
   # Migration safety first (lock file, models, reversibility, additivity), with the plan on a
   # scratch database of this backend: migrated, so the plan shows every migration applied.
   echo "=== check_migrations on $1 ==="
+  local check_started=$SECONDS check_seconds
   SECRET_KEY=check-migrations-only DATABASE_URL="$CHECK_URL" "$PY" manage.py migrate --noinput -v0
   SECRET_KEY=check-migrations-only DATABASE_URL="$CHECK_URL" "$PY" manage.py check_migrations
+  check_seconds=$((SECONDS - check_started))
   echo "=== loopsweb test suite on $1 ==="
+  local started=$SECONDS
   "$PY" -m pytest -q "${parallel[@]}" "${@:2}" || rc=$?
+  echo "=== $1: check_migrations and the suite took $((SECONDS - started + check_seconds)) s ==="
   if [ "$rc" = 5 ]; then echo "no tests collected on $1" >&2; return 1; fi
   return "$rc"
 }

@@ -10,7 +10,8 @@ pytest-django suffixes the test database's name with the worker id (SQLite
 that database through `tests.ledger.runner_helpers.child_database_url()`.
 
 A test that starts a process or sleeps must carry `@pytest.mark.slow` (`make test-fast` leaves
-those out): an unmarked test that does fails at teardown, naming what it started.
+those out): an unmarked test that does fails at teardown, naming what it started. Tests that
+take over about a second of CPU (property tests, migration round trips) carry it too.
 """
 
 from __future__ import annotations

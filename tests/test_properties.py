@@ -174,6 +174,7 @@ def paths(tmp_path: Path) -> list[str]:
 
 @PROPERTY_SETTINGS
 @given(data=st.data())
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_no_command_line_ends_in_a_traceback_or_a_partial_write(
     data: st.DataObject, paths: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -282,6 +283,7 @@ def _query(names: list[str]) -> st.SearchStrategy[dict[str, str]]:
 
 @PROPERTY_SETTINGS
 @given(data=st.data())
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_no_api_query_is_a_5xx_or_anything_but_json(data: st.DataObject) -> None:
     url = data.draw(st.sampled_from(sorted(API_PARAMS)))
     query = data.draw(_query(API_PARAMS[url]))
@@ -299,6 +301,7 @@ def test_no_api_query_is_a_5xx_or_anything_but_json(data: st.DataObject) -> None
 
 @PROPERTY_SETTINGS
 @given(data=st.data())
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_no_ingest_query_is_a_5xx_and_a_refused_one_stores_nothing(
     data: st.DataObject,
 ) -> None:
@@ -339,6 +342,7 @@ def _urlencode(query: dict[str, str]) -> str:
 
 @PROPERTY_SETTINGS
 @given(data=st.data())
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_no_ops_page_or_admin_list_query_is_a_5xx(
     data: st.DataObject, admin_client: Client
 ) -> None:

@@ -406,6 +406,7 @@ def test_an_account_cap_tightens_max_per_profile_for_that_member_only() -> None:
     limit=st.one_of(st.none(), st.integers(0, 4)),
 )
 @settings(max_examples=200, deadline=None)
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_with_no_registry_facts_the_result_is_upstreams(
     loads: dict[str, int], seed: str, limit: int | None
 ) -> None:

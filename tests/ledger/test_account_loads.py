@@ -299,6 +299,7 @@ def _apply(op: tuple[Any, ...]) -> None:
         ("move_after_fail", 0, False),
     ]
 )
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_kept_counts_equal_a_recount_after_every_operation(ops: list[Any]) -> None:
     for op in ops:
         _apply(op)

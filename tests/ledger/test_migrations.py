@@ -62,6 +62,7 @@ def _old_row() -> tuple:
         return tuple(cursor.fetchall())
 
 
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_migrations_round_trip_zero_latest_zero_latest_keeping_rows_across_the_scope_migration() -> (
     None
 ):

@@ -198,6 +198,7 @@ def test_the_url_walk_covers_admin_ops_api_and_metrics() -> None:
     assert len(urls) > 50
 
 
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_anonymous_visitors_reach_nothing_but_the_login_page(client: Client) -> None:
     login = reverse("admin:login")
     reached = []

@@ -210,6 +210,7 @@ def ingest_token() -> str:
         ["application/json", "application/json; charset=utf-8"]
     ),
 )
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_the_ingest_endpoint_never_fails_or_half_writes(
     ingest_token: str, body: bytes, route_now: bool, content_type: str
 ) -> None:
@@ -279,6 +280,7 @@ def test_ingest_events_never_crashes_or_half_writes(
     kind=st.sampled_from(["generic", "todos-task"]),
     via_stdin=st.booleans(),
 )
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_route_event_never_crashes_or_half_writes(
     body: bytes, kind: str, via_stdin: bool
 ) -> None:

@@ -80,6 +80,7 @@ def _drain_counting(n: int) -> float:
     return counter.per_run(n)
 
 
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_inserting_a_batchs_runs_costs_the_same_with_many_items_already_queued(
     settings: Any,
 ) -> None:

@@ -184,6 +184,7 @@ def _interleave(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(scenario=scenarios)
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_batched_admission_decides_exactly_as_one_at_a_time(
     scenario: dict[str, Any], settings: Any
 ) -> None:

@@ -311,6 +311,7 @@ def _count(client, url: str) -> int:  # type: ignore[no-untyped-def]
     return len(ctx.captured_queries)
 
 
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_query_counts_stay_the_same_from_2_to_30_rows(admin_client) -> None:  # type: ignore[no-untyped-def]
     """Every page and changelist: same count with 2 rows of everything and with 30."""
     history = generic_event(project="/srv/history")
