@@ -148,7 +148,8 @@ def plan_route(
     Isolation is decided here, so every entry point (command, drain, API) refuses the same
     routes before any write: the project path must resolve inside LOOPSWEB_PROJECT_ROOTS,
     `--worktree-mode required` needs a git work tree, and every agent step must pass the
-    sandbox preflight (reference §3.3). `cwd` is accepted for the callers' sake but never
+    sandbox preflight (reference §3.3); every value the plan would write must fit its ledger
+    column (`check_plan_fits_columns`, checked here once). `cwd` is accepted for the callers' sake but never
     used as a project path: upstream's fallback to the process directory would run an
     event's agent wherever the routing process happens to sit.
 
@@ -311,7 +312,7 @@ def plan_route(
         },
         "output_policy_json": {"report": "always", "createTask": "on_failure"},
     }
-    return RoutePlan(
+    plan = RoutePlan(
         route_key=route_key,
         envelope=envelope,
         task_id=task_id,
@@ -341,6 +342,8 @@ def plan_route(
             else DEFAULT_RETRY_BACKOFF_SECONDS
         ),
     )
+    check_plan_fits_columns(plan)  # bad input never reaches the admission lock
+    return plan
 
 
 def _column_limit(model: type[models.Model], name: str) -> int:
