@@ -33,6 +33,7 @@ from routing.admission.plan import (
     check_plan_fits_columns,
     normalize_project_path,
     plan_route,
+    route_options_check,
 )
 from routing.admission.results import (
     CREATED,
@@ -67,6 +68,7 @@ __all__ = [
     "precheck",
     "route_event",
     "route_options",
+    "route_options_check",
     "scope_hold",
     "work_item_to_dict",
 ]

@@ -48,6 +48,7 @@ from domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from ledger.dberrors import error_passes
 from ledger.lock import admission_lock, drain_lock
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
+from ledger.projects import REQUIRED_NOT_GIT
 from ledger.selectors import registered_providers
 from routing.admission import (
     CREATED,
@@ -95,6 +96,8 @@ from routing.drains.sources import (
 from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
 
 logger = logging.getLogger(__name__)
+
+WORKTREE_REQUIRED_ERROR = REQUIRED_NOT_GIT.split("{")[0]
 
 Progress = Callable[[DrainReport], None]
 """Called with the report after each result (the drain command's progress line)."""
@@ -467,7 +470,18 @@ def _failed(
     stop_if_connection_lost(exc)
     envelope = candidate.envelope
     assert envelope is not None
-    result: dict[str, Any] = {
+    if str(exc).startswith(WORKTREE_REQUIRED_ERROR):
+        # A route error, not a task error (docs/upstream.md §5): skipped, the drain goes on.
+        result: dict[str, Any] = {
+            "kind": SKIPPED,
+            "routeError": True,
+            "reason": str(exc)[:640],
+            "event": {"id": envelope.id, "type": envelope.type},
+        }
+        if not dry_run:
+            record_failure(candidate, result, now)
+        return result
+    result = {
         "kind": SKIPPED,
         "fatal": True,
         "reason": f"{type(exc).__name__}: {exc}"[:640],
