@@ -495,7 +495,10 @@ def _migration_path(migration: Migration) -> str:
 def _models_path(app_label: str) -> str:
     module = global_apps.get_app_config(app_label).models_module
     if module is not None and getattr(module, "__file__", None):
-        return display_path(Path(module.__file__))
+        path = Path(module.__file__)
+        if path.name == "__init__.py":  # a models package: its directory
+            return display_path(path.parent) + "/"
+        return display_path(path)
     return f"{app_label}/models.py"
 
 
