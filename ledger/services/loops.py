@@ -43,6 +43,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.queue import enqueue_run_workflow
 from ledger.services.common import (
     LedgerError,
     NotFound,
@@ -281,9 +282,6 @@ def _resume(loop: Loop, change: LoopChange, now: datetime) -> None:
         .exclude(workflow_run__isnull=True)
         .order_by("created_at")
     )
-    # ledger.tasks imports the runner, which imports these services: import at call time.
-    from ledger.tasks import enqueue_run_workflow
-
     for item in parked:
         previous = WorkflowRun.objects.get(pk=item.workflow_run_id)
         n = (

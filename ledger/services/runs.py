@@ -33,6 +33,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.queue import enqueue_run_workflow
 from ledger.services.common import (
     ARCHIVE_REASON,
     CANCEL_REASON_DEFAULT,
@@ -384,9 +385,6 @@ def _retry_schedule(
         else RETRY_PENDING_REASON,
         updated_at=now,
     )
-    # ledger.tasks imports the runner, which imports these services: import at call time.
-    from ledger.tasks import enqueue_run_workflow
-
     enqueue_run_workflow(retry.id, not_before=due)
     return retry
 

@@ -60,6 +60,7 @@ from ledger.models import (
     WorkItemDeferral,
     WorkItemStatus,
 )
+from ledger.queue import enqueue_run_workflow
 from ledger.selectors import (
     AccountLimits,
     RegisteredAccount,
@@ -68,7 +69,6 @@ from ledger.selectors import (
     registered_providers,
 )
 from ledger.services import join_reason, work_item_admit
-from ledger.tasks import enqueue_run_workflow
 from routing.admission.options import RouteOptions
 from routing.admission.plan import RoutePlan, check_plan_fits_columns, plan_route
 from routing.admission.results import CREATED, DEDUPED, THROTTLED, RouteResult

@@ -60,9 +60,9 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.queue import enqueue_run_workflow
 from ledger.selectors import account_registry, account_state
 from ledger.services import work_item_admit_rows
-from ledger.tasks import enqueue_run_workflow
 from routing.admission import (
     CREATED,
     THROTTLED,
