@@ -109,6 +109,26 @@ class WorkflowWorkItem(TimestampedModel):
         # the idempotency key already starts with the route key (`todos-task:T-1`)
         return f"{self.idempotency_key} [{self.status}]"
 
+    def unbind(self) -> None:
+        """Forget the spec, loop and run that last took the item, and its lease (in memory;
+        the caller sets the status and saves): what an item that waits to be admitted
+        again carries (reference §2.1)."""
+        self.workflow = None
+        self.loop = None
+        self.workflow_run = None
+        self.lease_expires_at = None
+
+    def requeue(self, reason: str) -> None:
+        """Back to `queued` to be admitted again (reference §2.1 requeue, 0.4.12): unbound,
+        no next attempt, `last_reason` = `reason`, no reason code; attempts kept (the next
+        admission makes them N+1). Saves the row."""
+        self.status = WorkItemStatus.QUEUED
+        self.unbind()
+        self.next_attempt_at = None
+        self.last_reason = reason
+        self.reason_code = None
+        self.save()
+
 
 class WorkItemDeferral(models.Model):
     """loopsweb (0003): one row per deferral, with what the decision saw.

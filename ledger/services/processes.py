@@ -79,9 +79,11 @@ def kill_step_process_group(
     return True
 
 
-def _kill_leftovers(
+def kill_leftovers(
     steps: Iterable[WorkflowStepRun], claimed_by: str | None
 ) -> list[int]:
+    """Kill the process groups `steps` (just ended by the ledger) left alive on this host,
+    with LOOPSWEB_KILL_GRACE_SECONDS between SIGTERM and SIGKILL; the pids signalled."""
     grace = float(settings.LOOPSWEB_KILL_GRACE_SECONDS)
     return [
         step.pid

@@ -50,14 +50,14 @@ from ledger.services.common import (
     RUNNABLE_STATUSES,
     WORK_ITEM_NOT_RUNNABLE,
     LedgerError,
-    _append_event,
-    _clean_text,
-    _lease,
-    _lock_run,
-    _ms,
-    _now,
+    append_event,
+    clean_text,
+    lease_duration,
+    lock_run,
+    now_or_default,
+    to_ms,
 )
-from ledger.services.processes import _kill_leftovers
+from ledger.services.processes import kill_leftovers
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def _finish_open_steps(
 ) -> list[WorkflowStepRun]:
     """Close the run's pending and running steps; returns the steps that were running.
 
-    The caller ends the run in the same transaction (`_end_run`): the load the run put on
+    The caller ends the run in the same transaction (`end_run`): the load the run put on
     its accounts (running steps, a reservation) is released here, from its steps as they were.
     """
     was_running: list[WorkflowStepRun] = []
@@ -94,7 +94,7 @@ def _finish_open_steps(
             was_running.append(step)
             step.status = running_to
             step.finished_at = now
-            step.duration_ms = _ms(now - step.started_at) if step.started_at else None
+            step.duration_ms = to_ms(now - step.started_at) if step.started_at else None
             step.error = error
         else:
             # A step that never started gets no error of its own: the run's error explains it.
@@ -108,7 +108,7 @@ def _finish_open_steps(
                 "updated_at",
             ]
         )
-        _append_event(
+        append_event(
             run.id,
             f"step_{step.status}",
             step_id=step.step_id,
@@ -164,7 +164,7 @@ def _close_one_shot_loop(run: WorkflowRun, now: datetime) -> None:
     ).update(status=LoopStatus.STOPPED, next_run_at=None, updated_at=now)
 
 
-def _maybe_archive_spec(run: WorkflowRun, now: datetime) -> bool:
+def maybe_archive_spec(run: WorkflowRun, now: datetime) -> bool:
     """Archive a generated one-shot route spec once its run is terminal (reference §2.3).
 
     All must hold: the item's route key is todos-task/generic-event; its invocation's template
@@ -176,7 +176,7 @@ def _maybe_archive_spec(run: WorkflowRun, now: datetime) -> bool:
     loop = run.loop
     if spec.status != SpecStatus.ACTIVE or loop is None or not run.work_item_id:
         return False
-    if WorkflowRun.work_item.is_cached(run):  # read with the run (`_lock_step`)
+    if WorkflowRun.work_item.is_cached(run):  # read with the run (`lock_step`)
         item = run.work_item
     else:
         item = (
@@ -216,7 +216,7 @@ def _maybe_archive_spec(run: WorkflowRun, now: datetime) -> bool:
     if not archived:
         return False
     spec.status = SpecStatus.ARCHIVED
-    _append_event(
+    append_event(
         run.id,
         "workflow_archived",
         payload={
@@ -368,14 +368,12 @@ def _retry_schedule(
         "notBefore": due.isoformat(),
         "rateLimited": rate_limited,
     }
-    _append_event(
+    append_event(
         retry.id,
         "created",
         payload={"workItemId": item.id, "retryOf": run.id, **details},
     )
-    _append_event(
-        run.id, "retry_scheduled", payload={"retryRunId": retry.id, **details}
-    )
+    append_event(run.id, "retry_scheduled", payload={"retryRunId": retry.id, **details})
     WorkflowWorkItem.objects.filter(pk=item.id).update(
         status=WorkItemStatus.ADMITTED,
         workflow_run_id=retry.id,
@@ -389,7 +387,7 @@ def _retry_schedule(
     return retry
 
 
-def _end_run(
+def end_run(
     run: WorkflowRun,
     *,
     status: str,
@@ -408,8 +406,8 @@ def _end_run(
     """
     run.status = status
     run.finished_at = now
-    run.duration_ms = _ms(now - run.started_at) if run.started_at else None
-    run.error = _clean_text(error)
+    run.duration_ms = to_ms(now - run.started_at) if run.started_at else None
+    run.error = clean_text(error)
     run.lease_expires_at = None
     run.save(
         update_fields=[
@@ -424,7 +422,7 @@ def _end_run(
     payload = dict(event_payload or {})
     if error:
         payload.setdefault("error", run.error)
-    _append_event(run.id, status, payload=payload or None)
+    append_event(run.id, status, payload=payload or None)
     retry = _retry_schedule(run, status=status, error=run.error, now=now, steps=steps)
     if retry is None:
         _cascade_work_item(
@@ -438,7 +436,7 @@ def _end_run(
     # run before us (we see it non-terminal and keep the spec) or runs after us (it sees the
     # spec archived and creates a new one). A scheduled retry keeps the spec (non-terminal).
     if archive:
-        _maybe_archive_spec(run, now)
+        maybe_archive_spec(run, now)
     return retry
 
 
@@ -459,7 +457,7 @@ def run_claim(
        upstream's `workflow work item is not runnable` message, and None is returned.
     4. Event `claimed` (loopsweb: upstream runs are created running).
     """
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         # The admission lock first (lock order; the item becomes `running`). The UPDATE below
         # is the compare-and-set: whoever changes the row owns the run.
@@ -473,12 +471,12 @@ def run_claim(
             status=RunStatus.RUNNING,
             started_at=now,
             claimed_by=worker,
-            lease_expires_at=now + _lease(),
+            lease_expires_at=now + lease_duration(),
             updated_at=now,
         )
         if claimed != 1:
             return None
-        run = _lock_run(run_id)
+        run = lock_run(run_id)
         # The item goes `running` with a conditional UPDATE; only when it is no longer
         # runnable is it read, to say why.
         item = None
@@ -498,7 +496,7 @@ def run_claim(
                 item = WorkflowWorkItem.objects.filter(pk=run.work_item_id).first()
         if item is not None and item.status not in RUNNABLE_STATUSES:
             # The item is ended already: its reason and the steps' stay as they are.
-            _cancel_locked(
+            cancel_locked_run(
                 run,
                 reason=WORK_ITEM_NOT_RUNNABLE.format(
                     item_id=item.id, status=item.status
@@ -507,7 +505,7 @@ def run_claim(
                 run_only=True,
             )
             return None
-        _append_event(
+        append_event(
             run.id,
             "claimed",
             payload={
@@ -531,7 +529,7 @@ def run_park(
     (it has no process to lose); a parked run whose task is lost is handed out again like a
     queued one (`runs_awaiting_task`). False when the run is no longer this worker's.
     """
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         parked = WorkflowRun.objects.filter(
             pk=run_id, status=RunStatus.RUNNING, claimed_by=worker
@@ -547,11 +545,13 @@ def run_resume(
     A conditional UPDATE, like the claim: of two deliveries of the same task, one resumes
     the run and the other changes nothing. The run gets a fresh lease.
     """
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         resumed = WorkflowRun.objects.filter(
             pk=run_id, status=RunStatus.RUNNING, claimed_by__isnull=True
-        ).update(claimed_by=worker, lease_expires_at=now + _lease(), updated_at=now)
+        ).update(
+            claimed_by=worker, lease_expires_at=now + lease_duration(), updated_at=now
+        )
     if resumed != 1:
         return None
     return WorkflowRun.objects.select_related("workflow").get(pk=run_id)
@@ -564,11 +564,11 @@ def run_lease_renew(*, run_id: str, worker: str, now: datetime | None = None) ->
     process and write nothing more for the run. A single conditional UPDATE, so it is cheap
     enough to run every third of a lease.
     """
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         renewed = WorkflowRun.objects.filter(
             pk=run_id, status=RunStatus.RUNNING, claimed_by=worker
-        ).update(lease_expires_at=now + _lease(), updated_at=now)
+        ).update(lease_expires_at=now + lease_duration(), updated_at=now)
     return renewed == 1
 
 
@@ -583,7 +583,7 @@ def run_worktree_record(
     """Record (or, with None, clear) a running run's worktree; False when the run is no
     longer this worker's. The runner records it before `git worktree add`, so a worker that
     dies half-way leaves a worktree the prune task knows of."""
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         updated = WorkflowRun.objects.filter(
             pk=run_id, status=RunStatus.RUNNING, claimed_by=worker
@@ -593,7 +593,7 @@ def run_worktree_record(
 
 def run_worktree_removed(*, run_id: str, now: datetime | None = None) -> None:
     """Mark a run's worktree as gone (after `ledger.worktrees.worktree_remove`)."""
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         WorkflowRun.objects.filter(pk=run_id, worktree_path__isnull=False).update(
             worktree_removed_at=now
@@ -622,10 +622,10 @@ def run_finalize(
     """
     if status not in TERMINAL_RUN_STATUSES:
         raise LedgerError(RUN_STATUS_NOT_TERMINAL.format(status=status))
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         admission_lock()
-        run = _lock_run(run_id)
+        run = lock_run(run_id)
         if run.status in TERMINAL_RUN_STATUSES:
             raise LedgerError(
                 RUN_ALREADY_TERMINAL.format(run_id=run.id, status=run.status)
@@ -644,11 +644,11 @@ def run_finalize(
             error=None,
             now=now,
         )
-        _end_run(run, status=status, error=error, item_reason=error, now=now)
+        end_run(run, status=status, error=error, item_reason=error, now=now)
     return run
 
 
-def _cancel_locked(
+def cancel_locked_run(
     run: WorkflowRun,
     *,
     reason: str,
@@ -668,7 +668,7 @@ def _cancel_locked(
         error=None if run_only else reason,
         now=now,
     )
-    _end_run(
+    end_run(
         run,
         status=RunStatus.CANCELLED,
         error=reason,
@@ -696,15 +696,15 @@ def run_cancel(
     """
     if not reason or not reason.strip():
         raise ValidationError(REASON_REQUIRED)
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         admission_lock()
-        run = _lock_run(run_id)
+        run = lock_run(run_id)
         if run.status in TERMINAL_RUN_STATUSES:
             raise LedgerError(
                 RUN_ALREADY_TERMINAL.format(run_id=run.id, status=run.status)
             )
-        was_running = _cancel_locked(
+        was_running = cancel_locked_run(
             run,
             reason=reason,
             now=now,
@@ -712,7 +712,7 @@ def run_cancel(
             event_payload={"reason": reason, **({"user": actor} if actor else {})},
         )
     # After commit: signal processes only once the ledger says the run is over.
-    _kill_leftovers(was_running, run.claimed_by)
+    kill_leftovers(was_running, run.claimed_by)
     return run
 
 
@@ -758,7 +758,7 @@ def runs_recover_expired(
     Freed: the failed steps no longer count as account load, the item no longer as active.
     Queued runs carry no lease and are never touched. `dry_run` only lists what would change.
     """
-    now = _now(now)
+    now = now_or_default(now)
     expired = list(
         WorkflowRun.objects.filter(
             status=RunStatus.RUNNING,
@@ -802,7 +802,7 @@ def runs_recover_expired(
 def _recover_run(run_id: str, now: datetime) -> RecoveredRun | None:
     with transaction.atomic():
         admission_lock()
-        run = _lock_run(run_id)
+        run = lock_run(run_id)
         if (
             run.status != RunStatus.RUNNING
             or run.claimed_by is None
@@ -824,7 +824,7 @@ def _recover_run(run_id: str, now: datetime) -> RecoveredRun | None:
             error=LEASE_EXPIRED_STEP_ERROR.format(claimed_by=claimed_by),
             now=now,
         )
-        _end_run(
+        end_run(
             run,
             status=RunStatus.FAILED,
             error=LEASE_EXPIRED_RUN_ERROR.format(claimed_by=claimed_by),
@@ -832,7 +832,7 @@ def _recover_run(run_id: str, now: datetime) -> RecoveredRun | None:
             now=now,
             event_payload={"recovery": "lease_expired", "claimedBy": claimed_by},
         )
-    killed = _kill_leftovers(was_running, claimed_by)
+    killed = kill_leftovers(was_running, claimed_by)
     logger.warning(
         "recovered workflow run %s (lease expired %s, claimed_by=%s)",
         run_id,
