@@ -3,7 +3,10 @@
 - `common`: messages (upstream wording), status sets, errors, row locks, event append;
 - `work_items`: the admit write admission calls, operator actions (requeue, retry, cancel,
   dead-letter);
-- `runs`: claim, lease, finalize, cancel, lease recovery, the cascade of a run's end;
+- `runs`: claim, park and resume, lease, finalize, cancel;
+- `cascade`: the end of a run and its cascade to steps, work item, loop and spec;
+- `retries`: loop-level retries (the next attempt of a failed run);
+- `recovery`: lease recovery, runs whose task may be lost;
 - `steps`: step start (account cap and cooldown from the rows), process record, finish, skip;
 - `accounts`: the account registry (add, enable/disable, remove);
 - `cooldowns`: account cooldowns after rate limits;
@@ -54,8 +57,12 @@ from ledger.services.loops import (
     loop_status_change,
 )
 from ledger.services.processes import kill_step_process_group
-from ledger.services.runs import (
+from ledger.services.recovery import (
     RecoveredRun,
+    runs_queued_stale,
+    runs_recover_expired,
+)
+from ledger.services.runs import (
     run_cancel,
     run_claim,
     run_finalize,
@@ -64,8 +71,6 @@ from ledger.services.runs import (
     run_resume,
     run_worktree_record,
     run_worktree_removed,
-    runs_queued_stale,
-    runs_recover_expired,
 )
 from ledger.services.steps import (
     RunEnd,

@@ -44,6 +44,7 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.queue import enqueue_run_workflow
+from ledger.services.cascade import cancel_locked_run, maybe_archive_spec
 from ledger.services.common import (
     LedgerError,
     NotFound,
@@ -52,11 +53,7 @@ from ledger.services.common import (
     now_or_default,
 )
 from ledger.services.processes import kill_leftovers
-from ledger.services.runs import (
-    cancel_locked_run,
-    maybe_archive_spec,
-    run_again,
-)
+from ledger.services.retries import run_again
 
 PAUSE, RESUME, ARCHIVE, STOP, EXPIRE, DELETE = (
     "pause",

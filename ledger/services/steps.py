@@ -21,6 +21,7 @@ from ledger.models import (
     WorkflowStepRun,
 )
 from ledger.selectors import AccountGate, RegisteredAccount, account_gate
+from ledger.services.cascade import end_run
 from ledger.services.common import (
     OPEN_STEP_STATUSES,
     STEP_CLAIMABLE_STATUSES,
@@ -42,7 +43,6 @@ from ledger.services.common import (
     to_ms,
 )
 from ledger.services.failover import account_limit, step_failover
-from ledger.services.runs import end_run
 from ledger.usage import Usage
 
 WAIT_DISABLED = "account {profile} is disabled in the account registry"
