@@ -11,7 +11,6 @@
 - `accounts`: the account registry (add, enable/disable, remove);
 - `cooldowns`: account cooldowns after rate limits;
 - `failover`: moving a step to a free member of its run's pool (step start, rate limit);
-- `processes`: stopping the process group a step left behind;
 - `loops`: loop status actions (pause, resume, archive, stop, delete) and their cascades.
 
 Rules every service follows:
@@ -26,9 +25,12 @@ Rules every service follows:
 - Conditional updates (`filter(status=<expected>)`) for claims, so a second delivery or a
   racing recovery changes nothing.
 
-Layer: `ledger` (imports `ledger.*` and `domain` only).
+Layer: ledger services (`tests/test_layers.py`): they import the record, the reads, the queue
+and the adapters below them (`ledger.processes` among them: `kill_step_process_group` is
+re-exported here) and `domain`; never the runner, worktrees or tasks above them.
 """
 
+from ledger.processes import kill_step_process_group
 from ledger.services.accounts import (
     AccountError,
     account_add,
@@ -56,7 +58,6 @@ from ledger.services.loops import (
     LoopChange,
     loop_status_change,
 )
-from ledger.services.processes import kill_step_process_group
 from ledger.services.recovery import (
     RecoveredRun,
     runs_queued_stale,

@@ -43,6 +43,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.processes import kill_leftovers
 from ledger.queue import enqueue_run_workflow
 from ledger.services.cascade import cancel_locked_run, maybe_archive_spec
 from ledger.services.common import (
@@ -52,7 +53,6 @@ from ledger.services.common import (
     lock_run,
     now_or_default,
 )
-from ledger.services.processes import kill_leftovers
 from ledger.services.retries import run_again
 
 PAUSE, RESUME, ARCHIVE, STOP, EXPIRE, DELETE = (

@@ -21,6 +21,7 @@ from ledger.models import (
     WorkflowRun,
     WorkflowStepRun,
 )
+from ledger.processes import kill_leftovers
 from ledger.services.cascade import end_run, finish_open_steps
 from ledger.services.common import (
     LEASE_EXPIRED_ITEM_REASON,
@@ -30,7 +31,6 @@ from ledger.services.common import (
     lock_run,
     now_or_default,
 )
-from ledger.services.processes import kill_leftovers
 
 logger = logging.getLogger(__name__)
 

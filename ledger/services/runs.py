@@ -20,6 +20,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.processes import kill_leftovers
 from ledger.services.cascade import cancel_locked_run, end_run, finish_open_steps
 from ledger.services.common import (
     CANCEL_REASON_DEFAULT,
@@ -34,7 +35,6 @@ from ledger.services.common import (
     lock_run,
     now_or_default,
 )
-from ledger.services.processes import kill_leftovers
 
 
 def run_claim(
