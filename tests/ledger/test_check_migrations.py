@@ -31,12 +31,14 @@ from django.db.migrations.state import ModelState, ProjectState
 from ledger.migration_checks import (
     LockFileError,
     check_migrations,
+    migration_sha256,
+    read_lock,
+)
+from ledger.migration_rules import (
     database_operations,
     has_breaking_marker,
     irreversible_reason,
-    migration_sha256,
     non_additive_reasons,
-    read_lock,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
