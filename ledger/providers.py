@@ -20,7 +20,7 @@ An unregistered name only reaches codewith (`--profile`) and aicopilot
 | provider  | argv                                                        | selects the login        |
 |-----------|-------------------------------------------------------------|--------------------------|
 | codewith  | `codewith exec --sandbox S [--profile P] -- PROMPT`         | `--profile P` (+ `CODEWITH_PROFILE`) |
-| codex     | `codex exec --json --sandbox S [--skip-git-repo-check] [-c model_providers.ID.*_max_retries=N] -- PROMPT` | `CODEX_HOME` (registry) |
+| codex     | `codex exec --json --sandbox S [--skip-git-repo-check] -c ... -- PROMPT` | `CODEX_HOME` (registry) |
 | claude    | `claude --print --output-format stream-json --verbose --permission-mode M -- PROMPT` | `CLAUDE_CONFIG_DIR` (registry) |
 | cursor    | `cursor-agent --print -- PROMPT`                            | `HOME` (registry; not on npm, unverified) |
 | opencode  | `opencode run --format json --print-logs --log-level WARN -- PROMPT` | `XDG_*_HOME` (registry) |
@@ -33,8 +33,8 @@ docs/agents.md and tests/agents/):
   model_providers.ID.stream_max_retries=N` and `...request_max_retries=N`, where ID is the
   custom provider the account's `$CODEX_HOME/config.toml` selects (`model_provider`); codex
   refuses overrides of its built-in providers (`openai`, ...), which keep their own retries.
-  Update checks and analytics are config (`check_for_update_on_startup = false`,
-  `[analytics] enabled = false` in the account's config.toml).
+  Update checks and analytics are config, turned off for every step with `-c
+  check_for_update_on_startup=false -c analytics.enabled=false`.
 - claude: print mode edits nothing without a permission mode, so the sandbox picks one:
   `read-only` -> `plan`, `workspace-write` (and no sandbox) -> `acceptEdits`,
   `danger-full-access` -> `bypassPermissions`. stream-json prints one JSON line per message
@@ -316,6 +316,8 @@ def headless_options(
     if provider == "codex":
         if not in_git_work_tree(cwd):
             args.append("--skip-git-repo-check")
+        args += ["-c", "check_for_update_on_startup=false"]
+        args += ["-c", "analytics.enabled=false"]
         custom = codex_custom_provider(account_env.get("CODEX_HOME"))
         if custom:
             for knob in ("stream_max_retries", "request_max_retries"):

@@ -93,9 +93,7 @@ def codex_home(directory: Path, base_url: str, key_variable: str) -> Path:
         f'model = "{STUB_MODEL}"\n'
         'model_provider = "stub"\n'
         'approval_policy = "never"\n'
-        "check_for_update_on_startup = false\n"
-        "[analytics]\n"
-        "enabled = false\n"
+        # Update checks and analytics: the adapter turns them off (-c).
         "[model_providers.stub]\n"
         'name = "Local stand-in"\n'
         f'base_url = "{base_url}/v1"\n'
