@@ -12,8 +12,10 @@ Contract:
 2. When the output names when the limit lifts, the signal carries that deadline: a
    ``Retry-After: <seconds | HTTP-date>`` header (also as JSON, ``"retry-after":"30"``, as
    opencode prints the response headers), "retry after N seconds", "try again in N
-   minutes", "resets in N hours" or "resets at <ISO time>". The latest deadline in the
-   future wins; deadlines further away than ``MAX_DEADLINE`` are clamped to it.
+   minutes", "resets in N hours", "resets at <ISO time>" or "try again at 4:24 AM" (codex
+   on a subscription's usage limit: a clock time in the machine's time zone, the next one
+   after now). The latest deadline in the future wins; deadlines further away than
+   ``MAX_DEADLINE`` are clamped to it.
 3. ``cooldown_backoff`` is the fallback when no deadline was named:
    ``base × 2^(reports−1)``, capped at ``cap`` (reports counts this episode's reports,
    starting at 1).
@@ -86,6 +88,27 @@ _RESETS_AT = re.compile(
 )
 
 
+_AT_CLOCK = re.compile(
+    r"\b(?:try\s+again|resets?|available\s+again)\s+at\s+(\d{1,2}):(\d{2})\s*([AaPp][Mm])?(?![\d:])"
+)
+
+
+def _next_clock_time(
+    hour: int, minute: int, meridiem: str | None, now: datetime
+) -> datetime | None:
+    if meridiem:
+        if not 1 <= hour <= 12:
+            return None
+        hour = hour % 12 + (12 if meridiem.lower() == "pm" else 0)
+    if hour > 23 or minute > 59:
+        return None
+    local = now.astimezone()
+    when = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    if when <= local:
+        when += timedelta(days=1)
+    return when.astimezone(UTC)
+
+
 @dataclass(frozen=True)
 class RateLimitSignal:
     """A rate limit seen in a step's output: the matching text and, when named, the deadline."""
@@ -136,6 +159,12 @@ def _deadlines(text: str, now: datetime) -> list[datetime]:
         found.append(now + timedelta(seconds=total))
     for match in _RESETS_AT.finditer(text):
         when = _parse_iso(match.group(1))
+        if when is not None:
+            found.append(when)
+    for match in _AT_CLOCK.finditer(text):
+        when = _next_clock_time(
+            int(match.group(1)), int(match.group(2)), match.group(3), now
+        )
         if when is not None:
             found.append(when)
     return found

@@ -19,7 +19,10 @@ records what was reported.
 
 Modes, global (`mode`) or per API key (`modes[key]`):
 - `ok` (default);
-- `429`: HTTP 429 with `Retry-After: retry_after` and the provider's error body;
+- `429`: HTTP 429 with `Retry-After: retry_after` and the provider's error body (a rate
+  limit whose message says "Please try again in {retry_after}s"; with `usage_limit_seconds`
+  set, the Responses API answers instead as ChatGPT's backend does when a subscription's
+  usage limit is reached: `usage_limit_reached` with `resets_at`, now + that many seconds);
 - `401`: HTTP 401 with the provider's error body;
 - `slow`: the final message streams for `slow_seconds`, one text delta every 0.5 s;
 - `hang`: the request is read and never answered (until the server stops).
@@ -67,6 +70,7 @@ class ProviderStandIn:
     final_text: str = "Done: the file is written."
     retry_after: int = 2
     slow_seconds: float = 4.0
+    usage_limit_seconds: int | None = None
     mode: str = "ok"
     modes: dict[str, str] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
@@ -286,6 +290,21 @@ class _Handler(BaseHTTPRequestHandler):
             else "Incorrect API key provided."
         )
         headers = {"retry-after": str(self.owner.retry_after)} if limited else {}
+        if limited and api == "responses" and self.owner.usage_limit_seconds:
+            self._json(
+                status,
+                {
+                    "error": {
+                        "type": "usage_limit_reached",
+                        "message": "The usage limit has been reached",
+                        "plan_type": "plus",
+                        "resets_at": int(time.time()) + self.owner.usage_limit_seconds,
+                        "resets_in_seconds": self.owner.usage_limit_seconds,
+                    }
+                },
+                headers,
+            )
+            return
         if api == "messages":
             kind = "rate_limit_error" if limited else "authentication_error"
             self._json(

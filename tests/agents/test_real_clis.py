@@ -243,3 +243,24 @@ def test_account_check_says_what_is_wrong(
     _register("opencode", "opencode-nokey", stand_in, tmp_path, key=None)
     with pytest.raises(CommandError, match=f"reads {KEY_VARIABLE}, which is not set"):
         call_command("account", "check", "opencode-nokey")
+
+
+def test_codex_on_a_subscriptions_usage_limit_names_the_reset_clock_time(
+    cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path, settings: object
+) -> None:
+    # What ChatGPT's backend answers a subscription at its usage limit; codex prints
+    # "... or try again at 4:24 AM." (its clock time, the machine's time zone).
+    stand_in.mode = "429"
+    stand_in.usage_limit_seconds = 1800
+    _register("codex", "acct-a", stand_in, tmp_path, key="key-of-acct-a")
+    done, _ = _run("codex", "acct-a", cli_bin, tmp_path, settings, timeout=60)
+    assert done.exit_code == 1 and done.seconds < 30
+    error = agent_error("codex", done.stdout, done.stderr, done.exit_code)
+    assert error is not None and "usage limit" in error and "try again at" in error
+    now = datetime.now(UTC)
+    signal = rate_limit(
+        "codex", done.stdout, done.stderr, 1, rate_limit_exit_codes=(), now=now
+    )
+    assert signal is not None and signal.until is not None
+    # Printed to the minute: the reset is within a minute of the provider's.
+    assert abs((signal.until - (now + timedelta(seconds=1800))).total_seconds()) <= 90
