@@ -367,6 +367,11 @@ def _binary(provider: str) -> str:
     return os.path.abspath(found)
 
 
+def agent_binary(provider: str) -> str:
+    """The absolute path of `provider`'s CLI (settings), or ProviderError saying what to set."""
+    return _binary(provider)
+
+
 def _check_cwd(cwd: Any) -> str | None:
     if cwd is None or cwd == "":
         return None

@@ -39,7 +39,7 @@ from ledger.providers import (
     ADAPTERS,
     PROVIDERS,
     ProviderError,
-    _binary,
+    agent_binary,
     child_environment,
     headless_options,
     reserved_variable,
@@ -378,7 +378,7 @@ def account_self_test(*, name: str) -> SelfTest:
         except EnvFileError as exc:
             test.problem(str(exc))
     try:
-        binary = _binary(row.provider)
+        binary = agent_binary(row.provider)
     except ProviderError as exc:
         test.problem(str(exc))
         return test
