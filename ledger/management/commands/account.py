@@ -14,6 +14,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from domain.bounds import option_type
 from domain.errors import ApplicationError
 from ledger import services
 from ledger.models import Account
@@ -39,7 +40,9 @@ class Command(BaseCommand):
             metavar="KEY=VALUE",
             help="a variable that selects the login (repeat for several)",
         )
-        add.add_argument("--max-running", type=int, default=None)
+        add.add_argument(
+            "--max-running", type=option_type("--max-running"), default=None
+        )
         add.add_argument("--notes", default="")
         add.add_argument("--dry-run", action="store_true", help="check, write nothing")
         add.add_argument("--json", action="store_true", help="print JSON")
