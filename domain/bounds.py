@@ -58,6 +58,9 @@ BOUNDS: dict[str, Bound] = {
     "--max-running": CAP,  # account add
     "routes --limit": Bound(1, 1_000),  # routes list / invocations
     "loop --limit": Bound(1, 1_000),  # loop list
+    "--expires": Bound(
+        1, 10 * YEAR
+    ),  # api_token create: seconds (given as 90d, 12h, ...)
     # settings: environment variables (loopsweb.settings.env_int)
     "SQLITE_BUSY_TIMEOUT": Bound(1, 3_600),  # seconds
     "DATABASE_CONN_MAX_AGE": Bound(0, DAY),  # seconds

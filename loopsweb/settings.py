@@ -277,7 +277,9 @@ CSRF_FAILURE_VIEW = "routing.api.middleware.csrf_failure"
 
 # Login brute-force protection (django-axes): after LOOPSWEB_LOGIN_FAILURE_LIMIT failed
 # logins for one username from one address, that pair is refused (429) for
-# LOOPSWEB_LOGIN_COOLOFF_MINUTES, even with the right password. Attempts are rows in the
+# LOOPSWEB_LOGIN_COOLOFF_MINUTES, even with the right password; after
+# LOOPSWEB_LOGIN_IP_FAILURE_LIMIT failures from one address whatever the usernames, the
+# address is (loopsweb.login: the second rule, with its own limit). Attempts are rows in the
 # database, so every web process shares the count.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
@@ -296,7 +298,14 @@ if _LOCKOUT_BY not in _LOCKOUT_PARAMETERS:
     raise ImproperlyConfigured(
         f"LOOPSWEB_LOGIN_LOCKOUT_BY must be username+ip, username or ip, got {_LOCKOUT_BY!r}"
     )
-AXES_LOCKOUT_PARAMETERS = _LOCKOUT_PARAMETERS[_LOCKOUT_BY]
+LOOPSWEB_LOGIN_LOCKOUT_RULE = _LOCKOUT_PARAMETERS[_LOCKOUT_BY]
+LOOPSWEB_LOGIN_IP_FAILURE_LIMIT = env_int("LOOPSWEB_LOGIN_IP_FAILURE_LIMIT", 30)
+if LOOPSWEB_LOGIN_IP_FAILURE_LIMIT < AXES_FAILURE_LIMIT:
+    raise ImproperlyConfigured(
+        f"LOOPSWEB_LOGIN_IP_FAILURE_LIMIT ({LOOPSWEB_LOGIN_IP_FAILURE_LIMIT}) must be at "
+        f"least LOOPSWEB_LOGIN_FAILURE_LIMIT ({AXES_FAILURE_LIMIT})"
+    )
+AXES_LOCKOUT_PARAMETERS = "loopsweb.login.lockout_parameters"
 AXES_RESET_ON_SUCCESS = True
 # The client address is REMOTE_ADDR (behind a proxy: the proxy's, so the count is per username).
 # Where a login lands when its `next` is missing or unsafe (Django's default is a 404).
