@@ -51,7 +51,7 @@ def make_tree(tmp_path: Path) -> Path:
     tree.mkdir()
     for name in ("manage.py", "migrations.lock"):
         shutil.copy2(ROOT / name, tree / name)
-    for package in ("loopsweb", "ledger", "routing"):
+    for package in ("domain", "loopsweb", "ledger", "routing"):
         shutil.copytree(
             ROOT / package,
             tree / package,
