@@ -194,3 +194,22 @@ def test_health_command_when_the_database_does_not_answer(tmp_path) -> None:  # 
     assert body["problems"] == ["the database does not answer"]
     assert {c["status"] for c in body["clusters"].values()} == {"unknown"}
     assert "127.0.0.1" not in done.stdout  # the error text is logged, not reported
+
+
+def test_a_plain_http_probe_is_not_redirected_when_https_is_on(settings) -> None:  # type: ignore[no-untyped-def]
+    # Behind TLS, a load balancer probes the backend port over plain HTTP: /healthz answers
+    # there, every other page still redirects to HTTPS.
+    settings.SECURE_SSL_REDIRECT = True
+    assert Client().get("/admin/login/").status_code == 301
+    assert Client().get("/ops/").status_code == 301
+    assert Client().get("/healthz").status_code == 503
+
+
+def test_nothing_else_is_open_without_login() -> None:
+    now = timezone.now()
+    _main_cluster_finished(now)
+    _run_worker_reported(now)
+    assert Client().get("/healthz").status_code == 200
+    assert Client().get("/ops/").status_code == 302  # to the login
+    assert Client().get("/admin/").status_code == 302
+    assert Client().get("/healthz/").status_code == 404
