@@ -32,10 +32,10 @@ threads = settings.LOOPSWEB_WEB_THREADS
 worker_class = "gthread"
 timeout = settings.LOOPSWEB_WEB_TIMEOUT
 graceful_timeout = 30
-# Access log on stdout in the Apache/NCSA combined format (what log tools parse), with the
-# request's duration in microseconds appended; errors on stderr.
+# Access log on stdout in the Apache/NCSA combined format (what log tools parse); errors
+# on stderr.
 accesslog = "-"
-access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(D)s'
+access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"'
 errorlog = "-"
 loglevel = settings.LOG_LEVEL.lower()
 # A worker is replaced after this many requests (with jitter), bounding slow leaks.
