@@ -4,9 +4,10 @@
 #   scripts/serve.sh          migrate, collectstatic, sync schedules, then gunicorn, the main
 #                             qcluster and the run qcluster side by side; Ctrl-C (or SIGTERM)
 #                             stops all three, and so does any one of them exiting.
-#   scripts/serve.sh setup    only the one-off steps (migrate, collectstatic, sync schedules):
-#                             run once per deploy, before the processes below.
-#   scripts/serve.sh web      only gunicorn (loopsweb/gunicorn.conf.py)          } one process
+#   scripts/serve.sh setup    only the installation's one-off steps (migrate, sync schedules):
+#                             once per deploy, on one machine, before the processes below.
+#   scripts/serve.sh web      collectstatic (this machine's copy), then only     } one process
+#                             gunicorn (loopsweb/gunicorn.conf.py)               }
 #   scripts/serve.sh cluster  only the main qcluster (drains, schedules, recovery) } each, for
 #   scripts/serve.sh runs     only the run qcluster (agent runs)                 } systemd or
 #                                                                                 a container
@@ -32,13 +33,17 @@ export DJANGO_SETTINGS_MODULE=loopsweb.settings
 
 setup() {
   "$PY" manage.py migrate --no-input -v0
-  "$PY" manage.py collectstatic --no-input -v0
   "$PY" manage.py sync_schedules
 }
+# Static files live on each web machine (STATIC_ROOT), so every web server collects its own.
+collectstatic() { "$PY" manage.py collectstatic --no-input -v0; }
 
 # Each process replaces the shell (exec) when started alone, so systemd or a container runtime
 # signals it directly: gunicorn stops gracefully on SIGTERM, a qcluster finishes its tasks.
-web() { exec "$PY" -m gunicorn --config loopsweb/gunicorn.conf.py; }
+web() {
+  collectstatic
+  exec "$PY" -m gunicorn --config loopsweb/gunicorn.conf.py
+}
 cluster() { exec "$PY" manage.py qcluster; }
 runs() { Q_CLUSTER_NAME=loopsweb-runs exec "$PY" manage.py qcluster; }
 
@@ -50,6 +55,7 @@ case "$mode" in
 esac
 
 setup
+collectstatic
 
 pids=()
 clusters=()
