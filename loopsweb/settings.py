@@ -472,6 +472,9 @@ LOOPSWEB_STEP_START_POLL_SECONDS = env_int(
 )
 # Seconds between SIGTERM and SIGKILL when a step's process group is stopped.
 LOOPSWEB_KILL_GRACE_SECONDS = env_int("LOOPSWEB_KILL_GRACE_SECONDS", 5, minimum=0)
+# How often an agent CLI retries a failed model call (codex, claude; ledger/providers.py):
+# few, so a rate limit reaches loopsweb in seconds and the step can move to another account.
+LOOPSWEB_AGENT_MAX_RETRIES = env_int("LOOPSWEB_AGENT_MAX_RETRIES", 1, minimum=0)
 # How many times a rate-limited agent step moves to another free member of its run's pool
 # before the run fails (ledger.services.failover).
 LOOPSWEB_RATE_LIMIT_MOVES = env_int("LOOPSWEB_RATE_LIMIT_MOVES", 2, minimum=0)
