@@ -174,6 +174,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (STATIC_URL) straight from the web process, before anything reads a session.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "loopsweb.middleware.RejectUnstorablePathMiddleware",
     "routing.api.middleware.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -271,6 +273,41 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
+# --- static ---
+# The admin's and /ops/'s CSS and scripts. In production (`scripts/serve.sh`) `collectstatic`
+# copies them into STATIC_ROOT under content-hashed names with gzip/Brotli copies (WhiteNoise's
+# CompressedManifestStaticFilesStorage) and WhiteNoise serves them from every web process with
+# far-future cache headers. Without the manifest (development and the suite's processes,
+# LOOPSWEB_STATIC_MANIFEST=0) pages name the files as they are and WhiteNoise finds them in
+# the apps, so nothing has to be collected first.
+LOOPSWEB_STATIC_MANIFEST = env_bool("LOOPSWEB_STATIC_MANIFEST", not (DEBUG or TESTING))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if LOOPSWEB_STATIC_MANIFEST
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = not LOOPSWEB_STATIC_MANIFEST
+WHITENOISE_AUTOREFRESH = not LOOPSWEB_STATIC_MANIFEST
+# --- end static ---
+
+# --- web server ---
+# gunicorn (loopsweb/gunicorn.conf.py reads these): where it listens (unless systemd hands it
+# a socket), how many worker processes and threads each, and how long a request may take.
+LOOPSWEB_BIND = env_str("LOOPSWEB_BIND", "127.0.0.1:8000") or "127.0.0.1:8000"
+LOOPSWEB_WEB_WORKERS = env_int("LOOPSWEB_WEB_WORKERS", 2)
+LOOPSWEB_WEB_THREADS = env_int("LOOPSWEB_WEB_THREADS", 4)
+LOOPSWEB_WEB_TIMEOUT = env_int("LOOPSWEB_WEB_TIMEOUT", 60)
+for _name, _value, _most in (
+    ("LOOPSWEB_WEB_WORKERS", LOOPSWEB_WEB_WORKERS, 64),
+    ("LOOPSWEB_WEB_THREADS", LOOPSWEB_WEB_THREADS, 64),
+    ("LOOPSWEB_WEB_TIMEOUT", LOOPSWEB_WEB_TIMEOUT, 3600),
+):
+    if _value > _most:
+        raise ImproperlyConfigured(f"{_name} must be <= {_most}, got {_value}")
+# --- end web server ---
 
 LOGIN_URL = "admin:login"
 CSRF_FAILURE_VIEW = "routing.api.middleware.csrf_failure"
@@ -322,6 +359,8 @@ SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
 SECURE_PROXY_SSL_HEADER = (
     ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("LOOPSWEB_BEHIND_PROXY") else None
 )
+# A load balancer's or systemd's health probe may speak plain HTTP to the web port.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 
