@@ -7,7 +7,9 @@ A drain (and anything else that retries work later) must tell apart:
 - an error that will come back every time for this input (a value too large for an index,
   a constraint, bad data): retrying forever helps nobody, so the row is marked failed.
 `connection_lost` is the subset after which no further statement on this connection can
-succeed: a drain stops there instead of failing every remaining candidate in turn.
+succeed, and `writes_refused` the subset after which no write can succeed for now (a full
+disk, a read-only database): a drain stops at either instead of failing every remaining
+candidate in turn. Only an error that does not pass is the row's own.
 """
 
 from __future__ import annotations
@@ -16,11 +18,20 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 
 # SQLSTATE classes and codes (PostgreSQL) of errors that can pass.
 _PASSING_CLASSES = ("08", "40", "53", "57")  # connection, rollback, resources, operator
-_PASSING_CODES = ("55P03",)  # lock_not_available (lock_timeout)
+_PASSING_CODES = ("55P03", "25006")  # lock_not_available, read_only_sql_transaction
+_REFUSED_CODES = ("53100", "25006")  # disk_full, read_only_sql_transaction
 _LOST_CLASSES = ("08",)
-_LOST_CODES = ("57P01", "57P02", "57P03")  # admin/crash shutdown, cannot connect now
+# admin/crash shutdown, cannot connect now, too many connections (for the server or a role)
+_LOST_CODES = ("57P01", "57P02", "57P03", "53300")
 # SQLite reports no SQLSTATE: these messages are the passing ones.
-_SQLITE_PASSING = ("locked", "busy", "disk i/o error", "unable to open database")
+_SQLITE_REFUSED = (
+    "database or disk is full",
+    "readonly database",
+    "disk i/o error",
+    "database disk image is malformed",  # damaged: no write is the row's fault
+    "file is not a database",
+)
+_SQLITE_PASSING = ("locked", "busy", "unable to open database", *_SQLITE_REFUSED)
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -61,3 +72,17 @@ def error_passes(exc: BaseException) -> bool:
         message = str(exc).lower()
         return any(text in message for text in _SQLITE_PASSING)
     return False
+
+
+def writes_refused(exc: BaseException) -> bool:
+    """True when the database takes no write for now, whatever the row: a full disk, a
+    read-only database (or PostgreSQL standby), a failing disk."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    code = _sqlstate(exc)
+    if code is not None:
+        return code in _REFUSED_CODES
+    if _is_postgres(exc):
+        return False
+    message = str(exc).lower()
+    return any(text in message for text in _SQLITE_REFUSED)

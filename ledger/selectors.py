@@ -43,7 +43,18 @@ class ActiveCounts:
     project_group: int | None
 
 
-_ACTIVE_SQL = f'SELECT COUNT(*) FROM "{WorkflowWorkItem._meta.db_table}" WHERE "status" IN (%s, %s)'
+_ITEMS = WorkflowWorkItem._meta.db_table
+_ACTIVE_SQL = f'SELECT COUNT(*) FROM "{_ITEMS}" WHERE "status" IN (%s, %s)'
+
+
+def _scope_filter(scope: str | None) -> tuple[str, list[str]]:
+    """The condition that counts an active item toward `scope`, and its parameters: a scope
+    counts the items whose route_scope equals it (NULL-scope rows, older rows, never count
+    toward a scoped total); no scope counts every active item (upstream's unscoped global
+    count). The one place this rule is written."""
+    if scope:
+        return ' AND "route_scope" = %s', [scope]
+    return "", []
 
 
 def _active_count_parts(
@@ -52,22 +63,64 @@ def _active_count_parts(
     """The three scalar subqueries of `active_counts` (scope, project, group) and their
     parameters, for a SELECT of its own or one shared with other reads."""
     active = [str(s) for s in ACTIVE_WORK_ITEM_STATUSES]
-    parts: list[str] = []
-    params: list[str] = []
+    condition, scope_params = _scope_filter(scope)
+    parts = [f"({_ACTIVE_SQL}{condition})"]
+    params = [*active, *scope_params]
     for column, value in (
-        ("route_scope", scope),
         ("project_key", project_key),
         ("project_group", project_group),
     ):
         if value:
             parts.append(f'({_ACTIVE_SQL} AND "{column}" = %s)')
             params += [*active, value]
-        elif column == "route_scope":
-            parts.append(f"({_ACTIVE_SQL})")
-            params += active
         else:
             parts.append("NULL")
     return parts, params
+
+
+@dataclass
+class ActiveCountsByKey:
+    """Active items per route scope ("" for no scope), per project and per group."""
+
+    scope: dict[str, int] = field(default_factory=dict)
+    project: dict[str, int] = field(default_factory=dict)
+    group: dict[str, int] = field(default_factory=dict)
+
+
+def active_counts_by_key(
+    *,
+    scopes: Iterable[str | None],
+    projects: Iterable[str | None],
+    groups: Iterable[str | None],
+) -> ActiveCountsByKey:
+    """`active_counts` for many scopes, projects and groups at once, in one statement (a
+    drain batch's reads): one indexed count per scope, one grouped count per dimension."""
+    active = [str(s) for s in ACTIVE_WORK_ITEM_STATUSES]
+    parts: list[str] = []
+    params: list[object] = []
+    for scope in sorted({s or "" for s in scopes}):
+        condition, scope_params = _scope_filter(scope)
+        parts.append(f"SELECT 's', %s, ({_ACTIVE_SQL}{condition})")
+        params += [scope, *active, *scope_params]
+    for kind, column, values in (
+        ("p", "project_key", {p for p in projects if p}),
+        ("g", "project_group", {g for g in groups if g}),
+    ):
+        if values:
+            marks = ", ".join(["%s"] * len(values))
+            parts.append(
+                f'SELECT \'{kind}\', "{column}", COUNT(*) FROM "{_ITEMS}" '
+                f'WHERE "status" IN (%s, %s) AND "{column}" IN ({marks}) GROUP BY "{column}"'
+            )
+            params += [*active, *sorted(values)]
+    found = ActiveCountsByKey()
+    if not parts:
+        return found
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        for kind, key, n in cursor.fetchall():
+            {"s": found.scope, "p": found.project, "g": found.group}[kind][key] = n
+    return found
 
 
 def _active_counts_of(
@@ -338,6 +391,8 @@ class RegisteredAccount:
     enabled: bool
     max_running: int | None
     env: dict[str, str]
+    # The account's env file (read when a step starts), None without one.
+    env_file: str | None = None
 
 
 def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
@@ -352,6 +407,7 @@ def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
             enabled=row.enabled,
             max_running=row.max_running,
             env={str(k): str(v) for k, v in (row.env_json or {}).items()},
+            env_file=row.env_file or None,
         )
         for row in rows
     }
@@ -376,7 +432,7 @@ _ACCOUNTS = Account._meta.db_table
 _COOLDOWNS = AccountCooldown._meta.db_table
 _LOADS = AccountLoadCount._meta.db_table
 _GATE_SQL = (
-    "SELECT a.name, a.provider, a.enabled, a.max_running, a.env_json, "
+    "SELECT a.name, a.provider, a.enabled, a.max_running, a.env_json, a.env_file, "
     f'(SELECT c."until" FROM "{_COOLDOWNS}" c '
     'WHERE c.account_profile = p.name AND c."until" > %s), '
     f'(SELECT l.running FROM "{_LOADS}" l WHERE l.account_profile = p.name) '
@@ -388,7 +444,9 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
     """`AccountGate` of `profile` in one statement (registry row, cooldown, kept count)."""
     with connection.cursor() as cursor:
         cursor.execute(_GATE_SQL, [_db_datetime(now), profile])
-        name, provider, enabled, max_running, env, until, running = cursor.fetchone()
+        name, provider, enabled, max_running, env, env_file, until, running = (
+            cursor.fetchone()
+        )
     account = None
     if name is not None:
         env = Account._meta.get_field("env_json").from_db_value(env, None, connection)
@@ -398,6 +456,7 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
             enabled=bool(enabled),
             max_running=max_running,
             env={str(k): str(v) for k, v in (env or {}).items()},
+            env_file=env_file or None,
         )
     return AccountGate(
         account=account,

@@ -1,14 +1,26 @@
-"""Admission: one event in, one decision out (reference §3), under the admission lock.
+"""Admission: one event in, one decision out (reference §3), under the admission lock; one
+path for one candidate or many.
 
 - `options`: route options and their validation;
-- `plan`: stage 1, the plan (no store access);
-- `transaction`: stage 2, the admission transaction in one pass (`admit`, `route_event`);
+- `plan`: stage 1, the plan (no store access; every value checked against its column);
+- `decide`: the decision before any write: `Hold`, `precheck`, the pool view, `FullCaps`;
+- `rows`: the rows an admission writes and the created result;
+- `transaction`: stage 2 for one plan (`admit`, `route_event`);
+- `batch`: stage 2 for many plans in one transaction (`admit_batch`), same decisions;
 - `results`: RouteResult and the work-item dict.
 
-Layer: above `ledger`; imports `ledger.*`, `domain` and `routing.models`, never the
-drains or the web surfaces.
+Layer: above `ledger`; imports `ledger.*`, `domain` and `routing.models`, never the drains
+or the web surfaces.
 """
 
+from routing.admission.decide import (
+    FullCaps,
+    Hold,
+    PoolView,
+    pool_assignment_now,
+    precheck,
+    scope_hold,
+)
 from routing.admission.options import (
     DEFAULT_MAX_PER_PROFILE,
     OPTION_NAMES,
@@ -21,6 +33,7 @@ from routing.admission.plan import (
     check_plan_fits_columns,
     normalize_project_path,
     plan_route,
+    route_options_check,
 )
 from routing.admission.results import (
     CREATED,
@@ -30,14 +43,7 @@ from routing.admission.results import (
     RouteResult,
     work_item_to_dict,
 )
-from routing.admission.transaction import (
-    Held,
-    PoolView,
-    admit,
-    hand_over,
-    pool_assignment_now,
-    route_event,
-)
+from routing.admission.transaction import admit, hand_over, route_event
 
 __all__ = [
     "CREATED",
@@ -47,7 +53,8 @@ __all__ = [
     "PIN_OPTIONS",
     "SKIPPED",
     "THROTTLED",
-    "Held",
+    "FullCaps",
+    "Hold",
     "PoolView",
     "RouteOptions",
     "RoutePlan",
@@ -58,7 +65,10 @@ __all__ = [
     "normalize_project_path",
     "plan_route",
     "pool_assignment_now",
+    "precheck",
     "route_event",
     "route_options",
+    "route_options_check",
+    "scope_hold",
     "work_item_to_dict",
 ]

@@ -148,7 +148,8 @@ def plan_route(
     Isolation is decided here, so every entry point (command, drain, API) refuses the same
     routes before any write: the project path must resolve inside LOOPSWEB_PROJECT_ROOTS,
     `--worktree-mode required` needs a git work tree, and every agent step must pass the
-    sandbox preflight (reference §3.3). `cwd` is accepted for the callers' sake but never
+    sandbox preflight (reference §3.3); every value the plan would write must fit its ledger
+    column (`check_plan_fits_columns`, checked here once). `cwd` is accepted for the callers' sake but never
     used as a project path: upstream's fallback to the process directory would run an
     event's agent wherever the routing process happens to sit.
 
@@ -311,7 +312,7 @@ def plan_route(
         },
         "output_policy_json": {"report": "always", "createTask": "on_failure"},
     }
-    return RoutePlan(
+    plan = RoutePlan(
         route_key=route_key,
         envelope=envelope,
         task_id=task_id,
@@ -341,6 +342,8 @@ def plan_route(
             else DEFAULT_RETRY_BACKOFF_SECONDS
         ),
     )
+    check_plan_fits_columns(plan)  # bad input never reaches the admission lock
+    return plan
 
 
 def _column_limit(model: type[models.Model], name: str) -> int:
@@ -380,11 +383,61 @@ def check_plan_fits_columns(plan: RoutePlan) -> None:
         checks.append(("step account", profile, WorkflowStepRun, "account_profile"))
         checks.append(("step tool", tool, WorkflowStepRun, "account_tool"))
         checks.append(("step id", step.get("id"), WorkflowStepRun, "step_id"))
+    _check_columns(checks)
+    _check_index_rows(plan)
+
+
+def _check_columns(
+    checks: list[tuple[str, str | None, type[models.Model], str]],
+) -> None:
     for what, value, model, column in checks:
         limit = _column_limit(model, column)
         if isinstance(value, str) and len(value) > limit:
             raise ValidationError(f"{what} is longer than {limit} characters")
-    _check_index_rows(plan)
+
+
+def route_options_check(
+    kind: str, options: RouteOptions, *, env: Mapping[str, str]
+) -> None:
+    """Refuse options that would fail every event they route, before any event is read.
+
+    A drain (and a schedule, when it is created) calls this on its options, so a bad option
+    is one clear error with nothing written, never a failure recorded on each candidate:
+    the template for the route, the route scope the options resolve to (`env` holds the
+    loop name a scheduled drain runs under), the names the prefix makes, the project group,
+    and the project path (inside LOOPSWEB_PROJECT_ROOTS, within an index entry), each checked
+    as `plan_route` checks an event's values.
+    """
+    route_key = route_key_for_kind(kind)
+    template_for(route_key, options.template)
+    scope = resolve_route_scope(
+        explicit=options.max_active_scope, env=env, route_key=route_key
+    )
+    if route_key == TODOS_TASK:
+        workflow_name, loop_name = todos_task_names(options.name_prefix, "t", "t")
+    else:
+        workflow_name, loop_name = generic_names(options.name_prefix, "s", "t", "i")
+    checks: list[tuple[str, str | None, type[models.Model], str]] = [
+        ("route scope", scope, WorkflowWorkItem, "route_scope"),
+        ("project group", options.project_group, WorkflowWorkItem, "project_group"),
+        ("workflow name", workflow_name, WorkflowSpec, "name"),
+        ("loop name", loop_name, Loop, "name"),
+    ]
+    _check_columns(
+        checks
+    )  # account names: `route_options` already holds them to a column
+    if options.project_path is not None:
+        if _utf8_size(options.project_path) > MAX_INDEX_ENTRY_BYTES:
+            raise ValidationError(
+                INDEX_ENTRY_TOO_LONG.format(
+                    what="project path",
+                    size=_utf8_size(options.project_path),
+                    limit=MAX_INDEX_ENTRY_BYTES,
+                )
+            )
+        project = project_path_resolve(options.project_path)
+        if options.worktree_mode == WORKTREE_REQUIRED and not is_git_work_tree(project):
+            raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
 
 
 # PostgreSQL refuses a btree index entry over 2704 bytes (a third of a page) with an error

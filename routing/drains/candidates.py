@@ -39,7 +39,7 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix if prefix == "/" else prefix + "/")
 
 
-def _passes_filters(candidate: Candidate, options: DrainOptions, cwd: str) -> bool:
+def passes_filters(candidate: Candidate, options: DrainOptions, cwd: str) -> bool:
     if options.tags and not set(options.tags) <= set(candidate.tags):
         return False
     if options.project_path_prefix:

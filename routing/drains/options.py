@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,10 +10,8 @@ from typing import Any
 from domain.bounds import bounded_int
 from domain.errors import ValidationError
 from domain.keys import route_key_for_kind
-from routing.admission import (
-    RouteOptions,
-    route_options,
-)
+from domain.scope import LOOP_NAME_ENV
+from routing.admission import RouteOptions, route_options, route_options_check
 from routing.drains.sources import (
     COMMAND_SOURCE,
     INBOX_SOURCE,
@@ -83,9 +82,15 @@ def _positive(flag: str, value: Any, default: int) -> int:
 
 
 def drain_options(
-    kind: str, raw: Mapping[str, Any], *, name: str | None = None
+    kind: str,
+    raw: Mapping[str, Any],
+    *,
+    name: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> DrainOptions:
-    """Validate drain options from argv, a schedule's kwargs or an API body."""
+    """Validate drain options from argv, a schedule's kwargs or an API body: each option on
+    its own, then together as a route would use them (`route_options_check`, with the loop
+    name a drain named `name` runs under), so a bad option never reaches a candidate."""
     route_key_for_kind(kind)
     drain_raw = {k: raw[k] for k in DRAIN_OPTION_NAMES if raw.get(k) is not None}
     route_raw = {
@@ -104,9 +109,16 @@ def drain_options(
         tags = tuple(t.strip() for t in tags.split(",") if t.strip())
     scan_limit = bounded_int("--scan-limit", drain_raw.get("scan_limit"))
     prefix = drain_raw.get("project_path_prefix")
+    route = route_options(route_raw)
+    environ = dict(os.environ if env is None else env)
+    if name:
+        environ[LOOP_NAME_ENV] = (
+            name  # as drain_run: a scheduled drain's scope is its name
+        )
+    route_options_check(kind, route, env=environ)
     return DrainOptions(
         kind=kind,
-        route=route_options(route_raw),
+        route=route,
         max_dispatch=_positive("--max-dispatch", drain_raw.get("max_dispatch"), 1),
         limit=_positive("--limit", drain_raw.get("limit"), 50),
         scan_limit=scan_limit,

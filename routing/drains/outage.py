@@ -19,18 +19,24 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from ledger.dberrors import connection_lost
+from ledger.dberrors import connection_lost, writes_refused
 from routing.drains.report import DrainReport
 from routing.models import DrainRecord
 
 LOST = (
     "database connection lost; stopped with the remaining candidates untouched: {error}"
 )
+REFUSED = (
+    "database refuses writes (free space, or make it writable, then drain again); "
+    "stopped with the remaining candidates untouched: {error}"
+)
 NOT_STORED = "drain record not stored (database unavailable for {seconds} s): {error}"
+NOT_WRITABLE = "drain record not stored (the database refuses writes): {error}"
 
 
 class ConnectionLost(Exception):
-    """Raised inside the drain loop to stop it at the first lost connection."""
+    """Raised inside the drain loop to stop it at the first lost connection, or the first
+    write the database refuses (`ledger.dberrors.writes_refused`)."""
 
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
@@ -38,8 +44,9 @@ class ConnectionLost(Exception):
 
 
 def stop_if_connection_lost(exc: BaseException) -> None:
-    """Re-raise as ConnectionLost when `exc` means the database connection is gone."""
-    if isinstance(exc, DatabaseError) and connection_lost(exc):
+    """Re-raise as ConnectionLost when `exc` means the database connection is gone, or that
+    the database takes no write for now."""
+    if isinstance(exc, DatabaseError) and (connection_lost(exc) or writes_refused(exc)):
         raise ConnectionLost(exc) from exc
 
 
@@ -49,6 +56,8 @@ def lost_connection_error(exc: BaseException) -> str | None:
         exc = exc.error
     if isinstance(exc, DatabaseError) and connection_lost(exc):
         return LOST.format(error=_first_line(exc))
+    if isinstance(exc, DatabaseError) and writes_refused(exc):
+        return REFUSED.format(error=_first_line(exc))
     return None
 
 
@@ -76,6 +85,9 @@ def record_when_database_back(
             report.record_id = record(report).id
             return
         except DatabaseError as exc:
+            if writes_refused(exc):
+                report.record_error = NOT_WRITABLE.format(error=_first_line(exc))
+                return
             if not connection_lost(exc):
                 raise
             _drop_connection()

@@ -23,7 +23,7 @@ from routing.drains.sources import (
 from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
 
 
-def _claim(candidate: Candidate, **record: Any) -> bool:
+def inbox_claim(candidate: Candidate, **record: Any) -> bool:
     """Take an inbox row for this drain: a conditional update, so it works on both databases.
 
     Concurrent drains scan the same oldest rows; without a claim they would all route the
@@ -40,7 +40,7 @@ def _claim(candidate: Candidate, **record: Any) -> bool:
     )
 
 
-def _hold_record(result: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+def hold_record(result: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     """The inbox columns for an item held by a pre-check, skipped, or failed."""
     state = InboxState.DEFERRED
     if result.get("fatal"):
@@ -56,7 +56,7 @@ def _hold_record(result: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     }
 
 
-_INBOX_STATE = {
+INBOX_STATE = {
     CREATED: InboxState.ADMITTED,
     DEDUPED: InboxState.ADMITTED,
     THROTTLED: InboxState.DEFERRED,
@@ -67,7 +67,7 @@ _INBOX_STATE = {
 def route_record(result: RouteResult, now: datetime) -> dict[str, Any]:
     """The inbox columns for a routed item (created, deduped, throttled, skipped)."""
     return {
-        "state": _INBOX_STATE[result.kind],
+        "state": INBOX_STATE[result.kind],
         "work_item": result.work_item,
         "last_reason": result.reason
         or (result.work_item.last_reason if result.work_item else None),
@@ -81,13 +81,13 @@ def inbox_record_route(inbox_id: str, result: RouteResult, now: datetime) -> Non
     InboxEvent.objects.filter(pk=inbox_id).update(**route_record(result, now))
 
 
-def _record_failure(
+def record_failure(
     candidate: Candidate, result: Mapping[str, Any], now: datetime
 ) -> None:
     """Mark the row failed, unless another drain took it since the scan (a failed attempt's
     own claim rolled back with it)."""
     if candidate.inbox_id:
-        _claim(candidate, **_hold_record(result, now))
+        inbox_claim(candidate, **hold_record(result, now))
 
 
 def inbox_record_hold(
@@ -95,4 +95,4 @@ def inbox_record_hold(
 ) -> None:
     """Record a failed or held item on its inbox row (no admission happened)."""
     if inbox_id:
-        InboxEvent.objects.filter(pk=inbox_id).update(**_hold_record(result, now))
+        InboxEvent.objects.filter(pk=inbox_id).update(**hold_record(result, now))

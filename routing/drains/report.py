@@ -207,7 +207,7 @@ def evidence_dir_prepare(directory: str) -> None:
         ) from None
 
 
-def _write_evidence(
+def evidence_write(
     directory: str, route_key: str, started_at: datetime, report: dict[str, Any]
 ) -> str:
     """Write the full report privately (file 0600, never overwriting) into a directory
@@ -230,7 +230,7 @@ def _write_evidence(
     return str(target)
 
 
-def _count(report: DrainReport, result: dict[str, Any]) -> None:
+def report_count(report: DrainReport, result: dict[str, Any]) -> None:
     report.results.append(result)
     report.counts["considered"] += 1
     if result.get("fatal"):
@@ -238,7 +238,7 @@ def _count(report: DrainReport, result: dict[str, Any]) -> None:
     report.counts[result["kind"]] += 1
 
 
-def _record(report: DrainReport) -> DrainRecord:
+def drain_record_save(report: DrainReport) -> DrainRecord:
     c = report.counts
     return DrainRecord.objects.create(
         kind=report.route_key,

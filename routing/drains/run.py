@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -42,28 +42,29 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from domain import reasons
 from domain.errors import ApplicationError
 from domain.keys import TODOS_TASK, route_key_for_kind
 from domain.scope import LOOP_NAME_ENV, resolve_route_scope
-from domain.throttle import ThrottleCounts, admission_decision
 from ledger.dberrors import error_passes
 from ledger.lock import admission_lock, drain_lock
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
-from ledger.selectors import active_counts, registered_providers
+from ledger.projects import REQUIRED_NOT_GIT
+from ledger.selectors import registered_providers
 from routing.admission import (
     CREATED,
     SKIPPED,
     THROTTLED,
-    Held,
+    FullCaps,
+    Hold,
     RoutePlan,
     RouteResult,
     admit,
     hand_over,
     plan_route,
+    scope_hold,
 )
 from routing.drains.batch import route_batch
-from routing.drains.candidates import _passes_filters, fair_order
+from routing.drains.candidates import fair_order, passes_filters
 from routing.drains.options import DrainOptions
 from routing.drains.outage import (
     ConnectionLost,
@@ -72,17 +73,17 @@ from routing.drains.outage import (
     stop_if_connection_lost,
 )
 from routing.drains.outcomes import (
-    _claim,
-    _hold_record,
-    _record_failure,
+    hold_record,
+    inbox_claim,
+    record_failure,
     route_record,
 )
 from routing.drains.report import (
     DrainReport,
-    _count,
-    _record,
-    _write_evidence,
+    drain_record_save,
     evidence_dir_prepare,
+    evidence_write,
+    report_count,
 )
 from routing.drains.sources import (
     COMMAND_SOURCE,
@@ -96,40 +97,18 @@ from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
 
 logger = logging.getLogger(__name__)
 
+WORKTREE_REQUIRED_ERROR = REQUIRED_NOT_GIT.split("{")[0]
+
+Progress = Callable[[DrainReport], None]
+"""Called with the report after each result (the drain command's progress line)."""
+
 
 @dataclass
-class _Full:
-    """Caps this drain has seen full (reason, code), to hold later candidates without reads.
+class _Full(FullCaps):
+    """The caps this drain has seen full (`FullCaps`), and the rows it held unread because
+    everything was full: written with one UPDATE at the end of the drain."""
 
-    - `every`: the scope, or a pool that every candidate shares (--auth-profile-pool), is
-      full: every later candidate is held unread (not even planned), and their rows are
-      written with one UPDATE at the end of the drain.
-    - `keys`: a full project or group holds its later candidates without a count.
-    """
-
-    every: tuple[str, str] | None = None
-    keys: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     held_rows: list[str] = field(default_factory=list)
-
-    def held(self, plan: RoutePlan) -> tuple[str, str] | None:
-        for key in (("project", plan.project_path), ("group", plan.project_group)):
-            if key in self.keys:
-                return self.keys[key]
-        return None
-
-    def saw(
-        self, plan: RoutePlan, reason: str, code: str, *, shared_pool: bool
-    ) -> None:
-        if code == reasons.ROUTE_CAP or (
-            shared_pool
-            and code
-            in (reasons.PROFILE_CAP, reasons.COOLDOWN, reasons.ACCOUNT_DISABLED)
-        ):
-            self.every = (reason, code)
-        elif code == reasons.PROJECT_CAP and plan.project_path:
-            self.keys[("project", plan.project_path)] = (reason, code)
-        elif code == reasons.GROUP_CAP and plan.project_group:
-            self.keys[("group", plan.project_group)] = (reason, code)
 
     def record_held_rows(self, now: datetime) -> None:
         """One UPDATE for the rows held because everything was full (still open ones only:
@@ -137,7 +116,7 @@ class _Full:
         order, as a batch does (routing.drains.batch), so concurrent drains never deadlock
         on PostgreSQL."""
         if self.held_rows and self.every is not None:
-            reason, code = self.every
+            hold = self.every
             rows = InboxEvent.objects.filter(
                 pk__in=self.held_rows, state__in=OPEN_INBOX_STATES
             )
@@ -145,14 +124,19 @@ class _Full:
                 InboxEvent.objects.filter(
                     pk__in=rows.order_by("pk").select_for_update().values("pk")
                 ).update(
-                    **_hold_record(
-                        {"kind": THROTTLED, "reason": reason, "reasonCode": code}, now
+                    **hold_record(
+                        {
+                            "kind": THROTTLED,
+                            "reason": hold.reason,
+                            "reasonCode": hold.code,
+                        },
+                        now,
                     )
                 )
 
 
-def _held(
-    envelope: Any, reason: str, code: str, plan: RoutePlan | None = None
+def held_result(
+    envelope: Any, hold: Hold, plan: RoutePlan | None = None
 ) -> dict[str, Any]:
     """A pre-check hold; without `plan` (held unread, everything full) no key is known."""
     result: dict[str, Any] = {
@@ -160,8 +144,8 @@ def _held(
         "skipped": True,
         "queuedAtSource": True,
         "precheck": True,
-        "reason": reason,
-        "reasonCode": code,
+        "reason": hold.reason,
+        "reasonCode": hold.code,
         "event": {"id": envelope.id, "type": envelope.type, "source": envelope.source},
     }
     if plan is not None:
@@ -169,21 +153,10 @@ def _held(
     return result
 
 
-def _scope_full(report: DrainReport, options: DrainOptions) -> tuple[str, str] | None:
-    """(reason, code) when the drain's scope is at --max-active before it scans anything."""
-    if options.route.limits.max_active is None:
-        return None
-    seen = active_counts(scope=report.route_scope, project_key=None, project_group=None)
-    decision = admission_decision(
-        scope=report.route_scope,
-        project_path=None,
-        project_group=None,
-        counts=ThrottleCounts(scope=seen.scope, project=0, project_group=None),
-        limits=options.route.limits,
-    )
-    if decision.allowed:
-        return None
-    return decision.reason or "", decision.reason_code or reasons.ROUTE_CAP
+def _candidate_held(
+    candidate: Candidate, hold: Hold, plan: RoutePlan
+) -> dict[str, Any]:
+    return held_result(candidate.envelope, hold, plan)
 
 
 def _already_routed(plan: RoutePlan) -> bool:
@@ -229,7 +202,7 @@ def _route_one(
     )
     if isinstance(plan, RouteResult):  # skipped by eligibility
         result = plan.to_dict()
-        if settle and not _claim(candidate, **_hold_record(result, now)):
+        if settle and not inbox_claim(candidate, **hold_record(result, now)):
             return None
         return result
     shared_pool = bool(options.route.auth_profile_pool)
@@ -249,17 +222,18 @@ def _route_one(
             early_dedupe=plan.route_key == TODOS_TASK,
             hold_when_full=True,
         )
-        if isinstance(routed, Held):
-            hold = (routed.reason, routed.code)
-            full.saw(plan, *hold, shared_pool=shared_pool)
-            return _settle_hold(candidate, plan, hold, now, settle)
-        if settle and not _claim(candidate, **route_record(routed, now)):
+        if isinstance(routed, Hold):
+            full.saw(plan, routed, shared_pool=shared_pool)
+            return _settle_hold(candidate, plan, routed, now, settle)
+        if settle and not inbox_claim(candidate, **route_record(routed, now)):
             transaction.set_rollback(True)  # another drain took the row since the scan
             return None
         if not dry_run:  # a dry drain rolls back: no task for the runner
             hand_over(routed)
     if routed.kind == THROTTLED and routed.reason_code:  # a deferral of a re-admission
-        full.saw(plan, routed.reason or "", routed.reason_code, shared_pool=shared_pool)
+        full.saw(
+            plan, Hold(routed.reason or "", routed.reason_code), shared_pool=shared_pool
+        )
     routed.dry_run = dry_run
     return routed.to_dict()
 
@@ -267,18 +241,18 @@ def _route_one(
 def _settle_hold(
     candidate: Candidate,
     plan: RoutePlan,
-    hold: tuple[str, str],
+    hold: Hold,
     now: datetime,
     settle: bool,
 ) -> dict[str, Any] | None:
     """A hold's result; its row records it (one conditional UPDATE, none when the row already
     records this very hold). None when another drain took the row since the scan."""
     assert candidate.envelope is not None
-    result = _held(candidate.envelope, *hold, plan=plan)
+    result = held_result(candidate.envelope, hold, plan)
     if (
         settle
-        and not candidate.recorded_as(InboxState.DEFERRED, hold[1], hold[0])
-        and not _claim(candidate, **_hold_record(result, now))
+        and not candidate.recorded_as(InboxState.DEFERRED, hold.code, hold.reason)
+        and not inbox_claim(candidate, **hold_record(result, now))
     ):
         return None
     return result
@@ -290,7 +264,7 @@ def drain_run(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     now: datetime | None = None,
-    progress: Any = None,
+    progress: Progress | None = None,
 ) -> DrainReport:
     """Run one drain (see the module docstring). Never raises for one bad item; raises
     ApplicationError only when the source itself cannot be read (recorded as the drain's error)."""
@@ -325,7 +299,7 @@ def _execute(
     report: DrainReport,
     env: Mapping[str, str],
     cwd: str,
-    progress: Any,
+    progress: Progress | None,
     clock: float,
 ) -> DrainReport:
     options = report.options
@@ -355,7 +329,7 @@ def _execute(
     report.duration_ms = int((time.monotonic() - clock) * 1000)
     if evidence_ready:
         try:
-            report.evidence_path = _write_evidence(
+            report.evidence_path = evidence_write(
                 options.evidence_dir,
                 report.route_key,
                 report.started_at,
@@ -364,7 +338,7 @@ def _execute(
         except OSError as exc:  # e.g. the directory vanished during the drain
             report.error = f"evidence file not written: {exc}"
     if not report.dry_run or options.record_dry_run:
-        record_when_database_back(report, _record)
+        record_when_database_back(report, drain_record_save)
     return report
 
 
@@ -377,11 +351,11 @@ def _drain_loop(
     options: DrainOptions,
     env: Mapping[str, str],
     cwd: str,
-    progress: Any,
+    progress: Progress | None,
 ) -> None:
-    full_scope = _scope_full(report, options)
+    full_scope = scope_hold(report.route_scope, options.route.limits)
     if full_scope is not None:  # no scan, no source command: nothing could be admitted
-        report.held_reason = full_scope[0]
+        report.held_reason = full_scope.reason
         return
     scan_limit = options.effective_scan_limit
     if options.source == COMMAND_SOURCE:
@@ -405,9 +379,9 @@ def _drain_loop(
     for entry in scanned:
         report.scanned += 1
         if isinstance(entry, ApplicationError):
-            _count(report, {"kind": SKIPPED, "fatal": True, "reason": str(entry)})
+            report_count(report, {"kind": SKIPPED, "fatal": True, "reason": str(entry)})
             continue
-        if _passes_filters(entry, options, cwd):
+        if passes_filters(entry, options, cwd):
             filtered.append(entry)
     report.candidates = len(filtered)
     chosen = load_envelopes(fair_order(filtered)[: options.limit])
@@ -440,7 +414,7 @@ def _drain_loop(
                 continue
             for result in done:
                 if result is not None:
-                    _count(report, result)
+                    report_count(report, result)
                     if progress:
                         progress(report)
             index += len(done)
@@ -461,7 +435,7 @@ def _drain_loop(
             result = _failed(candidate, exc, now, report.dry_run)
         if result is None:  # claimed by a concurrent drain
             continue
-        _count(report, result)
+        report_count(report, result)
         if progress:
             progress(report)
     full.record_held_rows(timezone.now())
@@ -496,7 +470,18 @@ def _failed(
     stop_if_connection_lost(exc)
     envelope = candidate.envelope
     assert envelope is not None
-    result: dict[str, Any] = {
+    if str(exc).startswith(WORKTREE_REQUIRED_ERROR):
+        # A route error, not a task error (docs/upstream.md §5): skipped, the drain goes on.
+        result: dict[str, Any] = {
+            "kind": SKIPPED,
+            "routeError": True,
+            "reason": str(exc)[:640],
+            "event": {"id": envelope.id, "type": envelope.type},
+        }
+        if not dry_run:
+            record_failure(candidate, result, now)
+        return result
+    result = {
         "kind": SKIPPED,
         "fatal": True,
         "reason": f"{type(exc).__name__}: {exc}"[:640],
@@ -508,7 +493,7 @@ def _failed(
         # back every time (a value no index holds): the row is marked failed with it.
         result["reason"] += " (left open for a later drain)"
     elif not dry_run:
-        _record_failure(candidate, result, now)
+        record_failure(candidate, result, now)
     return result
 
 
@@ -560,9 +545,9 @@ def _route_batch(
         route_batch(
             pairs,
             now=now,
-            full=full,
+            caps=full,
             shared_pool=bool(options.route.auth_profile_pool),
-            held=_held,
+            held=_candidate_held,
             max_created=max_created,
         )
         if pairs
@@ -584,8 +569,8 @@ def _route_batch(
             result = _failed(candidate, slot, now, False)
         else:
             result = slot.to_dict()
-            if candidate.inbox_id and not _claim(
-                candidate, **_hold_record(result, now)
+            if candidate.inbox_id and not inbox_claim(
+                candidate, **hold_record(result, now)
             ):
                 result = None
         out.append(result)
@@ -597,13 +582,13 @@ def _hold_unread(
 ) -> dict[str, Any]:
     """Hold a candidate once the scope (or the shared pool) is full: no read, and its row is
     written with the others at the end (unless it already records this very hold)."""
-    assert full.every is not None and candidate.envelope is not None
-    reason, code = full.every
-    report.held_reason = reason
+    hold = full.every
+    assert hold is not None and candidate.envelope is not None
+    report.held_reason = hold.reason
     if (
         candidate.inbox_id
         and not report.dry_run
-        and not candidate.recorded_as(InboxState.DEFERRED, code, reason)
+        and not candidate.recorded_as(InboxState.DEFERRED, hold.code, hold.reason)
     ):
         full.held_rows.append(candidate.inbox_id)
-    return _held(candidate.envelope, reason, code)
+    return held_result(candidate.envelope, hold)

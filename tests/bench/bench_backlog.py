@@ -132,12 +132,12 @@ def _floor_rows(count: int) -> list[dict[str, Any]]:
     from domain.templates import apply_pool_profiles
     from ledger.services import work_item_admit_rows
     from routing.admission import plan_route, route_options
-    from routing.admission.transaction import (
-        _work_item_upsert,
+    from routing.admission.rows import (
         admitted_reason,
         loop_description,
         new_invocation,
         new_spec,
+        work_item_upsert,
     )
     from routing.models import InboxEvent
 
@@ -155,7 +155,7 @@ def _floor_rows(count: int) -> list[dict[str, Any]]:
             cwd=os.getcwd(),
         )
         invocation = new_invocation(plan)
-        item = _work_item_upsert(
+        item = work_item_upsert(
             existing=None,
             plan=plan,
             invocation=invocation,
@@ -201,7 +201,7 @@ def _floor(count: int, bulk: bool) -> dict[str, Any]:
         WorkflowStepRun,
         WorkflowWorkItem,
     )
-    from ledger.tasks import enqueue_run_workflow
+    from ledger.queue import enqueue_run_workflow
     from routing.models import InboxEvent
 
     admissions = _floor_rows(count)

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from ledger.dberrors import connection_lost
+from ledger.dberrors import connection_lost, writes_refused
 from routing.drains import drain_run
 from routing.management.arguments import (
     KINDS,
@@ -44,7 +44,7 @@ class Command(BaseCommand):
         try:
             report = drain_run(options=drain, progress=progress)
         except DatabaseError as exc:
-            if not connection_lost(exc):
+            if not (connection_lost(exc) or writes_refused(exc)):
                 raise
             # Before anything was read (the drain lock is its first statement).
             raise CommandError(f"database unavailable: {exc}".strip()) from None

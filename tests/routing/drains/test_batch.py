@@ -224,12 +224,12 @@ def test_a_batch_admits_in_few_statements(settings: Any) -> None:
 def test_a_failed_batch_writes_nothing_and_the_drain_goes_on_one_at_a_time(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from routing.drains import batch
+    from routing.admission.batch import PendingRows
 
     settings.LOOPSWEB_DRAIN_BATCH_SIZE = 50
     _ingest([generic_event() for _ in range(5)])
     calls = {"n": 0}
-    real = batch._admit_fresh
+    real = PendingRows.admit
 
     def fail_on_third(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
@@ -239,7 +239,7 @@ def test_a_failed_batch_writes_nothing_and_the_drain_goes_on_one_at_a_time(
             raise RuntimeError("boom")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(batch, "_admit_fresh", fail_on_third)
+    monkeypatch.setattr(PendingRows, "admit", fail_on_third)
     report = _drain(max_active=10, max_dispatch=10)
     assert calls["n"] == 3  # after the failure, no batch again: one at a time
     assert report.counts["created"] == 5
@@ -253,7 +253,8 @@ def test_a_failed_batch_writes_nothing_and_the_drain_goes_on_one_at_a_time(
 def test_rows_another_drain_took_since_the_scan_are_left_to_it_without_a_rollback(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from routing.drains import batch, run
+    from routing.admission.batch import PendingRows
+    from routing.drains import run
 
     settings.LOOPSWEB_DRAIN_BATCH_SIZE = 50
     _ingest([generic_event() for _ in range(3)])
@@ -269,14 +270,14 @@ def test_rows_another_drain_took_since_the_scan_are_left_to_it_without_a_rollbac
             InboxEvent.objects.filter(pk=pairs[1][0].inbox_id).update(route_attempts=7)
         return real(pairs, **kwargs)
 
-    real_fresh = batch._admit_fresh
+    real_fresh = PendingRows.admit
 
     def count_fresh(*args: Any, **kwargs: Any) -> Any:
         decided_rows.append(1)
         return real_fresh(*args, **kwargs)
 
     monkeypatch.setattr(run, "route_batch", another_drain_first)
-    monkeypatch.setattr(batch, "_admit_fresh", count_fresh)
+    monkeypatch.setattr(PendingRows, "admit", count_fresh)
     report = _drain(max_active=10, max_dispatch=10)
     # One batch, never decided again: the lost row is dropped before any admission.
     assert calls == [3] and len(decided_rows) == 2

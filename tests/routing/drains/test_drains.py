@@ -368,14 +368,14 @@ def test_two_drains_at_once_admit_nothing_twice() -> None:
 
 
 def test_a_drain_skips_an_inbox_row_another_drain_claimed_after_the_scan() -> None:
-    from routing.drains.outcomes import _claim
+    from routing.drains.outcomes import inbox_claim
     from routing.drains.sources import scan_inbox
 
     ingest(generic_event())
     (candidate,) = scan_inbox(route_key="generic-event", scan_limit=10)
     (stale,) = scan_inbox(route_key="generic-event", scan_limit=10)
-    assert _claim(candidate) is True
-    assert _claim(stale) is False  # the other drain's scan is now out of date
+    assert inbox_claim(candidate) is True
+    assert inbox_claim(stale) is False  # the other drain's scan is now out of date
     assert InboxEvent.objects.get().route_attempts == 1
 
 
@@ -627,19 +627,19 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
 
 
 def test_a_failure_never_overwrites_what_another_drain_recorded() -> None:
-    from routing.drains.outcomes import _claim, _record_failure
+    from routing.drains.outcomes import inbox_claim, record_failure
     from routing.drains.sources import scan_inbox
 
     ingest(generic_event())
     (stale,) = scan_inbox(route_key="generic-event", scan_limit=10)
     (other,) = scan_inbox(route_key="generic-event", scan_limit=10)
-    assert _claim(other, state="deferred", last_reason="held by the other drain")
+    assert inbox_claim(other, state="deferred", last_reason="held by the other drain")
     now = timezone.now()
-    _record_failure(stale, {"kind": "skipped", "fatal": True, "reason": "boom"}, now)
+    record_failure(stale, {"kind": "skipped", "fatal": True, "reason": "boom"}, now)
     row = InboxEvent.objects.get()
     assert (row.state, row.last_reason) == ("deferred", "held by the other drain")
     (fresh,) = scan_inbox(route_key="generic-event", scan_limit=10)
-    _record_failure(fresh, {"kind": "skipped", "fatal": True, "reason": "boom"}, now)
+    record_failure(fresh, {"kind": "skipped", "fatal": True, "reason": "boom"}, now)
     assert InboxEvent.objects.get().state == "failed"  # its own scan: recorded
 
 

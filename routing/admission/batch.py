@@ -1,0 +1,397 @@
+"""Admission of many plans in one transaction, one lock hold, with the decisions of one at a
+time (`transaction.admit`): plans are taken in order and each sees the counts as the ones
+before it left them. The decision is the same code (`decide.precheck`), the rows the same
+builders (`rows`); what changes is how often the database is asked:
+  - the rows an admission may reuse, the cap counts and the account loads are read once per
+    batch; counts and loads are then updated in memory as plans are admitted (safe: every
+    writer that raises a count holds the same lock; writers that lower one without it, a
+    finishing step, only make the kept view conservative for this batch);
+  - the new rows (invocations, specs, loops, items, runs, step runs, events) are written with
+    one bulk INSERT per table, the account loads with one upsert.
+A plan that meets existing rows (an item seen before, a reused invocation or spec) is
+admitted by `transaction.admit`, in the same transaction, after the rows decided before it
+are written; the counts are read again after it.
+
+The caller (a drain, `routing.drains.batch`) opens the transaction and takes the admission
+lock; `admit_batch` never sees inbox rows: `claimable` tells it which plans it may decide.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from domain.throttle import AdmissionDecision, ThrottleCounts
+from ledger.loads import LoadDelta, apply_load_delta
+from ledger.models import (
+    KEEP_WORK_ITEM_STATUSES,
+    Loop,
+    SpecStatus,
+    WorkflowEvent,
+    WorkflowInvocation,
+    WorkflowRun,
+    WorkflowSpec,
+    WorkflowStepRun,
+    WorkflowWorkItem,
+    WorkItemStatus,
+)
+from ledger.queue import enqueue_run_workflow
+from ledger.selectors import (
+    ActiveCountsByKey,
+    account_registry,
+    account_state,
+    active_counts_by_key,
+)
+from ledger.services import work_item_admit_rows
+from routing.admission.decide import (
+    FullCaps,
+    Hold,
+    PoolView,
+    Precheck,
+    pool_view,
+    precheck,
+)
+from routing.admission.plan import RoutePlan
+from routing.admission.results import CREATED, THROTTLED, RouteResult
+from routing.admission.rows import (
+    admitted_reason,
+    created_result,
+    loop_description,
+    new_invocation,
+    new_spec,
+    pool_body,
+    work_item_upsert,
+)
+from routing.admission.transaction import admit
+
+Outcome = Hold | RouteResult | None
+"""What a batch decided for one plan: a hold (nothing written), an admission's result, or
+None for a plan it was not allowed to decide (`claimable` said no)."""
+
+
+@dataclass
+class ExistingRows:
+    """Existing rows the batch's plans would meet: item status by idempotency key, event
+    invocations by dedupe key, active spec names."""
+
+    items: dict[str, str] = field(default_factory=dict)
+    invocations: set[str] = field(default_factory=set)
+    specs: set[str] = field(default_factory=set)
+
+    @classmethod
+    def read(cls, plans: Sequence[RoutePlan]) -> ExistingRows:
+        rows = cls()
+        by_route: dict[str, list[str]] = defaultdict(list)
+        for plan in plans:
+            by_route[plan.route_key].append(plan.idempotency_key)
+        for route_key, keys in by_route.items():
+            rows.items.update(
+                WorkflowWorkItem.objects.filter(
+                    route_key=route_key, idempotency_key__in=keys
+                ).values_list("idempotency_key", "status")
+            )
+        rows.invocations = set(
+            WorkflowInvocation.objects.filter(
+                source_kind="event",
+                source_dedupe_key__in=[p.idempotency_key for p in plans],
+            ).values_list("source_dedupe_key", flat=True)
+        )
+        rows.specs = set(
+            WorkflowSpec.objects.filter(
+                status=SpecStatus.ACTIVE, name__in=[p.workflow_name for p in plans]
+            ).values_list("name", flat=True)
+        )
+        return rows
+
+    def meets(self, plan: RoutePlan) -> bool:
+        """Whether admitting `plan` would reuse or update a row."""
+        return (
+            plan.idempotency_key in self.items
+            or plan.idempotency_key in self.invocations
+            or plan.workflow_name in self.specs
+        )
+
+    def routed(self, plan: RoutePlan) -> bool:
+        """Whether the plan's item ran or runs (admission dedupes it, never holds it)."""
+        return self.items.get(plan.idempotency_key) in KEEP_WORK_ITEM_STATUSES
+
+    def saw(self, plan: RoutePlan, result: RouteResult) -> None:
+        if result.work_item is not None:
+            self.items[plan.idempotency_key] = result.work_item.status
+        self.invocations.add(plan.idempotency_key)
+        if result.workflow is not None:
+            self.specs.add(result.workflow.name)
+
+
+class _Counts:
+    """Active items per scope, project and group, read once for a batch's plans and kept up
+    to date in memory."""
+
+    def __init__(self, plans: Sequence[RoutePlan]) -> None:
+        self.seen: ActiveCountsByKey = active_counts_by_key(
+            scopes=[p.scope for p in plans],
+            projects=[p.project_path for p in plans],
+            groups=[p.project_group for p in plans],
+        )
+
+    def of(self, plan: RoutePlan) -> ThrottleCounts:
+        seen = self.seen
+        return ThrottleCounts(
+            scope=seen.scope.get(plan.scope or "", 0),
+            project=seen.project.get(plan.project_path, 0) if plan.project_path else 0,
+            project_group=seen.group.get(plan.project_group, 0)
+            if plan.project_group
+            else None,
+        )
+
+    def admitted(self, plan: RoutePlan) -> None:
+        seen, scope = self.seen, plan.scope or ""
+        seen.scope[scope] = seen.scope.get(scope, 0) + 1
+        if plan.project_path:
+            seen.project[plan.project_path] = seen.project.get(plan.project_path, 0) + 1
+        if plan.project_group:
+            seen.group[plan.project_group] = seen.group.get(plan.project_group, 0) + 1
+
+
+class _Loads:
+    """Account loads and cooldowns (as `ledger.selectors.account_state`), kept in memory."""
+
+    def __init__(self, now: datetime) -> None:
+        state = account_state(now=now)
+        self.total: dict[str, int] = state.load.total()
+        self.cooling = state.cooling
+        self.registry = account_registry()  # the registry is small: read it whole, once
+
+    def view(self, plan: RoutePlan) -> PoolView:
+        # As `decide.pool_assignment_now`, from the loads in memory.
+        return pool_view(
+            plan, loads=dict(self.total), cooling=self.cooling, registry=self.registry
+        )
+
+    def add(self, delta: LoadDelta) -> None:
+        for counter in (delta.running, delta.reserved):
+            for account, n in counter.items():
+                self.total[account] = self.total.get(account, 0) + n
+
+
+class _Seen:
+    """The cap counts and account loads a batch decides from: read on first need, then
+    kept in memory as it admits."""
+
+    def __init__(self, plans: Sequence[RoutePlan], now: datetime) -> None:
+        self.plans = plans
+        self.now = now
+        self._counts: _Counts | None = None
+        self._loads: _Loads | None = None
+
+    def counts(self) -> _Counts:
+        if self._counts is None:
+            self._counts = _Counts(self.plans)
+        return self._counts
+
+    def loads(self) -> _Loads:
+        if self._loads is None:
+            self._loads = _Loads(self.now)
+        return self._loads
+
+    def precheck(self, plan: RoutePlan, caps: FullCaps) -> Precheck:
+        return precheck(
+            plan,
+            counts=lambda: self.counts().of(plan),
+            view=lambda: self.loads().view(plan),
+            caps=caps,
+        )
+
+    def admitted(self, plan: RoutePlan, load: LoadDelta) -> None:
+        if self._counts is not None:
+            self._counts.admitted(plan)
+        if self._loads is not None:
+            self._loads.add(load)
+
+    def forget(self) -> None:
+        self._counts = self._loads = None
+
+
+@dataclass
+class PendingRows:
+    """Rows decided but not yet written (flushed in bulk, parents first)."""
+
+    invocations: list[WorkflowInvocation] = field(default_factory=list)
+    specs: list[WorkflowSpec] = field(default_factory=list)
+    loops: list[Loop] = field(default_factory=list)
+    items: list[WorkflowWorkItem] = field(default_factory=list)
+    runs: list[WorkflowRun] = field(default_factory=list)
+    steps: list[WorkflowStepRun] = field(default_factory=list)
+    events: list[WorkflowEvent] = field(default_factory=list)
+    load: LoadDelta = field(default_factory=LoadDelta)
+
+    def flush(self) -> None:
+        for model, rows in (
+            (WorkflowInvocation, self.invocations),
+            (WorkflowSpec, self.specs),
+            (Loop, self.loops),
+            (WorkflowWorkItem, self.items),
+            (WorkflowRun, self.runs),
+            (WorkflowStepRun, self.steps),
+            (WorkflowEvent, self.events),
+        ):
+            if rows:
+                model.objects.bulk_create(rows)  # type: ignore[attr-defined]
+                rows.clear()
+        apply_load_delta(self.load)
+        self.load = LoadDelta()
+
+    def admit(
+        self,
+        plan: RoutePlan,
+        decision: AdmissionDecision | None,
+        view: PoolView | None,
+        now: datetime,
+    ) -> tuple[RouteResult, LoadDelta]:
+        """Admit a plan that meets no existing row, as `admit` would, into the pending rows;
+        its run is handed to the runner when the transaction commits."""
+        invocation = new_invocation(plan)
+        item = work_item_upsert(
+            existing=None,
+            plan=plan,
+            invocation=invocation,
+            status=WorkItemStatus.QUEUED,
+            reason=None,
+            reason_code=None,
+            save=False,
+        )
+        body, account_profiles = pool_body(plan, view.assignment if view else None)
+        spec = new_spec(plan, body)
+        admitted = work_item_admit_rows(
+            item=item,
+            spec=spec,
+            invocation=invocation,
+            loop_name=plan.loop_name,
+            loop_description=loop_description(plan, spec),
+            reason=admitted_reason(plan),
+            now=now,
+            max_attempts=plan.max_attempts,
+            retry_delay_ms=plan.retry_delay_ms,
+        )
+        self.invocations.append(invocation)
+        self.specs.append(spec)
+        self.loops.append(admitted.loop)
+        self.items.append(item)
+        self.runs.append(admitted.run)
+        self.steps.extend(admitted.steps)
+        self.events.append(admitted.event)
+        self.load.add(admitted.load)
+        enqueue_run_workflow(admitted.run.id)
+        result = created_result(
+            plan,
+            item=item,
+            invocation=invocation,
+            spec=spec,
+            loop=admitted.loop,
+            run=admitted.run,
+            decision=decision,
+            account_profiles=account_profiles,
+        )
+        return result, admitted.load
+
+
+def admit_batch(
+    plans: Sequence[RoutePlan],
+    *,
+    now: datetime,
+    caps: FullCaps,
+    shared_pool: bool,
+    max_created: int,
+    claimable: Callable[[int, Hold | None], bool],
+) -> list[Outcome]:
+    """Decide and write `plans` in order; call inside a transaction, after `admission_lock()`.
+
+    `caps` is updated as one-at-a-time routing would. `claimable(i, hold)` says whether plan
+    `i` may be decided with that outcome (hold None: an admission or a dedupe); a plan it
+    refuses gets None and no write. Returns the outcomes of the plans it decided: all of
+    them, or those up to the one that made the `max_created`th admission, or those before the
+    one that found the scope (or a shared pool) full. An error propagates; the caller's
+    transaction then rolls the whole batch back.
+    """
+    rows = ExistingRows.read(plans)
+    seen = _Seen(plans, now)
+    pending = PendingRows()
+    outcomes: list[Outcome] = []
+    created = 0
+    for index, plan in enumerate(plans):
+        if caps.every is not None or created >= max_created:
+            break
+        if not rows.routed(plan):
+            checked = seen.precheck(plan, caps)
+            if checked.hold is not None:
+                caps.saw(plan, checked.hold, shared_pool=shared_pool)
+                ok = claimable(index, checked.hold)
+                outcomes.append(checked.hold if ok else None)
+                continue
+            if not claimable(index, None):
+                outcomes.append(None)
+                continue
+            if not rows.meets(plan):
+                result, load = pending.admit(plan, checked.decision, checked.view, now)
+                seen.admitted(plan, load)
+                rows.saw(plan, result)
+                outcomes.append(result)
+                created += 1
+                continue
+        elif not claimable(index, None):
+            outcomes.append(None)
+            continue
+        # Existing rows: the one-at-a-time admission, on the rows written so far.
+        pending.flush()
+        routed = admit(plan, now=now)
+        assert isinstance(routed, RouteResult)  # no holds without hold_when_full
+        seen.forget()  # read again after it
+        rows.saw(plan, routed)
+        if routed.kind == THROTTLED and routed.reason_code:
+            caps.saw(
+                plan,
+                Hold(routed.reason or "", routed.reason_code),
+                shared_pool=shared_pool,
+            )
+        outcomes.append(routed)
+        created += routed.kind == CREATED
+    pending.flush()
+    return outcomes
+
+
+def holds_without_lock(
+    plans: Sequence[RoutePlan], *, now: datetime, caps: FullCaps, shared_pool: bool
+) -> list[Hold] | None:
+    """The holds of `plans` when the pre-check, from unlocked reads, holds every one of them
+    (up to a full scope or shared pool); None, with `caps` as it was, as soon as one would go
+    on to admission.
+
+    Holds are the same as one-at-a-time routing makes (the property test compares them);
+    deciding them from an unlocked read is safe, since a hold never raises a count: at
+    worst a count that dropped meanwhile holds an item a later drain admits. A drain whose
+    caps are full (the common case when several drains compete) then decides without the
+    admission lock, without SQLite's write lock, and writes only the holds its rows do not
+    record yet."""
+    before = FullCaps()
+    before.copy_from(caps)
+    rows: ExistingRows | None = (
+        None  # read once a hold is found: a batch that admits its
+    )
+    seen = _Seen(plans, now)  # first plan pays only the counts (and loads) read here
+    holds: list[Hold] = []
+    for plan in plans:
+        if caps.every is not None:
+            break
+        hold = seen.precheck(plan, caps).hold
+        if hold is not None:
+            rows = rows or ExistingRows.read(plans)
+            if rows.routed(plan):
+                hold = None  # one at a time never holds an item that ran: it dedupes
+        if hold is None:  # admission (or a dedupe) decides this one: under the lock
+            caps.copy_from(before)
+            return None
+        caps.saw(plan, hold, shared_pool=shared_pool)
+        holds.append(hold)
+    return holds

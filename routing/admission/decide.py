@@ -1,0 +1,209 @@
+"""The decision an admission makes before it writes, in one place for one candidate or many.
+
+- `Hold`: a cap (or the pool) already full for an item that has not run. Nothing is written
+  for it but, in a drain, its inbox row (reported as throttled with `precheck: true`).
+- `precheck`: the throttle decision (route scope, project, group: docs/upstream.md §3.7
+  order) and then the pool assignment, each read through a callable, so one candidate reads
+  the ledger (`transaction.admit`) and a batch reads counts it keeps in memory
+  (`batch.admit_batch`) through the same code.
+- `FullCaps`: the caps a drain has seen full, so later candidates are held without a read.
+- `scope_hold`: a drain's scope already at --max-active before it scans anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from domain import reasons
+from domain.pool import PoolAssignment, assign_pool_auth_profiles
+from domain.throttle import (
+    AdmissionDecision,
+    ThrottleCounts,
+    ThrottleLimits,
+    admission_decision,
+)
+from ledger.selectors import (
+    AccountLimits,
+    RegisteredAccount,
+    account_state,
+    active_counts,
+)
+from routing.admission.plan import RoutePlan
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A cap already full for an item not yet routed: why (the upstream-style reason) and
+    the stable reason code."""
+
+    reason: str
+    code: str
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """A pool assignment with the loads and cooldowns it was decided on."""
+
+    assignment: PoolAssignment
+    loads: dict[str, int]
+    cooling: dict[str, datetime]
+
+    @property
+    def deferral_reason(self) -> str:
+        """Why the pool defers (a cooldown says when the first member frees)."""
+        reason = self.assignment.reason or "pool deferred"
+        if self.assignment.reason_code == reasons.COOLDOWN and self.cooling:
+            first_free = min(self.cooling.values())
+            reason = f"{reason} until {first_free.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+        return reason
+
+
+def pool_view(
+    plan: RoutePlan,
+    *,
+    loads: dict[str, int],
+    cooling: dict[str, datetime],
+    registry: Mapping[str, AccountLimits | RegisteredAccount],
+) -> PoolView:
+    """Least-loaded assignment for this plan's pool from the given loads, cooldowns and
+    account registry rows (disabled members are absent; a member's max_running caps it)."""
+    members_cooling = {p: until for p, until in cooling.items() if p in plan.pool}
+    members = {p.strip() for p in plan.pool}
+    assignment = assign_pool_auth_profiles(
+        list(plan.pool),
+        loads,
+        plan.seed,
+        list(plan.roles),
+        plan.max_per_profile,
+        cooling=tuple(members_cooling),
+        disabled=tuple(
+            name
+            for name, row in registry.items()
+            if name in members and not row.enabled
+        ),
+        account_caps={
+            name: row.max_running
+            for name, row in registry.items()
+            if name in members and row.max_running is not None
+        },
+    )
+    return PoolView(assignment=assignment, loads=loads, cooling=members_cooling)
+
+
+def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
+    """Least-loaded assignment for this plan's pool from the ledger as it is now (one read:
+    the loads, the cooldowns and the pool members' registry rows)."""
+    state = account_state(now=now, accounts=plan.pool)
+    return pool_view(
+        plan,
+        loads=state.load.total(),
+        cooling=state.cooling,
+        registry=state.limits,
+    )
+
+
+def throttle_hold(decision: AdmissionDecision) -> Hold | None:
+    if decision.allowed:
+        return None
+    return Hold(decision.reason or "", decision.reason_code or reasons.ROUTE_CAP)
+
+
+def pool_hold(view: PoolView) -> Hold | None:
+    if not view.assignment.deferred:
+        return None
+    return Hold(
+        view.deferral_reason, view.assignment.reason_code or reasons.PROFILE_CAP
+    )
+
+
+@dataclass
+class FullCaps:
+    """Caps a drain has seen full, to hold later candidates without reads.
+
+    - `every`: the scope, or a pool that every candidate shares (--auth-profile-pool), is
+      full: every later candidate is held unread.
+    - `keys`: a full project or group holds its later candidates without a count.
+    """
+
+    every: Hold | None = None
+    keys: dict[tuple[str, str], Hold] = field(default_factory=dict)
+
+    def held(self, plan: RoutePlan) -> Hold | None:
+        for key in (("project", plan.project_path), ("group", plan.project_group)):
+            if key in self.keys:
+                return self.keys[key]
+        return None
+
+    def saw(self, plan: RoutePlan, hold: Hold, *, shared_pool: bool) -> None:
+        code = hold.code
+        if code == reasons.ROUTE_CAP or (
+            shared_pool
+            and code
+            in (reasons.PROFILE_CAP, reasons.COOLDOWN, reasons.ACCOUNT_DISABLED)
+        ):
+            self.every = hold
+        elif code == reasons.PROJECT_CAP and plan.project_path:
+            self.keys[("project", plan.project_path)] = hold
+        elif code == reasons.GROUP_CAP and plan.project_group:
+            self.keys[("group", plan.project_group)] = hold
+
+    def copy_from(self, other: FullCaps) -> None:
+        self.every = other.every
+        self.keys.clear()
+        self.keys.update(other.keys)
+
+
+@dataclass(frozen=True)
+class Precheck:
+    """What `precheck` decided: the hold (None: go on to admission), and the throttle
+    decision and pool view it was made from (None where it did not get that far)."""
+
+    hold: Hold | None
+    decision: AdmissionDecision | None
+    view: PoolView | None
+
+
+def precheck(
+    plan: RoutePlan,
+    *,
+    counts: Callable[[], ThrottleCounts],
+    view: Callable[[], PoolView],
+    caps: FullCaps | None = None,
+) -> Precheck:
+    """The hold for one plan: a project or group `caps` already saw full, else the throttle
+    decision on `counts()` (only when a cap is set), else the pool assignment `view()` (only
+    when the pool decides). Each source is read only when the decision gets to it."""
+    hold = caps.held(plan) if caps is not None else None
+    decision: AdmissionDecision | None = None
+    pool: PoolView | None = None
+    if hold is None and plan.limits.any_set:
+        decision = admission_decision(
+            scope=plan.scope,
+            project_path=plan.project_path,
+            project_group=plan.project_group,
+            counts=counts(),
+            limits=plan.limits,
+        )
+        hold = throttle_hold(decision)
+    if hold is None and plan.pool_active:
+        pool = view()
+        hold = pool_hold(pool)
+    return Precheck(hold=hold, decision=decision, view=pool)
+
+
+def scope_hold(scope: str | None, limits: ThrottleLimits) -> Hold | None:
+    """The hold of a drain whose scope is at --max-active before it scans anything."""
+    if limits.max_active is None:
+        return None
+    seen = active_counts(scope=scope, project_key=None, project_group=None)
+    return throttle_hold(
+        admission_decision(
+            scope=scope,
+            project_path=None,
+            project_group=None,
+            counts=ThrottleCounts(scope=seen.scope, project=0, project_group=None),
+            limits=limits,
+        )
+    )
