@@ -125,6 +125,7 @@ def test_env_template_names_every_setting_the_code_reads_once() -> None:
     )
 
 
+@pytest.mark.slow
 def test_env_template_defaults_are_the_code_defaults(tmp_path: Path) -> None:
     # Uncommenting every line as it stands (with the required ones filled) changes nothing:
     # the values are the defaults. Compared in a production process, settings dumped as JSON.
@@ -166,6 +167,7 @@ def test_env_template_defaults_are_the_code_defaults(tmp_path: Path) -> None:
 # --- systemd units and Procfile ---
 
 
+@pytest.mark.slow
 def test_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
@@ -385,6 +387,7 @@ def test_web_alone_serves_on_the_socket_systemd_passes(tmp_path: Path) -> None:
     assert "Listening at: http://127.0.0.1:" in log.read_text()
 
 
+@pytest.mark.slow
 def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
     tmp_path: Path,
 ) -> None:
@@ -428,6 +431,7 @@ def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
 
 @pytest.mark.slow
 @pytest.mark.browser
+@pytest.mark.xdist_group("installation")  # a whole installation: one at a time
 def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
     tmp_path: Path, serve_database: str
 ) -> None:

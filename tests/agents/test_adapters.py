@@ -35,6 +35,7 @@ def _binaries(settings: Any) -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_codex_outside_a_git_tree_skips_the_check_and_bounds_its_custom_providers_retries(
     tmp_path: Path,
 ) -> None:
