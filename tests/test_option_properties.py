@@ -94,6 +94,7 @@ def _inbox() -> list[tuple[str, str, int]]:
 
 @PROPERTY_SETTINGS
 @given(data=st.data())
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
 def test_no_drain_option_fails_an_event(data: st.DataObject, tmp_path: Path) -> None:
     kind = data.draw(st.sampled_from(["generic", "todos-task"]))
     argv = data.draw(option_lines("drain"))
