@@ -85,6 +85,9 @@ class DrainReport:
             "filtersApplied": self.options.filters_applied,
             "scanned": self.scanned,
             "candidates": self.candidates,
+            # Upstream's name for the candidates left after the post-filters (§5.3);
+            # loopsweb's `candidates` counts the same rows.
+            "filteredCandidates": self.candidates,
             # Reference §5.3: the scan window ran out before `limit` candidates were found.
             "scanExhausted": self.scanned >= self.options.effective_scan_limit
             and self.candidates < self.options.limit,
