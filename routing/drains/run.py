@@ -179,7 +179,7 @@ def held_result(
     else:
         task = envelope_task(envelope)
         if task is not None:
-            result["task"] = task
+            result.update(taskId=task["id"], task=task)
     return result
 
 
@@ -527,7 +527,7 @@ def _failed(
         }
         task = envelope_task(envelope)
         if task is not None:
-            result["task"] = task
+            result.update(taskId=task["id"], task=task)
         if not dry_run:
             record_failure(candidate, result, now)
         return result
@@ -540,7 +540,7 @@ def _failed(
     }
     task = envelope_task(envelope)
     if task is not None:
-        result["task"] = task
+        result.update(taskId=task["id"], task=task)
     if error_passes(exc):
         # Passing (a deadlock, a locked database, a lock timeout): the row stays open for
         # a later drain; the drain still reports it as fatal. Any other error would come
