@@ -120,6 +120,13 @@ def overview(request: HttpRequest) -> HttpResponse:
     hours = account_selectors.timeline_hours(now)
     deferred_items = sum(r.deferred for r in reasons_now)
     overdue = sel.overdue_schedules(now=now)  # the section's and the capacity warning's
+    kind = hint_kind(drains, schedules)
+    unscheduled = ops_capacity.unscheduled_warning(
+        pending=inbox["pending"]["n"],
+        deferred=inbox["deferred"]["n"],
+        schedules=schedules,
+        kind=kind if (drains or schedules) else None,
+    )
     return _render(
         request,
         "ops/overview.html",
@@ -138,13 +145,15 @@ def overview(request: HttpRequest) -> HttpResponse:
         waiting=waiting,
         overdue=overdue,
         throughput=throughput_svg(hours, sel.run_throughput(now=now)),
-        kind=hint_kind(drains, schedules),
+        kind=kind,
         # The copy beside the numbers: "nothing is waiting" only when nothing is.
         deferred_items=deferred_items,
         nothing_waits=not (
             deferred_items or waiting or inbox["deferred"]["n"] or inbox["pending"]["n"]
         ),
-        capacity=ops_capacity.capacity_view(configs, now=now, overdue=overdue),
+        capacity=ops_capacity.capacity_view(
+            configs, now=now, overdue=overdue, unscheduled=unscheduled
+        ),
     )
 
 
@@ -157,6 +166,10 @@ def deferrals(request: HttpRequest) -> HttpResponse:
         "project_key": request.GET.get("project_key") or None,
     }
     page = _page(CappedCountPaginator(sel.deferred_items(**filters), PER_PAGE), request)
+    inbox_reasons = sel.deferred_inbox_by_reason()
+    inbox_deferred = sum(r["n"] for r in inbox_reasons)
+    schedules = drain_configs.scheduled_drains()
+    kind = hint_kind(list(sel.latest_drains()[:1]), schedules)
     return _render(
         request,
         "ops/deferrals.html",
@@ -166,9 +179,14 @@ def deferrals(request: HttpRequest) -> HttpResponse:
         groups=sel.deferred_groups(),
         filters={k: v for k, v in filters.items() if v},
         page=page,
-        inbox_reasons=sel.deferred_inbox_by_reason(),
+        inbox_reasons=inbox_reasons,
+        inbox_deferred=inbox_deferred,
         inbox_oldest=sel.oldest_deferred_inbox(),
-        kind=hint_kind(list(sel.latest_drains()[:1]), []),
+        # Held events wait for a drain: say so when no schedule will run one.
+        unscheduled=ops_capacity.unscheduled_warning(
+            pending=0, deferred=inbox_deferred, schedules=schedules, kind=kind
+        ),
+        kind=kind,
         reason_codes=[(code, reasons.LABELS[code]) for code in reasons.ALL],
     )
 
