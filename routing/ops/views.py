@@ -19,7 +19,13 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponsePermanentRedirect,
+    HttpResponseRedirect,
+)
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -192,8 +198,18 @@ def deferrals(request: HttpRequest) -> HttpResponse:
 
 
 @staff_required
-def work_item_deferrals(request: HttpRequest, item_id: str) -> HttpResponse:
-    """One item's full deferral history: what each decision saw ("why did it wait?")."""
+def work_item_moved(request: HttpRequest, item_id: str) -> HttpResponse:
+    """The item page's old address (under /ops/deferrals/): a permanent redirect."""
+    url = reverse("ops:work-item", args=[item_id])
+    query = request.META.get("QUERY_STRING")
+    return HttpResponsePermanentRedirect(f"{url}?{query}" if query else url)
+
+
+@staff_required
+def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
+    """One work item: where it stands, its runs with their steps and the account each
+    ran on, its full deferral history (what each decision saw: "why did it wait?") and
+    the inbox events that produced it."""
     now = timezone.now()
     item = get_object_or_404(
         WorkflowWorkItem.objects.select_related("invocation"), pk=item_id
@@ -207,11 +223,23 @@ def work_item_deferrals(request: HttpRequest, item_id: str) -> HttpResponse:
         }
         for d in page.object_list
     ]
+    runs = sel.work_item_runs(item.id)
+    steps = sel.work_item_steps(runs)
+    accounts: dict[str, dict[str, Any]] = {}
+    for run_steps in steps.values():
+        for step in run_steps:
+            if step.account_profile:
+                entry = accounts.setdefault(
+                    step.account_profile,
+                    {"profile": step.account_profile, "tool": None, "steps": []},
+                )
+                entry["tool"] = entry["tool"] or step.account_tool
+                entry["steps"].append(step.step_id)
     return _render(
         request,
         "ops/work_item.html",
         f"Work item {item.id}",
-        "deferrals",
+        "item",
         now=now,
         item=item,
         page=page,
@@ -221,7 +249,8 @@ def work_item_deferrals(request: HttpRequest, item_id: str) -> HttpResponse:
             .order_by("received_at")
             .defer("data", "metadata")[:20]
         ),
-        runs=sel.work_item_runs(item.id),
+        runs=[{"run": run, "steps": steps[run.id]} for run in runs],
+        accounts=sorted(accounts.values(), key=lambda a: a["profile"]),
     )
 
 
