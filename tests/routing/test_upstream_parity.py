@@ -215,8 +215,10 @@ def test_a_repository_line_gives_the_project_path_and_the_prefix_filters_on_it(
     tmp_path: Path, settings: Any
 ) -> None:
     settings.LOOPSWEB_PROJECT_ROOTS = [str(tmp_path)]
-    (tmp_path / "hasna" / "loops").mkdir(parents=True)
-    (tmp_path / "other").mkdir()
+    # Both projects are work trees (a `.git` each), so a path and the prefix normalize to
+    # themselves (their git top level) whatever lies above the test's directory.
+    (tmp_path / "hasna" / "loops" / ".git").mkdir(parents=True)
+    (tmp_path / "other" / ".git").mkdir(parents=True)
     by_path = todos_event("R-1", description=f"Do it.\nRepository: {tmp_path}/other")
     by_name = todos_event("R-2", description="Do it.\n\nRepository: hasna/loops\n")
     for event in (by_path, by_name):
@@ -225,7 +227,7 @@ def test_a_repository_line_gives_the_project_path_and_the_prefix_filters_on_it(
     report = _drain(
         "todos-task",
         "--project-path-prefix",
-        str(tmp_path / "hasna"),
+        str(tmp_path / "hasna" / "loops"),
         "--max-dispatch",
         "5",
     )
