@@ -65,7 +65,7 @@ from routing.admission.rows import (
     pool_body,
     work_item_upsert,
 )
-from routing.admission.transaction import RouteRefused, admit
+from routing.admission.transaction import RouteRefused, admit, refusal_of
 
 Outcome = Hold | RouteResult | RouteRefused | None
 """What a batch decided for one plan: a hold (nothing written), an admission's result, the
@@ -326,10 +326,14 @@ def admit_batch(
         if caps.every is not None or created >= max_created:
             break
         if plan.refusal is not None:
-            # Deduped or refused by the one-at-a-time admission (which raises before it
-            # writes anything): the refusal is this plan's outcome, the batch goes on.
+            # Refused unless the item ran or runs (the batch's lookup says): then the
+            # one-at-a-time admission dedupes (or re-admits, and so refuses) it, writing
+            # nothing either way. The refusal is this plan's outcome; the batch goes on.
             if not claimable(index, None):
                 outcomes.append(None)
+                continue
+            if not rows.routed(plan):
+                outcomes.append(refusal_of(plan))
                 continue
             pending.flush()
             try:

@@ -69,6 +69,12 @@ class RouteRefused(ValidationError):
     and before any write: the caller's transaction holds nothing of it."""
 
 
+def refusal_of(plan: RoutePlan) -> RouteRefused:
+    """The error of a plan whose refusal stands: the early dedupe found nothing to dedupe."""
+    assert plan.refusal is not None
+    return RouteRefused(plan.refusal)
+
+
 class _DryRunRollback(Exception):
     """Raised at the end of a dry-run admission to undo everything it wrote."""
 
@@ -170,7 +176,7 @@ def _admit(
     if plan.refusal is not None:
         # docs/upstream.md §3.2.9 -> §3.2.10: refused only now that the early dedupe found
         # nothing to dedupe; nothing has been written yet.
-        raise RouteRefused(plan.refusal)
+        raise refusal_of(plan)
     if existing is not None and routed:
         assert readmission is not None
         invocation, invocation_created = invocation_reuse_or_create(

@@ -341,3 +341,47 @@ def test_an_explicit_zero_still_shows_no_cap(admin_client: Client) -> None:
     )
     accounts = admin_client.get("/api/v1/accounts").json()["accounts"]
     assert {a["maxPerProfile"] for a in accounts} == {None}
+
+
+def test_batched_and_one_at_a_time_drains_agree_on_refusals(
+    plain: Path, tmp_path: Path, settings: Any
+) -> None:
+    """Routed, new and ordinary tasks mixed, under a project cap: both drain paths give the
+    same results and leave the same rows (as tests/routing/drains/test_batch.py checks for
+    the generic kind)."""
+    from tests.ledger.runner_helpers import git_project
+    from tests.routing.drains.test_batch import _ledger, _wipe
+
+    repo = git_project(tmp_path / "repo")
+
+    def scenario(batch_size: int) -> tuple[Any, Any]:
+        settings.LOOPSWEB_DRAIN_BATCH_SIZE = batch_size
+        routed = [todos_event(f"Q-{n}", project=str(plain)) for n in range(2)]
+        for event in routed:
+            _route(event)
+        fresh = [todos_event(f"N-{n}", project=str(plain)) for n in range(2)]
+        git = [todos_event(f"G-{n}", project=str(repo)) for n in range(3)]
+        mixed = [routed[0], fresh[0], git[0], routed[1], git[1], fresh[1], git[2]]
+        inbox_ingest(enumerate(mixed, start=1))
+        report = _drain(
+            "todos-task",
+            "--worktree-mode",
+            "required",
+            "--max-active-per-project",
+            "2",
+            "--max-dispatch",
+            "10",
+        )
+        outcomes = [
+            (r["taskId"], r["kind"], r.get("reason"), bool(r.get("routeError")))
+            for r in report["results"]
+        ]
+        return outcomes, _ledger()
+
+    one = scenario(1)
+    _wipe()
+    batched = scenario(25)
+    assert one == batched
+    kinds = [kind for _, kind, _, _ in one[0]]
+    assert kinds.count("deduped") == 2 and kinds.count("skipped") == 2
+    assert kinds.count("created") == 2 and kinds.count("throttled") == 1
