@@ -22,10 +22,11 @@
    step's directory is checked against the project roots again (a root may be gone since
    admission) and a generated step passes the sandbox preflight again, against the worktree
    the run actually has.
-4. Run the process outside any transaction: `Popen(argv, start_new_session=True)`, so the
-   step and everything it spawns is one process group. Keep bounded stdout/stderr tails,
-   enforce `timeoutMs` and `idleTimeoutMs` by killing the group (SIGTERM, then SIGKILL after
-   LOOPSWEB_KILL_GRACE_SECONDS), renew the run lease about three times per lease.
+4. Run the process outside any transaction (ledger.processes): `Popen(argv,
+   start_new_session=True)`, so the step and everything it spawns is one process group.
+   Keep bounded stdout/stderr tails, enforce `timeoutMs` and `idleTimeoutMs` by killing the
+   group (SIGTERM, then SIGKILL after LOOPSWEB_KILL_GRACE_SECONDS), renew the run lease
+   about three times per lease.
 5. Record the step (exit code, pid, duration, tails, and the token usage its agent printed
    in machine-readable output, ledger.usage). An agent step that reports a provider
    rate limit puts its account in cooldown; when its run was admitted with a pool and
@@ -45,13 +46,8 @@ holds the database write lock, and admissions must not wait on an agent.
 from __future__ import annotations
 
 import logging
-import os
-import selectors
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -63,13 +59,13 @@ from domain.errors import ApplicationError, ValidationError
 from domain.sandbox import WORKTREE_REQUIRED, step_isolation
 from ledger import services
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
+from ledger.processes import ProcessResult, run_process
 from ledger.projects import (
     REQUIRED_NOT_GIT,
     is_git_work_tree,
     project_dir_check,
 )
 from ledger.providers import (
-    Invocation,
     ProviderError,
     agent_invocation,
     command_invocation,
@@ -98,7 +94,6 @@ STEP_TIMED_OUT = "step timed out after {ms} ms"
 STEP_IDLE_TIMED_OUT = "step produced no output for {ms} ms (idle timeout)"
 STEP_EXIT_CODE = "step exited with code {code}"
 STEP_KILLED = "step was killed by signal {name}"
-STEP_SPAWN_FAILED = "step could not be started: {error}"
 STEP_KIND_UNKNOWN = "unknown step kind: {kind}"
 STEP_DEPENDS_UNKNOWN = "step {step_id} depends on unknown step {dependency}"
 STEP_SPEC_MISSING = "step {step_id} is not in the workflow spec"
@@ -110,12 +105,6 @@ RUN_FAILED_BEFORE_START = "workflow cannot run: {error}"
 RUNNER_CRASHED = "runner error: {error}"
 RUNNER_STOPPED = "runner stopped before the run finished"
 COOLDOWN_REASON = "{provider} rate limit on step {step_id} of run {run_id}: {snippet}"
-
-# How long output pipes may stay open after the step's process exited (a grandchild holding
-# them) before the rest of the group is killed.
-_PIPE_DRAIN_SECONDS = 0.5
-_SELECT_SECONDS = 0.1
-_READ_BYTES = 65536
 
 
 class PlanError(ApplicationError):
@@ -153,175 +142,6 @@ def execution_order(
         order.append(nxt)
         placed.add(nxt)
     return order
-
-
-# --- processes --------------------------------------------------------------------------------
-
-
-class _Tail:
-    """The last `limit` bytes of a stream, and how many earlier bytes were dropped."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.buffer = bytearray()
-        self.dropped = 0
-
-    def add(self, data: bytes) -> None:
-        self.buffer += data
-        excess = len(self.buffer) - self.limit
-        if excess > 0:
-            del self.buffer[:excess]
-            self.dropped += excess
-
-    def text(self) -> str:
-        body = self.buffer.decode("utf-8", "replace")
-        if self.dropped:
-            return f"[... {self.dropped} earlier bytes dropped ...]\n{body}"
-        return body
-
-
-@dataclass(frozen=True)
-class ProcessResult:
-    pid: int | None
-    exit_code: int | None
-    signal_name: str | None
-    stdout: str
-    stderr: str
-    duration_ms: int
-    timeout: str | None = None  # "total" or "idle"
-    lost: bool = False
-    spawn_error: str | None = None
-
-
-def kill_process_group(proc: subprocess.Popen[bytes], grace_seconds: float) -> None:
-    """SIGTERM the process group, wait up to `grace_seconds`, then SIGKILL what is left."""
-    pgid = proc.pid  # start_new_session: the step leads its own group
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_seconds
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        # Also reaches grandchildren that outlived a leader which obeyed SIGTERM.
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def run_process(
-    *,
-    invocation: Invocation,
-    timeout_seconds: float | None,
-    idle_timeout_seconds: float | None,
-    tail_bytes: int,
-    grace_seconds: float,
-    on_spawn: Callable[[int], None],
-    keep_alive: Callable[[], bool],
-    keep_alive_every: float,
-) -> ProcessResult:
-    """Run one step's process to the end; never raises for the process's own failures.
-
-    `keep_alive` (the lease renewal) is called every `keep_alive_every` seconds while the
-    process lives; False means the run is no longer ours and the group is killed.
-    """
-    started = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            invocation.argv,
-            cwd=invocation.cwd,
-            env=invocation.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except (OSError, ValueError) as exc:
-        return ProcessResult(
-            pid=None,
-            exit_code=None,
-            signal_name=None,
-            stdout="",
-            stderr="",
-            duration_ms=0,
-            spawn_error=STEP_SPAWN_FAILED.format(error=exc),
-        )
-    out, err = _Tail(tail_bytes), _Tail(tail_bytes)
-    timeout: str | None = None
-    lost = False
-    try:
-        on_spawn(proc.pid)
-        selector = selectors.DefaultSelector()
-        assert proc.stdout is not None and proc.stderr is not None
-        selector.register(proc.stdout, selectors.EVENT_READ, out)
-        selector.register(proc.stderr, selectors.EVENT_READ, err)
-        last_output = started
-        next_keep_alive = started + keep_alive_every
-        exited_at: float | None = None
-        while True:
-            if selector.get_map():
-                for key, _ in selector.select(_SELECT_SECONDS):
-                    data = os.read(key.fd, _READ_BYTES)
-                    if data:
-                        key.data.add(data)
-                        last_output = time.monotonic()
-                    else:
-                        selector.unregister(key.fileobj)
-            else:
-                # Both pipes closed but the process lives on: keep enforcing the limits.
-                time.sleep(_SELECT_SECONDS)
-            now = time.monotonic()
-            if proc.poll() is not None:
-                if not selector.get_map():
-                    break
-                # Exited; pipes still open means a grandchild holds them: give it a moment to
-                # flush, then end the whole group so the step cannot leave anything behind.
-                exited_at = exited_at or now
-                if now - exited_at > _PIPE_DRAIN_SECONDS:
-                    kill_process_group(proc, 0)
-                    break
-                continue
-            if timeout is not None or lost:
-                continue
-            if timeout_seconds and now - started >= timeout_seconds:
-                timeout = "total"
-            elif idle_timeout_seconds and now - last_output >= idle_timeout_seconds:
-                timeout = "idle"
-            elif now >= next_keep_alive:
-                next_keep_alive = now + keep_alive_every
-                lost = not keep_alive()
-            if timeout is not None or lost:
-                kill_process_group(proc, grace_seconds)
-        selector.close()
-    except BaseException:
-        # Whatever happened to the runner (an error, SystemExit from SIGTERM), the step's
-        # processes must not outlive it unrecorded.
-        kill_process_group(proc, 0)
-        raise
-    finally:
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-    code = proc.wait()
-    try:
-        # The step is over: whatever it left running in its group goes too. (The group id
-        # cannot be reused while any member is alive, so this never hits a stranger.)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    return ProcessResult(
-        pid=proc.pid,
-        exit_code=code if code >= 0 else None,
-        signal_name=signal.Signals(-code).name if code < 0 else None,
-        stdout=out.text(),
-        stderr=err.text(),
-        duration_ms=int((time.monotonic() - started) * 1000),
-        timeout=timeout,
-        lost=lost,
-    )
 
 
 # --- the run ----------------------------------------------------------------------------------

@@ -391,6 +391,8 @@ class RegisteredAccount:
     enabled: bool
     max_running: int | None
     env: dict[str, str]
+    # The account's env file (read when a step starts), None without one.
+    env_file: str | None = None
 
 
 def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
@@ -405,6 +407,7 @@ def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
             enabled=row.enabled,
             max_running=row.max_running,
             env={str(k): str(v) for k, v in (row.env_json or {}).items()},
+            env_file=row.env_file or None,
         )
         for row in rows
     }
@@ -429,7 +432,7 @@ _ACCOUNTS = Account._meta.db_table
 _COOLDOWNS = AccountCooldown._meta.db_table
 _LOADS = AccountLoadCount._meta.db_table
 _GATE_SQL = (
-    "SELECT a.name, a.provider, a.enabled, a.max_running, a.env_json, "
+    "SELECT a.name, a.provider, a.enabled, a.max_running, a.env_json, a.env_file, "
     f'(SELECT c."until" FROM "{_COOLDOWNS}" c '
     'WHERE c.account_profile = p.name AND c."until" > %s), '
     f'(SELECT l.running FROM "{_LOADS}" l WHERE l.account_profile = p.name) '
@@ -441,7 +444,9 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
     """`AccountGate` of `profile` in one statement (registry row, cooldown, kept count)."""
     with connection.cursor() as cursor:
         cursor.execute(_GATE_SQL, [_db_datetime(now), profile])
-        name, provider, enabled, max_running, env, until, running = cursor.fetchone()
+        name, provider, enabled, max_running, env, env_file, until, running = (
+            cursor.fetchone()
+        )
     account = None
     if name is not None:
         env = Account._meta.get_field("env_json").from_db_value(env, None, connection)
@@ -451,6 +456,7 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
             enabled=bool(enabled),
             max_running=max_running,
             env={str(k): str(v) for k, v in (env or {}).items()},
+            env_file=env_file or None,
         )
     return AccountGate(
         account=account,

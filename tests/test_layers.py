@@ -1,21 +1,68 @@
-"""The import direction of the code map (README "Code map"): a module imports only from its own
-layer or below. Imports are read with `ast` (module level and inside functions alike), so a
-lazy import cannot hide a dependency that goes up a layer."""
+"""The structure of the code map (README "Code map"), read from the source with `ast`:
+
+- a module imports only from its own layer or below (module level and inside functions
+  alike, so a lazy import cannot hide a dependency that goes up a layer);
+- no import cycle: the graph of module imports has no strongly connected component of two
+  or more modules;
+- no module imports another module's underscore name (`from x import _y`);
+- no product module is over 700 lines (migrations excluded);
+- `domain` imports only the standard library and itself (no Django, nothing of loopsweb);
+  `ledger` imports nothing of `routing`.
+
+Each check is a function over source text, and each has a test that feeds it a violation.
+"""
 
 from __future__ import annotations
 
 import ast
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("domain", "loopsweb", "ledger", "routing")
+MAX_LINES = 700
 
-# Lowest first. A module belongs to the layer of the longest prefix that names it.
+# Lowest first. A module belongs to the layer of the longest prefix that names it. Every
+# ledger module is named here: a new one must be given its place.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("domain (pure rules)", ("domain",)),
-    ("ledger (record, lock, lifecycle, runner)", ("ledger",)),
+    (
+        "ledger record (rows, ids, locks, the run queue, migration rules)",
+        (
+            "ledger.ids",
+            "ledger.models",
+            "ledger.migrations",
+            "ledger.migration_operations",
+            "ledger.migration_rules",
+            "ledger.migration_checks",
+            "ledger.lock",
+            "ledger.dberrors",
+            "ledger.signals",
+            "ledger.queue",
+        ),
+    ),
+    (
+        "ledger reads (selectors, account loads, display, capacity)",
+        ("ledger.selectors", "ledger.loads", "ledger.display", "ledger.capacity"),
+    ),
+    (
+        "ledger adapters (providers, processes, projects, rate limits, usage)",
+        (
+            "ledger.agent_output",
+            "ledger.envfile",
+            "ledger.providers",
+            "ledger.processes",
+            "ledger.projects",
+            "ledger.ratelimit",
+            "ledger.usage",
+        ),
+    ),
+    ("ledger services (lifecycle writes)", ("ledger.services",)),
+    ("ledger execution (worktrees, runner)", ("ledger.worktrees", "ledger.runner")),
+    ("ledger tasks (django-q2 entry points)", ("ledger.tasks",)),
     ("admission", ("routing.models", "routing.migrations", "routing.admission")),
     ("drains", ("routing.drains", "routing.tasks")),
     (
@@ -38,7 +85,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def layer_of(module: str) -> int | None:
-    if module == "routing":  # the package itself: its docstring, no code
+    if module in ("ledger", "routing"):  # the packages themselves: a docstring, no code
         return 0
     best: tuple[int, int] | None = None  # (prefix length, layer index)
     for index, (_, prefixes) in enumerate(LAYERS):
@@ -56,23 +103,141 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def first_party_imports(path: Path) -> list[tuple[int, str]]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+def imports(source: str, filename: str = "<source>") -> list[tuple[int, str, str]]:
+    """Every import as (line, module, imported name): `import a.b` is ("a.b", ""), `from a
+    import b` is ("a", "b"). Module level and inside functions alike."""
+    found: list[tuple[int, str, str]] = []
+    for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
+            found += [(node.lineno, alias.name, "") for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, (
-                f"{path}: relative import (the layering test needs names)"
+                f"{filename}: relative import (the layering test needs names)"
             )
-            base = node.module or ""
-            # `from routing.ops import views` imports routing.ops.views: judge the longest.
-            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
-    return [(line, name) for line, name in found if name.split(".")[0] in PACKAGES]
+            found += [(node.lineno, node.module or "", a.name) for a in node.names]
+    return found
+
+
+def first_party_imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for line, module, name in imports(path.read_text(), str(path)):
+        # `from routing.ops import views` imports routing.ops.views: judge the longest.
+        full = f"{module}.{name}" if name else module
+        if full.split(".")[0] in PACKAGES:
+            found.append((line, full))
+    return found
 
 
 def sources() -> list[Path]:
     return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def product_sources() -> list[Path]:
+    return [p for p in sources() if "migrations" not in p.relative_to(ROOT).parts]
+
+
+# --- import graph and cycles --------------------------------------------------------------------
+
+
+def import_graph(modules: Mapping[str, str]) -> dict[str, set[str]]:
+    """module -> the modules of `modules` it imports (module name -> source text).
+
+    An import names the longest module it reaches (`from ledger.models import Account` is
+    `ledger.models`; `from ledger import services` is `ledger.services`). A package's
+    `__init__` is not counted for an import of one of its submodules: re-exporting
+    submodules from their package is no cycle.
+    """
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, source in modules.items():
+        targets = set()
+        for _, imported, name in imports(source, module):
+            target = resolve(f"{imported}.{name}" if name else imported)
+            if target is not None and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def import_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components of two or more modules (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
+# --- single-file checks -------------------------------------------------------------------------
+
+
+def underscore_imports(source: str, filename: str = "<source>") -> list[str]:
+    """`from x import _y` with x first-party: a module reaching into another's privates."""
+    return [
+        f"{filename}:{line} imports {name} from {module}"
+        for line, module, name in imports(source, filename)
+        if module.split(".")[0] in PACKAGES
+        and name.startswith("_")
+        and not (name.startswith("__") and name.endswith("__"))
+    ]
+
+
+def foreign_imports(
+    source: str, allowed: Callable[[str], bool], filename: str = "<source>"
+) -> list[str]:
+    """Imports whose module `allowed` refuses (judged by the imported module's full name)."""
+    return [
+        f"{filename}:{line} imports {module}"
+        for line, module, _ in imports(source, filename)
+        if not allowed(module)
+    ]
+
+
+def domain_may_import(module: str) -> bool:
+    top = module.split(".")[0]
+    return top == "domain" or top in sys.stdlib_module_names
+
+
+def ledger_may_import(module: str) -> bool:
+    return module.split(".")[0] != "routing"
+
+
+def too_long(text: str, limit: int = MAX_LINES) -> bool:
+    return len(text.splitlines()) > limit
+
+
+# --- the tree -----------------------------------------------------------------------------------
 
 
 def test_every_module_has_a_layer() -> None:
@@ -95,6 +260,54 @@ def test_no_import_goes_up_a_layer() -> None:
     assert violations == [], "\n".join(violations)
 
 
+def test_no_package_has_an_import_cycle() -> None:
+    graph = import_graph({module_name(p): p.read_text() for p in sources()})
+    assert import_cycles(graph) == []
+
+
+def test_no_module_imports_another_module_s_underscore_name() -> None:
+    violations = [
+        v
+        for path in sources()
+        for v in underscore_imports(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert violations == [], "\n".join(violations)
+
+
+def test_no_product_module_is_over_700_lines() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}: {len(path.read_text().splitlines())} lines"
+        for path in product_sources()
+        if too_long(path.read_text())
+    ]
+    assert long == [], "\n".join(long)
+
+
+def test_domain_imports_only_the_standard_library_and_itself() -> None:
+    violations = [
+        v
+        for path in sorted((ROOT / "domain").rglob("*.py"))
+        for v in foreign_imports(
+            path.read_text(), domain_may_import, str(path.relative_to(ROOT))
+        )
+    ]
+    assert violations == [], "\n".join(violations)
+
+
+def test_ledger_imports_nothing_of_routing() -> None:
+    violations = [
+        v
+        for path in sorted((ROOT / "ledger").rglob("*.py"))
+        for v in foreign_imports(
+            path.read_text(), ledger_may_import, str(path.relative_to(ROOT))
+        )
+    ]
+    assert violations == [], "\n".join(violations)
+
+
+# --- each check catches what it is for ----------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     ("source", "target", "allowed"),
     [
@@ -103,6 +316,17 @@ def test_no_import_goes_up_a_layer() -> None:
         ("routing/drains/run.py", "routing.ops.selectors", False),
         ("routing/ops/views.py", "routing.drains.configs", True),
         ("ledger/admin/base.py", "ledger.models", True),
+        # ledger's inner floors
+        ("ledger/services/retries.py", "ledger.tasks", False),
+        ("ledger/services/runs.py", "ledger.runner", False),
+        ("ledger/services/loops.py", "ledger.queue", True),
+        ("ledger/worktrees.py", "ledger.services", True),
+        ("ledger/runner.py", "ledger.processes", True),
+        ("ledger/processes.py", "ledger.runner", False),
+        ("ledger/models/runs.py", "ledger.selectors", False),
+        ("ledger/selectors.py", "ledger.services", False),
+        ("ledger/queue.py", "ledger.services", False),
+        ("ledger/tasks.py", "ledger.admin", False),
     ],
 )
 def test_the_check_catches_an_upward_import(
@@ -112,3 +336,58 @@ def test_the_check_catches_an_upward_import(
     theirs = layer_of(target)
     assert mine is not None and theirs is not None
     assert (theirs <= mine) is allowed
+
+
+def test_the_check_catches_an_import_cycle_lazy_imports_included() -> None:
+    modules = {
+        "ledger.a": "from ledger.b import thing\n",
+        "ledger.b": "def f() -> None:\n    from ledger.c import other\n",
+        "ledger.c": "import ledger.a\n",
+        "ledger.d": "from ledger.a import thing\n",  # points into the cycle, not part of it
+        "ledger.pkg": "from ledger.pkg.sub import name\n",  # a package re-exporting
+        "ledger.pkg.sub": "from ledger.a import thing\n",
+    }
+    assert import_cycles(import_graph(modules)) == [
+        ["ledger.a", "ledger.b", "ledger.c"]
+    ]
+    del modules["ledger.c"]
+    assert import_cycles(import_graph(modules)) == []
+
+
+def test_the_check_catches_an_underscore_import() -> None:
+    source = (
+        "from ledger.services.common import _append_event, append_event\n"
+        "from routing.drains import outcomes\n"
+        "from django.db import _private\n"  # a third party's private: not this check's
+        "from ledger import __doc__\n"
+    )
+    assert underscore_imports(source, "x.py") == [
+        "x.py:1 imports _append_event from ledger.services.common"
+    ]
+
+
+def test_the_check_catches_a_module_over_700_lines() -> None:
+    assert not too_long("x = 1\n" * MAX_LINES)
+    assert too_long("x = 1\n" * (MAX_LINES + 1))
+
+
+def test_the_check_catches_domain_importing_django_or_loopsweb() -> None:
+    source = (
+        "import json\n"
+        "from dataclasses import dataclass\n"
+        "from domain.keys import TODOS_TASK\n"
+        "import django.db\n"
+        "def f() -> None:\n"
+        "    from ledger.models import WorkflowRun\n"
+    )
+    assert foreign_imports(source, domain_may_import, "d.py") == [
+        "d.py:4 imports django.db",
+        "d.py:6 imports ledger.models",
+    ]
+
+
+def test_the_check_catches_ledger_importing_routing() -> None:
+    source = "from domain.keys import TODOS_TASK\nimport routing.models\n"
+    assert foreign_imports(source, ledger_may_import, "l.py") == [
+        "l.py:2 imports routing.models"
+    ]

@@ -3,12 +3,14 @@
 - `common`: messages (upstream wording), status sets, errors, row locks, event append;
 - `work_items`: the admit write admission calls, operator actions (requeue, retry, cancel,
   dead-letter);
-- `runs`: claim, lease, finalize, cancel, lease recovery, the cascade of a run's end;
+- `runs`: claim, park and resume, lease, finalize, cancel;
+- `cascade`: the end of a run and its cascade to steps, work item, loop and spec;
+- `retries`: loop-level retries (the next attempt of a failed run);
+- `recovery`: lease recovery, runs whose task may be lost;
 - `steps`: step start (account cap and cooldown from the rows), process record, finish, skip;
 - `accounts`: the account registry (add, enable/disable, remove);
 - `cooldowns`: account cooldowns after rate limits;
 - `failover`: moving a step to a free member of its run's pool (step start, rate limit);
-- `processes`: stopping the process group a step left behind;
 - `loops`: loop status actions (pause, resume, archive, stop, delete) and their cascades.
 
 Rules every service follows:
@@ -23,15 +25,20 @@ Rules every service follows:
 - Conditional updates (`filter(status=<expected>)`) for claims, so a second delivery or a
   racing recovery changes nothing.
 
-Layer: `ledger` (imports `ledger.*` and `domain` only).
+Layer: ledger services (`tests/test_layers.py`): they import the record, the reads, the queue
+and the adapters below them (`ledger.processes` among them: `kill_step_process_group` is
+re-exported here) and `domain`; never the runner, worktrees or tasks above them.
 """
 
+from ledger.processes import kill_step_process_group
 from ledger.services.accounts import (
     AccountError,
     account_add,
     account_env_parse,
     account_remove,
+    account_self_test,
     account_set_enabled,
+    login_environment,
 )
 from ledger.services.common import (
     CANCEL_REASON_DEFAULT,
@@ -53,9 +60,12 @@ from ledger.services.loops import (
     LoopChange,
     loop_status_change,
 )
-from ledger.services.processes import kill_step_process_group
-from ledger.services.runs import (
+from ledger.services.recovery import (
     RecoveredRun,
+    runs_queued_stale,
+    runs_recover_expired,
+)
+from ledger.services.runs import (
     run_cancel,
     run_claim,
     run_finalize,
@@ -64,8 +74,6 @@ from ledger.services.runs import (
     run_resume,
     run_worktree_record,
     run_worktree_removed,
-    runs_queued_stale,
-    runs_recover_expired,
 )
 from ledger.services.steps import (
     RunEnd,
@@ -103,6 +111,8 @@ __all__ = [
     "LoopChange",
     "RecoveredRun",
     "account_add",
+    "account_self_test",
+    "login_environment",
     "account_env_parse",
     "account_remove",
     "account_set_enabled",

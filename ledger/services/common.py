@@ -136,24 +136,24 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _now(now: datetime | None) -> datetime:
+def now_or_default(now: datetime | None) -> datetime:
     return now if now is not None else timezone.now()
 
 
-def _lease() -> timedelta:
+def lease_duration() -> timedelta:
     return timedelta(seconds=float(settings.LOOPSWEB_RUN_LEASE_SECONDS))
 
 
-def _ms(delta: timedelta) -> int:
+def to_ms(delta: timedelta) -> int:
     return max(0, int(delta.total_seconds() * 1000))
 
 
-def _clean_text(value: str | None) -> str | None:
+def clean_text(value: str | None) -> str | None:
     # PostgreSQL text cannot hold NUL; agent output sometimes does.
     return value.replace("\x00", "\ufffd") if value is not None else None
 
 
-def _lock_run(run_id: str) -> WorkflowRun:
+def lock_run(run_id: str) -> WorkflowRun:
     try:
         return (
             # of=self: lock the run row only (the loop join is nullable, and the spec and loop
@@ -166,18 +166,18 @@ def _lock_run(run_id: str) -> WorkflowRun:
         raise NotFound(RUN_NOT_FOUND.format(run_id=run_id)) from None
 
 
-def _lock_step(
+def lock_step(
     step_run_id: str, *, with_item: bool = False
 ) -> tuple[WorkflowRun, WorkflowStepRun, list[WorkflowStepRun]]:
-    """Lock a step's run row (as `_lock_run`), then the run's step rows (a handful, in
+    """Lock a step's run row (as `lock_run`), then the run's step rows (a handful, in
     sequence order): the step itself and its run's steps, which say what load the run puts
     on its accounts before and after the change (ledger.loads).
 
     `with_item`: the run's work item and its invocation come in the same statement (read,
-    not locked), for a transaction that ends the run (`_maybe_archive_spec` reads them)."""
+    not locked), for a transaction that ends the run (`maybe_archive_spec` reads them)."""
     related = ("work_item__invocation",) if with_item else ()
     try:
-        # The run row found through the step and locked in one statement (as `_lock_run`).
+        # The run row found through the step and locked in one statement (as `lock_run`).
         run = (
             WorkflowRun.objects.select_for_update(no_key=True, of=("self",))
             .select_related("workflow", "loop", *related)
@@ -252,7 +252,7 @@ def _write_events(events: list[tuple[str, str, str | None, Any]]) -> None:
 
 @contextmanager
 def events_in_one_statement() -> Iterator[None]:
-    """Hold the events `_append_event` appends inside the block and write them, in order,
+    """Hold the events `append_event` appends inside the block and write them, in order,
     with one INSERT when it ends (inside the caller's transaction; nothing on an error).
 
     For transactions that append several events (a step finishing and the next starting,
@@ -270,7 +270,7 @@ def events_in_one_statement() -> Iterator[None]:
     _write_events(events)
 
 
-def _append_event(
+def append_event(
     run_id: str,
     event_type: str,
     *,
@@ -290,7 +290,7 @@ def _append_event(
         _write_events([event])
 
 
-def _last_event_is(
+def last_event_is(
     run_id: str, event_type: str, *, step_id: str | None, code: str | None
 ) -> bool:
     """Whether the run's latest event (held ones included) is `event_type` for `step_id`
@@ -314,7 +314,7 @@ def _last_event_is(
     )
 
 
-def _operator_event(
+def append_operator_event(
     run_id: str | None, action: str, *, actor: str | None, reason: str | None
 ) -> None:
     """`operator_<action>` on the run an operator acted on, naming who and why (the audit
@@ -329,7 +329,7 @@ def _operator_event(
     payload: dict[str, Any] = {"user": actor}
     if reason:
         payload["reason"] = reason
-    _append_event(run_id, f"operator_{action}", payload=payload)
+    append_event(run_id, f"operator_{action}", payload=payload)
 
 
 def steps_from_spec(steps_json: Any) -> list[dict[str, Any]]:
@@ -348,7 +348,7 @@ def step_spec(run: WorkflowRun, step_id: str) -> dict[str, Any]:
     return {}
 
 
-def _max_per_profile(step: dict[str, Any]) -> int | None:
+def step_max_per_profile(step: dict[str, Any]) -> int | None:
     routing = step.get("routing")
     if not isinstance(routing, dict):
         target = step.get("target")

@@ -15,7 +15,7 @@ from ledger.models import (
     WorkflowStepRun,
 )
 from ledger.ratelimit import cooldown_backoff
-from ledger.services.common import _clean_text, _now
+from ledger.services.common import clean_text, now_or_default
 
 # --- account cooldowns ------------------------------------------------------------------------
 
@@ -40,7 +40,7 @@ def account_cooldown_record(
        (base × 2^(reports−1), capped). The row keeps the LATEST deadline of all overlapping
        reports; reason, tool and step follow the report that set the kept deadline.
     """
-    now = _now(now)
+    now = now_or_default(now)
     cap = float(settings.LOOPSWEB_COOLDOWN_CAP_SECONDS)
     with transaction.atomic():
         admission_lock()
@@ -62,7 +62,7 @@ def account_cooldown_record(
             row = AccountCooldown(account_profile=profile)
         if row.until is None or not in_episode or deadline >= row.until:
             row.until = deadline
-            row.reason = _clean_text(reason)
+            row.reason = clean_text(reason)
             row.account_tool = tool
             row.step_run = step_run
         row.reports = reports

@@ -30,10 +30,10 @@ from ledger.lock import admission_lock
 from ledger.models import StepStatus, WorkflowRun, WorkflowStepRun
 from ledger.selectors import RegisteredAccount, account_registry, account_state
 from ledger.services.common import (
-    _append_event,
-    _lock_step,
-    _max_per_profile,
-    _now,
+    append_event,
+    lock_step,
+    now_or_default,
+    step_max_per_profile,
     step_spec,
 )
 
@@ -63,7 +63,7 @@ def account_limit(
     registry's max_running (None when neither is set)."""
     limits = [
         n
-        for n in (_max_per_profile(spec), account.max_running if account else None)
+        for n in (step_max_per_profile(spec), account.max_running if account else None)
         if n is not None
     ]
     return min(limits) if limits else None
@@ -128,7 +128,7 @@ def step_failover(
     previous = step.account_profile
     step.account_profile = chosen
     step.save(update_fields=["account_profile", "updated_at"])
-    _append_event(
+    append_event(
         run.id,
         MOVED_EVENT,
         step_id=step.step_id,
@@ -142,10 +142,10 @@ def step_move_after_rate_limit(
 ) -> str | None:
     """After a rate-limited attempt, move the (finished, failed) step to a free pool
     member so the runner can try it again; None when no member is free."""
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         admission_lock()
-        run, step, steps = _lock_step(step_run_id)
+        run, step, steps = lock_step(step_run_id)
         if step.status not in (StepStatus.FAILED, StepStatus.TIMED_OUT):
             return None
         before = run_load(run.status, steps)

@@ -43,19 +43,17 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.processes import kill_leftovers
+from ledger.queue import enqueue_run_workflow
+from ledger.services.cascade import cancel_locked_run, maybe_archive_spec
 from ledger.services.common import (
     LedgerError,
     NotFound,
-    _append_event,
-    _lock_run,
-    _now,
+    append_event,
+    lock_run,
+    now_or_default,
 )
-from ledger.services.processes import _kill_leftovers
-from ledger.services.runs import (
-    _cancel_locked,
-    _maybe_archive_spec,
-    run_again,
-)
+from ledger.services.retries import run_again
 
 PAUSE, RESUME, ARCHIVE, STOP, EXPIRE, DELETE = (
     "pause",
@@ -164,7 +162,7 @@ def loop_status_change(
         raise LedgerError(
             LOOP_ACTION_UNKNOWN.format(action=action, actions=", ".join(LOOP_ACTIONS))
         )
-    now = _now(now)
+    now = now_or_default(now)
     reason = ACTION_REASONS[action]
     to_kill: list[tuple[list[WorkflowStepRun], str | None]] = []
     try:
@@ -200,7 +198,7 @@ def loop_status_change(
     except _DryRun as rollback:
         return rollback.change
     for steps, claimed_by in to_kill:
-        change.killed_pids += _kill_leftovers(steps, claimed_by)
+        change.killed_pids += kill_leftovers(steps, claimed_by)
     return change
 
 
@@ -242,9 +240,9 @@ def _halt(
         .values_list("id", flat=True)
     )
     for run_id in list(open_runs):
-        run = _lock_run(run_id)
+        run = lock_run(run_id)
         # The items were moved above, so the run's own cascade finds nothing active.
-        was_running = _cancel_locked(
+        was_running = cancel_locked_run(
             run,
             reason=reason,
             now=now,
@@ -261,7 +259,7 @@ def _halt(
             .values_list("workflow_run_id", flat=True)
         ):
             if run_id not in change.cancelled_runs:
-                _maybe_archive_spec(_lock_run(run_id), now)
+                maybe_archive_spec(lock_run(run_id), now)
     if action == DELETE:
         loop.delete()  # items and runs keep their rows; their loop reference is cleared
     return to_kill
@@ -281,9 +279,6 @@ def _resume(loop: Loop, change: LoopChange, now: datetime) -> None:
         .exclude(workflow_run__isnull=True)
         .order_by("created_at")
     )
-    # ledger.tasks imports the runner, which imports these services: import at call time.
-    from ledger.tasks import enqueue_run_workflow
-
     for item in parked:
         previous = WorkflowRun.objects.get(pk=item.workflow_run_id)
         n = (
@@ -298,7 +293,7 @@ def _resume(loop: Loop, change: LoopChange, now: datetime) -> None:
             scheduled_for=None,
             idempotency_key=f"{item.id}:{item.attempts}:resume{n}",
         )
-        _append_event(
+        append_event(
             again.id,
             "created",
             payload={

@@ -21,6 +21,7 @@ from ledger.models import (
     WorkflowStepRun,
 )
 from ledger.selectors import AccountGate, RegisteredAccount, account_gate
+from ledger.services.cascade import end_run
 from ledger.services.common import (
     OPEN_STEP_STATUSES,
     STEP_CLAIMABLE_STATUSES,
@@ -31,18 +32,17 @@ from ledger.services.common import (
     WAIT_AT_CAPACITY,
     WAIT_COOLING,
     LedgerError,
-    _append_event,
-    _clean_text,
-    _last_event_is,
-    _lease,
-    _lock_step,
-    _ms,
-    _now,
+    append_event,
+    clean_text,
     events_in_one_statement,
+    last_event_is,
+    lease_duration,
+    lock_step,
+    now_or_default,
     step_spec,
+    to_ms,
 )
 from ledger.services.failover import account_limit, step_failover
-from ledger.services.runs import _end_run
 from ledger.usage import Usage
 
 WAIT_DISABLED = "account {profile} is disabled in the account registry"
@@ -108,10 +108,10 @@ def step_start(
     4. Started: started_at = now, finish fields and output cleared, event `step_started`
        with the account.
     """
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic(), events_in_one_statement():
         admission_lock()
-        run, step, steps = _lock_step(step_run_id)
+        run, step, steps = lock_step(step_run_id)
         before = run_load(run.status, steps)
         outcome = _start_locked(run, step, steps, worker=worker, now=now)
         apply_load_delta(load_change(before, run_load(run.status, steps)))
@@ -137,10 +137,10 @@ def step_complete(
     statement for all the events, instead of a transaction for each. The run must be
     `running` and claimed by `worker` (else `LedgerError`, and nothing is written).
     """
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic(), events_in_one_statement():
         admission_lock()
-        run, step, steps = _lock_step(step_run_id, with_item=end is not None)
+        run, step, steps = lock_step(step_run_id, with_item=end is not None)
         if run.status != RunStatus.RUNNING or run.claimed_by != worker:
             raise LedgerError(
                 STEP_NOT_RUNNING.format(
@@ -160,7 +160,7 @@ def step_complete(
             for other in steps:
                 if other.status in OPEN_STEP_STATUSES:
                     _skip_locked(run, other, end.skip_reason)
-            _end_run(
+            end_run(
                 run,
                 status=end.status,
                 error=end.error,
@@ -211,12 +211,12 @@ def _start_locked(
     if refusal is not None:
         code, reason, retry_at = refusal
         # The wait renews the lease (a started step's process renews it as it runs).
-        run.lease_expires_at = now + _lease()
+        run.lease_expires_at = now + lease_duration()
         WorkflowRun.objects.filter(pk=run.id).update(
             lease_expires_at=run.lease_expires_at, updated_at=now
         )
-        if not _last_event_is(run.id, "step_waiting", step_id=step.step_id, code=code):
-            _append_event(
+        if not last_event_is(run.id, "step_waiting", step_id=step.step_id, code=code):
+            append_event(
                 run.id,
                 "step_waiting",
                 step_id=step.step_id,
@@ -239,7 +239,7 @@ def _start_locked(
     step.stderr = None
     step.error = None
     step.save()
-    _append_event(
+    append_event(
         run.id,
         "step_started",
         step_id=step.step_id,
@@ -323,9 +323,9 @@ def step_finish(
         error=error,
         usage=usage,
     )
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
-        run, step, steps = _lock_step(step_run_id)
+        run, step, steps = lock_step(step_run_id)
         before = run_load(run.status, steps)
         _finish_locked(run, step, steps, result, now=now)
         apply_load_delta(load_change(before, run_load(run.status, steps)))
@@ -357,17 +357,17 @@ def _finish_locked(
     step.duration_ms = (
         result.duration_ms
         if result.duration_ms is not None
-        else (_ms(now - step.started_at) if step.started_at else None)
+        else (to_ms(now - step.started_at) if step.started_at else None)
     )
-    step.stdout = _clean_text(result.stdout)
-    step.stderr = _clean_text(result.stderr)
-    step.error = _clean_text(result.error)
+    step.stdout = clean_text(result.stdout)
+    step.stderr = clean_text(result.stderr)
+    step.error = clean_text(result.error)
     step.usage_input_tokens = usage.input_tokens if usage else None
     step.usage_output_tokens = usage.output_tokens if usage else None
     step.usage_cached_tokens = usage.cached_tokens if usage else None
     step.usage_cost_usd = usage.cost_usd if usage else None
     step.save()
-    _append_event(
+    append_event(
         run.id,
         f"step_{result.status}",
         step_id=step.step_id,
@@ -383,9 +383,9 @@ def step_skip(
     *, step_run_id: str, reason: str | None = None, now: datetime | None = None
 ) -> WorkflowStepRun:
     """Skip a pending (or running) step, e.g. after an earlier step failed; event `step_skipped`."""
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
-        run, step, steps = _lock_step(step_run_id)
+        run, step, steps = lock_step(step_run_id)
         before = run_load(run.status, steps)
         _skip_locked(run, step, reason)
         apply_load_delta(load_change(before, run_load(run.status, steps)))
@@ -400,9 +400,9 @@ def _skip_locked(run: WorkflowRun, step: WorkflowStepRun, reason: str | None) ->
             )
         )
     step.status = StepStatus.SKIPPED
-    step.error = _clean_text(reason)
+    step.error = clean_text(reason)
     step.save(update_fields=["status", "error", "updated_at"])
-    _append_event(
+    append_event(
         run.id,
         "step_skipped",
         step_id=step.step_id,

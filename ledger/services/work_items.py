@@ -47,8 +47,8 @@ from ledger.services.common import (
     WORK_ITEM_NOT_REQUEUEABLE,
     LedgerError,
     NotFound,
-    _now,
-    _operator_event,
+    append_operator_event,
+    now_or_default,
 )
 from ledger.services.runs import run_cancel
 from ledger.signals import work_item_requeued
@@ -123,7 +123,7 @@ def work_item_requeue(
     """
     if not reason or not reason.strip():
         raise ValidationError(REQUEUE_REASON_REQUIRED)
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         # Before the item's row: a drain holds this lock when it locks the item's inbox row
         # and then the item, so taking it first here keeps the two from deadlocking.
@@ -137,18 +137,10 @@ def work_item_requeue(
             raise LedgerError(
                 RUN_NOT_LATEST.format(item_id=item.id, run_id=expected_run_id)
             )
-        _operator_event(
+        append_operator_event(
             item.workflow_run_id, action, actor=actor, reason=reason.strip()
         )
-        item.status = WorkItemStatus.QUEUED
-        item.workflow = None
-        item.loop = None
-        item.workflow_run = None
-        item.lease_expires_at = None
-        item.next_attempt_at = None
-        item.last_reason = reason.strip()
-        item.reason_code = None
-        item.save()
+        item.requeue(reason.strip())
         # The inbox (routing) reopens the events that produced the item: requeue means
         # "admit this again", and the inbox is how loopsweb re-delivers.
         work_item_requeued.send(sender=WorkflowWorkItem, item=item, now=now)
@@ -170,7 +162,7 @@ def work_item_cancel(
     """
     if not reason or not reason.strip():
         raise ValidationError(REASON_REQUIRED)
-    now = _now(now)
+    now = now_or_default(now)
     with transaction.atomic():
         item = _get_item(item_id)
         if item.status not in CANCELLABLE_STATUSES:
@@ -229,7 +221,7 @@ def work_item_dead_letter(
             WorkItemStatus.CANCELLED,
         ):
             # a finished item's (terminal) run records who parked it
-            _operator_event(
+            append_operator_event(
                 item.workflow_run_id, "dead_letter", actor=actor, reason=reason.strip()
             )
         item.status = WorkItemStatus.DEAD_LETTER

@@ -38,6 +38,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.queue import enqueue_run_workflow
 from ledger.selectors import (
     ActiveCountsByKey,
     account_registry,
@@ -45,7 +46,6 @@ from ledger.selectors import (
     active_counts_by_key,
 )
 from ledger.services import work_item_admit_rows
-from ledger.tasks import enqueue_run_workflow
 from routing.admission.decide import (
     FullCaps,
     Hold,

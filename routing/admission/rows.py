@@ -140,8 +140,7 @@ def work_item_upsert(
         item.last_reason = reason if reason is not None else item.last_reason
     item.status = status
     item.reason_code = reason_code
-    item.workflow = item.loop = item.workflow_run = None
-    item.lease_expires_at = None
+    item.unbind()
     if save:
         item.save()
     return item
@@ -149,16 +148,6 @@ def work_item_upsert(
 
 def admitted_reason(plan: RoutePlan) -> str:
     return f"admitted by {plan.route_key} route"
-
-
-def requeue_for_readmission(item: WorkflowWorkItem, reason: str) -> None:
-    # §2.1 requeue: bindings, next attempt and lease cleared; attempts kept (0.4.12).
-    item.status = WorkItemStatus.QUEUED
-    item.workflow = item.loop = item.workflow_run = None
-    item.next_attempt_at = item.lease_expires_at = None
-    item.last_reason = reason
-    item.reason_code = None
-    item.save()
 
 
 def spec_reuse_or_create(

@@ -42,9 +42,9 @@ from ledger.models import (
     WorkItemDeferral,
     WorkItemStatus,
 )
+from ledger.queue import enqueue_run_workflow
 from ledger.selectors import admission_rows, registered_providers
 from ledger.services import work_item_admit
-from ledger.tasks import enqueue_run_workflow
 from routing.admission.decide import Hold, pool_assignment_now, precheck
 from routing.admission.options import RouteOptions
 from routing.admission.plan import RoutePlan, plan_route
@@ -56,7 +56,6 @@ from routing.admission.rows import (
     invocation_reuse_or_create,
     loop_description,
     pool_body,
-    requeue_for_readmission,
     spec_reuse_or_create,
     work_item_upsert,
 )
@@ -195,7 +194,7 @@ def _admit(
                 dry_run=dry_run,
             )
         # A finished item is requeued (not active before or after: the counts still hold).
-        requeue_for_readmission(existing, readmission.reason or "")
+        existing.requeue(readmission.reason or "")
 
     # Throttle first (§3.7 order), then the pool: both read rows inside this transaction.
     seen = found.active
@@ -326,7 +325,7 @@ def _admit(
 
 def hand_over(result: RouteResult) -> None:
     """Hand a created run to the runner (inside the admitting transaction: see
-    `ledger.tasks.enqueue_run_workflow`); anything else has no run to hand over."""
+    `ledger.queue.enqueue_run_workflow`); anything else has no run to hand over."""
     if result.kind == CREATED and result.run is not None:
         enqueue_run_workflow(result.run.id)
 

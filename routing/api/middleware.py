@@ -2,9 +2,10 @@
 
 Producers and scrapers parse the body of every answer, so a failure inside a view (or a
 database that cannot be reached) must not fall through to Django's HTML error pages:
-- a database that cannot be reached, or that drops the connection (OperationalError,
-  InterfaceError): 503 `{"error": ...}` with `Retry-After`; the request wrote nothing it
-  did not commit, so the client may retry;
+- a database error that passes (`ledger.dberrors.error_passes`: unreachable, a dropped
+  connection, too many connections, a full disk, read-only, a deadlock; and any other
+  OperationalError or InterfaceError): 503 `{"error": ...}` with `Retry-After`; the request
+  wrote nothing it did not commit, so the client may retry;
 - any other exception: 500 `{"error": ...}`, logged with its traceback (never sent).
 Other paths keep Django's own pages.
 """
@@ -20,10 +21,13 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import csrf as csrf_views
 from django.views import defaults
 
+from ledger.dberrors import error_passes, writes_refused
+
 logger = logging.getLogger("routing.api")
 
 API_PREFIXES = ("/api/", "/metrics")
 DATABASE_UNAVAILABLE = "database unavailable; retry later"
+DATABASE_REFUSES_WRITES = "database refuses writes (full or read-only); retry later"
 INTERNAL_ERROR = "internal error"
 RETRY_AFTER_SECONDS = "5"
 
@@ -33,11 +37,12 @@ def is_api_path(path: str) -> bool:
 
 
 def api_exception_response(request: HttpRequest, exc: BaseException) -> JsonResponse:
-    if isinstance(exc, (OperationalError, InterfaceError)):
+    if error_passes(exc) or isinstance(exc, (OperationalError, InterfaceError)):
         logger.error(
             "database unavailable during %s %s: %s", request.method, request.path, exc
         )
-        response = JsonResponse({"error": DATABASE_UNAVAILABLE}, status=503)
+        error = DATABASE_REFUSES_WRITES if writes_refused(exc) else DATABASE_UNAVAILABLE
+        response = JsonResponse({"error": error}, status=503)
         response["Retry-After"] = RETRY_AFTER_SECONDS
         return response
     logger.error(

@@ -201,7 +201,7 @@ def _floor(count: int, bulk: bool) -> dict[str, Any]:
         WorkflowStepRun,
         WorkflowWorkItem,
     )
-    from ledger.tasks import enqueue_run_workflow
+    from ledger.queue import enqueue_run_workflow
     from routing.models import InboxEvent
 
     admissions = _floor_rows(count)

@@ -31,12 +31,14 @@ from django.db.migrations.state import ModelState, ProjectState
 from ledger.migration_checks import (
     LockFileError,
     check_migrations,
+    migration_sha256,
+    read_lock,
+)
+from ledger.migration_rules import (
     database_operations,
     has_breaking_marker,
     irreversible_reason,
-    migration_sha256,
     non_additive_reasons,
-    read_lock,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +53,7 @@ def make_tree(tmp_path: Path) -> Path:
     tree.mkdir()
     for name in ("manage.py", "migrations.lock"):
         shutil.copy2(ROOT / name, tree / name)
-    for package in ("loopsweb", "ledger", "routing"):
+    for package in ("domain", "loopsweb", "ledger", "routing"):
         shutil.copytree(
             ROOT / package,
             tree / package,
@@ -172,14 +174,14 @@ def test_a_removed_released_migration_fails_the_check(tmp_path: Path) -> None:
 @pytest.mark.sqlite  # backend-independent (own SQLite file): run once
 def test_a_model_change_without_a_migration_fails_the_check(tmp_path: Path) -> None:
     tree = make_tree(tmp_path)
-    with (tree / "ledger" / "models.py").open("a") as f:
+    with (tree / "ledger" / "models" / "runs.py").open("a") as f:
         f.write(
             "\n\nclass H7Drift(models.Model):\n"
             "    note = models.TextField()\n\n"
             "    def __str__(self) -> str:\n        return self.note\n"
         )
     proc = run(tree, "check_migrations")
-    assert_fails_naming(proc, "missing_migration", "ledger/models.py")
+    assert_fails_naming(proc, "missing_migration", "ledger/models/")
     assert "Create model H7Drift" in proc.stderr
 
 

@@ -14,7 +14,7 @@ from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.tasks import async_task
 
-from ledger import services, tasks
+from ledger import queue, services, tasks
 from ledger.models import RunStatus, StepStatus, WorkflowRun
 from ledger.runner import HANDED_BACK, NOT_CLAIMED
 from tests.ledger.runner_helpers import (
@@ -36,7 +36,7 @@ def agent(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Fak
 def _admit(steps: list[dict[str, Any]]) -> WorkflowRun:
     """A run as admission leaves it, its task queued (as routing.admission does)."""
     run = admit_workflow(steps)
-    tasks.enqueue_run_workflow(run.id)
+    queue.enqueue_run_workflow(run.id)
     return run
 
 
@@ -44,7 +44,7 @@ def _run_rows(run_id: str) -> list[OrmQ]:
     return [
         row
         for row in OrmQ.objects.order_by("id")
-        if row.task.get("func") == tasks.RUN_TASK and row.task["args"] == (run_id,)
+        if row.task.get("func") == queue.RUN_TASK and row.task["args"] == (run_id,)
     ]
 
 
@@ -210,7 +210,7 @@ def test_a_retry_s_one_off_schedule_queues_the_run_on_the_run_cluster_s_queue(
     from django_q.scheduler import scheduler
 
     run = admit_workflow([agent_step("worker", cwd=tmp_path, profile=None)])
-    tasks.enqueue_run_workflow(
+    queue.enqueue_run_workflow(
         run.id, not_before=timezone.now() + timedelta(seconds=30)
     )
     assert _run_rows(run.id) == []

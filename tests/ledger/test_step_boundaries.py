@@ -24,7 +24,7 @@ from ledger.models import (
 )
 from ledger.runner import run_workflow_run
 from ledger.selectors import account_gate
-from ledger.services.common import _append_event, events_in_one_statement
+from ledger.services.common import append_event, events_in_one_statement
 from tests.account_loads import assert_account_counts_match_rows
 from tests.ledger.runner_helpers import (
     FakeAgent,
@@ -211,9 +211,9 @@ def test_events_held_for_one_statement_keep_their_order_per_run_and_vanish_on_er
     base_one, base_two = len(event_types(one)), len(event_types(two))
 
     with transaction.atomic(), events_in_one_statement():
-        _append_event(one.id, "note_a")
-        _append_event(two.id, "note_b")
-        _append_event(one.id, "note_c", step_id="worker", payload={"n": 1})
+        append_event(one.id, "note_a")
+        append_event(two.id, "note_b")
+        append_event(one.id, "note_c", step_id="worker", payload={"n": 1})
         assert not WorkflowEvent.objects.filter(event_type__startswith="note").exists()
 
     assert event_types(one)[base_one:] == [
@@ -225,7 +225,7 @@ def test_events_held_for_one_statement_keep_their_order_per_run_and_vanish_on_er
 
     with pytest.raises(RuntimeError), transaction.atomic():
         with events_in_one_statement():
-            _append_event(one.id, "note_lost")
+            append_event(one.id, "note_lost")
             raise RuntimeError("boom")
     assert not WorkflowEvent.objects.filter(event_type="note_lost").exists()
 

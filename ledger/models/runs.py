@@ -1,0 +1,189 @@
+"""Workflow runs, their step runs and their events."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from ledger.models.base import TimestampedModel, id_field
+from ledger.models.loops import Loop, LoopRun
+from ledger.models.specs import WorkflowInvocation, WorkflowSpec
+from ledger.models.statuses import RunStatus, StepStatus
+
+
+class WorkflowRun(TimestampedModel):
+    id = id_field()
+    workflow = models.ForeignKey(
+        WorkflowSpec, on_delete=models.CASCADE, db_index=False, related_name="runs"
+    )
+    workflow_name = models.CharField(max_length=500)
+    loop = models.ForeignKey(
+        Loop,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        db_index=False,
+        related_name="workflow_runs",
+    )
+    loop_run = models.ForeignKey(
+        LoopRun,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        db_index=False,
+        related_name="workflow_runs",
+    )
+    invocation = models.ForeignKey(
+        WorkflowInvocation,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        db_index=False,
+        db_constraint=False,  # upstream keeps this a plain id column
+        related_name="runs",
+    )
+    work_item = models.ForeignKey(
+        "WorkflowWorkItem",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        db_index=False,
+        db_constraint=False,  # upstream keeps this a plain id column
+        related_name="runs",
+    )
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=500, null=True, blank=True)
+    manifest_path = models.TextField(null=True, blank=True)
+    status = models.CharField(max_length=20, choices=RunStatus.choices)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.BigIntegerField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    goal_run_id = models.CharField(max_length=32, null=True, blank=True)
+    # loopsweb (0003): the runner's lease. A running run whose lease expired lost its worker;
+    # recovery fails it and frees its account and cap slots.
+    claimed_by = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # loopsweb (0005): the run's own git worktree (ledger.worktrees), recorded before it is
+    # made so a crash never leaves one nobody knows of; removed_at once it is gone.
+    worktree_path = models.TextField(null=True, blank=True)
+    worktree_branch = models.CharField(max_length=255, null=True, blank=True)
+    worktree_removed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "workflow_runs"
+        constraints = [
+            # one run per (workflow, idempotency key): a second create returns the first
+            models.UniqueConstraint(
+                fields=["workflow", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="idx_workflow_runs_idempotency",
+            ),
+        ]
+        indexes = [
+            # a workflow's runs, newest first (spec archive check, admin inline)
+            models.Index(
+                fields=["workflow", "-created_at"],
+                name="idx_workflow_runs_workflow_created",
+            ),
+            # runs of one loop run
+            models.Index(fields=["loop_run"], name="idx_workflow_runs_loop_run"),
+            # queued/running runs: the runner's claim and the account-load count
+            models.Index(fields=["status"], name="idx_workflow_runs_status"),
+            # runs of one invocation (ops pages)
+            models.Index(fields=["invocation"], name="idx_workflow_runs_invocation"),
+            # runs of one work item (item detail, cascades)
+            models.Index(fields=["work_item"], name="idx_workflow_runs_work_item"),
+            # lease recovery: running runs whose lease expired
+            models.Index(
+                fields=["status", "lease_expires_at"],
+                name="idx_workflow_runs_status_lease",
+            ),
+            # worktree prune: runs whose worktree still exists (few), by finish time
+            models.Index(
+                fields=["finished_at"],
+                name="idx_workflow_runs_worktree_open",
+                condition=Q(
+                    worktree_path__isnull=False, worktree_removed_at__isnull=True
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} [{self.status}]"
+
+
+class WorkflowStepRun(TimestampedModel):
+    id = id_field()
+    workflow_run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, db_index=False, related_name="step_runs"
+    )
+    step_id = models.CharField(max_length=200)
+    sequence = models.IntegerField()
+    status = models.CharField(
+        max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING
+    )
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    duration_ms = models.BigIntegerField(null=True, blank=True)
+    stdout = models.TextField(null=True, blank=True)
+    stderr = models.TextField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    # The account the step ran on (0.4.12): the resolved auth profile and the provider tool.
+    account_profile = models.CharField(max_length=200, null=True, blank=True)
+    account_tool = models.CharField(max_length=100, null=True, blank=True)
+    goal_run_id = models.CharField(max_length=32, null=True, blank=True)
+    # loopsweb (0004): usage the agent reported in its machine-readable output (codex
+    # --json, claude --output-format json); NULL when it printed none we could read.
+    usage_input_tokens = models.BigIntegerField(null=True, blank=True)
+    usage_output_tokens = models.BigIntegerField(null=True, blank=True)
+    usage_cached_tokens = models.BigIntegerField(null=True, blank=True)
+    usage_cost_usd = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        db_table = "workflow_step_runs"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workflow_run", "step_id"],
+                name="workflow_step_runs_workflow_run_id_step_id_key",
+            ),
+        ]
+        indexes = [
+            # a run's steps in order (runner, run detail)
+            models.Index(
+                fields=["workflow_run", "sequence"],
+                name="idx_workflow_step_runs_run_sequence",
+            ),
+            # running steps per account: the per-profile load count inside admission
+            models.Index(fields=["status"], name="idx_workflow_step_runs_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step_id} [{self.status}]"
+
+
+class WorkflowEvent(models.Model):
+    id = id_field()
+    workflow_run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, db_index=False, related_name="events"
+    )
+    sequence = models.IntegerField()
+    event_type = models.CharField(max_length=100)
+    step_id = models.CharField(max_length=200, null=True, blank=True)
+    payload_json = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "workflow_events"
+        constraints = [
+            # per-run sequence, MAX+1 under the write lock; also the run's event index
+            models.UniqueConstraint(
+                fields=["workflow_run", "sequence"],
+                name="workflow_events_workflow_run_id_sequence_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.sequence} {self.event_type}"

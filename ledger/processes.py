@@ -1,0 +1,285 @@
+"""Process supervision: a step runs as its own process group, and nothing of it outlives
+the step unrecorded.
+
+- `run_process`: `Popen(argv, start_new_session=True)`, so the step and everything it spawns
+  is one process group; bounded stdout/stderr tails; `timeoutMs` and `idleTimeoutMs`
+  enforced by killing the group (SIGTERM, then SIGKILL after the grace period); the run's
+  lease renewed through `keep_alive` about three times per lease; when the step's process
+  exits, anything it left running in its group is killed.
+- `kill_step_process_group` / `kill_leftovers`: a group a step left behind on this host
+  (the ledger ended the step: a cancel, a lease recovery), found by pid and start time so a
+  reused pid is never signalled.
+
+No database writes here: the runner records what happened through the services (which call
+`kill_leftovers` after the commit that ended a step).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from django.conf import settings
+
+from ledger.models import WorkflowStepRun
+from ledger.providers import Invocation
+
+STEP_SPAWN_FAILED = "step could not be started: {error}"
+
+# How long output pipes may stay open after the step's process exited (a grandchild holding
+# them) before the rest of the group is killed.
+_PIPE_DRAIN_SECONDS = 0.5
+_SELECT_SECONDS = 0.1
+_READ_BYTES = 65536
+
+
+# --- a step's process -------------------------------------------------------------------------
+
+
+class _Tail:
+    """The last `limit` bytes of a stream, and how many earlier bytes were dropped."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.buffer = bytearray()
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        self.buffer += data
+        excess = len(self.buffer) - self.limit
+        if excess > 0:
+            del self.buffer[:excess]
+            self.dropped += excess
+
+    def text(self) -> str:
+        body = self.buffer.decode("utf-8", "replace")
+        if self.dropped:
+            return f"[... {self.dropped} earlier bytes dropped ...]\n{body}"
+        return body
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    pid: int | None
+    exit_code: int | None
+    signal_name: str | None
+    stdout: str
+    stderr: str
+    duration_ms: int
+    timeout: str | None = None  # "total" or "idle"
+    lost: bool = False
+    spawn_error: str | None = None
+
+
+def kill_process_group(proc: subprocess.Popen[bytes], grace_seconds: float) -> None:
+    """SIGTERM the process group, wait up to `grace_seconds`, then SIGKILL what is left."""
+    pgid = proc.pid  # start_new_session: the step leads its own group
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_seconds
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        # Also reaches grandchildren that outlived a leader which obeyed SIGTERM.
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_process(
+    *,
+    invocation: Invocation,
+    timeout_seconds: float | None,
+    idle_timeout_seconds: float | None,
+    tail_bytes: int,
+    grace_seconds: float,
+    on_spawn: Callable[[int], None],
+    keep_alive: Callable[[], bool],
+    keep_alive_every: float,
+) -> ProcessResult:
+    """Run one step's process to the end; never raises for the process's own failures.
+
+    `keep_alive` (the lease renewal) is called every `keep_alive_every` seconds while the
+    process lives; False means the run is no longer ours and the group is killed.
+    """
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            invocation.argv,
+            cwd=invocation.cwd,
+            env=invocation.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except (OSError, ValueError) as exc:
+        return ProcessResult(
+            pid=None,
+            exit_code=None,
+            signal_name=None,
+            stdout="",
+            stderr="",
+            duration_ms=0,
+            spawn_error=STEP_SPAWN_FAILED.format(error=exc),
+        )
+    out, err = _Tail(tail_bytes), _Tail(tail_bytes)
+    timeout: str | None = None
+    lost = False
+    try:
+        on_spawn(proc.pid)
+        selector = selectors.DefaultSelector()
+        assert proc.stdout is not None and proc.stderr is not None
+        selector.register(proc.stdout, selectors.EVENT_READ, out)
+        selector.register(proc.stderr, selectors.EVENT_READ, err)
+        last_output = started
+        next_keep_alive = started + keep_alive_every
+        exited_at: float | None = None
+        while True:
+            if selector.get_map():
+                for key, _ in selector.select(_SELECT_SECONDS):
+                    data = os.read(key.fd, _READ_BYTES)
+                    if data:
+                        key.data.add(data)
+                        last_output = time.monotonic()
+                    else:
+                        selector.unregister(key.fileobj)
+            else:
+                # Both pipes closed but the process lives on: keep enforcing the limits.
+                time.sleep(_SELECT_SECONDS)
+            now = time.monotonic()
+            if proc.poll() is not None:
+                if not selector.get_map():
+                    break
+                # Exited; pipes still open means a grandchild holds them: give it a moment to
+                # flush, then end the whole group so the step cannot leave anything behind.
+                exited_at = exited_at or now
+                if now - exited_at > _PIPE_DRAIN_SECONDS:
+                    kill_process_group(proc, 0)
+                    break
+                continue
+            if timeout is not None or lost:
+                continue
+            if timeout_seconds and now - started >= timeout_seconds:
+                timeout = "total"
+            elif idle_timeout_seconds and now - last_output >= idle_timeout_seconds:
+                timeout = "idle"
+            elif now >= next_keep_alive:
+                next_keep_alive = now + keep_alive_every
+                lost = not keep_alive()
+            if timeout is not None or lost:
+                kill_process_group(proc, grace_seconds)
+        selector.close()
+    except BaseException:
+        # Whatever happened to the runner (an error, SystemExit from SIGTERM), the step's
+        # processes must not outlive it unrecorded.
+        kill_process_group(proc, 0)
+        raise
+    finally:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    code = proc.wait()
+    try:
+        # The step is over: whatever it left running in its group goes too. (The group id
+        # cannot be reused while any member is alive, so this never hits a stranger.)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    return ProcessResult(
+        pid=proc.pid,
+        exit_code=code if code >= 0 else None,
+        signal_name=signal.Signals(-code).name if code < 0 else None,
+        stdout=out.text(),
+        stderr=err.text(),
+        duration_ms=int((time.monotonic() - started) * 1000),
+        timeout=timeout,
+        lost=lost,
+    )
+
+
+# --- process groups left behind ---------------------------------------------------------------
+
+
+def _process_start_time(pid: int) -> datetime | None:
+    """When `pid` started (Linux /proc), to tell a step's process from a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError):
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    ticks = int(fields[19])  # field 22 of stat: start time in clock ticks after boot
+    seconds = boot + ticks / os.sysconf("SC_CLK_TCK")
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def kill_step_process_group(
+    step: WorkflowStepRun, *, claimed_by: str | None, grace_seconds: float = 1.0
+) -> bool:
+    """Kill a step's process group if it still lives on this host. True when signalled.
+
+    Only the claiming host can see the process. The pid is trusted only when it still leads
+    its own group (the runner starts every step in a new session) and started no earlier
+    than the step did, so a reused pid is never killed.
+    """
+    pid = step.pid
+    if not pid or not claimed_by or not step.started_at:
+        return False
+    if claimed_by.rsplit(":", 1)[0] != socket.gethostname():
+        return False
+    try:
+        if os.getpgid(pid) != pid:
+            return False
+    except ProcessLookupError:
+        return False
+    started = _process_start_time(pid)
+    # /proc's boot time has one-second resolution: allow two seconds of slack.
+    if started is None or started < step.started_at - timedelta(seconds=2):
+        return False
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def kill_leftovers(
+    steps: Iterable[WorkflowStepRun], claimed_by: str | None
+) -> list[int]:
+    """Kill the process groups `steps` (just ended by the ledger) left alive on this host,
+    with LOOPSWEB_KILL_GRACE_SECONDS between SIGTERM and SIGKILL; the pids signalled."""
+    grace = float(settings.LOOPSWEB_KILL_GRACE_SECONDS)
+    return [
+        step.pid
+        for step in steps
+        if step.pid
+        and kill_step_process_group(step, claimed_by=claimed_by, grace_seconds=grace)
+    ]
