@@ -38,6 +38,7 @@ from routing.admission import (
     SKIPPED,
     RouteOptions,
     RoutePlan,
+    RouteRefused,
     plan_route,
     route_event,
 )
@@ -177,14 +178,17 @@ def _route_accepted(
             )
             results.append({**compact_result(result.to_dict()), "routeKind": kind})
         except ApplicationError as exc:
-            # Planned successfully a moment ago, so this is rare (e.g. a template changed);
-            # record it on the row like a drain's fatal item and carry on with the batch.
+            # A todos task refused after its early dedupe (worktree required, no git work
+            # tree) is a route error, skipped as a drain skips it (docs/upstream.md
+            # §5.2.3). Anything else planned successfully a moment ago, so it is rare (e.g.
+            # a template changed): recorded like a drain's fatal item. The batch goes on.
             failed = {
                 "kind": SKIPPED,
-                "fatal": True,
+                "skipped": True,
                 "reason": str(exc),
                 "event": {"id": envelope.id, "type": envelope.type},
             }
+            failed["routeError" if isinstance(exc, RouteRefused) else "fatal"] = True
             inbox_record_hold(inbox_id, failed, now)
             results.append({**compact_result(failed), "routeKind": kind})
     return results

@@ -166,6 +166,7 @@ COMPACT_FIELDS = (
     "requeue",
     "queuedAtSource",
     "precheck",
+    "routeError",
     "fatal",
 )
 
@@ -191,6 +192,7 @@ def compact_result(result: Mapping[str, Any]) -> dict[str, Any]:
         "requeue": result.get("requeue"),
         "queuedAtSource": result.get("queuedAtSource"),
         "precheck": result.get("precheck"),
+        "routeError": result.get("routeError"),
         "fatal": result.get("fatal"),
     }
     return {k: v for k, v in flat.items() if v is not None}

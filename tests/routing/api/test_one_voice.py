@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -154,3 +155,31 @@ def test_drains_accept_generic_as_well_as_generic_event(client: Client) -> None:
     assert answers[0].json()["drains"] == answers[1].json()["drains"]
     assert len(answers[0].json()["drains"]) == 1
     assert client.get("/api/v1/drains?kind=cron", **bearer(token)).status_code == 400
+
+
+def test_route_now_refuses_a_new_task_as_a_route_error_and_dedupes_a_routed_one(
+    client: Client, tmp_path: Path, settings: Any
+) -> None:
+    """docs/upstream.md §3.2.9 -> §3.2.10 through the API: worktree required on a path that
+    is not a git work tree."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    settings.LOOPSWEB_PROJECT_ROOTS = [str(tmp_path)]
+    token = make_token("ingest")[1]
+    routed = todos_event("W-1", project=str(plain))
+    first = post_events(client, token, routed, query="route=now").json()
+    assert first["results"][0]["kind"] == "created"
+    replay = dict(routed, id="evt-W-1-again")
+    query = "route=now&worktree_mode=required"
+    again = post_events(client, token, replay, query=query).json()
+    assert again["results"][0]["kind"] == "deduped"
+    fresh = post_events(
+        client, token, todos_event("W-2", project=str(plain)), query=query
+    ).json()
+    [result] = fresh["results"]
+    assert result["kind"] == "skipped" and result["routeError"] is True
+    assert "fatal" not in result
+    assert result["reason"] == (
+        f"worktreeMode=required but projectPath is not an existing git repository: {plain}"
+    )
+    assert InboxEvent.objects.get(event_id="evt-W-2").state == "skipped"
