@@ -13,11 +13,17 @@ Contract:
    text, trimmed, blanks dropped, duplicates dropped (first occurrence kept).
 4. Project path and group hints return raw text; normalizing a path (realpath, git
    top-level) touches the filesystem and belongs to the service.
+5. A todos task whose description has a ``Repository: <path or owner/repo>`` line (the
+   first such line, the label case-insensitive) names its project there when no task or
+   metadata path field does (docs/upstream.md §5.1): an absolute path as it is; an
+   ``owner/repo`` name through the caller's ``find_checkout`` (the file system's business),
+   and not at all without one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,22 +202,65 @@ def record_tags(record: object) -> list[str]:
     return tags
 
 
+_REPOSITORY_LINE = re.compile(
+    r"^[ \t>*-]*repository:[ \t]*(\S[^\r\n]*?)[ \t]*$", re.I | re.M
+)
+_OWNER_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+
+FindCheckout = Callable[[str], str | None]
+"""Maps an ``owner/repo`` name to the project directory that holds its checkout, or None."""
+
+
+def description_repository(description: object) -> str | None:
+    """The value of the first ``Repository:`` line of a task description, trimmed (a
+    trailing ``.git`` and ``/`` dropped), or None."""
+    if not isinstance(description, str):
+        return None
+    match = _REPOSITORY_LINE.search(description)
+    if match is None:
+        return None
+    value = match.group(1).strip().strip("`").strip().rstrip("/")
+    if value.endswith(".git"):
+        value = value[: -len(".git")]
+    return value.rstrip("/") or None
+
+
+def repository_path_hint(
+    data: Mapping[str, Any], *, find_checkout: FindCheckout | None = None
+) -> str | None:
+    """The project path a todos task's ``Repository:`` line names (contract 5), or None."""
+    value = description_repository(task_field(dict(data), "description"))
+    if value is None:
+        return None
+    if value.startswith("/"):
+        return value
+    for prefix in ("https://github.com/", "http://github.com/", "github.com/"):
+        if value.lower().startswith(prefix):
+            value = value[len(prefix) :]
+    if _OWNER_REPO.match(value) and ".." not in value.split("/"):
+        return find_checkout(value) if find_checkout is not None else None
+    return None
+
+
 def todos_project_path_hint(
     data: Mapping[str, Any],
     metadata: Mapping[str, Any],
     *,
     option: str | None,
     cwd: str | None = None,
+    find_checkout: FindCheckout | None = None,
 ) -> str | None:
     """Un-normalized project path for a todos-task route (0.4.11/0.4.12 precedence).
 
-    Task fields first, then envelope metadata, then ``--project-path``, then ``cwd``
-    (upstream's process directory; admission passes none, so a route never lands in the
-    directory of whatever process routed it).
+    Task fields first, then envelope metadata, then the description's ``Repository:`` line
+    (contract 5), then ``--project-path``, then ``cwd`` (upstream's process directory;
+    admission passes none, so a route never lands in the directory of whatever process
+    routed it).
     """
     return (
         task_field(dict(data), *TODOS_DATA_PATH_KEYS)
         or first_string(dict(metadata), TODOS_METADATA_PATH_KEYS)
+        or repository_path_hint(data, find_checkout=find_checkout)
         or string_field(option)
         or cwd
         or None

@@ -114,11 +114,11 @@ def step_isolation(step: Mapping[str, Any], *, worktree: bool) -> str | None:
 def sandbox_preflight(
     steps: Iterable[Mapping[str, Any]], *, worktree: bool
 ) -> list[dict[str, str]]:
-    """Every agent step's isolation, ``[{"stepId", "isolation"}]``, or ValidationError for
+    """Every agent step's isolation, ``[{"stepId", "method"}]``, or ValidationError for
     the first step that has none."""
     out = []
     for step in steps:
         isolation = step_isolation(step, worktree=worktree)
         if isolation is not None:
-            out.append({"stepId": str(step.get("id")), "isolation": isolation})
+            out.append({"stepId": str(step.get("id")), "method": isolation})
     return out

@@ -117,3 +117,21 @@ def is_git_work_tree(project: str) -> bool:
         return (Path(project) / ".git").exists()
     except OSError:
         return False
+
+
+def repository_checkout(name: str, roots: Sequence[str] | None = None) -> str | None:
+    """The directory under a project root that holds `owner/repo`'s checkout:
+    `<root>/<owner>/<repo>`, else `<root>/<repo>`, the first that is a directory (roots in
+    their configured order); None when there is none. A todos task's `Repository:` line
+    names its project this way (domain.events contract 5)."""
+    owner, _, repo = name.partition("/")
+    if not owner or not repo or "/" in repo or ".." in (owner, repo):
+        return None
+    for root in project_roots() if roots is None else roots:
+        for candidate in (Path(root, owner, repo), Path(root, repo)):
+            try:
+                if candidate.is_dir():
+                    return str(candidate)
+            except OSError:
+                continue
+    return None

@@ -270,6 +270,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+# One date format everywhere (admin lists and pages, /ops/): `2026-11-29 16:40:03 UTC`.
+FORMAT_MODULE_PATH = ["loopsweb.formats"]
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
@@ -344,6 +346,8 @@ if LOOPSWEB_LOGIN_IP_FAILURE_LIMIT < AXES_FAILURE_LIMIT:
     )
 AXES_LOCKOUT_PARAMETERS = "loopsweb.login.lockout_parameters"
 AXES_RESET_ON_SUCCESS = True
+# django-axes prints "AXES: BEGIN version ..." on every start (every command's stderr).
+AXES_VERBOSE = False
 # The client address is REMOTE_ADDR (behind a proxy: the proxy's, so the count is per username).
 # Where a login lands when its `next` is missing or unsafe (Django's default is a 404).
 LOGIN_REDIRECT_URL = "admin:index"

@@ -38,9 +38,16 @@ class ActionReasonForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
     )
 
-    def __init__(self, *args: Any, required: bool, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, required: bool, placeholder: str = "", **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["reason"].required = required
+        field = self.fields["reason"]
+        # The default reason is a placeholder, never a value: typed text replaces it
+        # instead of being appended to it, and an empty box means the default.
+        field.required = required and not placeholder
+        if placeholder:
+            field.widget.attrs["placeholder"] = placeholder
 
 
 @dataclass(frozen=True)
@@ -113,9 +120,15 @@ def run_lifecycle_action(
         )
         return None
     if request.POST.get("confirm") == "yes":
-        form = ActionReasonForm(request.POST, required=action.reason_required)
+        form = ActionReasonForm(
+            request.POST,
+            required=action.reason_required,
+            placeholder=action.default_reason,
+        )
         if form.is_valid():
-            reason = form.cleaned_data["reason"].strip() or None
+            reason = (
+                form.cleaned_data["reason"].strip() or action.default_reason or None
+            )
             done, refused = 0, []
             actor = request.user.get_username()
             for pk in ids:
@@ -143,7 +156,7 @@ def run_lifecycle_action(
             return None
     else:
         form = ActionReasonForm(
-            initial={"reason": action.default_reason}, required=action.reason_required
+            required=action.reason_required, placeholder=action.default_reason
         )
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(

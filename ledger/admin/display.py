@@ -49,11 +49,19 @@ def status_badge(status: str | None) -> SafeString | str:
 
 
 def seconds(ms: int | None) -> str:
-    """Milliseconds as seconds: `12.3 s`, `754 s` (blank when unknown)."""
+    """A duration in milliseconds as seconds and minutes: `12.3 s`, `12 min 34 s`,
+    `2 h 5 min` (blank when unknown)."""
     if ms is None:
         return ""
     value = ms / 1000
-    return f"{value:.1f} s" if value < 100 else f"{value:.0f} s"
+    if value < 100:
+        return f"{value:.1f} s"
+    whole = int(round(value))
+    if whole < 3600:
+        minutes, rest = divmod(whole, 60)
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    hours, rest = divmod(whole, 3600)
+    return f"{hours} h {rest // 60} min" if rest // 60 else f"{hours} h"
 
 
 def age(value: datetime | None, now: datetime) -> str:

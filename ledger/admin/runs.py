@@ -85,13 +85,32 @@ class WorkflowRunAdmin(LedgerAdmin):
     search_fields = ("=id", "workflow_name", "=work_item__id", "idempotency_key")
     list_select_related = ("work_item",)
     raw_id_fields = ("workflow", "loop", "loop_run", "invocation", "work_item")
-    readonly_fields = (
+    # Each field once: the links stand for their foreign keys, the duration for
+    # duration_ms, the worktree line for the three worktree columns.
+    fields = (
         "id",
+        "workflow",  # its name is the run's workflow_name
+        "status_cell",
         "work_item_link",
         "invocation_link",
-        "events_link",
+        "loop",
+        "loop_run",
+        "idempotency_key",
+        "scheduled_for",
+        "started_at",
+        "finished_at",
+        "duration_cell",
+        "error",
+        "claimed_by",
+        "lease_expires_at",
         "worktree",
+        "manifest_path",
+        "goal_run_id",
+        "events_link",
+        "created_at",
+        "updated_at",
     )
+    readonly_fields = fields
     inlines = [StepRunInline]
     actions = ("retry_runs", "cancel_runs")
 
@@ -153,7 +172,12 @@ class WorkflowStepRunAdmin(LedgerAdmin):
     search_fields = ("=id", "step_id", "=workflow_run__id", "account_profile")
     list_select_related = ("workflow_run",)
     raw_id_fields = ("workflow_run",)
-    readonly_fields = ("id", "run_link")
+    # Each field once: the run as a link, the duration in s/min (not duration_ms).
+    fields = tuple(
+        {"workflow_run": "run_link", "duration_ms": "duration_cell"}.get(f.name, f.name)
+        for f in WorkflowStepRun._meta.concrete_fields
+    )
+    readonly_fields = fields
 
     @admin.display(description="id", ordering="-id")
     def short_id_cell(self, obj: WorkflowStepRun) -> str:

@@ -43,7 +43,7 @@ from routing.admission.results import (
     RouteResult,
     work_item_to_dict,
 )
-from routing.admission.transaction import admit, hand_over, route_event
+from routing.admission.transaction import RouteRefused, admit, hand_over, route_event
 
 __all__ = [
     "CREATED",
@@ -58,6 +58,7 @@ __all__ = [
     "PoolView",
     "RouteOptions",
     "RoutePlan",
+    "RouteRefused",
     "RouteResult",
     "admit",
     "check_plan_fits_columns",

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from domain.keys import TODOS_TASK
 from domain.throttle import AdmissionDecision, ThrottleCounts
 from ledger.loads import LoadDelta, apply_load_delta
 from ledger.models import (
@@ -64,11 +65,12 @@ from routing.admission.rows import (
     pool_body,
     work_item_upsert,
 )
-from routing.admission.transaction import admit
+from routing.admission.transaction import RouteRefused, admit, refusal_of
 
-Outcome = Hold | RouteResult | None
-"""What a batch decided for one plan: a hold (nothing written), an admission's result, or
-None for a plan it was not allowed to decide (`claimable` said no)."""
+Outcome = Hold | RouteResult | RouteRefused | None
+"""What a batch decided for one plan: a hold (nothing written), an admission's result, the
+refusal of a plan admission did not dedupe (nothing written), or None for a plan it was not
+allowed to decide (`claimable` said no)."""
 
 
 @dataclass
@@ -323,6 +325,28 @@ def admit_batch(
     for index, plan in enumerate(plans):
         if caps.every is not None or created >= max_created:
             break
+        if plan.refusal is not None:
+            # Refused unless the item ran or runs (the batch's lookup says): then the
+            # one-at-a-time admission dedupes (or re-admits, and so refuses) it, writing
+            # nothing either way. The refusal is this plan's outcome; the batch goes on.
+            if not claimable(index, None):
+                outcomes.append(None)
+                continue
+            if not rows.routed(plan):
+                outcomes.append(refusal_of(plan))
+                continue
+            pending.flush()
+            try:
+                deduped = admit(
+                    plan, now=now, early_dedupe=plan.route_key == TODOS_TASK
+                )
+            except RouteRefused as refused:
+                outcomes.append(refused)
+                continue
+            assert isinstance(deduped, RouteResult)
+            rows.saw(plan, deduped)
+            outcomes.append(deduped)
+            continue
         if not rows.routed(plan):
             checked = seen.precheck(plan, caps)
             if checked.hold is not None:

@@ -174,7 +174,12 @@ def precheck(
 ) -> Precheck:
     """The hold for one plan: a project or group `caps` already saw full, else the throttle
     decision on `counts()` (only when a cap is set), else the pool assignment `view()` (only
-    when the pool decides). Each source is read only when the decision gets to it."""
+    when the pool decides). Each source is read only when the decision gets to it.
+
+    A plan with a `refusal` is never held: its worktree check comes before the caps
+    (docs/upstream.md §3.2.10), so admission dedupes or refuses it."""
+    if plan.refusal is not None:
+        return Precheck(hold=None, decision=None, view=None)
     hold = caps.held(plan) if caps is not None else None
     decision: AdmissionDecision | None = None
     pool: PoolView | None = None

@@ -88,7 +88,9 @@ class RouteOptions:
                 value = ",".join(value) if value else None
             if value == _DEFAULTS.get(name):
                 continue  # records and schedules name only what was chosen
-            if value not in (None, False, ""):
+            # `0 in (None, False)` is true in Python: an explicit --max-per-profile 0
+            # (the guard off) must be recorded, not dropped as if left at its default.
+            if value is not None and value is not False and value != "":
                 out[name] = value
         return out
 

@@ -65,6 +65,7 @@ from ledger.projects import (
     REQUIRED_NOT_GIT,
     is_git_work_tree,
     project_path_resolve,
+    repository_checkout,
 )
 from routing.admission.options import (
     DEFAULT_MAX_PER_PROFILE,
@@ -121,6 +122,11 @@ class RoutePlan:
     # Loop-level retries stored on the admitted one-shot loop (max_attempts, retry_delay_ms).
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_delay_ms: int = DEFAULT_RETRY_BACKOFF_SECONDS * 1000
+    # Why this route is refused unless admission dedupes it first (docs/upstream.md
+    # §3.2.10: `--worktree-mode required` on a path that is not a git work tree).
+    refusal: str | None = None
+    # The todos task as results report it (id, title, description, tags, project path).
+    task: dict[str, Any] | None = None
 
 
 def _event_pool(envelope: Envelope) -> list[str]:
@@ -160,9 +166,23 @@ def plan_route(
     template_id = template_for(route_key, options.template)
     data, metadata = envelope.data, envelope.metadata
     task_id: str | None = None
+    task: dict[str, Any] | None = None
     if route_key == TODOS_TASK:
         task_id = todos_task_id(data)
         eligibility = task_route_eligibility(data, metadata)
+        raw_path = todos_project_path_hint(
+            data,
+            metadata,
+            option=options.project_path,
+            find_checkout=repository_checkout,
+        )
+        task = {
+            "id": task_id,
+            "title": task_field(data, "title"),
+            "description": task_field(data, "description"),
+            "tags": list(eligibility.tags),
+            "projectPath": raw_path,
+        }
         if not eligibility.eligible:
             return RouteResult(
                 kind=SKIPPED,
@@ -172,8 +192,8 @@ def plan_route(
                 task_id=task_id,
                 eligibility=eligibility.to_dict(),
                 dry_run=options.dry_run,
+                task=task,
             )
-        raw_path = todos_project_path_hint(data, metadata, option=options.project_path)
         key = todos_task_key(task_id, pr_fingerprint=pr_fingerprint_from_task(data))
         workflow_name, loop_name = todos_task_names(options.name_prefix, task_id, key)
         seed = task_id
@@ -205,9 +225,17 @@ def plan_route(
             )
         )
     project_path = project_path_resolve(raw_path)
+    if task is not None:
+        task["projectPath"] = project_path
     git_work_tree = is_git_work_tree(project_path)
-    if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree:
-        raise ValidationError(REQUIRED_NOT_GIT.format(path=project_path))
+    # docs/upstream.md §3.2.9 -> §3.2.10: the worktree check comes after the early dedupe,
+    # so the plan only records it; admission raises it once the lookup found nothing to
+    # dedupe (`transaction.admit`).
+    refusal = (
+        REQUIRED_NOT_GIT.format(path=project_path)
+        if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree
+        else None
+    )
     project_group = project_group_hint(data, metadata, option=options.project_group)
     scope = resolve_route_scope(
         explicit=options.max_active_scope, env=env, route_key=route_key
@@ -341,6 +369,8 @@ def plan_route(
             if options.retry_backoff is not None
             else DEFAULT_RETRY_BACKOFF_SECONDS
         ),
+        refusal=refusal,
+        task=task,
     )
     check_plan_fits_columns(plan)  # bad input never reaches the admission lock
     return plan

@@ -5,6 +5,7 @@ work item as a dict.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from domain.events import (
@@ -46,13 +47,26 @@ class RouteResult:
     task_id: str | None = None
     sandbox_preflight: list[dict[str, str]] | None = None
     dry_run: bool = False
+    # The task the result came from (todos-task: id, title, description, tags, project
+    # path) and the workflow body the plan rendered (shown when no spec row was made):
+    # the full report carries both, as upstream's evidence does (docs/upstream.md §5.3).
+    task: dict[str, Any] | None = None
+    workflow_body: dict[str, Any] | None = None
+    workflow_name: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "dryRun": self.dry_run}
-        if self.kind == THROTTLED:
-            # §3.8: a throttled route is a skip whose work item waits at the source.
+        if self.kind in (THROTTLED, SKIPPED):
+            # §3.8: an eligibility skip is `skipped: true`; a throttled route is a skip
+            # whose work item waits at the source.
             out["skipped"] = True
+        if self.kind == THROTTLED:
             out["queuedAtSource"] = True
+        if self.kind == CREATED:
+            out["deduped"] = False
+        elif self.kind == DEDUPED:
+            out["deduped"] = True
+            out["dedupedBy"] = "work-item"
         if self.idempotency_key:
             out["idempotencyKey"] = self.idempotency_key
         if self.reason:
@@ -66,16 +80,24 @@ class RouteResult:
         }
         if self.task_id:
             out["taskId"] = self.task_id
+        if self.task is not None:
+            out["task"] = self.task
         if self.eligibility is not None:
             out["eligibility"] = self.eligibility
         if self.work_item is not None:
             out["workItem"] = work_item_to_dict(self.work_item)
         if self.invocation is not None:
-            out["invocation"] = {"id": self.invocation.id}
+            out["invocation"] = invocation_to_dict(self.invocation)
         if self.workflow is not None:
-            out["workflow"] = {"id": self.workflow.id, "name": self.workflow.name}
+            out["workflow"] = workflow_to_dict(self.workflow)
+        elif self.workflow_body is not None:  # rendered, not stored (throttled)
+            out["workflow"] = {
+                "name": self.workflow_name,
+                "stored": False,
+                **self.workflow_body,
+            }
         if self.loop is not None:
-            out["loop"] = {"id": self.loop.id, "name": self.loop.name}
+            out["loop"] = loop_to_dict(self.loop)
         if self.run is not None:
             out["run"] = {"id": self.run.id, "status": self.run.status}
         if self.account_profiles:
@@ -104,6 +126,62 @@ class RouteResult:
                 f"idempotency={self.idempotency_key}"
             )
         return f"skipped {noun}: {self.reason}"
+
+
+def _stamp(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def invocation_to_dict(invocation: WorkflowInvocation) -> dict[str, Any]:
+    """The whole invocation row, upstream's names (docs/upstream.md §1.1, §3.9)."""
+    return {
+        "id": invocation.id,
+        "workflowId": invocation.workflow_id,
+        "templateId": invocation.template_id,
+        "sourceKind": invocation.source_kind,
+        "sourceId": invocation.source_id,
+        "sourceDedupeKey": invocation.source_dedupe_key,
+        "sourceRef": invocation.source_json,
+        "subjectKind": invocation.subject_kind,
+        "subjectId": invocation.subject_id,
+        "subjectPath": invocation.subject_path,
+        "subjectUrl": invocation.subject_url,
+        "subjectRef": invocation.subject_json,
+        "intent": invocation.intent,
+        "scope": invocation.scope_json,
+        "outputPolicy": invocation.output_policy_json,
+        "createdAt": _stamp(invocation.created_at),
+        "updatedAt": _stamp(invocation.updated_at),
+    }
+
+
+def workflow_to_dict(spec: WorkflowSpec) -> dict[str, Any]:
+    """The spec row with its body (version, goal, steps)."""
+    return {
+        "id": spec.id,
+        "name": spec.name,
+        "description": spec.description,
+        "status": spec.status,
+        "version": spec.version,
+        "goal": spec.goal_json,
+        "steps": spec.steps_json,
+    }
+
+
+def loop_to_dict(loop: Loop) -> dict[str, Any]:
+    """The one-shot loop, its target (with `input`) and schedule (docs/upstream.md §3.6)."""
+    return {
+        "id": loop.id,
+        "name": loop.name,
+        "description": loop.description,
+        "status": loop.status,
+        "schedule": loop.schedule_json,
+        "target": loop.target_json,
+        "overlap": loop.overlap,
+        "maxAttempts": loop.max_attempts,
+        "retryDelayMs": loop.retry_delay_ms,
+        "leaseMs": loop.lease_ms,
+    }
 
 
 def work_item_to_dict(item: WorkflowWorkItem) -> dict[str, Any]:

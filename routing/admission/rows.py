@@ -211,4 +211,5 @@ def created_result(
         task_id=plan.task_id,
         sandbox_preflight=list(plan.sandbox_preflight),
         dry_run=dry_run,
+        task=plan.task,
     )

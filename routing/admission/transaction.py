@@ -29,6 +29,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from domain import reasons
+from domain.errors import ValidationError
 from domain.events import Envelope, load_envelope, parse_envelope
 from domain.keys import TODOS_TASK
 from domain.readmission import readmission_decision
@@ -62,6 +63,17 @@ from routing.admission.rows import (
 # --- stage 2: the admission transaction -------------------------------------------------------
 
 
+class RouteRefused(ValidationError):
+    """A plan's refusal (`RoutePlan.refusal`), raised by admission after the early dedupe
+    and before any write: the caller's transaction holds nothing of it."""
+
+
+def refusal_of(plan: RoutePlan) -> RouteRefused:
+    """The error of a plan whose refusal stands: the early dedupe found nothing to dedupe."""
+    assert plan.refusal is not None
+    return RouteRefused(plan.refusal)
+
+
 class _DryRunRollback(Exception):
     """Raised at the end of a dry-run admission to undo everything it wrote."""
 
@@ -78,6 +90,33 @@ def admit(
     early_dedupe: bool = False,
     hold_when_full: bool = False,
 ) -> RouteResult | Hold:
+    """Stage 3 for one plan (`_admit`); a result carries the plan's task and, when no
+    spec row is part of it, the workflow body the plan rendered."""
+    outcome = _admit(
+        plan,
+        now=now,
+        dry_run=dry_run,
+        enqueue=enqueue,
+        early_dedupe=early_dedupe,
+        hold_when_full=hold_when_full,
+    )
+    if isinstance(outcome, RouteResult):
+        outcome.task = plan.task
+        if outcome.workflow is None:
+            outcome.workflow_body = plan.spec
+            outcome.workflow_name = plan.workflow_name
+    return outcome
+
+
+def _admit(
+    plan: RoutePlan,
+    *,
+    now: datetime,
+    dry_run: bool,
+    enqueue: bool,
+    early_dedupe: bool,
+    hold_when_full: bool,
+) -> RouteResult | Hold:
     """Stage 3 for one plan, in one pass: call inside a transaction, after `admission_lock()`.
 
     Reads first, each once: the rows to reuse and the active counts in one statement, then
@@ -89,6 +128,9 @@ def admit(
     - `hold_when_full` (drains): when the caps (or the pool) are already full for an item that
       has not run, return the Hold, written nothing (the drain's pre-check hold), instead of
       recording a deferral.
+    - a plan with a `refusal` (worktree required, no git work tree) raises RouteRefused
+      right after the early dedupe, before any write: deduped when the item ran or runs,
+      refused otherwise (docs/upstream.md §3.2.9, §3.2.10).
     - `enqueue=False`: the caller hands a created run to the runner (`enqueue_run_workflow`)
       itself, after its own writes in the same transaction.
     """
@@ -110,6 +152,7 @@ def admit(
     routed = existing is not None and existing.status in KEEP_WORK_ITEM_STATUSES
     invocation: WorkflowInvocation | None = None
     invocation_created = False
+    readmission = None
     if existing is not None and routed:
         readmission = readmission_decision(
             route_key=plan.route_key,
@@ -129,6 +172,12 @@ def admit(
                 loop=existing.loop,
                 task_id=plan.task_id,
             )
+    if plan.refusal is not None:
+        # docs/upstream.md §3.2.9 -> §3.2.10: refused only now that the early dedupe found
+        # nothing to dedupe; nothing has been written yet.
+        raise refusal_of(plan)
+    if existing is not None and routed:
+        assert readmission is not None
         invocation, invocation_created = invocation_reuse_or_create(
             plan, found.invocation_id, existing
         )

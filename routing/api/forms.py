@@ -6,12 +6,13 @@ not silently drop a cap or a filter.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import forms
 
 from domain.errors import ApplicationError
-from domain.keys import KINDS, ROUTE_KEYS
+from domain.keys import KINDS, ROUTE_KEYS, route_key_for_kind
 from ledger.models import WorkItemStatus
 from routing.admission import OPTION_NAMES, route_options
 from routing.api.serializers import cursor_decode
@@ -70,8 +71,26 @@ class WorkItemQueryForm(PageForm):
 
 
 class DrainQueryForm(PageForm):
-    kind = forms.ChoiceField(required=False, choices=[(k, k) for k in ROUTE_KEYS])
+    # A route key as the records say it (`generic-event`) or the kind a command takes
+    # (`generic`): both name the same drains.
+    kind = forms.ChoiceField(
+        required=False,
+        choices=[(k, k) for k in dict.fromkeys((*ROUTE_KEYS, *KINDS))],
+    )
     route_scope = forms.CharField(required=False, max_length=200)
+
+    def clean_kind(self) -> str:
+        kind = self.cleaned_data.get("kind") or ""
+        return route_key_for_kind(kind) if kind in KINDS else kind
+
+
+def api_words(message: str) -> str:
+    """An option error as the API caller wrote it: `max_active must be a positive integer`,
+    not the command-line flag `--max-active` (the messages are the CLI's own)."""
+    for name in sorted(OPTION_NAMES, key=len, reverse=True):
+        flag = "--" + name.replace("_", "-")
+        message = re.sub(re.escape(flag) + r"(?![\w-])", name, message)
+    return message
 
 
 class IngestQueryForm(StrictQueryForm):
@@ -101,6 +120,8 @@ class IngestQueryForm(StrictQueryForm):
         try:
             cleaned["route_options"] = route_options(raw)
         except ApplicationError as exc:
-            raise forms.ValidationError(str(exc)) from None
-        cleaned["kind"] = cleaned.get("kind") or "generic"
+            raise forms.ValidationError(api_words(str(exc))) from None
+        # No kind: each envelope is routed as the drain of its type would take it
+        # (`task.*` as todos-task, the rest as generic), and the answer says so.
+        cleaned["kind"] = cleaned.get("kind") or None
         return cleaned

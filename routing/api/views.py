@@ -6,7 +6,8 @@
    type (415), then the size: Content-Length, then the bytes actually read (413);
 2. the body: UTF-8, nesting depth, JSON, storable values (400; `domain.jsontext`);
    an array longer than LOOPSWEB_API_MAX_EVENTS is 413;
-3. with `route=now`, every envelope must plan under the given kind and options (400);
+3. with `route=now`, every envelope must plan under the given kind (without one, the kind
+   its type selects, as a drain's source filter: `task.*` is todos-task) and options (400);
 4. envelopes that can never route (planned under the kind their type selects, with no caps:
    a todos task without an id or the opt-in, a generic event without a project) are listed
    under `warnings`; with `strict=1` the request is refused (400) and nothing is stored;
@@ -32,10 +33,12 @@ from django.views.decorators.csrf import csrf_exempt
 from domain.errors import ApplicationError
 from domain.events import Envelope, parse_envelope
 from domain.jsontext import loads_limited
+from domain.keys import TODOS_TASK
 from routing.admission import (
     SKIPPED,
     RouteOptions,
-    RouteResult,
+    RoutePlan,
+    RouteRefused,
     plan_route,
     route_event,
 )
@@ -58,7 +61,11 @@ from routing.api.serializers import (
 from routing.drains import compact_result, inbox_record_hold, inbox_record_route
 from routing.drains.configs import drain_configs
 from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest
-from routing.drains.sources import TODOS_EVENT_PREFIX
+from routing.drains.routable import (
+    kind_for_event_type,
+    never_routable,
+    never_routes_message,
+)
 from routing.models import DrainRecord, InboxEvent
 from routing.ops.accounts import account_rows
 
@@ -69,12 +76,11 @@ UNSUPPORTED_TYPE = "Content-Type must be application/json (UTF-8)"
 BODY_TOO_LARGE = "request body is larger than {limit} bytes"
 BATCH_TOO_LONG = "at most {limit} envelopes per request"
 BATCH_EMPTY = "the array holds no envelopes"
+KindOf = Callable[[Envelope], str]
+"""The route kind an envelope is routed as (`kind`, else the one its type selects)."""
+
 NOT_ROUTABLE = "{n} envelope(s) cannot be routed as {kind}; first at {at}: {error}"
 NOT_FOUND = "not found"
-NEVER_ROUTES = (
-    "{n} envelope(s) can never be routed (strict=1 refuses the batch); first at {at}: "
-    "{error}"
-)
 
 
 def _form_error(form: StrictQueryForm) -> JsonResponse:
@@ -103,64 +109,41 @@ def _read_body(request: HttpRequest, limit: int) -> bytes | None:
 
 
 def _plan_errors(
-    items: list[Any], *, kind: str, options: RouteOptions, cwd: str
+    items: list[Any], *, kind_of: KindOf, options: RouteOptions, cwd: str
 ) -> list[dict[str, Any]]:
-    """Envelopes that are valid but cannot be routed with this kind and these options."""
+    """Envelopes that are valid but cannot be routed with their kind and these options."""
     errors: list[dict[str, Any]] = []
     for position, obj in enumerate(items, start=1):
         try:
             envelope = parse_envelope(obj)
         except ApplicationError:
             continue  # inbox_ingest reports malformed envelopes, with every other one
-        try:
-            plan_route(kind=kind, envelope=envelope, options=options, env={}, cwd=cwd)
-        except ApplicationError as exc:
-            errors.append({"at": f"item {position}", "error": str(exc)})
-    return errors
-
-
-def _never_routable(items: list[Any], *, cwd: str) -> list[dict[str, Any]]:
-    """Envelopes no drain will ever admit, each with the reason a drain would record.
-
-    Each is planned (no store access) under the kind a drain of its type uses (`task.*`
-    events are todos tasks, everything else generic) with no caps, so only what is wrong
-    with the envelope itself shows: eligibility skips (no opt-in, a manual gate, a terminal
-    status) and plan errors (no task id, no project).
-    """
-    warnings: list[dict[str, Any]] = []
-    for position, obj in enumerate(items, start=1):
-        try:
-            envelope = parse_envelope(obj)
-        except ApplicationError:
-            continue  # inbox_ingest refuses it with the rest of the batch
-        kind = (
-            "todos-task" if envelope.type.startswith(TODOS_EVENT_PREFIX) else "generic"
-        )
+        kind = kind_of(envelope)
         try:
             plan = plan_route(
-                kind=kind, envelope=envelope, options=RouteOptions(), env={}, cwd=cwd
+                kind=kind, envelope=envelope, options=options, env={}, cwd=cwd
             )
-            reason = plan.reason if isinstance(plan, RouteResult) else None
         except ApplicationError as exc:
-            reason = str(exc)
-        if reason:
-            warnings.append(
-                {
-                    "at": f"item {position}",
-                    "source": envelope.source,
-                    "id": envelope.id,
-                    "kind": kind,
-                    "warning": reason,
-                }
+            errors.append({"at": f"item {position}", "kind": kind, "error": str(exc)})
+            continue
+        if (
+            isinstance(plan, RoutePlan)
+            and plan.refusal
+            and plan.route_key != TODOS_TASK
+        ):
+            # Only a todos task is deduped before its worktree check (docs/upstream.md
+            # §3.2.9); any other route with this refusal can never be admitted.
+            errors.append(
+                {"at": f"item {position}", "kind": kind, "error": plan.refusal}
             )
-    return warnings
+    return errors
 
 
 def _route_accepted(
     report: IngestReport,
     envelopes: dict[tuple[str, str], Envelope],
     *,
-    kind: str,
+    kind_of: KindOf,
     options: RouteOptions,
     cwd: str,
 ) -> list[dict[str, Any]]:
@@ -183,6 +166,7 @@ def _route_accepted(
         key = (ref["source"], ref["id"])
         envelope, inbox_id = envelopes[key], inbox_ids[key]
         now = timezone.now()
+        kind = kind_of(envelope)
         try:
             result = route_event(
                 kind=kind,
@@ -192,18 +176,21 @@ def _route_accepted(
                 cwd=cwd,
                 then=partial(inbox_record_route, inbox_id, now=now),
             )
-            results.append(compact_result(result.to_dict()))
+            results.append({**compact_result(result.to_dict()), "routeKind": kind})
         except ApplicationError as exc:
-            # Planned successfully a moment ago, so this is rare (e.g. a template changed);
-            # record it on the row like a drain's fatal item and carry on with the batch.
+            # A todos task refused after its early dedupe (worktree required, no git work
+            # tree) is a route error, skipped as a drain skips it (docs/upstream.md
+            # §5.2.3). Anything else planned successfully a moment ago, so it is rare (e.g.
+            # a template changed): recorded like a drain's fatal item. The batch goes on.
             failed = {
                 "kind": SKIPPED,
-                "fatal": True,
+                "skipped": True,
                 "reason": str(exc),
                 "event": {"id": envelope.id, "type": envelope.type},
             }
+            failed["routeError" if isinstance(exc, RouteRefused) else "fatal"] = True
             inbox_record_hold(inbox_id, failed, now)
-            results.append(compact_result(failed))
+            results.append({**compact_result(failed), "routeKind": kind})
     return results
 
 
@@ -234,23 +221,33 @@ def events(request: HttpRequest) -> HttpResponse:
         )
 
     route_now = query.cleaned_data["route"] == "now"
-    kind: str = query.cleaned_data["kind"]
+    explicit: str | None = query.cleaned_data["kind"]
     options: RouteOptions = query.cleaned_data["route_options"]
     cwd = os.getcwd()
+
+    def kind_of(envelope: Envelope) -> str:
+        return explicit or kind_for_event_type(envelope.type)
+
     if route_now:
-        unroutable = _plan_errors(items, kind=kind, options=options, cwd=cwd)
+        unroutable = _plan_errors(items, kind_of=kind_of, options=options, cwd=cwd)
         if unroutable:
             first = unroutable[0]
             message = NOT_ROUTABLE.format(
-                n=len(unroutable), kind=kind, at=first["at"], error=first["error"]
+                n=len(unroutable),
+                kind=first["kind"],
+                at=first["at"],
+                error=first["error"],
             )
             return JsonResponse({"error": message, "invalid": unroutable}, status=400)
-    warnings = [] if route_now else _never_routable(items, cwd=cwd)
-    if warnings and query.cleaned_data["strict"]:
-        first = warnings[0]
-        message = NEVER_ROUTES.format(
-            n=len(warnings), at=first["at"], error=first["warning"]
+    warnings = (
+        []
+        if route_now
+        else never_routable(
+            ((f"item {n}", obj) for n, obj in enumerate(items, start=1)), cwd=cwd
         )
+    )
+    if warnings and query.cleaned_data["strict"]:
+        message = never_routes_message(warnings, flag="strict=1")
         return JsonResponse({"error": message, "warnings": warnings}, status=400)
     try:
         report = inbox_ingest(
@@ -271,9 +268,13 @@ def events(request: HttpRequest) -> HttpResponse:
         for obj in items:
             envelope = parse_envelope(obj)  # all valid: inbox_ingest accepted every one
             envelopes.setdefault((envelope.source, envelope.id), envelope)
-        answer["kind"] = kind
+        kinds = sorted({kind_of(envelope) for envelope in envelopes.values()})
+        # Which kind routed the events: the one asked for, else the one their type selects
+        # (`kindFrom: "event type"`; each result also names its `routeKind`).
+        answer["kind"] = explicit or (kinds[0] if len(kinds) == 1 else kinds)
+        answer["kindFrom"] = "kind" if explicit else "event type"
         answer["results"] = _route_accepted(
-            report, envelopes, kind=kind, options=options, cwd=cwd
+            report, envelopes, kind_of=kind_of, options=options, cwd=cwd
         )
     return JsonResponse(answer, status=202)
 

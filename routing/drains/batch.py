@@ -26,7 +26,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from ledger.lock import admission_lock
-from routing.admission import Hold, RoutePlan, RouteResult
+from routing.admission import Hold, RoutePlan, RouteRefused, RouteResult
 from routing.admission.batch import admit_batch, holds_without_lock
 from routing.admission.decide import FullCaps
 from routing.drains.outcomes import INBOX_STATE, hold_record, inbox_claim
@@ -45,6 +45,8 @@ class Decided:
     result: dict[str, Any]
     hold: Hold | None = None
     routed: RouteResult | None = None
+    # A plan admission refused (nothing written; the drain records it as a route error).
+    refused: RouteRefused | None = None
 
 
 def route_batch(
@@ -102,13 +104,15 @@ def route_batch(
         for (candidate, plan), outcome in zip(pairs, outcomes, strict=False):
             if outcome is None:
                 decided.append(None)
+            elif isinstance(outcome, RouteRefused):
+                decided.append(Decided(candidate, {}, refused=outcome))
             elif isinstance(outcome, Hold):
                 decided.append(
                     Decided(candidate, held(candidate, outcome, plan), hold=outcome)
                 )
             else:
                 decided.append(Decided(candidate, outcome.to_dict(), routed=outcome))
-        _record_inbox([d for d in decided if d is not None], now)
+        _record_inbox([d for d in decided if d is not None and not d.refused], now)
     return decided
 
 

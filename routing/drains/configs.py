@@ -47,7 +47,30 @@ class DrainConfig:
     max_active_per_project_group: int | None = None
     pool: tuple[str, ...] = ()
     # Effective --max-per-profile: None when it does not apply (no pool routing, or 0).
+    # Decided without the account registry: a pool of registered non-codewith accounts
+    # routes too (domain.templates 4), which `per_profile_cap(registered)` knows.
     max_per_profile: int | None = None
+    provider: str = "codewith"
+    pinned: bool = False
+    max_per_profile_option: int | None = None
+
+    def per_profile_cap(
+        self, registered: Mapping[str, str] | None = None
+    ) -> int | None:
+        """The --max-per-profile in force on this configuration's pool, given the
+        registry's account -> provider map: the option, or its default (2) when the pool
+        routes; None when the pool does not route or the option is 0."""
+        if registered is None:
+            return self.max_per_profile
+        if not pool_routing_active(
+            provider=self.provider,
+            pool=self.pool,
+            pins={"worker": "pinned" if self.pinned else None},
+            registered=registered,
+        ):
+            return None
+        option = self.max_per_profile_option
+        return (DEFAULT_MAX_PER_PROFILE if option is None else option) or None
 
 
 @dataclass(frozen=True)
@@ -85,7 +108,8 @@ def drain_config(
         role: options.get(flag) if isinstance(options.get(flag), str) else None
         for flag, role in PIN_OPTIONS.items()
     }
-    per_profile = _int(options.get("max_per_profile"), "--max-per-profile")
+    per_profile_option = _int(options.get("max_per_profile"), "--max-per-profile")
+    per_profile = per_profile_option
     if pool_routing_active(provider=provider, pool=pool, pins=pins):
         if per_profile is None:
             per_profile = DEFAULT_MAX_PER_PROFILE  # what admission applies to a pool
@@ -107,6 +131,9 @@ def drain_config(
         ),
         pool=tuple(pool),
         max_per_profile=effective,
+        provider=str(provider),
+        pinned=any(pins.values()),
+        max_per_profile_option=per_profile_option,
     )
 
 

@@ -30,6 +30,7 @@ from domain.events import (
 )
 from ledger.lock import ADVISORY_NAMESPACE, admission_lock
 from ledger.models import WorkflowWorkItem
+from ledger.projects import repository_checkout
 from routing.models import InboxEvent, InboxState
 
 INGEST_LOCK_KEY = 2
@@ -67,7 +68,13 @@ class IngestRejected(ApplicationError):
 def project_hint(envelope: Envelope) -> str | None:
     """The project an envelope names, un-normalised: the round-robin key of fair drains."""
     return string_field(
-        todos_project_path_hint(envelope.data, envelope.metadata, option=None, cwd="")
+        todos_project_path_hint(
+            envelope.data,
+            envelope.metadata,
+            option=None,
+            cwd="",
+            find_checkout=repository_checkout,
+        )
     )
 
 

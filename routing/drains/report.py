@@ -85,6 +85,9 @@ class DrainReport:
             "filtersApplied": self.options.filters_applied,
             "scanned": self.scanned,
             "candidates": self.candidates,
+            # Upstream's name for the candidates left after the post-filters (§5.3);
+            # loopsweb's `candidates` counts the same rows.
+            "filteredCandidates": self.candidates,
             # Reference §5.3: the scan window ran out before `limit` candidates were found.
             "scanExhausted": self.scanned >= self.options.effective_scan_limit
             and self.candidates < self.options.limit,
@@ -105,6 +108,19 @@ class DrainReport:
             "evidencePath": self.evidence_path,
         }
 
+    @property
+    def stopped_by_max_dispatch(self) -> bool:
+        """The drain stopped because it made --max-dispatch admissions."""
+        return self.counts[CREATED] >= self.options.max_dispatch
+
+    @property
+    def candidates_left(self) -> int:
+        return max(0, self.candidates - self.counts["considered"])
+
+    def result_lines(self) -> list[str]:
+        """One line per result: kind, item, and why (text output; §5.3's compact fields)."""
+        return [result_line(compact_result(r)) for r in self.results]
+
     def human(self) -> str:
         if self.overlapped:
             return (
@@ -113,12 +129,23 @@ class DrainReport:
             )
         c = self.counts
         prefix = "dry-run " if self.dry_run else ""
-        return (
+        line = (
             f"{prefix}drained {self.options.source} queue ({self.route_key}, scope {self.route_scope}): "
             f"considered={c['considered']} created={c[CREATED]} deduped={c[DEDUPED]} "
             f"throttled={c[THROTTLED]} skipped={c[SKIPPED]} fatal={c['fatal']}"
             + (f" (held: {self.held_reason})" if self.held_reason else "")
         )
+        verb = "would be admitted" if self.dry_run else "admitted"
+        summary = f"{c[CREATED]} {verb}"
+        if self.stopped_by_max_dispatch and self.candidates_left:
+            summary += (
+                f"; --max-dispatch {self.options.max_dispatch} stopped the drain, "
+                f"{self.candidates_left} candidate"
+                f"{'' if self.candidates_left == 1 else 's'} left"
+            )
+        elif self.candidates_left:
+            summary += f"; {self.candidates_left} candidates not reached"
+        return f"{line}\n{summary}"
 
 
 COMPACT_FIELDS = (
@@ -139,6 +166,7 @@ COMPACT_FIELDS = (
     "requeue",
     "queuedAtSource",
     "precheck",
+    "routeError",
     "fatal",
 )
 
@@ -164,9 +192,35 @@ def compact_result(result: Mapping[str, Any]) -> dict[str, Any]:
         "requeue": result.get("requeue"),
         "queuedAtSource": result.get("queuedAtSource"),
         "precheck": result.get("precheck"),
+        "routeError": result.get("routeError"),
         "fatal": result.get("fatal"),
     }
     return {k: v for k, v in flat.items() if v is not None}
+
+
+def result_line(result: Mapping[str, Any]) -> str:
+    """`<kind> <item>: <why>`, the item being the task (or event) it came from."""
+    item = (
+        f"task {result['taskId']}"
+        if result.get("taskId")
+        else f"event {result.get('eventId') or '-'}"
+    )
+    kind = result.get("kind") or "?"
+    if kind == CREATED:
+        why = f"loop {result.get('loopId')} ({result.get('loopName')})"
+        if result.get("accountProfiles"):
+            accounts = ", ".join(
+                f"{role}={profile}"
+                for role, profile in sorted(result["accountProfiles"].items())
+            )
+            why += f" accounts {accounts}"
+    elif kind == DEDUPED:
+        why = f"existing work item {result.get('workItemId')} ({result.get('workItemStatus')})"
+    else:
+        why = result.get("reason") or "-"
+        if result.get("fatal"):
+            why = f"error: {why}"
+    return f"  {kind:<9} {item}: {why}"
 
 
 EVIDENCE_NOT_A_DIRECTORY = "--evidence-dir {path} is not a directory"

@@ -43,6 +43,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from domain.errors import ApplicationError
+from domain.events import record_tags, task_field, todos_project_path_hint
 from domain.keys import TODOS_TASK, route_key_for_kind
 from domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from ledger.dberrors import error_passes
@@ -135,6 +136,24 @@ class _Full(FullCaps):
                 )
 
 
+def envelope_task(envelope: Any) -> dict[str, Any] | None:
+    """The todos task an envelope carries, as results report it (no plan was made: held
+    unread or failed); None for an envelope without a task id."""
+    if not envelope.type.startswith("task."):
+        return None
+    data = envelope.data
+    task_id = task_field(data, "id", "task_id", "taskId")
+    if task_id is None:
+        return None
+    return {
+        "id": task_id,
+        "title": task_field(data, "title"),
+        "description": task_field(data, "description"),
+        "tags": record_tags(data),
+        "projectPath": todos_project_path_hint(data, envelope.metadata, option=None),
+    }
+
+
 def held_result(
     envelope: Any, hold: Hold, plan: RoutePlan | None = None
 ) -> dict[str, Any]:
@@ -150,6 +169,17 @@ def held_result(
     }
     if plan is not None:
         result.update(idempotencyKey=plan.idempotency_key, taskId=plan.task_id)
+        if plan.task is not None:
+            result["task"] = plan.task
+        result["workflow"] = {
+            "name": plan.workflow_name,
+            "stored": False,
+            **plan.spec,
+        }
+    else:
+        task = envelope_task(envelope)
+        if task is not None:
+            result.update(taskId=task["id"], task=task)
     return result
 
 
@@ -207,7 +237,7 @@ def _route_one(
         return result
     shared_pool = bool(options.route.auth_profile_pool)
     # Items that already ran or run are deduped by admission, never held.
-    held = full.held(plan)
+    held = full.held(plan) if plan.refusal is None else None  # refusals: admission
     if held is not None and not _already_routed(plan):
         return _settle_hold(candidate, plan, held, now, settle)
     with transaction.atomic():  # a savepoint in a dry drain's outer transaction
@@ -441,11 +471,27 @@ def _drain_loop(
     full.record_held_rows(timezone.now())
 
 
+def _route_or_fail(
+    candidate: Candidate,
+    options: DrainOptions,
+    env: Mapping[str, str],
+    cwd: str,
+    full: _Full,
+    registered: Mapping[str, str] | None,
+) -> dict[str, Any] | None:
+    now = timezone.now()
+    try:
+        return _route_one(candidate, options, env, cwd, now, False, full, registered)
+    except Exception as exc:
+        return _failed(candidate, exc, now, False)
+
+
 def _may_route(
     candidate: Candidate, options: DrainOptions, env: Mapping[str, str], cwd: str
 ) -> bool:
     """Whether the candidate's envelope plans at all (no store access): one without the
-    opt-in, with a manual gate or without a task id never routes, however free the caps."""
+    opt-in, with a manual gate or without a task id never routes, however free the caps.
+    A plan with a refusal goes to admission too (deduped or refused, never held)."""
     assert candidate.envelope is not None
     try:
         plan = plan_route(
@@ -457,7 +503,7 @@ def _may_route(
         )
     except ApplicationError:
         return False
-    return not isinstance(plan, RouteResult)
+    return not isinstance(plan, RouteResult) and plan.refusal is None
 
 
 def _failed(
@@ -474,19 +520,27 @@ def _failed(
         # A route error, not a task error (docs/upstream.md §5): skipped, the drain goes on.
         result: dict[str, Any] = {
             "kind": SKIPPED,
+            "skipped": True,
             "routeError": True,
             "reason": str(exc)[:640],
             "event": {"id": envelope.id, "type": envelope.type},
         }
+        task = envelope_task(envelope)
+        if task is not None:
+            result.update(taskId=task["id"], task=task)
         if not dry_run:
             record_failure(candidate, result, now)
         return result
     result = {
         "kind": SKIPPED,
+        "skipped": True,
         "fatal": True,
         "reason": f"{type(exc).__name__}: {exc}"[:640],
         "event": {"id": envelope.id, "type": envelope.type},
     }
+    task = envelope_task(envelope)
+    if task is not None:
+        result.update(taskId=task["id"], task=task)
     if error_passes(exc):
         # Passing (a deadlock, a locked database, a lock timeout): the row stays open for
         # a later drain; the drain still reports it as fatal. Any other error would come
@@ -560,9 +614,17 @@ def _route_batch(
             break
         if isinstance(slot, int):
             if slot >= len(decided):  # the scope (or the shared pool) filled before it
+                if pairs[slot][1].refusal is not None:  # never held: as the drain loop
+                    out.append(
+                        _route_or_fail(candidate, options, env, cwd, full, registered)
+                    )
+                    continue
                 out.append(_hold_unread(candidate, full, report))
                 continue
             outcome = decided[slot]
+            if outcome is not None and outcome.refused is not None:
+                out.append(_failed(candidate, outcome.refused, now, False))
+                continue
             result = None if outcome is None else outcome.result
             created += bool(result and result["kind"] == CREATED)
         elif isinstance(slot, Exception):

@@ -27,6 +27,7 @@ from domain.events import (
 )
 from domain.jsontext import loads_limited
 from domain.keys import TODOS_TASK
+from ledger.projects import repository_checkout
 from routing.models import OPEN_INBOX_STATES, InboxEvent
 
 TODOS_EVENT_PREFIX = "task."
@@ -218,7 +219,11 @@ def scan_command(
             yield exc
             continue
         project = todos_project_path_hint(
-            envelope.data, envelope.metadata, option=None, cwd=""
+            envelope.data,
+            envelope.metadata,
+            option=None,
+            cwd="",
+            find_checkout=repository_checkout,
         )
         yield Candidate(
             envelope=envelope,

@@ -27,7 +27,8 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--provider",
-        help="agent provider (default codewith; pool routing needs codewith)",
+        help="agent provider (default codewith); a pool routes with codewith, or when "
+        "every pool member is a registered account of this provider",
     )
     add("--auth-profile", help="the account for every role when no pool or pin applies")
     add(
@@ -90,7 +91,11 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_drain_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--max-dispatch", help="stop after this many created admissions (default 1)")
+    add(
+        "--max-dispatch",
+        help="stop after this many created admissions (default 1: a drain admits one "
+        "item unless you raise it)",
+    )
     add("--limit", help="most candidates considered (default 50)")
     add(
         "--scan-limit",

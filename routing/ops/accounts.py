@@ -125,6 +125,9 @@ def account_rows(
     if activity is None and with_history:
         activity = step_activity(now=now)
     load = account_load()
+    registry = account_registry()
+    # A pool of registered accounts of another provider routes too: its cap is in force.
+    providers = {name: entry.provider for name, entry in registry.items()}
     rows: dict[str, AccountRow] = {}
 
     def row(profile: str) -> AccountRow:
@@ -133,7 +136,7 @@ def account_rows(
                 profile=profile,
                 cap=strictest(
                     (c for c in configs if profile in c.pool),
-                    lambda c: c.max_per_profile,
+                    lambda c: c.per_profile_cap(providers),
                 ),
             )
         return rows[profile]
@@ -149,7 +152,7 @@ def account_rows(
     for config in configs:
         for profile in config.pool:
             row(profile)
-    for name, registered in account_registry().items():
+    for name, registered in registry.items():
         account = row(name)
         account.registered = registered
         account.tool = registered.provider

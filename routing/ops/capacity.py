@@ -7,7 +7,9 @@ Warnings:
    (LOOPSWEB_RUN_WORKERS): the worker count, not the caps, would decide how many agents run;
 3. a schedule (a drain, lease recovery) is overdue: the main cluster is not running or is
    stuck;
-4. runs have waited more than two minutes for a run worker.
+4. runs have waited more than two minutes for a run worker;
+5. inbox events are pending or held and no (unpaused) drain schedule will pick them up: the
+   warning names the `schedule_drain` command to run (`unscheduled_warning`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from ledger.capacity import WAITING_TOO_LONG, RunCapacity, run_capacity
-from routing.drains.configs import DrainConfig
+from routing.drains.configs import DrainConfig, ScheduledDrain
 from routing.ops.selectors import OverdueSchedule
 
 RUN_CLUSTER_COMMAND = "Q_CLUSTER_NAME=loopsweb-runs python manage.py qcluster"
@@ -47,6 +49,43 @@ RUNS_WAITING = (
 )
 
 
+UNSCHEDULED = (
+    "{what} and no drain schedule will pick {them} up: schedule a drain with "
+    "`python manage.py schedule_drain {name} {kind} --every 5m` "
+    "(or route {them} once with `python manage.py drain {kind}`){which}."
+)
+ANY_KIND = "KIND"
+WHICH_KIND = "; KIND is todos-task for task.* events, generic for the others"
+
+
+def unscheduled_warning(
+    *,
+    pending: int,
+    deferred: int,
+    schedules: Sequence[ScheduledDrain],
+    kind: str | None,
+) -> str | None:
+    """The warning for inbox events that wait with no schedule to drain them, or None
+    (no such events, or a drain schedule that is not paused exists). `kind` is the route
+    kind the page knows the installation drains (None: no drain ever ran)."""
+    if not (pending or deferred) or any(not s.paused for s in schedules):
+        return None
+    parts = []
+    if pending:
+        parts.append(f"{pending} pending")
+    if deferred:
+        parts.append(f"{deferred} held (deferred)")
+    n = pending + deferred
+    what = f"{' and '.join(parts)} inbox event{' waits' if n == 1 else 's wait'}"
+    return UNSCHEDULED.format(
+        what=what,
+        them="it" if n == 1 else "them",
+        name=f"{kind}-drain" if kind else "inbox-drain",
+        kind=kind or ANY_KIND,
+        which="" if kind else WHICH_KIND,
+    )
+
+
 @dataclass(frozen=True)
 class CapacityView:
     capacity: RunCapacity
@@ -55,6 +94,7 @@ class CapacityView:
         int | None
     )  # sum of the scheduled drains' --max-active (None: one is uncapped)
     warnings: list[str] = field(default_factory=list)
+    scheduled: int = 0  # drain schedules (their caps are what `allowed` sums)
 
 
 def _late(delta: timedelta) -> str:
@@ -71,9 +111,11 @@ def capacity_view(
     *,
     now: datetime,
     overdue: Sequence[OverdueSchedule],
+    unscheduled: str | None = None,
 ) -> CapacityView:
     """Capacity and warnings for the overview. Three queries (run_capacity's); `overdue`
-    is the page's own read of the overdue schedules (selectors.overdue_schedules)."""
+    is the page's own read of the overdue schedules (selectors.overdue_schedules),
+    `unscheduled` the page's `unscheduled_warning` (from reads it already made)."""
     capacity = run_capacity(now=now)
     warnings: list[str] = []
     live = capacity.workers
@@ -112,6 +154,9 @@ def capacity_view(
             SCHEDULE_OVERDUE.format(name=schedule.name, late=_late(now - due), due=due)
         )
 
+    if unscheduled:
+        warnings.append(unscheduled)
+
     if capacity.waiting and capacity.oldest_waiting is not None:
         warnings.append(
             RUNS_WAITING.format(
@@ -121,5 +166,9 @@ def capacity_view(
             )
         )
     return CapacityView(
-        capacity=capacity, workers=workers, allowed=allowed, warnings=warnings
+        capacity=capacity,
+        workers=workers,
+        allowed=allowed,
+        warnings=warnings,
+        scheduled=sum(1 for c in configs if c.origin == "schedule"),
     )

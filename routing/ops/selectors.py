@@ -331,6 +331,32 @@ def work_item_runs(item_id: str, *, limit: int = 20) -> list[WorkflowRun]:
     )
 
 
+def work_item_steps(runs: list[WorkflowRun]) -> dict[str, list[WorkflowStepRun]]:
+    """The step runs of `runs` by run id, in step order: one query however many runs."""
+    steps: dict[str, list[WorkflowStepRun]] = {run.id: [] for run in runs}
+    if not runs:
+        return steps
+    for step in (
+        WorkflowStepRun.objects.filter(workflow_run_id__in=list(steps))
+        .order_by("workflow_run_id", "sequence", "id")
+        .only(
+            "id",
+            "workflow_run_id",
+            "step_id",
+            "sequence",
+            "status",
+            "account_profile",
+            "account_tool",
+            "exit_code",
+            "started_at",
+            "finished_at",
+            "duration_ms",
+        )
+    ):
+        steps[step.workflow_run_id].append(step)
+    return steps
+
+
 # --- drains -----------------------------------------------------------------------------------
 
 

@@ -10,10 +10,12 @@ app_name = "ops"
 urlpatterns: list[URLPattern] = [
     path("", ops_views.overview, name="overview"),
     path("deferrals/", ops_views.deferrals, name="deferrals"),
+    path("items/<str:item_id>/", ops_views.work_item, name="work-item"),
+    # The item page lived under deferrals/ before it showed runs, steps and accounts.
     path(
         "deferrals/<str:item_id>/",
-        ops_views.work_item_deferrals,
-        name="work-item",
+        ops_views.work_item_moved,
+        name="work-item-moved",
     ),
     path("accounts/", ops_views.accounts, name="accounts"),
     path("drains/", ops_views.drains, name="drains"),

@@ -19,7 +19,13 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponsePermanentRedirect,
+    HttpResponseRedirect,
+)
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -120,6 +126,13 @@ def overview(request: HttpRequest) -> HttpResponse:
     hours = account_selectors.timeline_hours(now)
     deferred_items = sum(r.deferred for r in reasons_now)
     overdue = sel.overdue_schedules(now=now)  # the section's and the capacity warning's
+    kind = hint_kind(drains, schedules)
+    unscheduled = ops_capacity.unscheduled_warning(
+        pending=inbox["pending"]["n"],
+        deferred=inbox["deferred"]["n"],
+        schedules=schedules,
+        kind=kind if (drains or schedules) else None,
+    )
     return _render(
         request,
         "ops/overview.html",
@@ -138,13 +151,15 @@ def overview(request: HttpRequest) -> HttpResponse:
         waiting=waiting,
         overdue=overdue,
         throughput=throughput_svg(hours, sel.run_throughput(now=now)),
-        kind=hint_kind(drains, schedules),
+        kind=kind,
         # The copy beside the numbers: "nothing is waiting" only when nothing is.
         deferred_items=deferred_items,
         nothing_waits=not (
             deferred_items or waiting or inbox["deferred"]["n"] or inbox["pending"]["n"]
         ),
-        capacity=ops_capacity.capacity_view(configs, now=now, overdue=overdue),
+        capacity=ops_capacity.capacity_view(
+            configs, now=now, overdue=overdue, unscheduled=unscheduled
+        ),
     )
 
 
@@ -157,6 +172,10 @@ def deferrals(request: HttpRequest) -> HttpResponse:
         "project_key": request.GET.get("project_key") or None,
     }
     page = _page(CappedCountPaginator(sel.deferred_items(**filters), PER_PAGE), request)
+    inbox_reasons = sel.deferred_inbox_by_reason()
+    inbox_deferred = sum(r["n"] for r in inbox_reasons)
+    schedules = drain_configs.scheduled_drains()
+    kind = hint_kind(list(sel.latest_drains()[:1]), schedules)
     return _render(
         request,
         "ops/deferrals.html",
@@ -166,16 +185,31 @@ def deferrals(request: HttpRequest) -> HttpResponse:
         groups=sel.deferred_groups(),
         filters={k: v for k, v in filters.items() if v},
         page=page,
-        inbox_reasons=sel.deferred_inbox_by_reason(),
+        inbox_reasons=inbox_reasons,
+        inbox_deferred=inbox_deferred,
         inbox_oldest=sel.oldest_deferred_inbox(),
-        kind=hint_kind(list(sel.latest_drains()[:1]), []),
+        # Held events wait for a drain: say so when no schedule will run one.
+        unscheduled=ops_capacity.unscheduled_warning(
+            pending=0, deferred=inbox_deferred, schedules=schedules, kind=kind
+        ),
+        kind=kind,
         reason_codes=[(code, reasons.LABELS[code]) for code in reasons.ALL],
     )
 
 
 @staff_required
-def work_item_deferrals(request: HttpRequest, item_id: str) -> HttpResponse:
-    """One item's full deferral history: what each decision saw ("why did it wait?")."""
+def work_item_moved(request: HttpRequest, item_id: str) -> HttpResponse:
+    """The item page's old address (under /ops/deferrals/): a permanent redirect."""
+    url = reverse("ops:work-item", args=[item_id])
+    query = request.META.get("QUERY_STRING")
+    return HttpResponsePermanentRedirect(f"{url}?{query}" if query else url)
+
+
+@staff_required
+def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
+    """One work item: where it stands, its runs with their steps and the account each
+    ran on, its full deferral history (what each decision saw: "why did it wait?") and
+    the inbox events that produced it."""
     now = timezone.now()
     item = get_object_or_404(
         WorkflowWorkItem.objects.select_related("invocation"), pk=item_id
@@ -189,11 +223,23 @@ def work_item_deferrals(request: HttpRequest, item_id: str) -> HttpResponse:
         }
         for d in page.object_list
     ]
+    runs = sel.work_item_runs(item.id)
+    steps = sel.work_item_steps(runs)
+    accounts: dict[str, dict[str, Any]] = {}
+    for run_steps in steps.values():
+        for step in run_steps:
+            if step.account_profile:
+                entry = accounts.setdefault(
+                    step.account_profile,
+                    {"profile": step.account_profile, "tool": None, "steps": []},
+                )
+                entry["tool"] = entry["tool"] or step.account_tool
+                entry["steps"].append(step.step_id)
     return _render(
         request,
         "ops/work_item.html",
         f"Work item {item.id}",
-        "deferrals",
+        "item",
         now=now,
         item=item,
         page=page,
@@ -203,7 +249,8 @@ def work_item_deferrals(request: HttpRequest, item_id: str) -> HttpResponse:
             .order_by("received_at")
             .defer("data", "metadata")[:20]
         ),
-        runs=sel.work_item_runs(item.id),
+        runs=[{"run": run, "steps": steps[run.id]} for run in runs],
+        accounts=sorted(accounts.values(), key=lambda a: a["profile"]),
     )
 
 

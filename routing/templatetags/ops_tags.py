@@ -8,6 +8,7 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ledger.admin import display as admin_display
 from ledger.display import worktree_text
 from ledger.models import WorkflowRun
 from routing.ops import display as ops_display
@@ -49,11 +50,8 @@ def elapsed(value: datetime | None, now: datetime) -> str:
 
 @register.filter
 def seconds(ms: int | None) -> str:
-    """A duration in milliseconds shown in seconds: `0.4 s`, `12.3 s`, `754 s`."""
-    if ms is None:
-        return "—"
-    value = ms / 1000
-    return f"{value:.1f} s" if value < 100 else f"{value:.0f} s"
+    """A duration in milliseconds as the admin shows it: `0.4 s`, `12 min 34 s`."""
+    return "—" if ms is None else admin_display.seconds(ms)
 
 
 @register.filter

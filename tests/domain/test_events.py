@@ -145,3 +145,59 @@ def test_project_group_prefers_the_option_then_data_then_metadata() -> None:
     )
     assert project_group_hint({}, {"workspace_group": "m"}, option="  ") == "m"
     assert project_group_hint({}, {}, option=None) is None
+
+
+# --- the description's Repository: line (issue 29 item 4, docs/upstream.md §5.1) -------------
+
+
+def test_a_repository_line_names_the_project_when_no_path_field_does() -> None:
+    data = {"description": "Fix the login.\n\nRepository: /srv/app\nMore text."}
+    assert todos_project_path_hint(data, {}, option="/opt") == "/srv/app"
+    # A path field still wins; the line wins over --project-path.
+    assert (
+        todos_project_path_hint({**data, "project_path": "/srv/other"}, {}, option=None)
+        == "/srv/other"
+    )
+    assert todos_project_path_hint(data, {"cwd": "/from/meta"}, option=None) == (
+        "/from/meta"
+    )
+
+
+def test_a_repository_line_in_a_nested_task_and_its_label_in_any_case() -> None:
+    data = {"task": {"description": "- repository:   `/srv/app.git/`  "}}
+    assert todos_project_path_hint(data, {}, option=None) == "/srv/app"
+
+
+def test_an_owner_repo_line_goes_through_find_checkout_and_nowhere_without_it() -> None:
+    data = {"description": "Repository: hasna/loops"}
+    seen: list[str] = []
+
+    def find(name: str) -> str | None:
+        seen.append(name)
+        return "/srv/hasna/loops"
+
+    assert todos_project_path_hint(data, {}, option=None, find_checkout=find) == (
+        "/srv/hasna/loops"
+    )
+    assert seen == ["hasna/loops"]
+    assert todos_project_path_hint(data, {}, option="/opt") == "/opt"
+    url = {"description": "Repository: https://github.com/hasna/loops"}
+    assert todos_project_path_hint(url, {}, option=None, find_checkout=find) == (
+        "/srv/hasna/loops"
+    )
+
+
+def test_lines_that_name_no_repository_are_ignored() -> None:
+    for text in (
+        "No repository here",
+        "Repository:",
+        "Repository: ../../etc",
+        "Repository: a/b/c",
+        "The Repository: /srv/app is inline",
+    ):
+        assert (
+            todos_project_path_hint(
+                {"description": text}, {}, option=None, find_checkout=lambda n: "/x"
+            )
+            is None
+        ), text

@@ -37,14 +37,14 @@ def test_a_provider_sandbox_passes_without_a_worktree(
     provider: str, sandbox: str
 ) -> None:
     assert sandbox_preflight([_step(provider, sandbox)], worktree=False) == [
-        {"stepId": "worker", "isolation": "provider-native-sandbox"}
+        {"stepId": "worker", "method": "provider-native-sandbox"}
     ]
 
 
 @pytest.mark.parametrize("provider", ["claude", "opencode", "aicopilot", "cursor"])
 def test_a_provider_without_its_own_sandbox_needs_the_worktree(provider: str) -> None:
     step = _step(provider, "workspace-write")
-    assert sandbox_preflight([step], worktree=True)[0]["isolation"] == (
+    assert sandbox_preflight([step], worktree=True)[0]["method"] == (
         "isolated-worktree"
     )
     with pytest.raises(ValidationError) as refused:
@@ -66,7 +66,7 @@ def test_danger_full_access_needs_the_break_glass_marker_even_with_a_worktree() 
         marked = _step(
             provider, "danger-full-access", allowlist=break_glass_allowlist()
         )
-        assert sandbox_preflight([marked], worktree=False)[0]["isolation"] == (
+        assert sandbox_preflight([marked], worktree=False)[0]["method"] == (
             "manual-break-glass"
         )
 

@@ -316,7 +316,9 @@ def test_worktree_mode_required_on_a_non_git_directory_is_refused_with_upstreams
     report = drain_run(
         options=drain_options("todos-task", {"worktree_mode": "required"}), env={}
     )
-    assert report.counts["fatal"] == 1
+    # A route error in a drain: skipped, not fatal (docs/upstream.md §5.2.3).
+    assert report.counts["fatal"] == 0 and report.counts["skipped"] == 1
+    assert report.results[0]["routeError"] is True
     assert message in InboxEvent.objects.get().last_reason
     _nothing_routed()
 
@@ -343,8 +345,8 @@ def test_worktree_mode_required_on_a_git_project_is_admitted_and_recorded(
     assert result["kind"] == "created"
     # claude has no sandbox of its own: the worktree is what isolates it.
     assert result["sandboxPreflight"] == [
-        {"stepId": "worker", "isolation": "isolated-worktree"},
-        {"stepId": "verifier", "isolation": "isolated-worktree"},
+        {"stepId": "worker", "method": "isolated-worktree"},
+        {"stepId": "verifier", "method": "isolated-worktree"},
     ]
     item = WorkflowWorkItem.objects.select_related("invocation").get()
     assert item.invocation.scope_json["worktreePolicy"] == "required"
@@ -404,7 +406,7 @@ def test_danger_full_access_with_manual_break_glass_passes_and_is_recorded(
     result = json.loads(out.getvalue())
     assert result["sandboxPreflight"][0] == {
         "stepId": "worker",
-        "isolation": "manual-break-glass",
+        "method": "manual-break-glass",
     }
     invocation = WorkflowInvocation.objects.get()
     assert invocation.scope_json["manualBreakGlass"] is True
@@ -460,7 +462,7 @@ def test_codewith_in_its_workspace_write_sandbox_passes_without_a_worktree(
         stdout=out,
     )
     result = json.loads(out.getvalue())
-    assert {s["isolation"] for s in result["sandboxPreflight"]} == {
+    assert {s["method"] for s in result["sandboxPreflight"]} == {
         "provider-native-sandbox"
     }
     target = WorkflowRun.objects.get().workflow.steps_json[0]["target"]
@@ -469,10 +471,11 @@ def test_codewith_in_its_workspace_write_sandbox_passes_without_a_worktree(
 
 def test_bad_option_values_are_refused_with_the_option_named(client: Client) -> None:
     for query, message in (
-        ("&worktree_mode=main", "--worktree-mode must be off, auto or required"),
+        # The API names the parameter it was sent (issue 29 item 13).
+        ("&worktree_mode=main", "worktree_mode must be off, auto or required"),
         (
             "&sandbox=none",
-            "--sandbox must be read-only, workspace-write or danger-full-access",
+            "sandbox must be read-only, workspace-write or danger-full-access",
         ),
     ):
         response = _route_now(client, generic_event(), query)

@@ -23,7 +23,10 @@ from routing.management.arguments import (
 
 
 class Command(BaseCommand):
-    help = "Route open inbox events (or a source command's tasks) through admission."
+    help = (
+        "Route open inbox events (or a source command's tasks) through admission; "
+        "admits one item unless --max-dispatch says more."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("kind", help=f"route kind: {' or '.join(KINDS)}")
@@ -57,6 +60,8 @@ class Command(BaseCommand):
                 )
             )
         else:
+            for line in report.result_lines():
+                self.stdout.write(line)
             self.stdout.write(report.human())
             if report.evidence_path:
                 self.stdout.write(f"evidence: {report.evidence_path}")
@@ -70,7 +75,11 @@ class Command(BaseCommand):
             where = (
                 f"see {report.evidence_path}"
                 if report.evidence_path
-                else "see the results above"
+                else (
+                    "see the results above"
+                    if not options["json"]
+                    else "see the results in the JSON report"
+                )
             )
             raise CommandError(
                 f"route drain hit {report.fatal} non-skippable task error(s); {where}"

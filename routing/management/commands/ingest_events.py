@@ -3,6 +3,8 @@
 FILE is JSON (one envelope or an array) or JSON Lines, or - for stdin. Every envelope is
 validated first; by default one invalid envelope means nothing is stored and the command
 exits 1 listing the bad lines. `--skip-invalid` stores the valid ones and reports the rest.
+An envelope that can never route (the checks and words of the API's `warnings`) is stored
+with a warning on stderr; `--strict` refuses the input instead (exit 1, nothing stored).
 A delivery already in the inbox (same source and id) is counted as duplicate, never stored
 twice.
 """
@@ -11,16 +13,19 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
 
 from domain.errors import ValidationError
 from domain.jsontext import loads_limited
 from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest
+from routing.drains.routable import never_routable_warning, never_routes_message
 
 PROGRESS_EVERY = 10_000
 
@@ -69,6 +74,19 @@ def _bounded_lines(
         yield None
 
 
+def _watched(
+    items: Iterator[tuple[str, object]], warnings: list[dict[str, Any]]
+) -> Iterator[tuple[str, object]]:
+    """`items` unchanged, each envelope that can never route added to `warnings`."""
+    cwd = os.getcwd()
+    for position, obj in items:
+        if not isinstance(obj, Exception):
+            warning = never_routable_warning(position, obj, cwd=cwd)
+            if warning is not None:
+                warnings.append(warning)
+        yield position, obj
+
+
 class Command(BaseCommand):
     help = "Load event envelopes (JSON or JSON Lines) into the inbox."
     stealth_options = ("stdin",)
@@ -88,6 +106,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--json", action="store_true", help="print the summary as JSON"
         )
+        parser.add_argument(
+            "--strict",
+            action="store_true",
+            help="refuse the input (nothing stored) when an envelope can never route",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         path = options["file"]
@@ -103,32 +126,49 @@ class Command(BaseCommand):
             )
         except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+        warnings: list[dict[str, Any]] = []
         try:
-            items = self._envelopes(stream, skip_invalid=options["skip_invalid"])
+            items = _watched(
+                self._envelopes(stream, skip_invalid=options["skip_invalid"]), warnings
+            )
             try:
-                report = inbox_ingest(
-                    items,
-                    all_or_nothing=not options["skip_invalid"],
-                    dry_run=options["dry_run"],
-                    progress=self._progress,
-                )
+                # --strict: the whole ingest rolls back when an envelope never routes.
+                with transaction.atomic():
+                    report = inbox_ingest(
+                        items,
+                        all_or_nothing=not options["skip_invalid"],
+                        dry_run=options["dry_run"],
+                        progress=self._progress,
+                    )
+                    if options["strict"] and warnings:
+                        report.stored = False
+                        transaction.set_rollback(True)
             except IngestRejected as rejected:
-                self._summary(rejected.report, options)
+                self._summary(rejected.report, options, warnings)
                 raise CommandError(
                     f"{rejected}; nothing stored (use --skip-invalid to store the valid ones)"
                 ) from None
         finally:
             if stream is not sys.stdin and path != "-":
                 stream.close()
-        self._summary(report, options)
+        self._summary(report, options, warnings)
+        if options["strict"] and warnings:
+            raise CommandError(
+                never_routes_message(warnings, flag="--strict") + "; nothing stored"
+            )
 
     def _progress(self, seen: int) -> None:
         if seen >= PROGRESS_EVERY and seen % PROGRESS_EVERY < 1000:
             self.stderr.write(f"ingest_events: {seen} envelopes read…")
 
-    def _summary(self, report: IngestReport, options: dict[str, Any]) -> None:
+    def _summary(
+        self,
+        report: IngestReport,
+        options: dict[str, Any],
+        warnings: list[dict[str, Any]],
+    ) -> None:
         if options["json"]:
-            self.stdout.write(json.dumps(report.to_dict()))
+            self.stdout.write(json.dumps({**report.to_dict(), "warnings": warnings}))
             return
         verb = (
             "would store"
@@ -143,6 +183,14 @@ class Command(BaseCommand):
             self.stdout.write(f"  invalid {bad['at']}: {bad['error']}")
         if len(report.invalid) > 50:
             self.stdout.write(f"  … and {len(report.invalid) - 50} more")
+        # The API's `warnings`, in the same words (routing.drains.routable).
+        for warning in warnings[:50]:
+            self.stderr.write(
+                f"  warning {warning['at']} ({warning['source']} {warning['id']}, "
+                f"{warning['kind']}): can never route: {warning['warning']}"
+            )
+        if len(warnings) > 50:
+            self.stderr.write(f"  … and {len(warnings) - 50} more warnings")
 
     def _envelopes(
         self, stream: Any, *, skip_invalid: bool

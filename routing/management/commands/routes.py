@@ -147,6 +147,8 @@ class Command(BaseCommand):
             raise CommandError(ROUTE_ITEM_NOT_FOUND.format(item_id=item_id))
         invocation = item.invocation
         value = {
+            # Upstream's `routes show` answers `item`; `workItem` is loopsweb's name for it.
+            "item": work_item_to_dict(item),
             "workItem": work_item_to_dict(item),
             "invocation": {
                 "id": invocation.id,

@@ -179,13 +179,14 @@ def test_token_posts_need_no_csrf_token(token: str) -> None:
     [
         ("route=later", "route: Select a valid choice"),
         ("route=now&kind=cron", "kind: Select a valid choice"),
-        ("route=now&max_active=zero", "--max-active must be a positive integer"),
+        ("route=now&max_active=zero", "max_active must be a positive integer"),
+        ("route=now&max_active=-2", "max_active must be a positive integer"),
         ("route=now&max_actve=2", "unknown query parameter: max_actve"),
         ("max_active=2", "route options need route=now"),
         ("route=now&dry_run=1", "unknown query parameter: dry_run"),
-        ("route=now&provider=gpt", "--provider must be one of"),
-        ("route=now&max_attempts=0", "--max-attempts must be a positive integer"),
-        ("route=now&retry_backoff=soon", "--retry-backoff must be a non-negative"),
+        ("route=now&provider=gpt", "provider must be one of"),
+        ("route=now&max_attempts=0", "max_attempts must be a positive integer"),
+        ("route=now&retry_backoff=soon", "retry_backoff must be a non-negative"),
     ],
 )
 def test_bad_query_strings_are_400_before_anything_is_read(

@@ -265,6 +265,24 @@ if (document.documentElement.scrollWidth > width + 1)
 return out;
 """
 
+# Changelist cells whose content is cut off: wider than the cell that shows it (clipped by
+# overflow or an ellipsis), or a column header whose label does not fit its column.
+CLIPPED_JS = """
+const out = [];
+for (const cell of document.querySelectorAll('#result_list th, #result_list td')) {
+  const style = getComputedStyle(cell);
+  const cut = style.overflowX !== 'visible' || style.textOverflow === 'ellipsis';
+  if (cut && cell.scrollWidth > cell.clientWidth + 1)
+    out.push((cell.className || cell.tagName) + ': ' + cell.scrollWidth + ' > ' + cell.clientWidth);
+  for (const inner of cell.querySelectorAll('*')) {
+    const s = getComputedStyle(inner);
+    if ((s.overflowX !== 'visible' || s.textOverflow === 'ellipsis') && inner.scrollWidth > inner.clientWidth + 1)
+      out.push((cell.className || cell.tagName) + ' > ' + inner.tagName + ': ' + inner.scrollWidth + ' > ' + inner.clientWidth);
+  }
+}
+return out;
+"""
+
 # The right edge of each named changelist column, and the window's width.
 COLUMNS_JS = """
 const names = arguments[0];
@@ -289,6 +307,7 @@ WORK_ITEM_COLUMNS = (
     "age_cell",
     "duration_cell",
 )
+ACCOUNT_COLUMNS = ("name", "provider", "updated_at")
 INBOX_COLUMNS = (
     "short_id_cell",
     "source",
@@ -351,6 +370,15 @@ def seed_console() -> dict[str, Any]:
     )
     WorkflowRun.objects.filter(pk=run.pk).update(status="running")
     run_finalize(run_id=run.pk, status="succeeded")
+    # Registered accounts, for the Accounts admin list (its UPDATED column).
+    Account.objects.create(
+        name="acct-10",
+        provider="codewith",
+        env_json={"CODEWITH_HOME": "/srv/agents/acct-10/codewith"},
+        max_running=2,
+        notes="the team's second subscription",
+    )
+    Account.objects.create(name="acct-11", provider="codewith", enabled=False)
     return {"done": done}
 
 
@@ -388,7 +416,7 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
 
     pages = [
         ("/ops/deferrals/", "12-deferrals-1400"),
-        (f"/ops/deferrals/{done.id}/", "13-item-history-1400"),
+        (f"/ops/items/{done.id}/", "13-item-1400"),
         ("/ops/accounts/", "14-accounts-1400"),
         ("/ops/drains/", "15-drains-1400"),
     ]
@@ -411,6 +439,7 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
     # The admin lists: the key columns inside the window without scrolling.
     for path, columns, name in (
         ("/admin/ledger/workflowworkitem/", WORK_ITEM_COLUMNS, "17-work-items-1400"),
+        ("/admin/ledger/account/", ACCOUNT_COLUMNS, "18a-accounts-admin-1400"),
         ("/admin/routing/inboxevent/", INBOX_COLUMNS, "18-inbox-1400"),
     ):
         browser.set_window_size(1400, 1000)
@@ -421,6 +450,10 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
         visible = browser.execute_script(COLUMNS_JS, list(columns))
         assert visible == {c: True for c in columns}, (path, visible)
         fits(browser, path)
+        clipped = browser.execute_script(CLIPPED_JS)
+        if clipped:
+            screenshot(browser, "failed-clipped-" + name)
+        assert clipped == [], (path, clipped)
         screenshot(browser, name)
     rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
     assert any("failed" in r.text for r in rows)
@@ -449,3 +482,93 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
     history = text_of(browser, "#item-history")
     assert "operator" in history and "Requeue work items: flaky again" in history
     screenshot(browser, "20-work-item-after-requeue-1400")
+
+
+# --- issue 29 item 15: first visit, the run page, the item page, the cancel box ---------------
+
+
+def test_a_first_visit_fits_1400_px_and_the_run_and_item_pages_read_well(
+    browser: Any, live_server: Any
+) -> None:
+    """No sidebar choice stored yet (a new operator): the ledger lists start with the
+    navigation sidebar closed and fit, nothing clipped; the run page shows each field once
+    and its duration in s/min; the item page has its runs, steps and accounts; the cancel
+    box holds a placeholder, not a value."""
+    from selenium.webdriver.common.by import By
+
+    from ledger.models import WorkflowRun
+
+    get_user_model().objects.create_superuser("operator", "op@example.com", PASSWORD)
+    done = seed_console()["done"]
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    browser.execute_script("localStorage.clear()")
+
+    for path, columns, name in (
+        (
+            "/admin/ledger/workflowworkitem/",
+            WORK_ITEM_COLUMNS,
+            "21-work-items-first-1400",
+        ),
+        ("/admin/ledger/account/", ACCOUNT_COLUMNS, "22-accounts-admin-first-1400"),
+    ):
+        browser.set_window_size(1400, 1000)
+        browser.get(f"{live_server.url}{path}")
+        assert "shifted" not in (
+            browser.find_element(By.ID, "main").get_attribute("class") or ""
+        ), "a first visit at 1400 px starts with the sidebar closed"
+        visible = browser.execute_script(COLUMNS_JS, list(columns))
+        assert visible == {c: True for c in columns}, (path, visible)
+        fits(browser, path)
+        assert browser.execute_script(CLIPPED_JS) == [], path
+        screenshot(browser, name)
+    updated = text_of(browser, "#result_list td.field-updated_at")
+    assert updated.replace("\n", " ").endswith("UTC") and updated[:4].isdigit()
+
+    # The run page: every label once, the duration as s/min, dates as the console's.
+    run = WorkflowRun.objects.get(pk=done.workflow_run_id)
+    WorkflowRun.objects.filter(pk=run.pk).update(duration_ms=166_800)
+    browser.set_window_size(1400, 1000)
+    browser.get(f"{live_server.url}/admin/ledger/workflowrun/{run.pk}/change/")
+    labels = [
+        label.text.strip().rstrip(":").lower()
+        for label in browser.find_elements(
+            By.CSS_SELECTOR,
+            "fieldset .form-row label, fieldset .form-row .flex-container > label",
+        )
+        if label.text.strip()
+    ]
+    assert len(labels) == len(set(labels)), labels
+    assert "duration ms" not in labels and "duration" in labels
+    assert text_of(browser, ".field-duration_cell .readonly") == "2 min 47 s"
+    assert text_of(browser, ".field-created_at .readonly").endswith("UTC")
+    steps = browser.find_elements(By.CSS_SELECTOR, "#step_runs-group tbody tr")
+    step_texts = [s.text for s in steps if s.text.strip()]
+    assert step_texts and all(t.endswith("83.4 s") for t in step_texts), step_texts
+    fits(browser, "run page")
+    screenshot(browser, "23-run-1400")
+
+    # The item page lives at /ops/items/<id>/ (the old address redirects).
+    browser.get(f"{live_server.url}/ops/deferrals/{done.id}/")
+    assert browser.current_url == f"{live_server.url}/ops/items/{done.id}/"
+    assert "Deferrals" not in text_of(browser, ".breadcrumbs")
+    runs = text_of(browser, "#runs")
+    assert "worker" in runs and "verifier" in runs and "83.4 s" in runs
+    assert {"acct-10", "acct-11"} <= set(text_of(browser, "#accounts").split())
+    fits(browser, "item page")
+    screenshot(browser, "24-item-1400")
+
+    # The cancel box: empty, the default reason as its placeholder.
+    browser.get(f"{live_server.url}/admin/ledger/workflowrun/")
+    browser.find_element(By.CSS_SELECTOR, "#result_list input.action-select").click()
+    browser.find_element(
+        By.CSS_SELECTOR, "select[name=action] option[value=cancel_runs]"
+    ).click()
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "button[name=index]"))
+    box = browser.find_element(By.NAME, "reason")
+    assert box.get_attribute("value") == ""
+    assert box.get_attribute("placeholder")
+    fits(browser, "cancel confirmation")
+    screenshot(browser, "25-cancel-1400")

@@ -247,9 +247,9 @@ def test_accounts_show_load_history_rate_limits_and_charts(admin_client) -> None
     timeline = html.split('id="timeline"')[1].split("</section>")[0]
     assert '<svg class="ops-chart timeline"' in timeline
     assert timeline.count("1 step started") == 4  # 2 accounts × (worker, verifier)
-    # Server-rendered: nothing fetched from elsewhere; the one script of ours is the
-    # auto-refresh timer (inline, no framework).
-    assert 'src="http' not in html and html.count("<script>") == 1
+    # Server-rendered: nothing fetched from elsewhere; the two scripts of ours are the
+    # auto-refresh timer and the sidebar's closed default (base_site), inline, no framework.
+    assert 'src="http' not in html and html.count("<script>") == 2
     assert "loopsweb.ops.refreshPaused" in html
 
 
