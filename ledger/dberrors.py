@@ -28,9 +28,10 @@ _SQLITE_REFUSED = (
     "database or disk is full",
     "readonly database",
     "disk i/o error",
-    "database disk image is malformed",  # damaged: no write is the row's fault
-    "file is not a database",
 )
+# A damaged SQLite file: nothing is the row's fault, and nothing of loopsweb can go on; the
+# error goes up to manage.py, which says so in one line (loopsweb.dbhealth).
+_SQLITE_DAMAGED = ("database disk image is malformed", "file is not a database")
 _SQLITE_PASSING = ("locked", "busy", "unable to open database", *_SQLITE_REFUSED)
 
 
@@ -86,3 +87,10 @@ def writes_refused(exc: BaseException) -> bool:
         return False
     message = str(exc).lower()
     return any(text in message for text in _SQLITE_REFUSED)
+
+
+def database_damaged(exc: BaseException) -> bool:
+    """True when the SQLite file itself is damaged (loopsweb.dbhealth reports it)."""
+    return isinstance(exc, DatabaseError) and any(
+        text in str(exc).lower() for text in _SQLITE_DAMAGED
+    )

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from ledger.dberrors import connection_lost, writes_refused
+from ledger.dberrors import connection_lost, database_damaged, writes_refused
 from routing.drains.report import DrainReport
 from routing.models import DrainRecord
 
@@ -46,6 +46,8 @@ class ConnectionLost(Exception):
 def stop_if_connection_lost(exc: BaseException) -> None:
     """Re-raise as ConnectionLost when `exc` means the database connection is gone, or that
     the database takes no write for now."""
+    if database_damaged(exc):
+        raise exc  # no candidate's fault, and no drain can go on (loopsweb.dbhealth)
     if isinstance(exc, DatabaseError) and (connection_lost(exc) or writes_refused(exc)):
         raise ConnectionLost(exc) from exc
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from routing.ops.health.selectors import health_report
 
@@ -45,4 +45,4 @@ class Command(BaseCommand):
             for problem in body.get("problems", []):
                 self.stderr.write(f"problem: {problem}")
         if not report.healthy:
-            raise SystemExit(1)
+            raise CommandError("unhealthy (see above)")

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import Client
 from django.utils import timezone
 from django_q.models import Task
@@ -154,9 +155,8 @@ def test_only_get_and_head() -> None:
 
 def test_health_command_prints_the_same_and_exits_nonzero_when_unhealthy() -> None:
     out, err = io.StringIO(), io.StringIO()
-    with pytest.raises(SystemExit) as exited:
+    with pytest.raises(CommandError, match="unhealthy"):
         call_command("health", "--json", stdout=out, stderr=err)
-    assert exited.value.code == 1
     body = json.loads(out.getvalue())
     assert body["status"] == "unhealthy"
     assert "cluster loopsweb has never reported" in body["problems"]
@@ -165,7 +165,7 @@ def test_health_command_prints_the_same_and_exits_nonzero_when_unhealthy() -> No
     _main_cluster_finished(now)
     _run_worker_reported(now)
     out = io.StringIO()
-    call_command("health", stdout=out)  # healthy: returns, no SystemExit
+    call_command("health", stdout=out)  # healthy: returns, no CommandError
     text = out.getvalue()
     assert "status: ok" in text
     assert "database: ok" in text
