@@ -43,6 +43,10 @@ BOUNDS: dict[str, Bound] = {
     # loop-level retries (domain.retry)
     "--max-attempts": Bound(1, 100),
     "--retry-backoff": Bound(0, 7 * 24 * 3600),  # seconds: a week
+    # agent step time limits (route options; the settings LOOPSWEB_STEP_TIMEOUT_SECONDS and
+    # LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS share the bounds): seconds, 30 days
+    "--step-timeout": Bound(1, 30 * 86_400),
+    "--step-idle-timeout": Bound(1, 30 * 86_400),
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from domain.bounds import BOUNDS
 from loopsweb.installation import (
     DEV_SECRET_KEY_FILE,
     INSTALLATION_ENV_FILE,
@@ -46,7 +47,9 @@ def env_bool(name: str, default: bool = False) -> bool:
     )
 
 
-def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+def env_int(
+    name: str, default: int, *, minimum: int = 0, maximum: int | None = None
+) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -56,6 +59,8 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
         raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
     if value < minimum:
         raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name} must be <= {maximum}, got {value}")
     return value
 
 
@@ -439,6 +444,27 @@ LOOPSWEB_AGENT_MAX_RETRIES = env_int("LOOPSWEB_AGENT_MAX_RETRIES", 1, minimum=0)
 # How many times a rate-limited agent step moves to another free member of its run's pool
 # before the run fails (ledger.services.failover).
 LOOPSWEB_RATE_LIMIT_MOVES = env_int("LOOPSWEB_RATE_LIMIT_MOVES", 2, minimum=0)
+STEP_TIMEOUT_BOUND = BOUNDS["--step-timeout"]
+# Every agent step's time limits unless its route (--step-timeout, --step-idle-timeout) or
+# the step itself (timeoutMs, idleTimeoutMs) says otherwise: in total, and without output.
+# Bounded like the route options (domain/bounds.py).
+LOOPSWEB_STEP_TIMEOUT_SECONDS = env_int(
+    "LOOPSWEB_STEP_TIMEOUT_SECONDS",
+    3600,
+    minimum=STEP_TIMEOUT_BOUND.minimum,
+    maximum=STEP_TIMEOUT_BOUND.maximum,
+)
+LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS = env_int(
+    "LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS",
+    600,
+    minimum=STEP_TIMEOUT_BOUND.minimum,
+    maximum=STEP_TIMEOUT_BOUND.maximum,
+)
+# How often a running step's output tails are written to its step run (only when it printed
+# something new), so /ops/ and the item page show what the agent is doing now.
+LOOPSWEB_OUTPUT_FLUSH_SECONDS = env_int(
+    "LOOPSWEB_OUTPUT_FLUSH_SECONDS", 5, minimum=1, maximum=3600
+)
 # Loop-level retries (--max-attempts): the delay doubles per failed attempt up to this cap.
 LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = env_int(
     "LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS", 3600, minimum=0
