@@ -27,7 +27,7 @@ from ledger.admin.filters import (
     EventTypeFilter,
     ProviderFilter,
 )
-from ledger.display import worktree_text
+from ledger.display import commit_text, worktree_text
 from ledger.models import (
     Loop,
     LoopRun,
@@ -91,6 +91,8 @@ class WorkflowRunAdmin(LedgerAdmin):
         "invocation_link",
         "events_link",
         "worktree",
+        "work_left",
+        "commit_diffstat",
     )
     inlines = [StepRunInline]
     actions = ("retry_runs", "cancel_runs")
@@ -134,6 +136,10 @@ class WorkflowRunAdmin(LedgerAdmin):
     @admin.display(description="worktree")
     def worktree(self, obj: WorkflowRun) -> str:
         return worktree_text(obj)
+
+    @admin.display(description="work left")
+    def work_left(self, obj: WorkflowRun) -> str:
+        return commit_text(obj)
 
 
 @admin.register(WorkflowStepRun)
