@@ -238,3 +238,51 @@ def test_a_slow_answer_is_in_the_step_run_while_the_step_still_runs(
         kill_group_quietly(proc.pid)
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error
+
+
+def test_the_key_is_nowhere_in_the_database_the_pages_the_api_or_the_logs(
+    binaries: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import io
+    import json
+    import logging
+
+    from django.apps import apps
+    from django.core.management import call_command
+
+    from routing.api.tokens import api_token_create
+
+    caplog.set_level(logging.DEBUG)
+    clis.register_account("codex", "acct-a", stand_in, tmp_path, key=KEY_A)
+    project = git_project(tmp_path / "project")
+    run = _route(project, "codex", auth_profile="acct-a")
+    assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
+    assert stand_in.keys_seen() == {KEY_A}  # the key did reach the provider
+    out = io.StringIO()
+    call_command("account", "list", "--json", stdout=out)
+    texts = {"account list": out.getvalue(), "logs": caplog.text}
+    for app in ("ledger", "routing"):
+        for model in apps.get_app_config(app).get_models():
+            rows = list(model.objects.values())
+            texts[model.__name__] = json.dumps(rows, default=str)
+    for path in (
+        "/ops/",
+        "/ops/accounts/",
+        f"/ops/deferrals/{run.work_item_id}/",
+        "/admin/ledger/account/",
+        "/admin/ledger/account/acct-a/change/",
+        f"/admin/ledger/workflowrun/{run.id}/change/",
+        f"/admin/ledger/workflowworkitem/{run.work_item_id}/change/",
+    ):
+        texts[path] = _staff_page(path)
+    _, token = api_token_create(name="reader", scopes=["read"])
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    for path in ("/api/v1/accounts", f"/api/v1/work-items/{run.work_item_id}"):
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.content[:300])
+        texts[path] = response.content.decode()
+    leaked = [where for where, text in texts.items() if KEY_A in text]
+    assert leaked == []
