@@ -163,7 +163,9 @@ def test_the_prune_command_keeps_a_branch_that_carries_the_agents_commits(
         .startswith(f"loopsweb run {run.id}: ")
     )
     assert git(project, "show", f"{worktree_branch(run.id)}:work.txt") is not None
-    with pytest.raises(CommandError, match="--keep-seconds must be >= 0"):
+    with pytest.raises(
+        CommandError, match="--keep-seconds must be a non-negative integer"
+    ):
         call_command("prune_worktrees", "--keep-seconds", "-1", stdout=io.StringIO())
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from domain.bounds import option_type
 from domain.errors import ApplicationError
 from ledger import services
 from ledger.models import Account
@@ -70,7 +71,9 @@ class Command(BaseCommand):
             metavar="PATH",
             help="API-key login: a 0600 file of NAME=value lines (only the path is stored)",
         )
-        add.add_argument("--max-running", type=int, default=None)
+        add.add_argument(
+            "--max-running", type=option_type("--max-running"), default=None
+        )
         add.add_argument("--notes", default="")
         add.add_argument("--dry-run", action="store_true", help="check, write nothing")
         add.add_argument("--json", action="store_true", help="print JSON")
