@@ -76,7 +76,7 @@ def task_margin_seconds() -> float:
     group, record the step and commit the run's work."""
     q_timeout = float(settings.Q_TIMEOUT)
     grace = float(settings.LOOPSWEB_KILL_GRACE_SECONDS)
-    return min(q_timeout / 2, max(10.0, grace + 5.0, q_timeout * 0.05))
+    return min(q_timeout / 2, max(10.0, grace + 5.0, min(60.0, q_timeout * 0.05)))
 
 
 def task_deadline(started: float) -> float:
