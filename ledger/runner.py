@@ -272,6 +272,12 @@ class _RunExecution:
                 end=end,
             )
         except services.LedgerError:
+            if result is not None:
+                # The run was ended meanwhile (a cancel killed the step): keep what the step
+                # printed on its row all the same.
+                StepWatch(step.id, None, is_agent=False).keep(
+                    result.stdout or "", result.stderr or ""
+                )
             raise _LeaseLost() from None
 
     def _finalize(self, status: str, error: str | None) -> str:
