@@ -52,6 +52,9 @@ BOUNDS: dict[str, Bound] = {
     # loop-level retries (domain.retry)
     "--max-attempts": Bound(1, 100),
     "--retry-backoff": Bound(0, WEEK),  # seconds: a week
+    # agent step time limits (route options), seconds: 30 days
+    "--step-timeout": Bound(1, 30 * DAY),
+    "--step-idle-timeout": Bound(1, 30 * DAY),
     # other commands' options (a flag two commands use differently is keyed by command)
     "--keep-seconds": Bound(0, 10 * YEAR),  # prune_worktrees
     "--days": Bound(1, 36_500),  # prune_drains: a hundred years
@@ -82,6 +85,9 @@ BOUNDS: dict[str, Bound] = {
     "LOOPSWEB_KILL_GRACE_SECONDS": Bound(0, 3_600),
     "LOOPSWEB_RATE_LIMIT_MOVES": Bound(0, 100),
     "LOOPSWEB_AGENT_MAX_RETRIES": Bound(0, 20),
+    "LOOPSWEB_STEP_TIMEOUT_SECONDS": Bound(1, 30 * DAY),
+    "LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS": Bound(1, 30 * DAY),
+    "LOOPSWEB_OUTPUT_FLUSH_SECONDS": Bound(1, 3_600),
     "LOOPSWEB_WEB_WORKERS": Bound(1, 1_000),
     "LOOPSWEB_WEB_THREADS": Bound(1, 1_000),
     "LOOPSWEB_WEB_TIMEOUT": Bound(5, DAY),  # seconds

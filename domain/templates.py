@@ -182,6 +182,8 @@ def render_workflow(
     sandbox: str = DEFAULT_SANDBOX,
     worktree_mode: str = DEFAULT_WORKTREE_MODE,
     manual_break_glass: bool = False,
+    step_timeout: int | None = None,
+    step_idle_timeout: int | None = None,
 ) -> dict[str, Any]:
     """Spec body ``{"version", "goal", "steps"}`` for a generated route workflow.
 
@@ -189,8 +191,18 @@ def render_workflow(
     ``message`` (either keyword works; ``description`` wins when both are given).
     Every agent target carries the ``sandbox``, the run's ``worktreeMode`` (the runner
     gives the run its own git worktree from it) and, with ``manual_break_glass``,
-    upstream's ``manual-break-glass`` allowlist marker.
+    upstream's ``manual-break-glass`` allowlist marker; ``step_timeout`` and
+    ``step_idle_timeout`` (seconds, the route's) become each agent step's ``timeoutMs`` and
+    ``idleTimeoutMs`` (without them the runner applies its settings' defaults).
     """
+    limits = {
+        key: seconds * 1000
+        for key, seconds in (
+            ("timeoutMs", step_timeout),
+            ("idleTimeoutMs", step_idle_timeout),
+        )
+        if seconds
+    }
     roles = roles_for_template(template_id)
     noun = "event" if route_key == GENERIC_EVENT else "task"
     body = description if description is not None else message
@@ -225,6 +237,7 @@ def render_workflow(
                     ),
                 },
                 "routing": {"role": role},
+                **limits,
             }
         )
         previous = role

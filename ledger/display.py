@@ -29,3 +29,22 @@ def worktree_text(run: WorkflowRun) -> str:
         )
         state = f"kept until {until:%Y-%m-%d %H:%M} UTC"
     return f"{run.worktree_path}{branch} ({state})"
+
+
+NO_CHANGES = "no changes: the run left the project as it was"
+
+
+def commit_text(run: WorkflowRun) -> str:
+    """What a run left on its branch (ledger.worktrees.worktree_commit): the branch, its
+    head, the diffstat's summary line and the command that checks it out; `-` before the
+    run ended or when it had no worktree."""
+    if not run.worktree_path or run.commit_head is None:
+        return "-"
+    if not run.commit_diffstat:
+        return NO_CHANGES
+    lines = run.commit_diffstat.strip().splitlines()
+    summary = lines[-1].strip() if lines else ""
+    return (
+        f"branch {run.worktree_branch} at {run.commit_head[:12]} ({summary}); "
+        f"check it out in the project: git switch {run.worktree_branch}"
+    )

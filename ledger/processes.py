@@ -39,6 +39,7 @@ STEP_SPAWN_FAILED = "step could not be started: {error}"
 _PIPE_DRAIN_SECONDS = 0.5
 _SELECT_SECONDS = 0.1
 _READ_BYTES = 65536
+_STOP_CHECK_SECONDS = 0.5
 
 
 # --- a step's process -------------------------------------------------------------------------
@@ -74,8 +75,9 @@ class ProcessResult:
     stdout: str
     stderr: str
     duration_ms: int
-    timeout: str | None = None  # "total" or "idle"
+    timeout: str | None = None  # "total", "idle" or "deadline"
     lost: bool = False
+    stopped: str | None = None  # why `stop_when` stopped the step
     spawn_error: str | None = None
 
 
@@ -107,11 +109,20 @@ def run_process(
     on_spawn: Callable[[int], None],
     keep_alive: Callable[[], bool],
     keep_alive_every: float,
+    deadline: float | None = None,
+    on_output: Callable[[str, str], None] | None = None,
+    output_every: float = 5.0,
+    stop_when: Callable[[str, str], str | None] | None = None,
 ) -> ProcessResult:
     """Run one step's process to the end; never raises for the process's own failures.
 
     `keep_alive` (the lease renewal) is called every `keep_alive_every` seconds while the
     process lives; False means the run is no longer ours and the group is killed.
+    `deadline` (a `time.monotonic()` value) ends the step like a timeout (`"deadline"`).
+    `on_output(stdout, stderr)` receives the tails while the step runs: at most every
+    `output_every` seconds and only when there is output it has not seen, so a step that ends
+    within `output_every` is never flushed. `stop_when(stdout, stderr)`, called when new output
+    arrived (at most every `_STOP_CHECK_SECONDS`), returns a reason to stop the step now.
     """
     started = time.monotonic()
     try:
@@ -146,7 +157,11 @@ def run_process(
         selector.register(proc.stderr, selectors.EVENT_READ, err)
         last_output = started
         next_keep_alive = started + keep_alive_every
+        next_flush = started + output_every
+        next_stop_check = started
+        flushed_at = checked_at = started  # output up to here was seen
         exited_at: float | None = None
+        stopped: str | None = None
         while True:
             if selector.get_map():
                 for key, _ in selector.select(_SELECT_SECONDS):
@@ -170,16 +185,30 @@ def run_process(
                     kill_process_group(proc, 0)
                     break
                 continue
-            if timeout is not None or lost:
+            if timeout is not None or lost or stopped is not None:
                 continue
-            if timeout_seconds and now - started >= timeout_seconds:
+            if on_output is not None and now >= next_flush and last_output > flushed_at:
+                next_flush, flushed_at = now + output_every, last_output
+                on_output(out.text(), err.text())
+            if (
+                stop_when is not None
+                and now >= next_stop_check
+                and last_output > checked_at
+            ):
+                next_stop_check, checked_at = now + _STOP_CHECK_SECONDS, last_output
+                stopped = stop_when(out.text(), err.text())
+            if stopped is not None:
+                pass
+            elif timeout_seconds and now - started >= timeout_seconds:
                 timeout = "total"
             elif idle_timeout_seconds and now - last_output >= idle_timeout_seconds:
                 timeout = "idle"
+            elif deadline is not None and now >= deadline:
+                timeout = "deadline"
             elif now >= next_keep_alive:
                 next_keep_alive = now + keep_alive_every
                 lost = not keep_alive()
-            if timeout is not None or lost:
+            if timeout is not None or lost or stopped is not None:
                 kill_process_group(proc, grace_seconds)
         selector.close()
     except BaseException:
@@ -207,6 +236,7 @@ def run_process(
         duration_ms=int((time.monotonic() - started) * 1000),
         timeout=timeout,
         lost=lost,
+        stopped=stopped,
     )
 
 

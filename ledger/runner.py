@@ -58,6 +58,12 @@ from django.utils import timezone
 from domain.errors import ApplicationError, ValidationError
 from domain.sandbox import WORKTREE_REQUIRED, step_isolation
 from ledger import services
+from ledger.agent_step import (
+    StepWatch,
+    step_limits,
+    step_outcome,
+    task_deadline,
+)
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
 from ledger.processes import ProcessResult, run_process
 from ledger.projects import (
@@ -71,12 +77,14 @@ from ledger.providers import (
     command_invocation,
     rate_limit_exit_codes,
 )
-from ledger.ratelimit import detect_rate_limit
+from ledger.ratelimit import RateLimitSignal, detect_rate_limit
 from ledger.usage import Usage, parse_usage
 from ledger.worktrees import (
+    COMMIT_MESSAGE,
     Worktree,
     WorktreeError,
     worktree_branch,
+    worktree_commit,
     worktree_create,
     worktree_dir,
     worktree_project,
@@ -90,10 +98,6 @@ NOT_DUE = "not-due"
 LOST = "lease-lost"
 HANDED_BACK = "handed-back"
 
-STEP_TIMED_OUT = "step timed out after {ms} ms"
-STEP_IDLE_TIMED_OUT = "step produced no output for {ms} ms (idle timeout)"
-STEP_EXIT_CODE = "step exited with code {code}"
-STEP_KILLED = "step was killed by signal {name}"
 STEP_KIND_UNKNOWN = "unknown step kind: {kind}"
 STEP_DEPENDS_UNKNOWN = "step {step_id} depends on unknown step {dependency}"
 STEP_SPEC_MISSING = "step {step_id} is not in the workflow spec"
@@ -147,15 +151,6 @@ def execution_order(
 # --- the run ----------------------------------------------------------------------------------
 
 
-def _positive_ms(*values: Any) -> int | None:
-    for value in values:
-        if isinstance(value, bool):
-            continue
-        if isinstance(value, int | float) and value > 0:
-            return int(value)
-    return None
-
-
 class _LeaseLost(Exception):
     """The run is no longer this worker's (cancelled, recovered): stop writing."""
 
@@ -171,9 +166,15 @@ HandBack = Callable[[str, float], None]
 
 class _RunExecution:
     def __init__(
-        self, run: WorkflowRun, worker: str, hand_back: HandBack | None = None
+        self,
+        run: WorkflowRun,
+        worker: str,
+        hand_back: HandBack | None = None,
+        deadline: float | None = None,
     ) -> None:
         self.run = run
+        self.deadline = deadline  # the task's (ledger.agent_step.task_deadline)
+        self.saved = False  # the worktree's work is committed
         self.worker = worker
         self.hand_back = hand_back
         lease = float(settings.LOOPSWEB_RUN_LEASE_SECONDS)
@@ -226,6 +227,7 @@ class _RunExecution:
                     start = None
                 continue
             end = self._run_end(step, result, rest)
+            self.save_work(step.step_id)
             self._complete(step, None if recorded else result, end=end)
             if end.status == RunStatus.SUCCEEDED:
                 self._remove_worktree()
@@ -270,9 +272,16 @@ class _RunExecution:
                 end=end,
             )
         except services.LedgerError:
+            if result is not None:
+                # The run was ended meanwhile (a cancel killed the step): keep what the step
+                # printed on its row all the same.
+                StepWatch(step.id, None, is_agent=False).keep(
+                    result.stdout or "", result.stderr or ""
+                )
             raise _LeaseLost() from None
 
     def _finalize(self, status: str, error: str | None) -> str:
+        self.save_work(None)
         try:
             services.run_finalize(run_id=self.run.id, status=status, error=error)
         except services.LedgerError:
@@ -311,6 +320,26 @@ class _RunExecution:
                 run_id=self.run.id, worker=self.worker, path=None, branch=None
             )
             raise
+
+    def save_work(self, step_id: str | None) -> None:
+        """Commit what the agents left uncommitted on the run's branch and record the
+        branch's head and diffstat (ledger.worktrees.worktree_commit); once per run, best
+        effort: a git failure is logged and the worktree is kept as it is."""
+        if self.worktree is None or self.saved:
+            return
+        self.saved = True
+        message = COMMIT_MESSAGE.format(
+            run_id=self.run.id,
+            step_id=step_id or "-",
+            item=self.run.work_item_id or "-",
+        )
+        try:
+            commit = worktree_commit(self.worktree, message=message)
+            services.run_commit_record(
+                run_id=self.run.id, head=commit.head, diffstat=commit.diffstat
+            )
+        except (WorktreeError, OSError, DatabaseError):
+            logger.exception("could not commit the work of run %s", self.run.id)
 
     def _remove_worktree(self) -> None:
         # After success only; a failed run's worktree is kept for the operator and pruned
@@ -448,8 +477,9 @@ class _RunExecution:
                 raise ProviderError(STEP_KIND_UNKNOWN.format(kind=kind))
         except (ProviderError, ValidationError) as exc:
             return services.StepResult(status=StepStatus.FAILED, error=str(exc))
-        timeout_ms = _positive_ms(spec.get("timeoutMs"), target.get("timeoutMs"))
-        idle_ms = _positive_ms(spec.get("idleTimeoutMs"), target.get("idleTimeoutMs"))
+        timeout_ms, idle_ms = step_limits(spec, target, is_agent=is_agent)
+        provider = invocation.provider
+        watch = StepWatch(step.id, provider, is_agent=is_agent)
         try:
             result = run_process(
                 invocation=invocation,
@@ -462,42 +492,42 @@ class _RunExecution:
                 ),
                 keep_alive=self.keep_alive,
                 keep_alive_every=self.keep_alive_every,
+                deadline=self.deadline,
+                on_output=watch.flush,
+                output_every=float(settings.LOOPSWEB_OUTPUT_FLUSH_SECONDS),
+                stop_when=watch.stop_when,
             )
         finally:
             invocation.remove_files()
         if result.lost:
+            watch.keep(result.stdout, result.stderr)
             raise _LeaseLost()
         if result.spawn_error:
             return _step_result(result, StepStatus.FAILED, error=result.spawn_error)
-        if result.timeout == "total":
-            status, error = StepStatus.TIMED_OUT, STEP_TIMED_OUT.format(ms=timeout_ms)
-        elif result.timeout == "idle":
-            status, error = StepStatus.TIMED_OUT, STEP_IDLE_TIMED_OUT.format(ms=idle_ms)
-        elif result.signal_name:
-            status, error = (
-                StepStatus.FAILED,
-                STEP_KILLED.format(name=result.signal_name),
-            )
-        elif result.exit_code != 0:
-            status, error = (
-                StepStatus.FAILED,
-                STEP_EXIT_CODE.format(code=result.exit_code),
-            )
-        else:
-            status, error = StepStatus.SUCCEEDED, None
+        status, error = step_outcome(
+            result,
+            provider=provider,
+            is_agent=is_agent,
+            timeout_ms=timeout_ms,
+            idle_ms=idle_ms,
+        )
         usage = None
         if is_agent and result.timeout is None:
-            note = self._record_rate_limit(step, invocation.provider, result)
+            note = self._record_rate_limit(step, provider, result, watch.signal)
             if note and error:
                 error += note
         if is_agent:
-            usage = parse_usage(invocation.provider, result.stdout)
+            usage = parse_usage(provider, result.stdout)
         return _step_result(result, status, error=error, usage=usage)
 
     def _record_rate_limit(
-        self, step: WorkflowStepRun, provider: str | None, result: ProcessResult
+        self,
+        step: WorkflowStepRun,
+        provider: str | None,
+        result: ProcessResult,
+        live: RateLimitSignal | None = None,
     ) -> str | None:
-        signal_seen = detect_rate_limit(
+        signal_seen = live or detect_rate_limit(
             output=f"{result.stdout}\n{result.stderr}",
             exit_code=result.exit_code,
             rate_limit_exit_codes=rate_limit_exit_codes(provider),
@@ -552,6 +582,7 @@ def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
     and the next delivery resumes a parked run where it stopped. Without it (`manage.py
     run_workflow`), the runner waits in this process, renewing the lease.
     """
+    started = time.monotonic()
     worker = services.worker_identity()
     run = services.run_claim(run_id=run_id, worker=worker)
     if run is None and (
@@ -568,13 +599,17 @@ def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
     if run is None:
         logger.info("workflow run %s not claimed (not queued)", run_id)
         return NOT_CLAIMED
-    execution = _RunExecution(run, worker, hand_back)
+    # The django-q2 task is killed at Q_TIMEOUT: stop the step shortly before, so the run
+    # says why it ended, keeps its output and commits its work (ledger.agent_step).
+    deadline = task_deadline(started) if hand_back is not None else None
+    execution = _RunExecution(run, worker, hand_back, deadline)
     try:
         return execution.execute()
     except _HandedBack:
         logger.debug("workflow run %s handed back to the queue", run_id)
         return HANDED_BACK
     except _LeaseLost:
+        execution.save_work(None)
         current = (
             WorkflowRun.objects.filter(pk=run_id)
             .values_list("status", flat=True)
@@ -589,6 +624,7 @@ def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
         # `manage.py run_workflow`): the step's process group is already gone (run_process
         # kills it on the way out), so fail the run now rather than waiting for its lease.
         logger.exception("workflow run %s stopped unexpectedly", run_id)
+        execution.save_work(None)
         error = (
             RUNNER_STOPPED
             if isinstance(exc, KeyboardInterrupt | SystemExit)

@@ -8,6 +8,11 @@
 2. `worktree_remove`: `git worktree remove --force`, then `git branch -d`, which keeps a
    branch that carries commits not merged into the project's HEAD (the agent's work is not
    thrown away with its checkout). Without the project, the directory is deleted directly.
+2b. `worktree_commit`: at the end of every run in a worktree (before it is removed or kept
+   for pruning), what the agent left uncommitted is committed on the run's branch (author
+   loopsweb, a message naming the run, the item and the step), so removing the worktree
+   never throws work away; it returns the branch, its head and the diffstat against the
+   commit the run started from (empty: the run changed nothing).
 3. `worktrees_prune` (the periodic task and `manage.py prune_worktrees`): worktrees of
    succeeded runs whose removal did not happen, and of failed, timed-out or cancelled runs
    LOOPSWEB_WORKTREE_KEEP_SECONDS after they finished (kept that long for an operator).
@@ -208,6 +213,66 @@ def worktree_remove(*, project: str | None, path: str, branch: str | None) -> No
             _git(repo, "worktree", "prune")
             if branch and _branch_exists(repo, branch):
                 _git(repo, "branch", "-d", branch)
+
+
+COMMIT_AUTHOR = "loopsweb"
+COMMIT_EMAIL = "loopsweb@localhost"
+COMMIT_MESSAGE = (
+    "loopsweb run {run_id}: work left by step {step_id} of work item {item}"
+)
+DIFFSTAT_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class WorktreeCommit:
+    branch: str
+    head: str
+    diffstat: str  # "" when the run changed nothing
+    committed: bool  # a commit was made for uncommitted changes
+
+
+def _checked(result: subprocess.CompletedProcess[str]) -> str:
+    if result.returncode != 0:
+        raise WorktreeError(WORKTREE_FAILED.format(error=_git_error(result)))
+    return result.stdout.strip()
+
+
+def worktree_commit(worktree: Worktree, *, message: str) -> WorktreeCommit:
+    """Commit everything the agent left in `worktree` (not ignored) on its branch."""
+    path = worktree.path
+    _checked(_git(path, "add", "--all"))
+    staged = _git(path, "diff", "--cached", "--quiet")
+    committed = staged.returncode == 1
+    if committed:
+        _checked(
+            _git(
+                path,
+                "-c",
+                f"user.name={COMMIT_AUTHOR}",
+                "-c",
+                f"user.email={COMMIT_EMAIL}",
+                "-c",
+                "commit.gpgsign=false",
+                "commit",
+                "--quiet",
+                "--no-verify",
+                "--author",
+                f"{COMMIT_AUTHOR} <{COMMIT_EMAIL}>",
+                "-m",
+                message,
+            )
+        )
+    elif staged.returncode != 0:
+        _checked(staged)
+    head = _checked(_git(path, "rev-parse", "HEAD"))
+    # The fork point: where the project's HEAD was when the run's worktree was made.
+    base = _checked(_git(worktree.project, "merge-base", "HEAD", head))
+    stat = _checked(_git(path, "diff", "--stat", base, head)) if base != head else ""
+    if len(stat) > DIFFSTAT_CHARS:
+        stat = stat[: DIFFSTAT_CHARS - 1] + "…"
+    return WorktreeCommit(
+        branch=worktree.branch, head=head, diffstat=stat, committed=committed
+    )
 
 
 @dataclass(frozen=True)

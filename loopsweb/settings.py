@@ -492,6 +492,13 @@ LOOPSWEB_AGENT_MAX_RETRIES = env_int("LOOPSWEB_AGENT_MAX_RETRIES", 1)
 # How many times a rate-limited agent step moves to another free member of its run's pool
 # before the run fails (ledger.services.failover).
 LOOPSWEB_RATE_LIMIT_MOVES = env_int("LOOPSWEB_RATE_LIMIT_MOVES", 2)
+# Every agent step's time limits unless its route (--step-timeout, --step-idle-timeout) or
+# the step itself (timeoutMs, idleTimeoutMs) says otherwise: in total, and without output.
+LOOPSWEB_STEP_TIMEOUT_SECONDS = env_int("LOOPSWEB_STEP_TIMEOUT_SECONDS", 3600)
+LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS = env_int("LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS", 600)
+# How often a running step's output tails are written to its step run (only when it printed
+# something new), so /ops/ and the item page show what the agent is doing now.
+LOOPSWEB_OUTPUT_FLUSH_SECONDS = env_int("LOOPSWEB_OUTPUT_FLUSH_SECONDS", 5)
 # Loop-level retries (--max-attempts): the delay doubles per failed attempt up to this cap.
 LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = env_int("LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS", 3600)
 # --- end runner ---

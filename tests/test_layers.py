@@ -61,7 +61,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("ledger services (lifecycle writes)", ("ledger.services",)),
-    ("ledger execution (worktrees, runner)", ("ledger.worktrees", "ledger.runner")),
+    (
+        "ledger execution (worktrees, runner)",
+        ("ledger.worktrees", "ledger.agent_step", "ledger.runner"),
+    ),
     ("ledger tasks (django-q2 entry points)", ("ledger.tasks",)),
     ("admission", ("routing.models", "routing.migrations", "routing.admission")),
     ("drains", ("routing.drains", "routing.tasks")),

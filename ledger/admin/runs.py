@@ -27,7 +27,7 @@ from ledger.admin.filters import (
     EventTypeFilter,
     ProviderFilter,
 )
-from ledger.display import worktree_text
+from ledger.display import commit_text, worktree_text
 from ledger.models import (
     Loop,
     LoopRun,
@@ -104,6 +104,8 @@ class WorkflowRunAdmin(LedgerAdmin):
         "claimed_by",
         "lease_expires_at",
         "worktree",
+        "work_left",
+        "commit_diffstat",
         "manifest_path",
         "goal_run_id",
         "events_link",
@@ -153,6 +155,10 @@ class WorkflowRunAdmin(LedgerAdmin):
     @admin.display(description="worktree")
     def worktree(self, obj: WorkflowRun) -> str:
         return worktree_text(obj)
+
+    @admin.display(description="work left")
+    def work_left(self, obj: WorkflowRun) -> str:
+        return commit_text(obj)
 
 
 @admin.register(WorkflowStepRun)

@@ -46,6 +46,7 @@ from ledger.admin.filters import (
     SubjectKindFilter,
     TemplateFilter,
 )
+from ledger.agent_output import summarize_output
 from ledger.models import (
     WorkflowInvocation,
     WorkflowRun,
@@ -330,6 +331,17 @@ def _tail(text: str | None) -> str:
     return text if len(text) <= OUTPUT_TAIL_CHARS else "…" + text[-OUTPUT_TAIL_CHARS:]
 
 
+ACTIVITY_LINES = 12
+
+
+def _activity(step: WorkflowStepRun) -> str:
+    """The agent's output as readable lines (one per event for the JSON-speaking CLIs), the
+    last few: what it is doing now while it runs (the runner writes the tails every
+    LOOPSWEB_OUTPUT_FLUSH_SECONDS)."""
+    lines = summarize_output(step.account_tool, step.stdout or "").splitlines()
+    return "\n".join(lines[-ACTIVITY_LINES:])
+
+
 def item_page_context(
     model_admin: WorkflowWorkItemAdmin, request: HttpRequest, item: WorkflowWorkItem
 ) -> dict[str, Any]:
@@ -355,6 +367,7 @@ def item_page_context(
                 ),
                 "stdout": _tail(step.stdout),
                 "stderr": _tail(step.stderr),
+                "activity": _activity(step),
             }
         )
     deferrals = list(item.deferrals.order_by("-created_at", "-id")[:DEFERRALS_SHOWN])

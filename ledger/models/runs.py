@@ -69,6 +69,11 @@ class WorkflowRun(TimestampedModel):
     worktree_path = models.TextField(null=True, blank=True)
     worktree_branch = models.CharField(max_length=255, null=True, blank=True)
     worktree_removed_at = models.DateTimeField(null=True, blank=True)
+    # loopsweb (0010): what the run left on its branch (ledger.worktrees.worktree_commit): the
+    # branch's head after the agent's uncommitted work was committed, and the diffstat against
+    # where the run started ("" : no changes).
+    commit_head = models.CharField(max_length=64, null=True, blank=True)
+    commit_diffstat = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_runs"

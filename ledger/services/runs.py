@@ -31,6 +31,7 @@ from ledger.services.common import (
     WORK_ITEM_NOT_RUNNABLE,
     LedgerError,
     append_event,
+    clean_text,
     lease_duration,
     lock_run,
     now_or_default,
@@ -192,6 +193,13 @@ def run_worktree_removed(*, run_id: str, now: datetime | None = None) -> None:
         WorkflowRun.objects.filter(pk=run_id, worktree_path__isnull=False).update(
             worktree_removed_at=now
         )
+
+
+def run_commit_record(*, run_id: str, head: str, diffstat: str) -> None:
+    """Record what a run left on its branch (`ledger.worktrees.worktree_commit`)."""
+    WorkflowRun.objects.filter(pk=run_id).update(
+        commit_head=head, commit_diffstat=clean_text(diffstat) or ""
+    )
 
 
 def run_finalize(

@@ -292,6 +292,23 @@ def step_process_record(*, step_run_id: str, pid: int) -> None:
     )
 
 
+def step_output_record(
+    *, step_run_id: str, stdout: str, stderr: str, running_only: bool = True
+) -> bool:
+    """Write a step's output tails so far (while it runs, or kept after its run was taken
+    away). One statement, in autocommit; True when the row was written."""
+    rows = WorkflowStepRun.objects.filter(pk=step_run_id)
+    if running_only:
+        rows = rows.filter(status=StepStatus.RUNNING)
+    return bool(
+        rows.update(
+            stdout=clean_text(stdout),
+            stderr=clean_text(stderr),
+            updated_at=timezone.now(),
+        )
+    )
+
+
 def step_finish(
     *,
     step_run_id: str,

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.bounds import bounded_int
 from domain.errors import ValidationError
 from domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
 from domain.retry import parse_max_attempts, parse_retry_backoff
@@ -65,6 +66,11 @@ class RouteOptions:
     # seconds (None = 60), doubled per further failure up to LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS.
     max_attempts: int | None = None
     retry_backoff: int | None = None
+    # Agent step time limits in seconds (None: LOOPSWEB_STEP_TIMEOUT_SECONDS and
+    # LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS when the step runs), rendered as timeoutMs and
+    # idleTimeoutMs into every agent step (domain.templates.render_workflow).
+    step_timeout: int | None = None
+    step_idle_timeout: int | None = None
     dry_run: bool = False
 
     @property
@@ -121,6 +127,8 @@ OPTION_NAMES = (
     "manual_break_glass",
     "max_attempts",
     "retry_backoff",
+    "step_timeout",
+    "step_idle_timeout",
     "dry_run",
 )
 
@@ -185,5 +193,9 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
         manual_break_glass=break_glass,
         max_attempts=parse_max_attempts(raw.get("max_attempts")),
         retry_backoff=parse_retry_backoff(raw.get("retry_backoff")),
+        step_timeout=bounded_int("--step-timeout", raw.get("step_timeout")),
+        step_idle_timeout=bounded_int(
+            "--step-idle-timeout", raw.get("step_idle_timeout")
+        ),
         dry_run=dry_run,
     )

@@ -269,6 +269,8 @@ def plan_route(
         sandbox=options.sandbox,
         worktree_mode=options.worktree_mode,
         manual_break_glass=options.manual_break_glass,
+        step_timeout=options.step_timeout,
+        step_idle_timeout=options.step_idle_timeout,
     )
     preflight = sandbox_preflight(
         spec["steps"],

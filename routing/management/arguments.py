@@ -85,6 +85,16 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         help="delay before the first retry (30, 30s, 5m, 1h; default 60s), doubled per "
         "further failure up to LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS",
     )
+    add(
+        "--step-timeout",
+        help="seconds each agent step may run in total "
+        "(default LOOPSWEB_STEP_TIMEOUT_SECONDS, 3600)",
+    )
+    add(
+        "--step-idle-timeout",
+        help="seconds each agent step may print nothing "
+        "(default LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS, 600)",
+    )
     add("--dry-run", action="store_true", help="decide and report, write nothing")
     add("--json", action="store_true", help="print one JSON object")
 

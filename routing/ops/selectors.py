@@ -13,7 +13,7 @@ Rules these follow, so that a page's query count and cost stay flat as the ledge
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,6 +29,7 @@ from django.db.models import (
 from django.db.models.functions import RowNumber, TruncHour
 from django_q.models import Schedule
 
+from ledger.agent_output import summarize_output
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     RunStatus,
@@ -327,6 +328,8 @@ def work_item_runs(item_id: str, *, limit: int = 20) -> list[WorkflowRun]:
             "worktree_path",
             "worktree_branch",
             "worktree_removed_at",
+            "commit_head",
+            "commit_diffstat",
         )[:limit]
     )
 
@@ -407,6 +410,7 @@ class LiveStep:
     since: datetime | None
     why: str = ""
     code: str = ""
+    now: str = ""  # what a running step printed last, readable (ledger.agent_output)
 
 
 # The columns a LiveStep needs from a step, its run and its item (one join, no more).
@@ -446,12 +450,30 @@ def _live_step(
     )
 
 
+def last_output_line(step: WorkflowStepRun) -> str:
+    """The last readable line of a step's output so far (the runner writes the tails every
+    LOOPSWEB_OUTPUT_FLUSH_SECONDS while it runs): one line per agent event for the
+    JSON-speaking CLIs, else the last line printed."""
+    for text in (step.stdout, step.stderr):
+        lines = summarize_output(step.account_tool, text or "").splitlines()
+        if lines:
+            return lines[-1]
+    return ""
+
+
 def running_steps(*, limit: int = 50) -> list[LiveStep]:
-    """Steps running now (the step status index), oldest start first, with their item."""
+    """Steps running now (the step status index), oldest start first, with their item and
+    what each printed last."""
     rows = _live_steps(
-        WorkflowStepRun.objects.filter(status=StepStatus.RUNNING), "started_at"
+        WorkflowStepRun.objects.filter(status=StepStatus.RUNNING),
+        "started_at",
+        "stdout",
+        "stderr",
     ).order_by("started_at")[:limit]
-    return [_live_step(s, since=s.started_at) for s in rows]
+    return [
+        replace(_live_step(s, since=s.started_at), now=last_output_line(s))
+        for s in rows
+    ]
 
 
 def waiting_steps(*, limit: int = 50) -> list[LiveStep]:

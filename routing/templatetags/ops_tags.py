@@ -9,7 +9,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ledger.admin import display as admin_display
-from ledger.display import worktree_text
+from ledger.display import commit_text, worktree_text
 from ledger.models import WorkflowRun
 from routing.ops import display as ops_display
 
@@ -58,3 +58,9 @@ def seconds(ms: int | None) -> str:
 def worktree(run: WorkflowRun) -> str:
     """The run's git worktree, branch and what became of it (`-` when it had none)."""
     return worktree_text(run)
+
+
+@register.filter
+def work_left(run: WorkflowRun) -> str:
+    """What the run left on its branch and how to check it out (`-` when nothing yet)."""
+    return commit_text(run)

@@ -17,11 +17,13 @@ the key read from an environment variable the account's env file sets:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,3 +146,39 @@ def git_repo(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     subprocess.run(["git", "init", "-q", str(path)], check=True)
     return path
+
+
+KEY_VARIABLE = "STANDIN_API_KEY"
+
+
+def register_account(
+    provider: str,
+    name: str,
+    stand_in: Any,
+    directory: Path,
+    *,
+    key: str | None,
+    env_key: str = KEY_VARIABLE,
+) -> None:
+    """`manage.py account add NAME` (in this process) for `provider`, its login directory
+    pointing at the stand-in and its key in a 0600 env file; `key` None: no login at all."""
+    from django.core.management import call_command
+
+    home = directory / f"{name}-home"
+    argv = ["account", "add", name, "--provider", provider]
+    env: dict[str, str] = {}
+    if provider == "codex":
+        codex_home(home, stand_in.url, env_key)
+        argv += ["--codex-home", str(home)]
+    elif provider == "claude":
+        claude_config_dir(home)
+        argv += ["--claude-config-dir", str(home), "--env"]
+        argv.append(f"ANTHROPIC_BASE_URL={stand_in.url}")
+        env_key = "ANTHROPIC_API_KEY"
+    else:
+        opencode_home(home, stand_in.url, env_key)
+        argv += ["--opencode-home", str(home)]
+    if key:
+        env[env_key] = key
+        argv += ["--env-file", str(write_env_file(directory / f"{name}.env", env))]
+    call_command(*argv, stdout=io.StringIO())

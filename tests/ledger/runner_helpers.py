@@ -266,8 +266,8 @@ def spawn_runner(run_id: str, *, extra_env: dict[str, str]) -> subprocess.Popen[
         DATABASE_URL=child_database_url(),
         PYTHONDONTWRITEBYTECODE="1",
         **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
-        **extra_env,
     )
+    env.update(extra_env)  # may name another binary for a provider
     return subprocess.Popen(
         [sys.executable, "manage.py", "run_workflow", run_id],
         cwd=ROOT,

@@ -139,10 +139,11 @@ def test_a_failing_step_fails_the_run_skips_the_rest_and_fails_the_item(
     steps = steps_of(run)
     assert steps["worker"].status == StepStatus.FAILED
     assert steps["worker"].exit_code == 3 and "boom" in steps["worker"].stderr
-    assert steps["worker"].error == "step exited with code 3"
+    # The agent's own last stderr line, with the exit code after it (ledger.agent_output).
+    assert steps["worker"].error == "boom (exit code 3)"
     assert steps["verifier"].status == StepStatus.SKIPPED
     assert steps["verifier"].started_at is None
-    assert run.error == "step worker failed: step exited with code 3"
+    assert run.error == "step worker failed: boom (exit code 3)"
     item = run.work_item
     item.refresh_from_db()
     assert item.status == WorkItemStatus.FAILED
@@ -173,10 +174,11 @@ def test_a_step_past_its_timeout_is_killed_with_its_whole_process_group(
     steps = steps_of(run)
     worker = steps["worker"]
     assert worker.status == StepStatus.TIMED_OUT
-    assert worker.error == "step timed out after 1200 ms"
+    # The limit, then the last thing the step printed (the output seen so far).
+    assert worker.error.startswith("step timed out after 1200 ms; last output: ")
     assert worker.exit_code is None and 1200 <= worker.duration_ms < 6000
     assert steps["verifier"].status == StepStatus.SKIPPED
-    assert run.error == "step worker timed_out: step timed out after 1200 ms"
+    assert run.error.startswith("step worker timed_out: step timed out after 1200 ms")
     run.work_item.refresh_from_db()
     assert run.work_item.status == WorkItemStatus.FAILED
     (record,) = agent.records()
@@ -213,7 +215,9 @@ def test_a_step_that_stays_silent_past_its_idle_timeout_is_killed_but_a_chatty_o
     assert "fake-agent working (5)" in steps["chatty"].stdout
     silent = steps["silent"]
     assert silent.status == StepStatus.TIMED_OUT
-    assert silent.error == "step produced no output for 1000 ms (idle timeout)"
+    assert silent.error.startswith(
+        "step produced no output for 1000 ms (idle timeout); last output: "
+    )
     # It printed its argv line at start, then nothing: killed ~1 s later, not after 10 s.
     assert silent.duration_ms < 4000
 
@@ -578,7 +582,7 @@ def test_a_rate_limited_step_cools_its_account_until_the_named_time(
     assert cooldown.account_tool == "codewith"
     assert "HTTP 429 Too Many Requests" in cooldown.reason and run.id in cooldown.reason
     assert step.error == (
-        "step exited with code 1; provider rate limit: Error: HTTP 429 Too Many Requests"
+        "Retry-After: 120 (exit code 1); provider rate limit: Error: HTTP 429 Too Many Requests"
     )
 
 

@@ -86,7 +86,11 @@ def test_a_sigkilled_worker_is_recovered_after_its_lease_and_the_next_item_is_ad
     child = spawn_runner(
         run.id,
         extra_env=_child_env(
-            tmp_path, LOOPSWEB_RUN_LEASE_SECONDS="1", FAKE_AGENT_SLEEP="60"
+            tmp_path,
+            LOOPSWEB_RUN_LEASE_SECONDS="1",
+            FAKE_AGENT_SLEEP="60",
+            FAKE_AGENT_TICK="0.2",
+            LOOPSWEB_OUTPUT_FLUSH_SECONDS="1",
         ),
     )
     agent_pid = None
@@ -95,6 +99,11 @@ def test_a_sigkilled_worker_is_recovered_after_its_lease_and_the_next_item_is_ad
             lambda: _running_step(run, "worker"), what="the worker step to run"
         )
         agent_pid = step.pid
+        # Its output reaches the step run while it runs (LOOPSWEB_OUTPUT_FLUSH_SECONDS).
+        wait_for(
+            lambda: "FAKE_AGENT_ARGV" in (steps_of(run)["worker"].stdout or ""),
+            what="the worker's output in its step run",
+        )
         assert account_load().running == {"acctA": 1}
         # The cap slot is taken: the next event waits.
         blocked = route_event(
@@ -163,7 +172,11 @@ def test_cancelling_a_running_run_stops_its_worker_and_the_agent(
     child = spawn_runner(
         run.id,
         extra_env=_child_env(
-            tmp_path, LOOPSWEB_RUN_LEASE_SECONDS="1", FAKE_AGENT_SLEEP="60"
+            tmp_path,
+            LOOPSWEB_RUN_LEASE_SECONDS="1",
+            FAKE_AGENT_SLEEP="60",
+            FAKE_AGENT_TICK="0.2",
+            LOOPSWEB_OUTPUT_FLUSH_SECONDS="1",
         ),
     )
     agent_pid = None
@@ -172,6 +185,11 @@ def test_cancelling_a_running_run_stops_its_worker_and_the_agent(
             lambda: _running_step(run, "worker"), what="the worker step to run"
         )
         agent_pid = step.pid
+        # Its output reaches the step run while it runs (LOOPSWEB_OUTPUT_FLUSH_SECONDS).
+        wait_for(
+            lambda: "FAKE_AGENT_ARGV" in (steps_of(run)["worker"].stdout or ""),
+            what="the worker's output in its step run",
+        )
 
         services.run_cancel(run_id=run.id, reason="operator stop")
 
@@ -182,6 +200,8 @@ def test_cancelling_a_running_run_stops_its_worker_and_the_agent(
         run.refresh_from_db()
         assert run.status == RunStatus.CANCELLED and run.error == "operator stop"
         assert steps_of(run)["worker"].status == StepStatus.CANCELLED
+        # The tail is kept on cancel: what the agent printed before it was stopped.
+        assert "FAKE_AGENT_ARGV" in (steps_of(run)["worker"].stdout or "")
         run.work_item.refresh_from_db()
         assert run.work_item.status == WorkItemStatus.CANCELLED
         assert account_load().total() == {}

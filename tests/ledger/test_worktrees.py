@@ -64,11 +64,23 @@ def test_a_git_project_runs_in_its_own_worktree_which_goes_when_the_run_succeeds
     # Both steps worked in the same worktree: the verifier saw the worker's file.
     verifier = steps_of(run)["verifier"]
     assert 'FAKE_AGENT_FILES [".git", "README", "note.txt"]' in verifier.stdout
-    # Gone: the directory, git's record of it, and the branch (it had no commit of its own).
+    # Gone: the directory and git's record of it; the file the agent left uncommitted is
+    # committed on the run's branch first (author loopsweb), so the branch stays.
     assert not path.exists()
     assert _worktrees(project) == [str(project)]
-    assert _branches(project) == []
+    assert _branches(project) == [branch]
     assert not (project / "note.txt").exists()
+    assert git(project, "show", f"{branch}:note.txt")
+    author, subject = git(project, "log", "-1", "--format=%an%n%s", branch).split("\n")[
+        :2
+    ]
+    assert author == "loopsweb"
+    assert subject == (
+        f"loopsweb run {run.id}: work left by step verifier of work item "
+        f"{run.work_item_id}"
+    )
+    assert run.commit_head == git(project, "rev-parse", branch).strip()
+    assert "note.txt" in run.commit_diffstat and "1 file changed" in run.commit_diffstat
 
 
 def test_a_failed_runs_worktree_is_kept_then_pruned_after_the_keep_time(
@@ -101,7 +113,9 @@ def test_a_failed_runs_worktree_is_kept_then_pruned_after_the_keep_time(
     run.refresh_from_db()
     assert run.worktree_removed_at is not None
     assert not path.exists() and _worktrees(project) == [str(project)]
-    assert _branches(project) == []
+    # The half-done work was committed when the run ended: pruning keeps the branch.
+    assert _branches(project) == [worktree_branch(run.id)]
+    assert git(project, "show", f"{worktree_branch(run.id)}:half-done.txt")
     assert worktrees_prune(now=later) == []  # nothing twice
 
 
@@ -113,9 +127,8 @@ def test_the_prune_command_keeps_a_branch_that_carries_the_agents_commits(
     run = route_generic(project, created=True).run
     run_workflow_run(run.id)
     run.refresh_from_db()
-    # The agent (here: the test, for it) committed before the run failed.
-    git(run.worktree_path, "add", "work.txt")
-    git(run.worktree_path, "commit", "-q", "-m", "agent work")
+    # The run's end committed what the agent left (work.txt) on the run's branch.
+    assert run.commit_head and "work.txt" in run.commit_diffstat
 
     out = io.StringIO()
     call_command("prune_worktrees", "--keep-seconds", "0", "--json", stdout=out)
@@ -123,9 +136,12 @@ def test_the_prune_command_keeps_a_branch_that_carries_the_agents_commits(
     assert [p["runId"] for p in report["pruned"]] == [run.id]
     assert not Path(run.worktree_path).exists()
     assert _branches(project) == [worktree_branch(run.id)]  # the work survives
-    assert git(
-        project, "log", "-1", "--format=%s", worktree_branch(run.id)
-    ).strip() == ("agent work")
+    assert (
+        git(project, "log", "-1", "--format=%s", worktree_branch(run.id))
+        .strip()
+        .startswith(f"loopsweb run {run.id}: ")
+    )
+    assert git(project, "show", f"{worktree_branch(run.id)}:work.txt") is not None
     with pytest.raises(
         CommandError, match="--keep-seconds must be a non-negative integer"
     ):

@@ -106,8 +106,9 @@ def test_two_runs_of_one_project_work_at_once_each_in_its_own_worktree(
             assert f"from-run-{n}.txt" in files and other not in files
         names = set(records[0]["env_names"])
         assert "GH_TOKEN" in names and "AWS_SECRET_ACCESS_KEY" not in names
-        # Succeeded: the worktree is gone, and so is its branch (it made no commit).
+        # Succeeded: the worktree is gone; its file is committed on the run's branch.
         assert not path.exists() and run.worktree_removed_at is not None
+        assert git(project, "show", f"{branch}:from-run-{n}.txt").strip()
     assert len(seen_cwds) == 2
     # Both workers held the barrier together: they ran at the same time.
     workers = [steps_of(run)["worker"] for run in runs]
@@ -116,7 +117,11 @@ def test_two_runs_of_one_project_work_at_once_each_in_its_own_worktree(
     # The project itself is untouched and lists no leftover worktree or branch.
     assert sorted(p.name for p in project.iterdir()) == [".git", "README"]
     assert git(project, "worktree", "list", "--porcelain").count("worktree ") == 1
-    assert git(project, "branch", "--list", "loopsweb/*").strip() == ""
+    # The runs' branches stay: each carries the file its agent left uncommitted.
+    assert sorted(
+        line.strip(" *+")
+        for line in git(project, "branch", "--list", "loopsweb/*").splitlines()
+    ) == sorted(worktree_branch(run.id) for run in runs)
 
 
 def test_a_failed_runs_worktree_is_kept_until_prune_worktrees_removes_it(

@@ -1,0 +1,288 @@
+"""The runner with the real CLIs against the provider stand-in, in this process (one run per
+test, `run_workflow_run` as `manage.py run_workflow` calls it) or, where a test reads the
+ledger while the step still runs, in a `manage.py run_workflow` process.
+
+What each shows (issue 26): a 429 account cools until the provider's reset and the step moves
+to the other pool member and succeeds; a hang fails at the idle timeout naming it, with the
+output seen so far; a 401 (codex, opencode) and a claude account with no login fail with the
+CLI's own message and the exit code; a slow answer's output is in the step run while the step
+still runs; a run with no changes says so.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from ledger.models import (
+    AccountCooldown,
+    RunStatus,
+    StepStatus,
+    WorkflowEvent,
+    WorkflowRun,
+    WorkflowStepRun,
+)
+from ledger.runner import run_workflow_run
+from routing.admission import CREATED, route_event, route_options
+from tests.agents import clis
+from tests.agents.provider import ProviderStandIn
+from tests.ledger.runner_helpers import (
+    git_project,
+    kill_group_quietly,
+    spawn_runner,
+    steps_of,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+PROVIDERS = ("codex", "claude", "opencode")
+KEY_A, KEY_B = "key-of-acct-a-0123", "key-of-acct-b-4567"
+
+
+@pytest.fixture
+def binaries(cli_bin: Path, settings: Any) -> Path:
+    settings.LOOPSWEB_PROVIDER_BINARIES = {
+        provider: str(cli_bin / name)
+        for provider, (_, _, name) in clis.CLI_PACKAGES.items()
+    }
+    return cli_bin
+
+
+def _route(project: Path, provider: str, **raw: Any) -> WorkflowRun:
+    event = {
+        "id": f"evt-{time.time_ns()}",
+        "type": "build.failed",
+        "source": "ci",
+        "data": {
+            "project_path": str(project),
+            "title": "Write agent-output.txt",
+            "message": "Write the file agent-output.txt in the working directory.",
+        },
+    }
+    result = route_event(
+        kind="generic",
+        envelope=event,
+        options=route_options({"provider": provider, **raw}),
+        env={},
+    )
+    assert result.kind == CREATED, result.to_dict()
+    return result.run
+
+
+def _staff_page(path: str) -> str:
+    user, _ = get_user_model().objects.get_or_create(
+        username="op", defaults={"is_staff": True, "is_superuser": True}
+    )
+    client = Client()
+    client.force_login(user)
+    response = client.get(path)
+    assert response.status_code == 200, path
+    return response.content.decode()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_429_account_cools_until_its_reset_and_the_step_moves_and_succeeds(
+    provider: str,
+    binaries: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+) -> None:
+    stand_in.modes[KEY_A] = "429"
+    # codex cools for the backoff (60 s: it prints no reset); claude waits Retry-After once
+    # before it gives up; opencode is stopped as soon as its log names the limit. Each
+    # reset lies far enough ahead that /ops/accounts/ still shows the account cooling.
+    stand_in.retry_after = {"codex": 2, "claude": 20, "opencode": 30}[provider]
+    clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
+    clis.register_account(provider, "acct-b", stand_in, tmp_path, key=KEY_B)
+    project = git_project(tmp_path / "project")
+    run = _route(project, provider, auth_profile_pool="acct-a,acct-b")
+    # One role starts on each account; the one on acct-a meets the limit and moves.
+    started = timezone.now()
+
+    assert run_workflow_run(run.id) == RunStatus.SUCCEEDED, WorkflowRun.objects.get(
+        pk=run.id
+    ).error
+    moves = list(
+        WorkflowEvent.objects.filter(workflow_run=run, event_type="step_account_moved")
+    )
+    assert len(moves) == 1
+    steps = steps_of(run)
+    assert {s.account_profile for s in steps.values()} == {"acct-b"}
+    assert stand_in.model_calls(KEY_B)
+    finished = timezone.now()
+    cooldown = AccountCooldown.objects.get(account_profile="acct-a")
+    assert cooldown.until > started
+    if provider != "codex":  # codex prints no reset for an API rate limit: the backoff
+        # The provider's reset ("try again in N s", Retry-After), counted from when the
+        # runner read it (claude: when it gave up; opencode: its log, at once).
+        reset = timedelta(seconds=stand_in.retry_after)
+        assert started + reset - timedelta(seconds=5) <= cooldown.until, cooldown.until
+        assert cooldown.until <= finished + reset + timedelta(seconds=5), cooldown.until
+    assert "429" in (cooldown.reason or "") or "rate" in (cooldown.reason or "").lower()
+    page = _staff_page("/ops/accounts/")
+    assert cooldown.until.strftime("%Y-%m-%d %H:%M:%S") in page
+    assert KEY_A not in page and KEY_B not in page
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_hang_fails_at_the_idle_timeout_naming_it_with_the_output_seen(
+    provider: str,
+    binaries: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+    settings: Any,
+) -> None:
+    stand_in.mode = "hang"
+    settings.LOOPSWEB_KILL_GRACE_SECONDS = 1
+    clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
+    project = git_project(tmp_path / "project")
+    # The route's idle timeout (rendered into the steps as idleTimeoutMs).
+    run = _route(project, provider, auth_profile="acct-a", step_idle_timeout=8)
+
+    assert run_workflow_run(run.id) == RunStatus.TIMED_OUT
+    worker = steps_of(run)["worker"]
+    assert worker.status == StepStatus.TIMED_OUT
+    assert worker.error.startswith(
+        "step produced no output for 8000 ms (idle timeout)"
+    ), worker.error
+    if provider != "opencode":
+        # codex and claude print their start (thread, init) before the request hangs; opencode
+        # prints nothing at all until its model call ends.
+        assert (worker.stdout or "") + (worker.stderr or ""), "the output seen so far"
+    run.refresh_from_db()
+    assert "idle timeout" in run.error
+    assert run.commit_diffstat == ""  # the run changed nothing, and says so
+    page = _staff_page(f"/admin/ledger/workflowrun/{run.id}/change/")
+    assert "no changes: the run left the project as it was" in page
+
+
+@pytest.mark.parametrize(
+    ("provider", "message"),
+    [
+        ("codex", "Incorrect API key provided"),
+        ("opencode", "Incorrect API key provided"),
+        ("claude", "Not logged in"),
+    ],
+)
+def test_a_login_failure_fails_the_step_with_the_clis_own_message(
+    provider: str,
+    message: str,
+    binaries: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+) -> None:
+    if provider == "claude":  # no login at all
+        clis.register_account(provider, "acct-a", stand_in, tmp_path, key=None)
+    else:
+        stand_in.mode = "401"
+        clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
+    project = git_project(tmp_path / "project")
+    run = _route(project, provider, auth_profile="acct-a")
+
+    assert run_workflow_run(run.id) == RunStatus.FAILED
+    worker = steps_of(run)["worker"]
+    assert message.lower() in worker.error.lower(), worker.error
+    assert worker.error.endswith(f"(exit code {worker.exit_code})")
+    run.refresh_from_db()
+    assert worker.error in run.error
+    item_page = _staff_page(
+        f"/admin/ledger/workflowworkitem/{run.work_item_id}/change/"
+    )
+    assert "step-error" in item_page and message.lower() in item_page.lower()
+    assert KEY_A not in item_page
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_answer_is_in_the_step_run_while_the_step_still_runs(
+    provider: str,
+    binaries: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+) -> None:
+    stand_in.mode = "slow"
+    stand_in.slow_seconds = 20
+    clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
+    project = git_project(tmp_path / "project")
+    run = _route(project, provider, auth_profile="acct-a")
+    proc = spawn_runner(
+        run.id,
+        extra_env={
+            "LOOPSWEB_OUTPUT_FLUSH_SECONDS": "1",
+            f"LOOPSWEB_{provider.upper()}_BIN": str(
+                binaries / clis.CLI_PACKAGES[provider][2]
+            ),
+        },
+    )
+    try:
+        deadline = time.monotonic() + 90
+        seen = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            worker = WorkflowStepRun.objects.get(workflow_run=run, step_id="worker")
+            if worker.status == StepStatus.RUNNING and (worker.stdout or worker.stderr):
+                seen = worker
+                break
+            time.sleep(0.5)
+        assert seen is not None, "no output reached the step run while it ran"
+        page = _staff_page("/ops/")
+        assert "live-output" in page
+        proc.wait(timeout=120)
+    finally:
+        kill_group_quietly(proc.pid)
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.error
+
+
+def test_the_key_is_nowhere_in_the_database_the_pages_the_api_or_the_logs(
+    binaries: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import io
+    import json
+    import logging
+
+    from django.apps import apps
+    from django.core.management import call_command
+
+    from routing.api.tokens import api_token_create
+
+    caplog.set_level(logging.DEBUG)
+    clis.register_account("codex", "acct-a", stand_in, tmp_path, key=KEY_A)
+    project = git_project(tmp_path / "project")
+    run = _route(project, "codex", auth_profile="acct-a")
+    assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
+    assert stand_in.keys_seen() == {KEY_A}  # the key did reach the provider
+    out = io.StringIO()
+    call_command("account", "list", "--json", stdout=out)
+    texts = {"account list": out.getvalue(), "logs": caplog.text}
+    for app in ("ledger", "routing"):
+        for model in apps.get_app_config(app).get_models():
+            rows = list(model.objects.values())
+            texts[model.__name__] = json.dumps(rows, default=str)
+    for path in (
+        "/ops/",
+        "/ops/accounts/",
+        f"/ops/deferrals/{run.work_item_id}/",
+        "/admin/ledger/account/",
+        "/admin/ledger/account/acct-a/change/",
+        f"/admin/ledger/workflowrun/{run.id}/change/",
+        f"/admin/ledger/workflowworkitem/{run.work_item_id}/change/",
+    ):
+        texts[path] = _staff_page(path)
+    _, token = api_token_create(name="reader", scopes=["read"])
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    for path in ("/api/v1/accounts", f"/api/v1/work-items/{run.work_item_id}"):
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.content[:300])
+        texts[path] = response.content.decode()
+    leaked = [where for where, text in texts.items() if KEY_A in text]
+    assert leaked == []

@@ -1,0 +1,180 @@
+"""Real runs: a drained task, run by the run cluster (`Q_CLUSTER_NAME=loopsweb-runs manage.py
+qcluster`, a process of its own), with the REAL codex, claude and opencode against the provider
+stand-in, over a pool of two registered accounts (each its own login directory and key).
+
+What each test shows (issue 26): each step's requests carried the key of the account its step
+run records; the file the agent wrote is on the run's branch after the worktree is gone (the
+runner committed it); the usage on each step equals what the stand-in reported, and lands on
+`/ops/accounts/`; the keys are nowhere in the database or on the pages.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from ledger.models import RunStatus, WorkflowRun, WorkflowStepRun
+from tests.agents import clis
+from tests.agents.provider import ProviderStandIn
+from tests.ledger.runner_helpers import child_database_url, git, git_project
+from tests.processes import (
+    manage,
+    start_qcluster,
+    stop_process_group,
+    terminal_env,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+PROVIDERS = ("codex", "claude", "opencode")
+KEYS = {"acct-a": "key-of-acct-a-0123", "acct-b": "key-of-acct-b-4567"}
+
+
+def _task(project: Path, provider: str) -> dict[str, object]:
+    return {
+        "id": f"evt-{provider}-1",
+        "type": "task.created",
+        "source": "@hasna/todos",
+        "data": {
+            "id": f"REAL-{provider}",
+            "title": "Write agent-output.txt",
+            "description": "Write the file agent-output.txt in the working directory.",
+            "tags": ["auto:route"],
+            "project_path": str(project),
+        },
+    }
+
+
+def _run_env(provider: str, cli_bin: Path, **extra: str) -> dict[str, str]:
+    return terminal_env(
+        Path(settings.DATA_DIR),
+        SECRET_KEY=settings.SECRET_KEY,
+        DATABASE_URL=child_database_url(),
+        LOOPSWEB_RUN_WORKERS="2",
+        **{
+            f"LOOPSWEB_{provider.upper()}_BIN": str(
+                cli_bin / clis.CLI_PACKAGES[provider][2]
+            )
+        },
+        **extra,
+    )
+
+
+def drain_and_run(
+    provider: str,
+    cli_bin: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+    *,
+    env_extra: dict[str, str] | None = None,
+    timeout: float = 240,
+) -> WorkflowRun:
+    """Register acct-a and acct-b, ingest a task, drain it over the pool in a `manage.py
+    drain` process, and wait for the run cluster to finish the run."""
+    for name, key in KEYS.items():
+        clis.register_account(provider, name, stand_in, tmp_path, key=key)
+    project = git_project(tmp_path / "project")
+    env = _run_env(provider, cli_bin, **(env_extra or {}))
+    event = tmp_path / "task.json"
+    event.write_text(json.dumps(_task(project, provider)))
+    cluster = start_qcluster(env, tmp_path / "runs.log", cluster="loopsweb-runs")
+    try:
+        manage(env, "ingest_events", str(event))
+        done = manage(
+            env,
+            "drain",
+            "todos-task",
+            "--auth-profile-pool",
+            "acct-a,acct-b",
+            "--provider",
+            provider,
+            "--max-active",
+            "2",
+            "--json",
+        )
+        assert '"created": 1' in done.stdout, done.stdout
+
+        def finished() -> WorkflowRun | None:
+            assert cluster.poll() is None, (tmp_path / "runs.log").read_text()[-3000:]
+            return WorkflowRun.objects.filter(
+                status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.TIMED_OUT]
+            ).first()
+
+        run = wait_until(finished, timeout=timeout, what=f"the {provider} run to end")
+        # The worktree goes after the run's end is recorded.
+        wait_until(
+            lambda: (
+                WorkflowRun.objects.get(pk=run.id).worktree_removed_at is not None
+                or run.status != RunStatus.SUCCEEDED
+            ),
+            timeout=30,
+            what="the worktree to be removed",
+        )
+    finally:
+        stop_process_group(cluster)
+    run.refresh_from_db()
+    return run
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_drained_task_runs_worker_and_verifier_with_the_real_cli(
+    provider: str, cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path
+) -> None:
+    run = drain_and_run(provider, cli_bin, stand_in, tmp_path)
+    steps = {
+        s.step_id: s for s in WorkflowStepRun.objects.filter(workflow_run_id=run.id)
+    }
+    assert run.status == RunStatus.SUCCEEDED, (
+        run.error,
+        {k: (s.error, (s.stdout or "")[-1500:]) for k, s in steps.items()},
+    )
+    assert {s.account_profile for s in steps.values()} == set(KEYS)
+    for step in steps.values():
+        key = KEYS[step.account_profile]
+        calls = stand_in.model_calls(key)
+        assert calls, f"no model call carried {step.account_profile}'s key"
+        reported = stand_in.reported(key)
+        # One step per account: the step's usage is what the stand-in told that key.
+        assert (
+            step.usage_input_tokens,
+            step.usage_output_tokens,
+            step.usage_cached_tokens,
+        ) == (
+            reported["input_tokens"],
+            reported["output_tokens"],
+            reported["cached_tokens"],
+        ), step.step_id
+    assert stand_in.keys_seen() <= set(KEYS.values())
+    # The worktree is gone; the agent's file is on the run's branch (committed by the run).
+    project = tmp_path / "project"
+    assert not Path(run.worktree_path).exists()
+    branch = run.worktree_branch
+    assert git(project, "show", f"{branch}:{stand_in.file_name}") == (
+        stand_in.file_content
+    )
+    assert git(project, "rev-parse", branch).strip() == run.commit_head
+    assert stand_in.file_name in run.commit_diffstat
+    # The pages: usage per account, the run's branch; never a key.
+    user = get_user_model().objects.create_superuser("op", "op@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    accounts = client.get("/ops/accounts/").content.decode()
+    run_page = client.get(
+        f"/admin/ledger/workflowrun/{run.id}/change/"
+    ).content.decode()
+    assert f"git checkout {branch}" in run_page or f"git switch {branch}" in run_page
+    for step in steps.values():
+        assert (
+            f"{step.usage_input_tokens:,}" in accounts
+            or str(step.usage_input_tokens) in accounts
+        )
+    for key in KEYS.values():
+        assert key not in accounts and key not in run_page
+        for row in WorkflowStepRun.objects.values_list("stdout", "stderr", "error"):
+            assert all(key not in (text or "") for text in row)
