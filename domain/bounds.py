@@ -43,6 +43,9 @@ BOUNDS: dict[str, Bound] = {
     # loop-level retries (domain.retry)
     "--max-attempts": Bound(1, 100),
     "--retry-backoff": Bound(0, 7 * 24 * 3600),  # seconds: a week
+    # settings of several machines (loopsweb.settings, ledger.hosts)
+    "LOOPSWEB_HOST_DEAD_SECONDS": Bound(15, 86_400),  # above the 10 s heartbeat
+    "LOOPSWEB_NO_HOST_GRACE_SECONDS": Bound(1, 7 * 24 * 3600),
 }
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -25,7 +24,9 @@ from django.db import DatabaseError, close_old_connections, connection, transact
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
+from ledger.hosts import host_report, local_providers
 from ledger.models import RunStatus, RunWorker, WorkflowRun
+from ledger.queue import hosts_release_dead
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +58,17 @@ def run_worker_report(
 
 
 def _heartbeat(cluster: str, stop: threading.Event) -> None:
-    host, pid, parent = socket.gethostname(), os.getpid(), os.getppid()
+    host, pid, parent = settings.LOOPSWEB_HOST_NAME, os.getpid(), os.getppid()
+    # The providers this machine has: looked up once (PATH does not change under a worker).
+    providers = local_providers()
     while True:
         try:
             close_old_connections()
             run_worker_report(cluster=cluster, host=host, pid=pid, cluster_pid=parent)
+            # The host's own row (ledger.hosts), then any dead host's queue moved to the
+            # live ones: a dead host's waiting runs are placed again within one beat.
+            host_report(workers=int(settings.LOOPSWEB_RUN_WORKERS), providers=providers)
+            hosts_release_dead()
         except DatabaseError:
             logger.warning("run worker %s:%s could not report itself", host, pid)
         finally:

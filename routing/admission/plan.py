@@ -61,11 +61,7 @@ from ledger.models import (
     WorkflowStepRun,
     WorkflowWorkItem,
 )
-from ledger.projects import (
-    REQUIRED_NOT_GIT,
-    is_git_work_tree,
-    project_path_resolve,
-)
+from ledger.projects import REQUIRED_NOT_GIT, project_path_admit
 from routing.admission.options import (
     DEFAULT_MAX_PER_PROFILE,
     POOL_METADATA_KEYS,
@@ -204,8 +200,7 @@ def plan_route(
                 limit=MAX_INDEX_ENTRY_BYTES,
             )
         )
-    project_path = project_path_resolve(raw_path)
-    git_work_tree = is_git_work_tree(project_path)
+    project_path, git_work_tree = project_path_admit(raw_path)
     if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree:
         raise ValidationError(REQUIRED_NOT_GIT.format(path=project_path))
     project_group = project_group_hint(data, metadata, option=options.project_group)
@@ -435,8 +430,8 @@ def route_options_check(
                     limit=MAX_INDEX_ENTRY_BYTES,
                 )
             )
-        project = project_path_resolve(options.project_path)
-        if options.worktree_mode == WORKTREE_REQUIRED and not is_git_work_tree(project):
+        project, git_work_tree = project_path_admit(options.project_path)
+        if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree:
             raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
 
 
