@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 from django_q.models import OrmQ
@@ -192,14 +193,19 @@ class Placement:
 
 
 def run_placement(
-    run_id: str, *, exclude: Collection[str] = (), now: datetime | None = None
+    run_id: str,
+    *,
+    exclude: Collection[str] = (),
+    now: datetime | None = None,
+    steps: Sequence[Mapping[str, Any]] | None = None,
 ) -> Placement:
-    """Where the run's task goes (module docstring: placement)."""
+    """Where the run's task goes (module docstring: placement). `steps`: the run's workflow
+    steps when the caller has them (a new run: no worktree yet), else read from the run."""
     shared = Placement(queue=settings.LOOPSWEB_RUN_CLUSTER, host=None)
     hosts = live_hosts(now)
     if not hosts and not Host.objects.exists():
         return shared
-    target = run_target(run_id)
+    target = target_of_steps(steps) if steps is not None else run_target(run_id)
     if target is None:
         return shared  # no such run: the runner's claim makes the delivery a no-op
     serving = [h for h in hosts if h.name not in exclude and host_serves(h, target)]
@@ -238,7 +244,10 @@ def run_wait_record(
     WorkflowRun.objects.filter(pk=run_id, host_wait_since__isnull=True).update(
         host_wait_since=now
     )
-    WorkflowRun.objects.filter(pk=run_id).update(host_wait_reason=reason)
+    if not WorkflowRun.objects.filter(pk=run_id).update(host_wait_reason=reason):
+        # A batched admission inserts its runs after handing them over: record it then.
+        if transaction.get_connection().in_atomic_block:
+            transaction.on_commit(lambda: run_wait_record(run_id, reason, now))
 
 
 def admission_roots() -> list[str] | None:

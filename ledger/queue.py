@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -44,7 +45,12 @@ RUN_TASK = "ledger.tasks.run_workflow"
 LOST_TASK_AFTER = timedelta(seconds=30)
 
 
-def enqueue_run_workflow(run_id: str, *, not_before: datetime | None = None) -> None:
+def enqueue_run_workflow(
+    run_id: str,
+    *,
+    not_before: datetime | None = None,
+    steps: Sequence[Mapping[str, Any]] | None = None,
+) -> None:
     """Hand an admitted run to the runner, visible exactly when the admission commits.
 
     - ORM broker (the default): the task row is written inside the admitting transaction, so
@@ -57,6 +63,8 @@ def enqueue_run_workflow(run_id: str, *, not_before: datetime | None = None) -> 
 
     `not_before` (a retry's backoff): the run is handed over then, through a one-off
     django-q2 schedule (which fires up to ~30 s late; the claim never starts it early).
+    `steps` (the run's workflow steps, when the caller has them): where the run can go is
+    read from them, not from the run's row (a batched admission inserts its runs later).
     """
     # Sync mode (debugging) would run the whole workflow inside the admission: on_commit.
     if (
@@ -64,9 +72,9 @@ def enqueue_run_workflow(run_id: str, *, not_before: datetime | None = None) -> 
         and not Conf.SYNC
         and transaction.get_connection(Conf.ORM).in_atomic_block
     ):
-        enqueue_run(run_id, not_before)
+        enqueue_run(run_id, not_before, steps=steps)
     else:
-        transaction.on_commit(lambda: enqueue_run(run_id, not_before))
+        transaction.on_commit(lambda: enqueue_run(run_id, not_before, steps=steps))
 
 
 def enqueue_run(
@@ -75,6 +83,7 @@ def enqueue_run(
     *,
     delay: float = 0.0,
     exclude: Collection[str] = (),
+    steps: Sequence[Mapping[str, Any]] | None = None,
 ) -> None:
     """The run's task on the queue of a host that serves it (ledger.hosts placement, never
     one in `exclude`): now, in `delay` seconds, or at `not_before` (written at once, in or
@@ -98,14 +107,14 @@ def enqueue_run(
             },
         )
         return
-    placement = run_placement(run_id, exclude=exclude)
+    placement = run_placement(run_id, exclude=exclude, steps=steps)
     if placement.wait_reason is not None:
         # No live host serves it: no task; the recovery schedule places it again (it has no
         # task) and fails it after LOOPSWEB_NO_HOST_GRACE_SECONDS with this reason.
         run_wait_record(run_id, placement.wait_reason)
         return
-    if placement.host is not None:
-        run_wait_record(run_id, None)
+    if placement.host is not None and steps is None:
+        run_wait_record(run_id, None)  # a new run (steps given) has no reason to clear
     options: dict[str, object] = {"cluster": placement.queue}
     if delay > 0 and Conf.ORM:
         options["broker"] = _DelayedOrm(placement.queue, delay)

@@ -29,6 +29,7 @@ from django_q.models import Schedule
 
 from domain import reasons
 from ledger.admin.base import CappedCountPaginator
+from ledger.capacity import hosts_view
 from ledger.models import WorkflowWorkItem
 from routing.drains import configs as drain_configs
 from routing.drains.retention import DID_SOMETHING, EMPTY, HAS_ERROR, HELD
@@ -204,6 +205,22 @@ def work_item_deferrals(request: HttpRequest, item_id: str) -> HttpResponse:
             .defer("data", "metadata")[:20]
         ),
         runs=sel.work_item_runs(item.id),
+    )
+
+
+@staff_required
+def hosts(request: HttpRequest) -> HttpResponse:
+    """The machines that run agents (ledger.hosts), and the runs no live host serves."""
+    now = timezone.now()
+    return _render(
+        request,
+        "ops/hosts.html",
+        "Hosts",
+        "hosts",
+        now=now,
+        view=hosts_view(now=now),
+        dead_seconds=settings.LOOPSWEB_HOST_DEAD_SECONDS,
+        grace_seconds=settings.LOOPSWEB_NO_HOST_GRACE_SECONDS,
     )
 
 
