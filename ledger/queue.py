@@ -182,7 +182,7 @@ def hand_back_run(run_id: str, delay: float) -> None:
     enqueue_run(run_id, delay=delay)
 
 
-def _run_id_of(payload: str) -> str | None:
+def run_id_of(payload: str) -> str | None:
     try:
         task = SignedPackage.loads(payload)
     except (BadSignature, TypeError, ValueError):
@@ -225,7 +225,7 @@ def hosts_release_dead(now: datetime | None = None) -> list[str]:
                 .filter(key=host.queue)
                 .values_list("pk", "payload")
             )
-            ids = [run_id for _, payload in rows if (run_id := _run_id_of(payload))]
+            ids = [run_id for _, payload in rows if (run_id := run_id_of(payload))]
             OrmQ.objects.using(Conf.ORM or "default").filter(
                 pk__in=[pk for pk, _ in rows]
             ).delete()
@@ -256,7 +256,7 @@ def runs_with_a_task() -> set[str]:
     ids: set[str] = set()
     rows = OrmQ.objects.using(Conf.ORM or "default").values_list("payload", flat=True)
     for payload in rows.iterator():
-        run_id = _run_id_of(payload)
+        run_id = run_id_of(payload)
         if run_id is not None:
             ids.add(run_id)
     scheduled = (
