@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -92,18 +93,39 @@ def host_report(
         Host.objects.get_or_create(name=host_name(), defaults=values)
 
 
-def live_hosts(now: datetime | None = None) -> list[Host]:
+# Every registered host, read at most once per HOSTS_READ_SECONDS per process: admissions
+# and placements (one per run) read this, and hosts change on a scale of heartbeats (10 s)
+# and deaths (LOOPSWEB_HOST_DEAD_SECONDS), so a drain of 50 candidates reads it once.
+HOSTS_READ_SECONDS = 2.0
+_read: tuple[float, list[Host]] | None = None
+
+
+def registered_hosts(*, fresh: bool = False) -> list[Host]:
+    global _read
+    clock = time.monotonic()
+    if fresh or _read is None or clock - _read[0] > HOSTS_READ_SECONDS:
+        _read = (clock, list(Host.objects.order_by("name")))
+    return _read[1]
+
+
+def hosts_read_forget() -> None:
+    """Read the hosts again at the next call (tests; a host that just registered)."""
+    global _read
+    _read = None
+
+
+def live_hosts(now: datetime | None = None, *, fresh: bool = False) -> list[Host]:
     now = now or timezone.now()
-    return list(Host.objects.filter(seen_at__gte=now - dead_after()).order_by("name"))
+    return [h for h in registered_hosts(fresh=fresh) if h.seen_at >= now - dead_after()]
 
 
 def served_roots() -> list[str] | None:
     """The project roots of every registered host (live or not), or None when no host is
     registered (admission then uses this machine's LOOPSWEB_PROJECT_ROOTS)."""
-    rows = list(Host.objects.values_list("roots", flat=True))
-    if not rows:
+    hosts = registered_hosts()
+    if not hosts:
         return None
-    return sorted({root for roots in rows for root in roots or []})
+    return sorted({root for h in hosts for root in h.roots or []})
 
 
 @dataclass(frozen=True)
@@ -203,7 +225,7 @@ def run_placement(
     steps when the caller has them (a new run: no worktree yet), else read from the run."""
     shared = Placement(queue=settings.LOOPSWEB_RUN_CLUSTER, host=None)
     hosts = live_hosts(now)
-    if not hosts and not Host.objects.exists():
+    if not registered_hosts():
         return shared
     target = target_of_steps(steps) if steps is not None else run_target(run_id)
     if target is None:

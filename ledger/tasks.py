@@ -77,7 +77,7 @@ def prune_worktrees() -> int:
     """django-q2 task (periodic, main cluster): each host prunes only what it made, so the
     prune goes to every live host's own queue (`prune_host_worktrees` runs there); with no
     host registered (one machine) it runs here. Returns the hosts asked (or the removals)."""
-    hosts = live_hosts()
+    hosts = live_hosts(fresh=True)
     if not hosts:
         return prune_host_worktrees()
     for host in hosts:

@@ -21,7 +21,7 @@ from django_q.models import OrmQ
 from django_q.tasks import async_task
 
 from domain.errors import ValidationError
-from ledger.hosts import host_queue
+from ledger.hosts import host_queue, hosts_read_forget
 from ledger.models import (
     Host,
     RunStatus,
@@ -62,6 +62,7 @@ def _registered(*names: str) -> None:
         timeout=90,
         what=f"hosts {names} to register",
     )
+    hosts_read_forget()
 
 
 def _claims() -> Counter[str]:

@@ -1,0 +1,186 @@
+"""Hosts (ledger.hosts, ledger.queue): placement by roots and provider, the shared queue with
+no host registered, a dead host's queue emptied into the live ones, the no-host grace, the
+admission check against every registered host's roots, and the settings' bounds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from domain.errors import ValidationError
+from ledger.hosts import (
+    host_queue,
+    host_report,
+    hosts_read_forget,
+    run_placement,
+)
+from ledger.models import Host, RunStatus, WorkflowRun
+from ledger.queue import enqueue_run, hosts_release_dead, run_id_of, runs_with_a_task
+from ledger.services import runs_fail_unserved
+from routing.admission import CREATED, route_event, route_options
+from tests.account_loads import assert_account_counts_match_rows
+from tests.processes import ROOT, generic_event
+
+pytestmark = pytest.mark.django_db
+
+
+def _host(name: str, roots: list[str], providers: list[str], *, age: float = 0) -> Host:
+    host = Host.objects.create(
+        name=name,
+        queue=host_queue(name),
+        roots=roots,
+        providers=providers,
+        workers=2,
+        seen_at=timezone.now() - timedelta(seconds=age),
+    )
+    hosts_read_forget()
+    return host
+
+
+def _route(path: str, n: int, **options: object) -> str:
+    result = route_event(
+        kind="generic",
+        envelope=generic_event(Path(path), n),
+        options=route_options({"max_active": 100, **options}),
+        env={},
+    )
+    assert result.kind == CREATED, result
+    return str(result.run.id)
+
+
+def _queues() -> dict[str, str]:
+    """run id -> the queue its task is in."""
+    return {
+        str(run_id_of(row.payload)): row.key
+        for row in OrmQ.objects.all()
+        if run_id_of(row.payload)
+    }
+
+
+def test_with_no_host_registered_runs_go_to_the_shared_queue() -> None:
+    run = _route("/srv/p", 1)
+    assert _queues()[run] == settings.LOOPSWEB_RUN_CLUSTER
+
+
+def test_a_run_goes_to_a_live_host_that_has_its_project_and_provider() -> None:
+    _host("a", ["/srv/a"], ["codewith"])
+    _host("b", ["/srv"], ["codewith", "codex"])
+    _host("gone", ["/srv"], ["codewith", "codex"], age=3600)
+    only_b = _route("/srv/b/p", 1)
+    codex = _route("/srv/a/p", 2, provider="codex")
+    assert _queues()[only_b] == host_queue("b")
+    assert _queues()[codex] == host_queue("b")
+    spread_runs = [_route("/srv/a/q", 10 + n) for n in range(8)]
+    spread = {_queues()[run_id] for run_id in spread_runs}
+    assert spread == {host_queue("a"), host_queue("b")}  # fewest tasks per worker
+
+
+def test_a_run_no_live_host_serves_waits_with_its_reason_then_fails_after_the_grace() -> (
+    None
+):
+    _host("a", ["/srv"], ["codewith"])
+    run_id = _route("/srv/p", 1, provider="codex", auth_profile="acct-1")
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.QUEUED
+    assert run.host_wait_reason == "no host serves /srv/p for codex"
+    assert run_id not in runs_with_a_task()  # the recovery schedule places it again
+    assert runs_fail_unserved(grace=timedelta(seconds=900)) == []
+    later = timezone.now() + timedelta(seconds=901)
+    assert runs_fail_unserved(grace=timedelta(seconds=900), now=later) == [run_id]
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert run.error == (
+        "no host could take the run for 900 s: no host serves /srv/p for codex"
+    )
+    assert_account_counts_match_rows()
+
+
+def test_a_waiting_run_is_placed_once_a_host_serves_it() -> None:
+    _host("a", ["/srv"], ["codewith"])
+    run_id = _route("/srv/p", 1, provider="codex")
+    assert run_id not in _queues()
+    _host("b", ["/srv"], ["codex"])
+    enqueue_run(run_id)  # what the recovery schedule does with a run that has no task
+    assert _queues()[run_id] == host_queue("b")
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.host_wait_reason is None and run.host_wait_since is None
+
+
+def test_admission_refuses_only_what_no_registered_host_serves() -> None:
+    _host("a", ["/srv/a"], ["codewith"])
+    _host("dead", ["/srv/d"], ["codewith"], age=3600)  # registered: still admitted
+    assert _route("/srv/a/p", 1)
+    assert _route("/srv/d/p", 2)
+    with pytest.raises(ValidationError, match=r"no registered host serves /srv/x/p"):
+        _route("/srv/x/p", 3)
+
+
+def test_a_dead_hosts_queue_goes_to_the_live_hosts_at_once_fetched_rows_too() -> None:
+    _host("a", ["/srv"], ["codewith"])
+    runs = [_route("/srv/p", n) for n in range(2)]
+    _host("b", ["/srv"], ["codewith"], age=0)
+    for row in OrmQ.objects.all():  # both on a: one fetched (locked until Q_RETRY)
+        row.key = host_queue("a")
+        row.save()
+    fetched = OrmQ.objects.filter(key=host_queue("a")).first()
+    assert fetched is not None
+    fetched.lock = timezone.now() + timedelta(seconds=5700)
+    fetched.save()
+    assert hosts_release_dead() == []  # a is live
+    Host.objects.filter(name="a").update(seen_at=timezone.now() - timedelta(seconds=61))
+    hosts_read_forget()
+    assert sorted(hosts_release_dead()) == sorted(runs)
+    assert {_queues()[r] for r in runs} == {host_queue("b")}
+    assert Host.objects.get(name="a").released_at is not None
+    assert hosts_release_dead() == []  # once
+
+
+def test_a_parked_run_goes_back_only_to_the_host_of_its_worktree() -> None:
+    _host("a", ["/srv"], ["codewith"])
+    _host("b", ["/srv"], ["codewith"])
+    run_id = _route("/srv/p", 1)
+    WorkflowRun.objects.filter(pk=run_id).update(
+        worktree_host="a", worktree_path="/x/" + run_id
+    )
+    assert {run_placement(run_id).host for _ in range(10)} == {"a"}
+    assert run_placement(run_id, exclude={"a"}).wait_reason == (
+        "its worktree is on host a, which is not live"
+    )
+
+
+def test_host_report_registers_roots_and_found_providers(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.LOOPSWEB_PROJECT_ROOTS = ("/srv",)
+    host_report(workers=3, providers=["codewith"])
+    host = Host.objects.get(name=settings.LOOPSWEB_HOST_NAME)
+    assert host.roots == [os.path.realpath("/srv")] and host.workers == 3
+    assert host.providers == ["codewith"] and host.queue.startswith("loopsweb-runs@")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("LOOPSWEB_HOST_DEAD_SECONDS", "5", "must be"),
+        ("LOOPSWEB_HOST_DEAD_SECONDS", "99999999", "at most 86400"),
+        ("LOOPSWEB_NO_HOST_GRACE_SECONDS", "0", "must be"),
+        ("LOOPSWEB_HOST_NAME", "a b", "LOOPSWEB_HOST_NAME must be"),
+    ],
+)
+def test_host_settings_are_bounded(name: str, value: str, message: str) -> None:
+    env = {**os.environ, name: value, "DEBUG": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "loopsweb.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and message in done.stderr and name in done.stderr
