@@ -32,6 +32,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("drain_memory", "tests.bench.bench_drain_memory"),
     ("pages", "tests.bench.bench_pages"),
     ("run_latency", "tests.bench.bench_run_latency"),
+    ("hosts", "tests.bench.bench_hosts"),
 ]
 
 
