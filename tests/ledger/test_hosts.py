@@ -184,3 +184,32 @@ def test_host_settings_are_bounded(name: str, value: str, message: str) -> None:
         timeout=60,
     )
     assert done.returncode != 0 and message in done.stderr and name in done.stderr
+
+
+def test_the_hosts_page_shows_each_host_and_the_runs_no_host_serves(
+    admin_client, django_user_model
+) -> None:  # type: ignore[no-untyped-def]
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.urls import reverse
+
+    from ledger.capacity import run_worker_report
+
+    _host("build-1", ["/srv/a"], ["codewith", "claude"])
+    _host("build-2", ["/srv/b"], [], age=600)
+    run_worker_report(cluster="loopsweb-runs", host="build-1", pid=11, cluster_pid=10)
+    waiting = _route("/srv/a/p", 1, provider="codex")
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(reverse("ops:hosts"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<code>build-1</code>" in html and "<code>/srv/a</code>" in html
+    assert "<code>claude</code>" in html and "0 / 1" in html
+    assert 'build-2</code> <span class="badge full">dead</span>' in html
+    assert "none found" in html
+    assert waiting in html and "no host serves /srv/a/p for codex" in html
+    assert len(queries) <= 20
+    anonymous = admin_client.__class__()
+    assert anonymous.get(reverse("ops:hosts")).status_code == 302
+    overview = admin_client.get(reverse("ops:overview")).content.decode()
+    assert reverse("ops:hosts") in overview
