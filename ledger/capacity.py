@@ -27,7 +27,7 @@ from django_q.models import OrmQ
 
 from ledger.hosts import dead_after, host_report, local_providers
 from ledger.models import Host, RunStatus, RunWorker, WorkflowRun
-from ledger.queue import hosts_release_dead
+from ledger.queue import host_queue_release_fetched, hosts_release_dead
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +58,42 @@ def run_worker_report(
         RunWorker.objects.filter(seen_at__lt=now - FORGET_AFTER).delete()
 
 
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cluster_starting(*, host: str, cluster_pid: int) -> bool:
+    """No worker of this cluster has reported yet, and no other run cluster of this host
+    (the same machine: its sentinel's pid is checked here) is still running."""
+    others = set(
+        RunWorker.objects.filter(
+            host=host, seen_at__gte=timezone.now() - FORGET_AFTER
+        ).values_list("cluster_pid", flat=True)
+    )
+    if cluster_pid in others:
+        return False
+    return not any(_process_alive(pid) for pid in others)
+
+
 def _heartbeat(cluster: str, stop: threading.Event) -> None:
     host, pid, parent = settings.LOOPSWEB_HOST_NAME, os.getpid(), os.getppid()
     # The providers this machine has: looked up once (PATH does not change under a worker).
     providers = local_providers()
+    first = True
     while True:
         try:
             close_old_connections()
+            if first and _cluster_starting(host=host, cluster_pid=parent):
+                # The first worker of a new run cluster on this host, and no other cluster
+                # of this host is live: what a killed predecessor fetched runs again now.
+                host_queue_release_fetched()
+            first = False
             run_worker_report(cluster=cluster, host=host, pid=pid, cluster_pid=parent)
             # The host's own row (ledger.hosts), then any dead host's queue moved to the
             # live ones: a dead host's waiting runs are placed again within one beat.
@@ -72,6 +101,8 @@ def _heartbeat(cluster: str, stop: threading.Event) -> None:
             hosts_release_dead()
         except DatabaseError:
             logger.warning("run worker %s:%s could not report itself", host, pid)
+        except Exception:  # a bug must not end the heartbeat: the host would look dead
+            logger.exception("run worker %s:%s heartbeat failed", host, pid)
         finally:
             connection.close()  # this thread's own connection; never held between beats
         if stop.wait(HEARTBEAT_SECONDS):

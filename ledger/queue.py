@@ -193,6 +193,56 @@ def run_id_of(payload: str) -> str | None:
     return None
 
 
+def _place_again(run_ids: Collection[str], exclude: Collection[str]) -> list[str]:
+    """Queue again the runs of `run_ids` that are waiting (queued, or parked)."""
+    waiting = WorkflowRun.objects.filter(id__in=list(run_ids)).filter(
+        Q(status=RunStatus.QUEUED)
+        | Q(status=RunStatus.RUNNING, claimed_by__isnull=True)
+    )
+    placed = []
+    for run_id in waiting.values_list("id", flat=True):
+        enqueue_run(run_id, exclude=exclude)
+        placed.append(run_id)
+    return placed
+
+
+def host_queue_release_fetched(now: datetime | None = None) -> list[str]:
+    """A run cluster starting on this host: the tasks a previous cluster of this host had
+    fetched and not finished (it was killed and restarted within LOOPSWEB_HOST_DEAD_SECONDS,
+    so no other host saw it dead) are queued again now instead of after Q_RETRY.
+
+    Fetched rows are those locked further ahead than any hand-back delay (which is at most
+    LOOPSWEB_STEP_START_POLL_SECONDS). A row this very cluster fetched meanwhile may be among
+    them: its run is then delivered twice, and the runner's conditional claim makes the
+    second delivery a no-op. Returns the runs queued again.
+    """
+    now = now or timezone.now()
+    ahead = now + timedelta(
+        seconds=max(60, 2 * int(settings.LOOPSWEB_STEP_START_POLL_SECONDS))
+    )
+    with transaction.atomic():
+        rows = list(
+            OrmQ.objects.using(Conf.ORM or "default")
+            .filter(key=host_queue(host_name()), lock__gt=ahead)
+            .values_list("pk", "payload")
+        )
+        if not rows:
+            return []
+        OrmQ.objects.using(Conf.ORM or "default").filter(
+            pk__in=[pk for pk, _ in rows]
+        ).delete()
+        placed = _place_again(
+            [run_id for _, payload in rows if (run_id := run_id_of(payload))], ()
+        )
+    if placed:
+        logger.warning(
+            "host %s: %d runs its previous run cluster had fetched queued again",
+            host_name(),
+            len(placed),
+        )
+    return placed
+
+
 def hosts_release_dead(now: datetime | None = None) -> list[str]:
     """Empty the queues of dead hosts (not seen for LOOPSWEB_HOST_DEAD_SECONDS) into the live
     hosts' queues at once; the ids of the runs placed again.
@@ -230,13 +280,7 @@ def hosts_release_dead(now: datetime | None = None) -> list[str]:
                 pk__in=[pk for pk, _ in rows]
             ).delete()
             Host.objects.filter(pk=host.pk).update(released_at=now)
-            waiting = WorkflowRun.objects.filter(id__in=ids).filter(
-                Q(status=RunStatus.QUEUED)
-                | Q(status=RunStatus.RUNNING, claimed_by__isnull=True)
-            )
-            for run_id in waiting.values_list("id", flat=True):
-                enqueue_run(run_id, exclude={host.name})
-                moved.append(run_id)
+            moved += _place_again(ids, {host.name})
         logger.warning(
             "host %s is dead (last seen %s): %d queued runs placed again",
             host.name,

@@ -213,3 +213,27 @@ def test_the_hosts_page_shows_each_host_and_the_runs_no_host_serves(
     assert anonymous.get(reverse("ops:hosts")).status_code == 302
     overview = admin_client.get(reverse("ops:overview")).content.decode()
     assert reverse("ops:hosts") in overview
+
+
+def test_a_restarted_host_queues_again_what_its_killed_cluster_had_fetched(
+    settings,
+) -> None:  # type: ignore[no-untyped-def]
+    from ledger.queue import host_queue_release_fetched
+
+    me = settings.LOOPSWEB_HOST_NAME
+    _host(me, ["/srv"], ["codewith"])
+    fetched, delayed = _route("/srv/p", 1), _route("/srv/p", 2)
+    rows = {run_id_of(r.payload): r for r in OrmQ.objects.filter(key=host_queue(me))}
+    rows[fetched].lock = timezone.now() + timedelta(
+        seconds=5700
+    )  # fetched, never acked
+    rows[fetched].save()
+    rows[delayed].lock = timezone.now() + timedelta(seconds=5)  # a hand-back's delay
+    rows[delayed].save()
+    assert host_queue_release_fetched() == [fetched]
+    queued = {
+        run_id_of(r.payload): r.lock for r in OrmQ.objects.filter(key=host_queue(me))
+    }
+    assert set(queued) == {fetched, delayed}
+    assert queued[fetched] <= timezone.now()  # deliverable now, not in 95 minutes
+    assert host_queue_release_fetched() == []
