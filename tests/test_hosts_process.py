@@ -381,3 +381,67 @@ def test_each_host_prunes_only_the_worktrees_it_made(tmp_path: Path) -> None:
     assert not (a.worktrees / orphan_id).exists()
     branches = git(on_a, "branch", "--list", "loopsweb/run-*")
     assert branches.strip() == "", branches
+
+
+def test_a_host_restarted_at_once_runs_what_its_killed_cluster_had_fetched(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "shared"
+    records = tmp_path / "records"
+    records.mkdir()
+    lease = 30
+    a = sim_host(
+        tmp_path,
+        "host-a",
+        [shared],
+        LOOPSWEB_RUN_WORKERS="1",
+        LOOPSWEB_RUN_LEASE_SECONDS=str(lease),
+        FAKE_AGENT_SLEEP="600",
+        FAKE_AGENT_RECORD_DIR=str(records),
+    )
+    project = git_project(shared / "epsilon")
+    try:
+        a.start()
+        _registered("host-a")
+        held = _route(project, 1)
+        fetched = _route(project, 2)
+        wait_until(
+            lambda: WorkflowStepRun.objects.filter(
+                workflow_run_id=held, status=StepStatus.RUNNING, pid__isnull=False
+            ).exists(),
+            timeout=90,
+            what="host A to run the first run's step",
+        )
+        wait_until(
+            lambda: (
+                OrmQ.objects.filter(
+                    key=host_queue("host-a"), lock__gt=timezone.now()
+                ).count()
+                == 2
+            ),
+            timeout=30,
+            what="host A to fetch the second run too",
+        )
+        step_pid = WorkflowStepRun.objects.get(
+            workflow_run_id=held, status=StepStatus.RUNNING
+        ).pid
+        a.kill()
+        os.killpg(step_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        a.env["FAKE_AGENT_SLEEP"] = "1"
+        a.start()  # the same machine, back at once: never seen dead
+        wait_until(
+            lambda: WorkflowRun.objects.filter(
+                pk=fetched, status=RunStatus.SUCCEEDED
+            ).exists(),
+            timeout=90,
+            what="the fetched run to run on the restarted host",
+        )
+        restarted_after = time.monotonic() - killed
+    finally:
+        a.stop()
+    print(f"fetched run done {restarted_after:.0f} s after the kill and restart")
+    assert restarted_after < 60  # not Q_RETRY (95 minutes), nor the dead-host wait
+    assert Host.objects.get(name="host-a").released_at is None  # never dead
+    assert _claims()[fetched] == 1
+    assert "previous run cluster had fetched" in a.log_text()
