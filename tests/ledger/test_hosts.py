@@ -237,3 +237,28 @@ def test_a_restarted_host_queues_again_what_its_killed_cluster_had_fetched(
     assert set(queued) == {fetched, delayed}
     assert queued[fetched] <= timezone.now()  # deliverable now, not in 95 minutes
     assert host_queue_release_fetched() == []
+
+
+def test_a_drain_admits_what_any_registered_host_serves_and_fails_the_rest_once() -> (
+    None
+):
+    from routing.drains import drain_options, drain_run
+    from routing.drains.inbox import inbox_ingest
+    from routing.models import InboxEvent
+    from tests.routing.helpers import todos_event
+
+    _host("a", ["/srv/a"], ["codewith"])  # not this machine's roots: another machine's
+    inbox_ingest(
+        enumerate(
+            [todos_event(project="/srv/a/p"), todos_event(project="/srv/x/p")], start=1
+        )
+    )
+    report = drain_run(
+        options=drain_options("todos-task", {"max_dispatch": 10}), env={}
+    )
+    assert report.counts["created"] == 1, report.counts
+    states = dict(InboxEvent.objects.values_list("state", "last_reason"))
+    assert set(states) == {"admitted", "failed"}, states
+    assert "no registered host serves /srv/x/p" in (states["failed"] or "")
+    again = drain_run(options=drain_options("todos-task", {"max_dispatch": 10}), env={})
+    assert again.counts["considered"] == 0  # failed once, never tried again
