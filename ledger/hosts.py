@@ -63,7 +63,10 @@ def dead_after() -> timedelta:
 
 
 def local_roots() -> list[str]:
-    return [os.path.realpath(root) for root in settings.LOOPSWEB_PROJECT_ROOTS]
+    """This machine's roots as configured and as real paths (a root that is a symlink on
+    this machine is reached by either name from a machine that does not have it)."""
+    configured = [os.path.normpath(root) for root in settings.LOOPSWEB_PROJECT_ROOTS]
+    return sorted({*configured, *(os.path.realpath(root) for root in configured)})
 
 
 def local_providers() -> list[str]:
