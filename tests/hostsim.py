@@ -5,15 +5,17 @@ database of the test (PostgreSQL in the tests that use this)."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
 
 from tests.ledger.runner_helpers import child_database_url
-from tests.processes import start_qcluster, stop_process_group, terminal_env
+from tests.processes import ROOT, start_qcluster, stop_process_group, terminal_env
 
 
 @dataclass
@@ -24,6 +26,9 @@ class SimHost:
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
     logs: list[Path] = field(default_factory=list)
+    # This host's own view of paths (root only): directory bound over a path, in a mount
+    # namespace of its own (`unshare --mount`), so two hosts see different disks there.
+    binds: dict[Path, Path] = field(default_factory=dict)
 
     @property
     def worktrees(self) -> Path:
@@ -32,7 +37,23 @@ class SimHost:
     def start(self) -> SimHost:
         log = self.base / f"run-cluster-{len(self.logs)}.log"
         self.logs.append(log)
-        self.proc = start_qcluster(self.env, log, cluster="loopsweb-runs")
+        if not self.binds:
+            self.proc = start_qcluster(self.env, log, cluster="loopsweb-runs")
+            return self
+        mounts = " && ".join(
+            f"mount --bind {shlex.quote(str(src))} {shlex.quote(str(dst))}"
+            for src, dst in self.binds.items()
+        )
+        command = f"{mounts} && exec {shlex.quote(sys.executable)} manage.py qcluster"
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
+                cwd=ROOT,
+                env={**self.env, "Q_CLUSTER_NAME": "loopsweb-runs"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return self
 
     def stop(self) -> None:

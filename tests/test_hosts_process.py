@@ -445,3 +445,41 @@ def test_a_host_restarted_at_once_runs_what_its_killed_cluster_had_fetched(
     assert Host.objects.get(name="host-a").released_at is None  # never dead
     assert _claims()[fetched] == 1
     assert "previous run cluster had fetched" in a.log_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace per host needs root")
+def test_a_host_handed_a_project_missing_from_its_disk_hands_it_back(
+    tmp_path: Path,
+) -> None:
+    """Both hosts serve the root /…/work, but the clone is only on host A's disk (each host
+    has its own disk mounted there): a run B is handed goes back to A, never failed."""
+    work = tmp_path / "work"  # the path both hosts serve; each sees its own disk there
+    work.mkdir()
+    disk_a, disk_b = tmp_path / "disk-a", tmp_path / "disk-b"
+    disk_b.mkdir()
+    git_project(disk_a / "zeta")
+    common = {"LOOPSWEB_RUN_WORKERS": "2", "FAKE_AGENT_SLEEP": "0.2"}
+    a = sim_host(tmp_path, "host-a", [work], **common)
+    b = sim_host(tmp_path, "host-b", [work], **common)
+    a.binds, b.binds = {disk_a: work}, {disk_b: work}
+    hosts = [a.start(), b.start()]
+    try:
+        _registered("host-a", "host-b")
+        runs = [_route(work / "zeta", n) for n in range(10)]
+        wait_until(
+            lambda: (
+                not WorkflowRun.objects.filter(
+                    id__in=runs, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]
+                ).exists()
+            ),
+            timeout=180,
+            what="the runs to finish",
+        )
+    finally:
+        for h in hosts:
+            h.stop()
+    done = list(WorkflowRun.objects.filter(id__in=runs))
+    assert {r.status for r in done} == {RunStatus.SUCCEEDED}, [r.error for r in done]
+    assert {r.host for r in done} == {"host-a"}
+    assert _claims() == dict.fromkeys(runs, 1)
+    assert "cannot serve" in b.log_text()  # B was handed some, and handed them back
