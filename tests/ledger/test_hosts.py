@@ -262,3 +262,26 @@ def test_a_drain_admits_what_any_registered_host_serves_and_fails_the_rest_once(
     assert "no registered host serves /srv/x/p" in (states["failed"] or "")
     again = drain_run(options=drain_options("todos-task", {"max_dispatch": 10}), env={})
     assert again.counts["considered"] == 0  # failed once, never tried again
+
+
+def test_the_hosts_command_lists_and_forgets_only_a_dead_host() -> None:
+    import io
+    import json as json_module
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    _host("live-1", ["/srv/a"], ["codewith"])
+    _host("old-1", ["/srv/o"], ["codewith"], age=3600)
+    out = io.StringIO()
+    call_command("hosts", "--json", stdout=out)
+    listed = {h["name"]: h["live"] for h in json_module.loads(out.getvalue())["hosts"]}
+    assert listed == {"live-1": True, "old-1": False}
+    with pytest.raises(CommandError, match="is live"):
+        call_command("hosts", "--forget", "live-1", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="no host named"):
+        call_command("hosts", "--forget", "nope", stdout=io.StringIO())
+    call_command("hosts", "--forget", "old-1", stdout=io.StringIO())
+    assert list(Host.objects.values_list("name", flat=True)) == ["live-1"]
+    with pytest.raises(ValidationError, match="no registered host serves"):
+        _route("/srv/o/p", 1)  # its roots no longer admit
