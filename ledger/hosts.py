@@ -141,7 +141,7 @@ class RunTarget:
 
     def wants(self) -> str:
         if self.project is None:
-            return "this run"
+            return "no live host takes this run"
         if self.provider is None:
             return NO_HOST_SERVES_PROJECT.format(project=self.project)
         return NO_HOST_SERVES.format(project=self.project, provider=self.provider)
