@@ -59,13 +59,20 @@ def run_worker_report(
 
 
 def _process_alive(pid: int) -> bool:
+    """Whether `pid` runs on this machine; a zombie (killed, not yet reaped: a killed
+    cluster's sentinel, whose parent died with it) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def _cluster_starting(*, host: str, cluster_pid: int) -> bool:
