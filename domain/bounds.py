@@ -102,6 +102,9 @@ BOUNDS: dict[str, Bound] = {
     "LOOPSWEB_MAX_JSON_DEPTH": Bound(2, 500),
     # a provider's rate-limit exit codes (LOOPSWEB_<PROVIDER>_RATE_LIMIT_EXIT_CODES)
     "rate-limit exit code": Bound(0, 255),
+    # settings of several machines (loopsweb.settings, ledger.hosts)
+    "LOOPSWEB_HOST_DEAD_SECONDS": Bound(15, DAY),  # above the 10 s heartbeat
+    "LOOPSWEB_NO_HOST_GRACE_SECONDS": Bound(1, WEEK),
 }
 
 

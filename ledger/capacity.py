@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -24,8 +23,11 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.db.models import Count, Min, Q
 from django.utils import timezone
+from django_q.models import OrmQ
 
-from ledger.models import RunStatus, RunWorker, WorkflowRun
+from ledger.hosts import dead_after, host_report, local_providers
+from ledger.models import Host, RunStatus, RunWorker, WorkflowRun
+from ledger.queue import host_queue_release_fetched, hosts_release_dead
 
 logger = logging.getLogger(__name__)
 
@@ -56,14 +58,58 @@ def run_worker_report(
         RunWorker.objects.filter(seen_at__lt=now - FORGET_AFTER).delete()
 
 
+def _process_alive(pid: int) -> bool:
+    """Whether `pid` runs on this machine; a zombie (killed, not yet reaped: a killed
+    cluster's sentinel, whose parent died with it) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
+def _cluster_starting(*, host: str, cluster_pid: int) -> bool:
+    """No worker of this cluster has reported yet, and no other run cluster of this host
+    (the same machine: its sentinel's pid is checked here) is still running."""
+    others = set(
+        RunWorker.objects.filter(
+            host=host, seen_at__gte=timezone.now() - FORGET_AFTER
+        ).values_list("cluster_pid", flat=True)
+    )
+    if cluster_pid in others:
+        return False
+    return not any(_process_alive(pid) for pid in others)
+
+
 def _heartbeat(cluster: str, stop: threading.Event) -> None:
-    host, pid, parent = socket.gethostname(), os.getpid(), os.getppid()
+    host, pid, parent = settings.LOOPSWEB_HOST_NAME, os.getpid(), os.getppid()
+    # The providers this machine has: looked up once (PATH does not change under a worker).
+    providers = local_providers()
+    first = True
     while True:
         try:
             close_old_connections()
+            if first and _cluster_starting(host=host, cluster_pid=parent):
+                # The first worker of a new run cluster on this host, and no other cluster
+                # of this host is live: what a killed predecessor fetched runs again now.
+                host_queue_release_fetched()
+            first = False
             run_worker_report(cluster=cluster, host=host, pid=pid, cluster_pid=parent)
+            # The host's own row (ledger.hosts), then any dead host's queue moved to the
+            # live ones: a dead host's waiting runs are placed again within one beat.
+            host_report(workers=int(settings.LOOPSWEB_RUN_WORKERS), providers=providers)
+            hosts_release_dead()
         except DatabaseError:
             logger.warning("run worker %s:%s could not report itself", host, pid)
+        except Exception:  # a bug must not end the heartbeat: the host would look dead
+            logger.exception("run worker %s:%s heartbeat failed", host, pid)
         finally:
             connection.close()  # this thread's own connection; never held between beats
         if stop.wait(HEARTBEAT_SECONDS):
@@ -157,4 +203,97 @@ def run_capacity(*, now: datetime) -> RunCapacity:
         ],
         waiting=int(waiting["n"] or 0),
         oldest_waiting=waiting["oldest"],
+    )
+
+
+@dataclass(frozen=True)
+class HostRow:
+    name: str
+    seen_at: datetime
+    live: bool
+    released_at: datetime | None
+    roots: list[str]
+    providers: list[str]
+    workers: int  # live run workers reporting from this host
+    busy: int  # of them, holding a running run
+    running: int  # runs running on this host now
+    queued: int  # tasks in its queue (running and waiting)
+
+
+@dataclass(frozen=True)
+class WaitingForHost:
+    run_id: str
+    workflow_name: str
+    reason: str
+    since: datetime
+
+
+@dataclass(frozen=True)
+class HostsView:
+    hosts: list[HostRow]
+    waiting: list[WaitingForHost]  # runs no live host serves (oldest first, at most 50)
+    waiting_total: int
+
+
+def hosts_view(*, now: datetime) -> HostsView:
+    """Every registered host with its heartbeat, workers, roots, providers and runs now,
+    and the runs no live host serves (ledger.hosts). Six queries whatever the history."""
+    hosts = list(Host.objects.order_by("name"))
+    workers: Counter[str] = Counter()
+    busy: Counter[str] = Counter()
+    holding = set(
+        WorkflowRun.objects.filter(
+            status=RunStatus.RUNNING, claimed_by__isnull=False
+        ).values_list("claimed_by", flat=True)
+    )
+    for host, pid in RunWorker.objects.filter(
+        seen_at__gte=now - LIVE_WITHIN
+    ).values_list("host", "pid"):
+        workers[host] += 1
+        if f"{host}:{pid}" in holding:
+            busy[host] += 1
+    running = dict(
+        WorkflowRun.objects.filter(status=RunStatus.RUNNING, host__isnull=False)
+        .values("host")
+        .annotate(n=Count("id"))
+        .values_list("host", "n")
+    )
+    queued = dict(
+        OrmQ.objects.filter(key__in=[h.queue for h in hosts])
+        .values("key")
+        .annotate(n=Count("id"))
+        .values_list("key", "n")
+    )
+    waiting_rows = WorkflowRun.objects.filter(
+        status=RunStatus.QUEUED, host_wait_since__isnull=False
+    )
+    waiting = [
+        WaitingForHost(
+            run_id=r["id"],
+            workflow_name=r["workflow_name"],
+            reason=r["host_wait_reason"] or "",
+            since=r["host_wait_since"],
+        )
+        for r in waiting_rows.order_by("host_wait_since").values(
+            "id", "workflow_name", "host_wait_reason", "host_wait_since"
+        )[:50]
+    ]
+    return HostsView(
+        hosts=[
+            HostRow(
+                name=h.name,
+                seen_at=h.seen_at,
+                live=h.seen_at >= now - dead_after(),
+                released_at=h.released_at,
+                roots=list(h.roots or []),
+                providers=list(h.providers or []),
+                workers=workers[h.name],
+                busy=busy[h.name],
+                running=int(running.get(h.name, 0)),
+                queued=int(queued.get(h.queue, 0)),
+            )
+            for h in hosts
+        ],
+        waiting=waiting,
+        waiting_total=len(waiting) if len(waiting) < 50 else waiting_rows.count(),
     )

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -272,7 +271,7 @@ def kill_step_process_group(
     pid = step.pid
     if not pid or not claimed_by or not step.started_at:
         return False
-    if claimed_by.rsplit(":", 1)[0] != socket.gethostname():
+    if claimed_by.rsplit(":", 1)[0] != settings.LOOPSWEB_HOST_NAME:
         return False
     try:
         if os.getpgid(pid) != pid:

@@ -9,7 +9,8 @@ The project is then the top level of the git work tree that path belongs to, loo
 upwards no further than the root, else the real path itself. With no root configured every
 project is refused, with a message naming the setting.
 
-Admission checks with `project_path_resolve` (before anything is written); the runner checks
+Admission checks with `project_path_admit` (`project_path_resolve` against every registered
+host's roots, ledger.hosts; before anything is written); the runner checks
 again with `project_dir_check` when a step starts, since a root may be gone by then, and
 there the directory must exist. Both read the file system only: no git, no subprocess.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from django.conf import settings
 
 from domain.errors import ValidationError
+from ledger.hosts import ADMISSION_NO_HOST, admission_roots
 
 ROOTS_UNSET = (
     "no project roots are configured, so no agent may run: set LOOPSWEB_PROJECT_ROOTS "
@@ -97,6 +99,34 @@ def project_path_resolve(path: str | None, roots: Sequence[str] | None = None) -
         if str(candidate) == root or candidate.parent == candidate:
             return real
         candidate = candidate.parent
+
+
+def project_path_admit(path: str | None) -> tuple[str, bool]:
+    """Admission's check (several machines): the project and whether it is a git work tree.
+
+    With hosts registered (ledger.hosts) a project is admitted when it lies under any
+    registered host's roots, so a drain on one machine admits work for a project that only
+    another machine has; a project no host serves is refused, naming the hosts' roots. A
+    project that is not on this machine is taken as written, and as a git work tree (the
+    runner, on the host that has it, makes the worktree or refuses `required` there). With
+    no host registered, this machine's LOOPSWEB_PROJECT_ROOTS decide, as on one machine.
+    """
+    roots = admission_roots()
+    if roots is None:
+        project = project_path_resolve(path)
+        return project, is_git_work_tree(project)
+    real_roots = [os.path.realpath(root) for root in roots]
+    try:
+        project = project_path_resolve(path, roots=real_roots)
+    except ProjectPathError as exc:
+        if str(exc).endswith(PATH_OUTSIDE.rsplit(",", 1)[1]):
+            raise ProjectPathError(
+                ADMISSION_NO_HOST.format(path=path, roots=", ".join(roots))
+            ) from None
+        raise
+    if not os.path.isdir(project):
+        return project, True
+    return project, is_git_work_tree(project)
 
 
 def project_dir_check(path: str | None, roots: Sequence[str] | None = None) -> str:

@@ -11,16 +11,32 @@ but django-q2: the services import it at module level.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.models import OrmQ, Schedule
 from django_q.signing import BadSignature, SignedPackage
 from django_q.tasks import async_task
+
+from ledger.hosts import (
+    dead_after,
+    host_name,
+    host_queue,
+    run_placement,
+    run_wait_record,
+)
+from ledger.models import Host, RunStatus, WorkflowRun
+
+logger = logging.getLogger(__name__)
 
 RUN_TASK = "ledger.tasks.run_workflow"
 # A queued or parked run with no task in the broker for this long is handed out again. The
@@ -29,7 +45,12 @@ RUN_TASK = "ledger.tasks.run_workflow"
 LOST_TASK_AFTER = timedelta(seconds=30)
 
 
-def enqueue_run_workflow(run_id: str, *, not_before: datetime | None = None) -> None:
+def enqueue_run_workflow(
+    run_id: str,
+    *,
+    not_before: datetime | None = None,
+    steps: Sequence[Mapping[str, Any]] | None = None,
+) -> None:
     """Hand an admitted run to the runner, visible exactly when the admission commits.
 
     - ORM broker (the default): the task row is written inside the admitting transaction, so
@@ -42,6 +63,8 @@ def enqueue_run_workflow(run_id: str, *, not_before: datetime | None = None) -> 
 
     `not_before` (a retry's backoff): the run is handed over then, through a one-off
     django-q2 schedule (which fires up to ~30 s late; the claim never starts it early).
+    `steps` (the run's workflow steps, when the caller has them): where the run can go is
+    read from them, not from the run's row (a batched admission inserts its runs later).
     """
     # Sync mode (debugging) would run the whole workflow inside the admission: on_commit.
     if (
@@ -49,16 +72,23 @@ def enqueue_run_workflow(run_id: str, *, not_before: datetime | None = None) -> 
         and not Conf.SYNC
         and transaction.get_connection(Conf.ORM).in_atomic_block
     ):
-        enqueue_run(run_id, not_before)
+        enqueue_run(run_id, not_before, steps=steps)
     else:
-        transaction.on_commit(lambda: enqueue_run(run_id, not_before))
+        transaction.on_commit(lambda: enqueue_run(run_id, not_before, steps=steps))
 
 
 def enqueue_run(
-    run_id: str, not_before: datetime | None = None, *, delay: float = 0.0
+    run_id: str,
+    not_before: datetime | None = None,
+    *,
+    delay: float = 0.0,
+    exclude: Collection[str] = (),
+    steps: Sequence[Mapping[str, Any]] | None = None,
 ) -> None:
-    """The run's task on the run cluster's queue: now, in `delay` seconds, or at `not_before`
-    (written at once, in or out of a transaction; `enqueue_run_workflow` is the admission's)."""
+    """The run's task on the queue of a host that serves it (ledger.hosts placement, never
+    one in `exclude`): now, in `delay` seconds, or at `not_before` (written at once, in or
+    out of a transaction; `enqueue_run_workflow` is the admission's). With no live host
+    serving it, no task: the run records why it waits."""
     if not_before is not None and not_before > timezone.now():
         # One schedule per run (by name): a second hand-over moves it, never duplicates it.
         # It fires on the main cluster (the one that runs schedules) and queues the task on
@@ -77,9 +107,17 @@ def enqueue_run(
             },
         )
         return
-    options: dict[str, object] = {"cluster": settings.LOOPSWEB_RUN_CLUSTER}
+    placement = run_placement(run_id, exclude=exclude, steps=steps)
+    if placement.wait_reason is not None:
+        # No live host serves it: no task; the recovery schedule places it again (it has no
+        # task) and fails it after LOOPSWEB_NO_HOST_GRACE_SECONDS with this reason.
+        run_wait_record(run_id, placement.wait_reason)
+        return
+    if placement.host is not None and steps is None:
+        run_wait_record(run_id, None)  # a new run (steps given) has no reason to clear
+    options: dict[str, object] = {"cluster": placement.queue}
     if delay > 0 and Conf.ORM:
-        options["broker"] = _DelayedOrm(settings.LOOPSWEB_RUN_CLUSTER, delay)
+        options["broker"] = _DelayedOrm(placement.queue, delay)
     async_task(RUN_TASK, run_id, task_name=f"run-workflow-{run_id}", **options)
 
 
@@ -103,9 +141,153 @@ class _DelayedOrm(ORM):
         return int(row.pk)
 
 
+class HostQueue(ORM):
+    """The run cluster's broker (Q_CLUSTER's run cluster `broker_class`): the ORM broker on
+    this host's own queue (`loopsweb-runs@<LOOPSWEB_HOST_NAME>`), then on the shared run
+    queue (tasks queued before any host registered, and retries' one-off schedules).
+
+    Any other queue name (a task this cluster queues for another host) is the plain ORM
+    broker on that name.
+    """
+
+    def __init__(self, list_key: str | None = None) -> None:
+        shared = settings.LOOPSWEB_RUN_CLUSTER
+        own = list_key in (None, shared)
+        super().__init__(list_key=host_queue(host_name()) if own else list_key)
+        self.also: str | None = shared if own else None
+
+    def dequeue(self) -> list[tuple[int, str]] | None:
+        for key in (self.list_key, self.also):
+            if key is None:
+                continue
+            taken = []
+            for row in self.get_connection().filter(key=key, lock__lt=timezone.now())[
+                : Conf.BULK
+            ]:
+                # Compare-and-set on the lock: of two clusters, one takes the row.
+                if (
+                    self.get_connection()
+                    .filter(id=row.id, lock=row.lock)
+                    .update(lock=self.timeout(row))
+                ):
+                    taken.append((row.pk, row.payload))
+            if taken:
+                return taken
+        time.sleep(Conf.POLL)
+        return None
+
+
 def hand_back_run(run_id: str, delay: float) -> None:
     """The runner's hand-back: the run's task again, due in `delay` seconds."""
     enqueue_run(run_id, delay=delay)
+
+
+def run_id_of(payload: str) -> str | None:
+    try:
+        task = SignedPackage.loads(payload)
+    except (BadSignature, TypeError, ValueError):
+        return None
+    args = task.get("args") or ()
+    if task.get("func") == RUN_TASK and args:
+        return str(args[0])
+    return None
+
+
+def _place_again(run_ids: Collection[str], exclude: Collection[str]) -> list[str]:
+    """Queue again the runs of `run_ids` that are waiting (queued, or parked)."""
+    waiting = WorkflowRun.objects.filter(id__in=list(run_ids)).filter(
+        Q(status=RunStatus.QUEUED)
+        | Q(status=RunStatus.RUNNING, claimed_by__isnull=True)
+    )
+    placed = []
+    for run_id in waiting.values_list("id", flat=True):
+        enqueue_run(run_id, exclude=exclude)
+        placed.append(run_id)
+    return placed
+
+
+def host_queue_release_fetched(now: datetime | None = None) -> list[str]:
+    """A run cluster starting on this host: the tasks a previous cluster of this host had
+    fetched and not finished (it was killed and restarted within LOOPSWEB_HOST_DEAD_SECONDS,
+    so no other host saw it dead) are queued again now instead of after Q_RETRY.
+
+    Fetched rows are those locked further ahead than any hand-back delay (which is at most
+    LOOPSWEB_STEP_START_POLL_SECONDS). A row this very cluster fetched meanwhile may be among
+    them: its run is then delivered twice, and the runner's conditional claim makes the
+    second delivery a no-op. Returns the runs queued again.
+    """
+    now = now or timezone.now()
+    ahead = now + timedelta(
+        seconds=max(60, 2 * int(settings.LOOPSWEB_STEP_START_POLL_SECONDS))
+    )
+    with transaction.atomic():
+        rows = list(
+            OrmQ.objects.using(Conf.ORM or "default")
+            .filter(key=host_queue(host_name()), lock__gt=ahead)
+            .values_list("pk", "payload")
+        )
+        if not rows:
+            return []
+        OrmQ.objects.using(Conf.ORM or "default").filter(
+            pk__in=[pk for pk, _ in rows]
+        ).delete()
+        placed = _place_again(
+            [run_id for _, payload in rows if (run_id := run_id_of(payload))], ()
+        )
+    if placed:
+        logger.warning(
+            "host %s: %d runs its previous run cluster had fetched queued again",
+            host_name(),
+            len(placed),
+        )
+    return placed
+
+
+def hosts_release_dead(now: datetime | None = None) -> list[str]:
+    """Empty the queues of dead hosts (not seen for LOOPSWEB_HOST_DEAD_SECONDS) into the live
+    hosts' queues at once; the ids of the runs placed again.
+
+    Every row of a dead host's queue goes: waiting rows and rows its cluster had fetched
+    (locked until fetch + Q_RETRY) alike, so nothing waits Q_RETRY. Queued runs and parked
+    runs are placed again (a parked run whose worktree is on the dead host waits for it);
+    runs it was running keep their lease, and lease recovery fails (or retries) them. Each
+    host is taken with a skip-locked row lock: of two live hosts sweeping at once, one
+    releases it. Called by every run worker's heartbeat and by the recovery schedule.
+    """
+    now = now or timezone.now()
+    moved: list[str] = []
+    dead = list(
+        Host.objects.filter(
+            seen_at__lt=now - dead_after(), released_at__isnull=True
+        ).values_list("pk", flat=True)
+    )
+    for pk in dead:
+        with transaction.atomic():
+            host = (
+                Host.objects.select_for_update(skip_locked=True)
+                .filter(pk=pk, seen_at__lt=now - dead_after(), released_at__isnull=True)
+                .first()
+            )
+            if host is None:
+                continue
+            rows = list(
+                OrmQ.objects.using(Conf.ORM or "default")
+                .filter(key=host.queue)
+                .values_list("pk", "payload")
+            )
+            ids = [run_id for _, payload in rows if (run_id := run_id_of(payload))]
+            OrmQ.objects.using(Conf.ORM or "default").filter(
+                pk__in=[pk for pk, _ in rows]
+            ).delete()
+            Host.objects.filter(pk=host.pk).update(released_at=now)
+            moved += _place_again(ids, {host.name})
+        logger.warning(
+            "host %s is dead (last seen %s): %d queued runs placed again",
+            host.name,
+            host.seen_at,
+            len(moved),
+        )
+    return moved
 
 
 def runs_with_a_task() -> set[str]:
@@ -118,13 +300,9 @@ def runs_with_a_task() -> set[str]:
     ids: set[str] = set()
     rows = OrmQ.objects.using(Conf.ORM or "default").values_list("payload", flat=True)
     for payload in rows.iterator():
-        try:
-            task = SignedPackage.loads(payload)
-        except (BadSignature, TypeError, ValueError):
-            continue
-        args = task.get("args") or ()
-        if task.get("func") == RUN_TASK and args:
-            ids.add(str(args[0]))
+        run_id = run_id_of(payload)
+        if run_id is not None:
+            ids.add(run_id)
     scheduled = (
         Schedule.objects.filter(func=RUN_TASK, name__startswith="run-workflow-")
         .exclude(repeats=0)  # fired (django-q2 keeps a ONCE schedule it did not delete)

@@ -7,13 +7,28 @@ How a run's task is queued (the run cluster's queue, hand-back, the broker read)
 
 from __future__ import annotations
 
-from django_q.conf import Conf
+import logging
+from datetime import timedelta
 
+from django.conf import settings
+from django_q.conf import Conf
+from django_q.tasks import async_task
+
+from ledger.hosts import host_name, live_hosts, run_target, serve_here
 from ledger.models import WorkflowRun
-from ledger.queue import LOST_TASK_AFTER, enqueue_run, hand_back_run, runs_with_a_task
-from ledger.runner import NOT_DUE, run_workflow_run
-from ledger.services import runs_queued_stale, runs_recover_expired
-from ledger.worktrees import worktrees_prune
+from ledger.queue import (
+    LOST_TASK_AFTER,
+    enqueue_run,
+    hand_back_run,
+    hosts_release_dead,
+    runs_with_a_task,
+)
+from ledger.runner import HANDED_BACK, NOT_DUE, run_workflow_run
+from ledger.services import runs_fail_unserved, runs_queued_stale, runs_recover_expired
+from ledger.worktrees import worktree_orphans_prune, worktrees_prune
+
+logger = logging.getLogger(__name__)
+PRUNE_TASK = "ledger.tasks.prune_host_worktrees"
 
 
 def run_workflow(run_id: str) -> str:
@@ -23,6 +38,14 @@ def run_workflow(run_id: str) -> str:
     of holding this worker; the next delivery resumes it. A retry delivered before its
     backoff ended (a stale-run hand-over) is handed over again for its due time.
     """
+    # Several machines: a run this host cannot serve (project not here, no binary for its
+    # provider) goes back to the queue of one that can, never failed here.
+    target = run_target(run_id)
+    why = serve_here(target) if target is not None else None
+    if why is not None and not Conf.SYNC:
+        logger.info("run %s handed back: %s", run_id, why)
+        enqueue_run(run_id, exclude={host_name()})
+        return HANDED_BACK
     # Sync mode (debugging) runs tasks inline: a hand-back would recurse, so wait inline.
     result = run_workflow_run(run_id, hand_back=None if Conf.SYNC else hand_back_run)
     if result == NOT_DUE:
@@ -40,7 +63,9 @@ def recover_expired_runs() -> int:
     """django-q2 task (every minute): fail running runs whose worker lease expired, and hand
     queued or parked runs whose task is gone (dropped, never delivered, row deleted) to the
     run cluster again."""
+    hosts_release_dead()
     recovered = len(runs_recover_expired())
+    runs_fail_unserved(grace=timedelta(seconds=settings.LOOPSWEB_NO_HOST_GRACE_SECONDS))
     for run_id in runs_queued_stale(
         older_than=LOST_TASK_AFTER, with_task=runs_with_a_task()
     ):
@@ -49,6 +74,23 @@ def recover_expired_runs() -> int:
 
 
 def prune_worktrees() -> int:
-    """django-q2 task (periodic): remove the worktrees of finished runs that are due
-    (succeeded runs' leftovers, failed runs' after LOOPSWEB_WORKTREE_KEEP_SECONDS)."""
-    return len([p for p in worktrees_prune() if p.error is None])
+    """django-q2 task (periodic, main cluster): each host prunes only what it made, so the
+    prune goes to every live host's own queue (`prune_host_worktrees` runs there); with no
+    host registered (one machine) it runs here. Returns the hosts asked (or the removals)."""
+    hosts = live_hosts(fresh=True)
+    if not hosts:
+        return prune_host_worktrees()
+    for host in hosts:
+        async_task(
+            PRUNE_TASK, task_name=f"prune-worktrees-{host.name}", cluster=host.queue
+        )
+    return len(hosts)
+
+
+def prune_host_worktrees() -> int:
+    """django-q2 task (on a host's run cluster): this host's due worktrees (succeeded runs'
+    leftovers, failed runs' after LOOPSWEB_WORKTREE_KEEP_SECONDS) and the orphans on its
+    disk; the number removed."""
+    pruned = [p for p in worktrees_prune() if p.error is None]
+    orphans = [p for p in worktree_orphans_prune() if p.error is None]
+    return len(pruned) + len(orphans)

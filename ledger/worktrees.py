@@ -294,13 +294,21 @@ class PrunedWorktree:
 
 
 def worktrees_due(*, now: datetime, keep_seconds: int) -> Any:
-    """Runs whose worktree should go now (module docstring, 3), oldest first."""
+    """This host's runs whose worktree should go now (module docstring, 3), oldest first.
+
+    Only worktrees recorded on this host (LOOPSWEB_HOST_NAME): another machine's directory
+    is not on this disk, and marking it removed from here would lose it. A worktree with no
+    host recorded (made before hosts were recorded) is this host's when its directory is
+    here (checked in worktrees_prune)."""
     kept_until = now - timedelta(seconds=keep_seconds)
     return (
         WorkflowRun.objects.filter(
             worktree_path__isnull=False,
             worktree_removed_at__isnull=True,
             status__in=TERMINAL_RUN_STATUSES,
+        )
+        .filter(
+            Q(worktree_host=settings.LOOPSWEB_HOST_NAME) | Q(worktree_host__isnull=True)
         )
         .filter(Q(status=RunStatus.SUCCEEDED) | Q(finished_at__lte=kept_until))
         .select_related("workflow")
@@ -327,6 +335,8 @@ def worktrees_prune(
     pruned: list[PrunedWorktree] = []
     for run in worktrees_due(now=now, keep_seconds=keep):
         assert run.worktree_path is not None
+        if run.worktree_host is None and not os.path.lexists(run.worktree_path):
+            continue  # not recorded on a host and not on this disk: not ours to mark
         found = worktree_project(run.workflow.steps_json or [])
         error = None
         if not dry_run:
@@ -346,6 +356,74 @@ def worktrees_prune(
                 status=run.status,
                 path=run.worktree_path,
                 branch=run.worktree_branch,
+                error=error,
+            )
+        )
+    return pruned
+
+
+def _orphan_repository(path: Path) -> str | None:
+    """The repository a leftover worktree directory belongs to (its `.git` file names the
+    repository's `.git/worktrees/<name>`), or None."""
+    try:
+        text = (path / ".git").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    gitdir = Path(text.removeprefix("gitdir:").strip())
+    if gitdir.parent.name != "worktrees" or gitdir.parent.parent.name != ".git":
+        return None
+    repo = gitdir.parent.parent.parent
+    return str(repo) if repo.is_dir() else None
+
+
+def worktree_orphans_prune(*, dry_run: bool = False) -> list[PrunedWorktree]:
+    """Remove worktree directories on this disk the ledger does not keep: named after no
+    run, or after a run that ended whose worktree is recorded removed (or never recorded)
+    and that is not another host's. Each goes with its branch (`git branch -d`: a branch
+    with unmerged commits stays), through `worktree_remove`."""
+    base = worktree_base()
+    try:
+        names = [entry.name for entry in os.scandir(base) if entry.is_dir()]
+    except OSError:
+        return []
+    runs = {
+        row["id"]: row
+        for row in WorkflowRun.objects.filter(id__in=names).values(
+            "id", "status", "worktree_path", "worktree_removed_at", "worktree_host"
+        )
+    }
+    me = settings.LOOPSWEB_HOST_NAME
+    pruned: list[PrunedWorktree] = []
+    for name in sorted(names):
+        run = runs.get(name)
+        if run is not None:
+            if run["status"] not in TERMINAL_RUN_STATUSES:
+                continue  # a live run's worktree (or about to be)
+            if run["worktree_host"] not in (None, me):
+                continue  # recorded on another host: a shared directory, not ours
+            if run["worktree_path"] and run["worktree_removed_at"] is None:
+                continue  # kept for an operator; worktrees_prune removes it when due
+        path = base / name
+        repo = _orphan_repository(path)
+        error = None
+        if not dry_run:
+            try:
+                worktree_remove(
+                    project=repo, path=str(path), branch=worktree_branch(name)
+                )
+                if run is not None and run["worktree_path"]:
+                    services.run_worktree_removed(run_id=name)
+            except (WorktreeError, OSError) as exc:
+                logger.warning("could not remove orphan worktree %s: %s", path, exc)
+                error = str(exc)
+        pruned.append(
+            PrunedWorktree(
+                run_id=name,
+                status=run["status"] if run else "orphan",
+                path=str(path),
+                branch=worktree_branch(name),
                 error=error,
             )
         )

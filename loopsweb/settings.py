@@ -8,6 +8,8 @@ than failing later in a request or a worker.
 from __future__ import annotations
 
 import os
+import re
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,16 @@ def env_int(name: str, default: int) -> int:
         else:
             message = str(exc)
         raise ImproperlyConfigured(f"{message}, got {raw!r}") from None
+    return default if value is None else value
+
+
+def env_bounded(name: str, default: int) -> int:
+    """An integer setting within its row of domain.bounds (README "Numeric bounds")."""
+    raw = os.environ.get(name)
+    try:
+        value = bounded_int(name, raw)
+    except ValidationError as exc:
+        raise ImproperlyConfigured(f"{exc} (got {raw!r})") from None
     return default if value is None else value
 
 
@@ -386,6 +398,18 @@ if Q_RETRY <= Q_TIMEOUT:
 # broker's queue key (the cluster name); `name` (the signing salt) is shared.
 LOOPSWEB_RUN_CLUSTER = "loopsweb-runs"
 LOOPSWEB_RUN_WORKERS = env_int("LOOPSWEB_RUN_WORKERS", 8)
+# Several machines (ledger.hosts, README "Running on N machines"): each run cluster registers
+# its host under this stable name and serves its own queue, `loopsweb-runs@<name>`.
+LOOPSWEB_HOST_NAME = env_str("LOOPSWEB_HOST_NAME") or socket.gethostname()
+if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}", LOOPSWEB_HOST_NAME):
+    raise ImproperlyConfigured(
+        "LOOPSWEB_HOST_NAME must be 1-80 letters, digits, '.', '_' or '-' (starting with "
+        f"a letter or digit), got {LOOPSWEB_HOST_NAME!r}"
+    )
+# A host not heard from this long is dead: its queued runs move to live hosts at once.
+LOOPSWEB_HOST_DEAD_SECONDS = env_bounded("LOOPSWEB_HOST_DEAD_SECONDS", 60)
+# A run no live host serves (project roots, provider) waits this long, then fails.
+LOOPSWEB_NO_HOST_GRACE_SECONDS = env_bounded("LOOPSWEB_NO_HOST_GRACE_SECONDS", 900)
 Q_CLUSTER = {
     "name": "loopsweb",
     "orm": "default",
@@ -406,6 +430,8 @@ Q_CLUSTER = {
             "queue_limit": 1,
             # Schedules (drains, recovery) fire on the main cluster only.
             "scheduler": False,
+            # This host's own queue first, then the shared one (ledger.queue.HostQueue).
+            "broker_class": "ledger.queue.HostQueue",
         }
     },
 }

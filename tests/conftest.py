@@ -87,6 +87,15 @@ def _project_roots(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _hosts_read_anew() -> None:
+    # ledger.hosts keeps the registered hosts for two seconds per process; a test starts
+    # with what its own database holds.
+    from ledger.hosts import hosts_read_forget
+
+    hosts_read_forget()
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hasher(settings) -> None:  # type: ignore[no-untyped-def]
     # Password hashing is not what these tests are about; MD5 keeps user fixtures cheap.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -30,7 +30,7 @@ MAX_LINES = 700
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("domain (pure rules)", ("domain",)),
     (
-        "ledger record (rows, ids, locks, the run queue, migration rules)",
+        "ledger record (rows, ids, locks, hosts, the run queue, migration rules)",
         (
             "ledger.ids",
             "ledger.models",
@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ledger.lock",
             "ledger.dberrors",
             "ledger.signals",
+            "ledger.hosts",
             "ledger.queue",
         ),
     ),

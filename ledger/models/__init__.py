@@ -17,11 +17,13 @@ import X`), which is also what makes Django see every model of the app:
 - `runs`: workflow runs, step runs, events;
 - `work_items`: work items (the admission queue) and their deferrals;
 - `accounts`: the account registry, cooldowns, the load kept per account;
-- `workers`: run cluster workers.
+- `workers`: run cluster workers;
+- `hosts`: the machines that run agents (their roots, providers, heartbeat).
 """
 
 from ledger.models.accounts import Account, AccountCooldown, AccountLoadCount
 from ledger.models.base import TimestampedModel, id_field
+from ledger.models.hosts import Host
 from ledger.models.loops import Loop, LoopRun
 from ledger.models.runs import WorkflowEvent, WorkflowRun, WorkflowStepRun
 from ledger.models.specs import WorkflowInvocation, WorkflowSpec
@@ -52,6 +54,7 @@ __all__ = [
     "AccountCooldown",
     "AccountLoadCount",
     "CatchUp",
+    "Host",
     "Intent",
     "Loop",
     "LoopRun",

@@ -74,6 +74,13 @@ class WorkflowRun(TimestampedModel):
     # where the run started ("" : no changes).
     commit_head = models.CharField(max_length=64, null=True, blank=True)
     commit_diffstat = models.TextField(null=True, blank=True)
+    # loopsweb (0011): the host that runs (ran) the run, the host its worktree is on (only
+    # that host's prune removes it), and why no host takes it yet (since when): a run no
+    # live host serves fails after LOOPSWEB_NO_HOST_GRACE_SECONDS with that reason.
+    host = models.CharField(max_length=80, null=True, blank=True)
+    worktree_host = models.CharField(max_length=80, null=True, blank=True)
+    host_wait_reason = models.TextField(null=True, blank=True)
+    host_wait_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_runs"

@@ -62,6 +62,7 @@ from ledger.services.loops import (
 )
 from ledger.services.recovery import (
     RecoveredRun,
+    runs_fail_unserved,
     runs_queued_stale,
     runs_recover_expired,
 )
@@ -135,6 +136,7 @@ __all__ = [
     "run_retry",
     "run_worktree_record",
     "run_worktree_removed",
+    "runs_fail_unserved",
     "runs_queued_stale",
     "runs_recover_expired",
     "step_complete",

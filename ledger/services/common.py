@@ -5,7 +5,6 @@ one, reference §2), status sets, errors, row locks in the documented order, eve
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -133,7 +132,7 @@ class NotFound(LedgerError):
 
 def worker_identity() -> str:
     """`<host>:<pid>` of this process: stored as `claimed_by`; recovery reads the host back."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return f"{settings.LOOPSWEB_HOST_NAME}:{os.getpid()}"
 
 
 def now_or_default(now: datetime | None) -> datetime:

@@ -222,3 +222,56 @@ def runs_queued_stale(
             id__in=parked, status=RunStatus.RUNNING, claimed_by__isnull=True
         ).update(lease_expires_at=now, updated_at=now)
     return queued + parked
+
+
+NO_HOST_RUN_ERROR = "no host could take the run for {seconds} s: {reason}"
+
+
+def runs_fail_unserved(*, grace: timedelta, now: datetime | None = None) -> list[str]:
+    """Fail `queued` runs no live host has served for `grace` (LOOPSWEB_NO_HOST_GRACE_SECONDS),
+    with the reason they waited (ledger.hosts: "no host serves /srv/p for codex").
+
+    Per run, in its own transaction under the admission lock, re-checked under the run lock
+    (a host that took the run meanwhile keeps it): pending steps skipped, the run failed, its
+    work item failed with the same reason (a loop-level retry as for any failure), so its
+    cap slot and account reservation are freed.
+    """
+    now = now_or_default(now)
+    cutoff = now - grace
+    waiting = list(
+        WorkflowRun.objects.filter(
+            status=RunStatus.QUEUED, host_wait_since__lt=cutoff
+        ).values_list("id", flat=True)[:STALE_BATCH]
+    )
+    failed: list[str] = []
+    for run_id in waiting:
+        with transaction.atomic():
+            admission_lock()
+            run = lock_run(run_id)
+            if (
+                run.status != RunStatus.QUEUED
+                or run.host_wait_since is None
+                or run.host_wait_since >= cutoff
+            ):
+                continue
+            reason = NO_HOST_RUN_ERROR.format(
+                seconds=int(grace.total_seconds()), reason=run.host_wait_reason
+            )
+            finish_open_steps(
+                run,
+                pending_to=StepStatus.SKIPPED,
+                running_to=StepStatus.FAILED,
+                error=reason,
+                now=now,
+            )
+            end_run(
+                run,
+                status=RunStatus.FAILED,
+                error=reason,
+                item_reason=reason,
+                now=now,
+                event_payload={"recovery": "no_host", "reason": run.host_wait_reason},
+            )
+        logger.warning("failed workflow run %s: %s", run_id, reason)
+        failed.append(run_id)
+    return failed

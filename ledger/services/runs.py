@@ -68,6 +68,9 @@ def run_claim(
             claimed_by=worker,
             lease_expires_at=now + lease_duration(),
             updated_at=now,
+            host=worker.rsplit(":", 1)[0],
+            host_wait_reason=None,
+            host_wait_since=None,
         )
         if claimed != 1:
             return None
@@ -145,7 +148,10 @@ def run_resume(
         resumed = WorkflowRun.objects.filter(
             pk=run_id, status=RunStatus.RUNNING, claimed_by__isnull=True
         ).update(
-            claimed_by=worker, lease_expires_at=now + lease_duration(), updated_at=now
+            claimed_by=worker,
+            lease_expires_at=now + lease_duration(),
+            updated_at=now,
+            host=worker.rsplit(":", 1)[0],
         )
     if resumed != 1:
         return None
@@ -182,7 +188,12 @@ def run_worktree_record(
     with transaction.atomic():
         updated = WorkflowRun.objects.filter(
             pk=run_id, status=RunStatus.RUNNING, claimed_by=worker
-        ).update(worktree_path=path, worktree_branch=branch, updated_at=now)
+        ).update(
+            worktree_path=path,
+            worktree_branch=branch,
+            worktree_host=worker.rsplit(":", 1)[0] if path else None,
+            updated_at=now,
+        )
     return updated == 1
 
 

@@ -285,7 +285,8 @@ class PendingRows:
         self.steps.extend(admitted.steps)
         self.events.append(admitted.event)
         self.load.add(admitted.load)
-        enqueue_run_workflow(admitted.run.id)
+        # The run is inserted with the batch: its steps tell the queue where it can run.
+        enqueue_run_workflow(admitted.run.id, steps=spec.steps_json)
         result = created_result(
             plan,
             item=item,

@@ -63,8 +63,7 @@ from ledger.models import (
 )
 from ledger.projects import (
     REQUIRED_NOT_GIT,
-    is_git_work_tree,
-    project_path_resolve,
+    project_path_admit,
     repository_checkout,
 )
 from routing.admission.options import (
@@ -224,10 +223,9 @@ def plan_route(
                 limit=MAX_INDEX_ENTRY_BYTES,
             )
         )
-    project_path = project_path_resolve(raw_path)
+    project_path, git_work_tree = project_path_admit(raw_path)
     if task is not None:
         task["projectPath"] = project_path
-    git_work_tree = is_git_work_tree(project_path)
     # docs/upstream.md §3.2.9 -> §3.2.10: the worktree check comes after the early dedupe,
     # so the plan only records it; admission raises it once the lookup found nothing to
     # dedupe (`transaction.admit`).
@@ -467,8 +465,8 @@ def route_options_check(
                     limit=MAX_INDEX_ENTRY_BYTES,
                 )
             )
-        project = project_path_resolve(options.project_path)
-        if options.worktree_mode == WORKTREE_REQUIRED and not is_git_work_tree(project):
+        project, git_work_tree = project_path_admit(options.project_path)
+        if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree:
             raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
 
 

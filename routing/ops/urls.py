@@ -18,6 +18,7 @@ urlpatterns: list[URLPattern] = [
         name="work-item-moved",
     ),
     path("accounts/", ops_views.accounts, name="accounts"),
+    path("hosts/", ops_views.hosts, name="hosts"),
     path("drains/", ops_views.drains, name="drains"),
     path("drains/<str:drain_id>/", ops_views.drain_detail, name="drain"),
     path(

@@ -35,6 +35,7 @@ from django_q.models import Schedule
 
 from domain import reasons
 from ledger.admin.base import CappedCountPaginator
+from ledger.capacity import hosts_view
 from ledger.models import WorkflowWorkItem
 from routing.drains import configs as drain_configs
 from routing.drains.retention import DID_SOMETHING, EMPTY, HAS_ERROR, HELD
@@ -251,6 +252,22 @@ def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
         ),
         runs=[{"run": run, "steps": steps[run.id]} for run in runs],
         accounts=sorted(accounts.values(), key=lambda a: a["profile"]),
+    )
+
+
+@staff_required
+def hosts(request: HttpRequest) -> HttpResponse:
+    """The machines that run agents (ledger.hosts), and the runs no live host serves."""
+    now = timezone.now()
+    return _render(
+        request,
+        "ops/hosts.html",
+        "Hosts",
+        "hosts",
+        now=now,
+        view=hosts_view(now=now),
+        dead_seconds=settings.LOOPSWEB_HOST_DEAD_SECONDS,
+        grace_seconds=settings.LOOPSWEB_NO_HOST_GRACE_SECONDS,
     )
 
 

@@ -33,6 +33,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("pages", "tests.bench.bench_pages"),
     ("run_latency", "tests.bench.bench_run_latency"),
     ("failover", "tests.bench.bench_failover"),
+    ("hosts", "tests.bench.bench_hosts"),
 ]
 
 

@@ -3,6 +3,9 @@
 Due: a succeeded run's worktree whose removal did not happen, and a failed, timed-out or
 cancelled run's worktree LOOPSWEB_WORKTREE_KEEP_SECONDS after the run finished (or after
 `--keep-seconds`). A removal that fails is reported and retried at the next prune.
+Only this host's worktrees (LOOPSWEB_HOST_NAME). `--orphans` (what the periodic task also
+does) removes the orphans on this disk too: directories under LOOPSWEB_WORKTREE_DIR the
+ledger keeps no worktree for, with their branches.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from domain.bounds import option_type
-from ledger.worktrees import worktrees_prune
+from ledger.worktrees import worktree_orphans_prune, worktrees_prune
 
 
 class Command(BaseCommand):
@@ -32,12 +35,19 @@ class Command(BaseCommand):
             type=option_type("--keep-seconds"),
             help="keep failed runs' worktrees this long (default LOOPSWEB_WORKTREE_KEEP_SECONDS)",
         )
+        parser.add_argument(
+            "--orphans",
+            action="store_true",
+            help="also remove worktree directories on this disk the ledger keeps none for",
+        )
         parser.add_argument("--json", action="store_true", help="print a JSON report")
 
     def handle(self, *args: Any, **options: Any) -> None:
         dry_run: bool = options["dry_run"]
         keep = options["keep_seconds"]
         pruned = worktrees_prune(keep_seconds=keep, dry_run=dry_run)
+        if options["orphans"]:
+            pruned += worktree_orphans_prune(dry_run=dry_run)
         failed = [p for p in pruned if p.error]
         if options["json"]:
             report = {"dryRun": dry_run, "pruned": [p.to_dict() for p in pruned]}

@@ -1,0 +1,281 @@
+"""Hosts: the machines that run agents, and which of them can serve a run.
+
+- Registration: every worker of a run cluster writes its host's row (`Host`) with its
+  heartbeat (ledger.capacity, every 10 s): the stable name (LOOPSWEB_HOST_NAME), the real
+  paths of LOOPSWEB_PROJECT_ROOTS, the providers whose binary it finds (resolved as
+  ledger.providers resolves them: LOOPSWEB_<PROVIDER>_BIN on PATH or absolute) and its
+  worker count. A host seen within LOOPSWEB_HOST_DEAD_SECONDS is live.
+- Serving: a host serves a run when the project of the run's agent steps (their `cwd`) lies
+  inside one of its roots and it has the steps' provider. A run without agent steps is
+  served by every host.
+- Placement (`run_placement`): among the live hosts that serve the run, the one whose queue
+  holds the fewest tasks per worker (the ORM broker keeps a task's row until it ends, so
+  the rows of a host's queue are its running and waiting runs). A run whose worktree is on
+  a host (a parked run) goes back to that host only. With no host registered at all (one
+  machine, its run cluster not started yet) there is nothing to choose: the shared queue.
+
+Record layer (beside ledger.queue, which places every run through here): models, settings
+and django-q2's broker table only.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from ledger.models import Host, WorkflowRun
+
+NO_HOST_SERVES = "no host serves {project} for {provider}"
+NO_HOST_SERVES_PROJECT = "no host serves {project}"
+NO_HOST_LIVE = "no live host (every registered run cluster is gone)"
+WORKTREE_HOST_GONE = "its worktree is on host {host}, which is not live"
+NOT_SERVED_HERE = "host {host} cannot serve {project}: {why}"
+ADMISSION_NO_HOST = (
+    "no registered host serves {path} (their project roots: {roots}); "
+    "add the project under a host's LOOPSWEB_PROJECT_ROOTS"
+)
+
+
+def host_name() -> str:
+    return str(settings.LOOPSWEB_HOST_NAME)
+
+
+def host_queue(name: str) -> str:
+    """The django-q2 queue (ORM broker key) of a host's run cluster."""
+    return f"{settings.LOOPSWEB_RUN_CLUSTER}@{name}"
+
+
+def dead_after() -> timedelta:
+    return timedelta(seconds=int(settings.LOOPSWEB_HOST_DEAD_SECONDS))
+
+
+def local_roots() -> list[str]:
+    """This machine's roots as configured and as real paths (a root that is a symlink on
+    this machine is reached by either name from a machine that does not have it)."""
+    configured = [os.path.normpath(root) for root in settings.LOOPSWEB_PROJECT_ROOTS]
+    return sorted({*configured, *(os.path.realpath(root) for root in configured)})
+
+
+def local_providers() -> list[str]:
+    """Providers whose agent binary this machine finds (as ledger.providers finds it)."""
+    found = []
+    for provider, configured in sorted(settings.LOOPSWEB_PROVIDER_BINARIES.items()):
+        if shutil.which(configured or provider) is not None:
+            found.append(provider)
+    return found
+
+
+def host_report(
+    *, workers: int, now: datetime | None = None, providers: Sequence[str] | None = None
+) -> None:
+    """This host is alive (upsert by name): roots, providers, workers, seen now."""
+    now = now or timezone.now()
+    values = {
+        "queue": host_queue(host_name()),
+        "roots": local_roots(),
+        "providers": list(local_providers() if providers is None else providers),
+        "workers": workers,
+        "seen_at": now,
+        "released_at": None,
+    }
+    updated = Host.objects.filter(name=host_name()).update(updated_at=now, **values)
+    if not updated:
+        Host.objects.get_or_create(name=host_name(), defaults=values)
+
+
+# Every registered host, read at most once per HOSTS_READ_SECONDS per process: admissions
+# and placements (one per run) read this, and hosts change on a scale of heartbeats (10 s)
+# and deaths (LOOPSWEB_HOST_DEAD_SECONDS), so a drain of 50 candidates reads it once.
+HOSTS_READ_SECONDS = 2.0
+_read: tuple[float, list[Host]] | None = None
+
+
+def registered_hosts(*, fresh: bool = False) -> list[Host]:
+    global _read
+    clock = time.monotonic()
+    if fresh or _read is None or clock - _read[0] > HOSTS_READ_SECONDS:
+        _read = (clock, list(Host.objects.order_by("name")))
+    return _read[1]
+
+
+def hosts_read_forget() -> None:
+    """Read the hosts again at the next call (tests; a host that just registered)."""
+    global _read
+    _read = None
+
+
+def live_hosts(now: datetime | None = None, *, fresh: bool = False) -> list[Host]:
+    now = now or timezone.now()
+    return [h for h in registered_hosts(fresh=fresh) if h.seen_at >= now - dead_after()]
+
+
+def served_roots() -> list[str] | None:
+    """The project roots of every registered host (live or not), or None when no host is
+    registered (admission then uses this machine's LOOPSWEB_PROJECT_ROOTS)."""
+    hosts = registered_hosts()
+    if not hosts:
+        return None
+    return sorted({root for h in hosts for root in h.roots or []})
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """What a run needs from a host: its agent steps' project and provider (None: any)."""
+
+    project: str | None
+    provider: str | None
+    worktree_host: str | None = None
+
+    def wants(self) -> str:
+        if self.project is None:
+            return "no live host takes this run"
+        if self.provider is None:
+            return NO_HOST_SERVES_PROJECT.format(project=self.project)
+        return NO_HOST_SERVES.format(project=self.project, provider=self.provider)
+
+
+def target_of_steps(steps: Sequence[Mapping[str, Any]] | None) -> RunTarget:
+    for step in steps or []:
+        target = step.get("target") if isinstance(step, Mapping) else None
+        if isinstance(target, Mapping) and target.get("type") == "agent":
+            cwd = target.get("cwd")
+            provider = target.get("provider")
+            return RunTarget(
+                project=os.path.realpath(cwd) if isinstance(cwd, str) and cwd else None,
+                provider=provider if isinstance(provider, str) and provider else None,
+            )
+    return RunTarget(project=None, provider=None)
+
+
+def run_target(run_id: str) -> RunTarget | None:
+    """The run's target, or None when the run does not exist."""
+    row = (
+        WorkflowRun.objects.filter(pk=run_id)
+        .values("workflow__steps_json", "worktree_host", "worktree_removed_at")
+        .first()
+    )
+    if row is None:
+        return None
+    found = target_of_steps(row["workflow__steps_json"])
+    if row["worktree_host"] and row["worktree_removed_at"] is None:
+        return RunTarget(found.project, found.provider, row["worktree_host"])
+    return found
+
+
+def inside(path: str, roots: Collection[str]) -> bool:
+    return any(Path(path).is_relative_to(root) for root in roots)
+
+
+def host_serves(host: Host, target: RunTarget) -> bool:
+    if target.worktree_host is not None and host.name != target.worktree_host:
+        return False
+    if target.project is not None and not inside(target.project, host.roots or []):
+        return False
+    return target.provider is None or target.provider in (host.providers or [])
+
+
+def serve_here(target: RunTarget) -> str | None:
+    """Why this machine cannot serve the run (None: it can): roots, the project directory,
+    the provider's binary, read from this machine itself, not from its Host row."""
+    project = target.project
+    if target.worktree_host is not None and target.worktree_host != host_name():
+        return NOT_SERVED_HERE.format(
+            host=host_name(),
+            project=project,
+            why=f"its worktree is on {target.worktree_host}",
+        )
+    if project is None:
+        return None
+    if not inside(project, local_roots()):
+        why = "outside LOOPSWEB_PROJECT_ROOTS"
+    elif not os.path.isdir(project):
+        why = "the project directory does not exist here"
+    elif target.provider is not None and target.provider not in local_providers():
+        why = f"no {target.provider} binary"
+    else:
+        return None
+    return NOT_SERVED_HERE.format(host=host_name(), project=project, why=why)
+
+
+@dataclass(frozen=True)
+class Placement:
+    queue: str  # the broker key to put the task under
+    host: str | None  # None: the shared queue (no host registered)
+    wait_reason: str | None = None  # set: no live host serves it, no queue
+
+
+def run_placement(
+    run_id: str,
+    *,
+    exclude: Collection[str] = (),
+    now: datetime | None = None,
+    steps: Sequence[Mapping[str, Any]] | None = None,
+) -> Placement:
+    """Where the run's task goes (module docstring: placement). `steps`: the run's workflow
+    steps when the caller has them (a new run: no worktree yet), else read from the run."""
+    shared = Placement(queue=settings.LOOPSWEB_RUN_CLUSTER, host=None)
+    hosts = live_hosts(now)
+    if not registered_hosts():
+        return shared
+    target = target_of_steps(steps) if steps is not None else run_target(run_id)
+    if target is None:
+        return shared  # no such run: the runner's claim makes the delivery a no-op
+    serving = [h for h in hosts if h.name not in exclude and host_serves(h, target)]
+    if not serving:
+        if target.worktree_host is not None:
+            return Placement(
+                "", None, WORKTREE_HOST_GONE.format(host=target.worktree_host)
+            )
+        if not hosts:
+            return Placement("", None, NO_HOST_LIVE)
+        return Placement("", None, target.wants())
+    if len(serving) == 1:
+        chosen = serving[0]
+    else:
+        rows = dict(
+            OrmQ.objects.filter(key__in=[h.queue for h in serving])
+            .values("key")
+            .annotate(n=Count("id"))
+            .values_list("key", "n")
+        )
+        random.shuffle(serving)  # ties spread
+        chosen = min(serving, key=lambda h: rows.get(h.queue, 0) / max(1, h.workers))
+    return Placement(queue=chosen.queue, host=chosen.name)
+
+
+def run_wait_record(
+    run_id: str, reason: str | None, now: datetime | None = None
+) -> None:
+    """Record (or clear, with None) why no host takes a queued run, and since when."""
+    now = now or timezone.now()
+    if reason is None:
+        WorkflowRun.objects.filter(pk=run_id, host_wait_since__isnull=False).update(
+            host_wait_reason=None, host_wait_since=None
+        )
+        return
+    WorkflowRun.objects.filter(pk=run_id, host_wait_since__isnull=True).update(
+        host_wait_since=now
+    )
+    if not WorkflowRun.objects.filter(pk=run_id).update(host_wait_reason=reason):
+        # A batched admission inserts its runs after handing them over: record it then.
+        if transaction.get_connection().in_atomic_block:
+            transaction.on_commit(lambda: run_wait_record(run_id, reason, now))
+
+
+def admission_roots() -> list[str] | None:
+    """Roots admission accepts a project under: every registered host's, else None (this
+    machine's LOOPSWEB_PROJECT_ROOTS, as with a single machine)."""
+    return served_roots()

@@ -1,0 +1,287 @@
+"""Hosts (ledger.hosts, ledger.queue): placement by roots and provider, the shared queue with
+no host registered, a dead host's queue emptied into the live ones, the no-host grace, the
+admission check against every registered host's roots, and the settings' bounds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from domain.errors import ValidationError
+from ledger.hosts import (
+    host_queue,
+    host_report,
+    hosts_read_forget,
+    run_placement,
+)
+from ledger.models import Host, RunStatus, WorkflowRun
+from ledger.queue import enqueue_run, hosts_release_dead, run_id_of, runs_with_a_task
+from ledger.services import runs_fail_unserved
+from routing.admission import CREATED, route_event, route_options
+from tests.account_loads import assert_account_counts_match_rows
+from tests.processes import ROOT, generic_event
+
+pytestmark = pytest.mark.django_db
+
+
+def _host(name: str, roots: list[str], providers: list[str], *, age: float = 0) -> Host:
+    host = Host.objects.create(
+        name=name,
+        queue=host_queue(name),
+        roots=roots,
+        providers=providers,
+        workers=2,
+        seen_at=timezone.now() - timedelta(seconds=age),
+    )
+    hosts_read_forget()
+    return host
+
+
+def _route(path: str, n: int, **options: object) -> str:
+    result = route_event(
+        kind="generic",
+        envelope=generic_event(Path(path), n),
+        options=route_options({"max_active": 100, **options}),
+        env={},
+    )
+    assert result.kind == CREATED, result
+    return str(result.run.id)
+
+
+def _queues() -> dict[str, str]:
+    """run id -> the queue its task is in."""
+    return {
+        str(run_id_of(row.payload)): row.key
+        for row in OrmQ.objects.all()
+        if run_id_of(row.payload)
+    }
+
+
+def test_with_no_host_registered_runs_go_to_the_shared_queue() -> None:
+    run = _route("/srv/p", 1)
+    assert _queues()[run] == settings.LOOPSWEB_RUN_CLUSTER
+
+
+def test_a_run_goes_to_a_live_host_that_has_its_project_and_provider() -> None:
+    _host("a", ["/srv/a"], ["codewith"])
+    _host("b", ["/srv"], ["codewith", "codex"])
+    _host("gone", ["/srv"], ["codewith", "codex"], age=3600)
+    only_b = _route("/srv/b/p", 1)
+    codex = _route("/srv/a/p", 2, provider="codex")
+    assert _queues()[only_b] == host_queue("b")
+    assert _queues()[codex] == host_queue("b")
+    spread_runs = [_route("/srv/a/q", 10 + n) for n in range(8)]
+    spread = {_queues()[run_id] for run_id in spread_runs}
+    assert spread == {host_queue("a"), host_queue("b")}  # fewest tasks per worker
+
+
+def test_a_run_no_live_host_serves_waits_with_its_reason_then_fails_after_the_grace() -> (
+    None
+):
+    _host("a", ["/srv"], ["codewith"])
+    run_id = _route("/srv/p", 1, provider="codex", auth_profile="acct-1")
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.QUEUED
+    assert run.host_wait_reason == "no host serves /srv/p for codex"
+    assert run_id not in runs_with_a_task()  # the recovery schedule places it again
+    assert runs_fail_unserved(grace=timedelta(seconds=900)) == []
+    later = timezone.now() + timedelta(seconds=901)
+    assert runs_fail_unserved(grace=timedelta(seconds=900), now=later) == [run_id]
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert run.error == (
+        "no host could take the run for 900 s: no host serves /srv/p for codex"
+    )
+    assert_account_counts_match_rows()
+
+
+def test_a_waiting_run_is_placed_once_a_host_serves_it() -> None:
+    _host("a", ["/srv"], ["codewith"])
+    run_id = _route("/srv/p", 1, provider="codex")
+    assert run_id not in _queues()
+    _host("b", ["/srv"], ["codex"])
+    enqueue_run(run_id)  # what the recovery schedule does with a run that has no task
+    assert _queues()[run_id] == host_queue("b")
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.host_wait_reason is None and run.host_wait_since is None
+
+
+def test_admission_refuses_only_what_no_registered_host_serves() -> None:
+    _host("a", ["/srv/a"], ["codewith"])
+    _host("dead", ["/srv/d"], ["codewith"], age=3600)  # registered: still admitted
+    assert _route("/srv/a/p", 1)
+    assert _route("/srv/d/p", 2)
+    with pytest.raises(ValidationError, match=r"no registered host serves /srv/x/p"):
+        _route("/srv/x/p", 3)
+
+
+def test_a_dead_hosts_queue_goes_to_the_live_hosts_at_once_fetched_rows_too() -> None:
+    _host("a", ["/srv"], ["codewith"])
+    runs = [_route("/srv/p", n) for n in range(2)]
+    _host("b", ["/srv"], ["codewith"], age=0)
+    for row in OrmQ.objects.all():  # both on a: one fetched (locked until Q_RETRY)
+        row.key = host_queue("a")
+        row.save()
+    fetched = OrmQ.objects.filter(key=host_queue("a")).first()
+    assert fetched is not None
+    fetched.lock = timezone.now() + timedelta(seconds=5700)
+    fetched.save()
+    assert hosts_release_dead() == []  # a is live
+    Host.objects.filter(name="a").update(seen_at=timezone.now() - timedelta(seconds=61))
+    hosts_read_forget()
+    assert sorted(hosts_release_dead()) == sorted(runs)
+    assert {_queues()[r] for r in runs} == {host_queue("b")}
+    assert Host.objects.get(name="a").released_at is not None
+    assert hosts_release_dead() == []  # once
+
+
+def test_a_parked_run_goes_back_only_to_the_host_of_its_worktree() -> None:
+    _host("a", ["/srv"], ["codewith"])
+    _host("b", ["/srv"], ["codewith"])
+    run_id = _route("/srv/p", 1)
+    WorkflowRun.objects.filter(pk=run_id).update(
+        worktree_host="a", worktree_path="/x/" + run_id
+    )
+    assert {run_placement(run_id).host for _ in range(10)} == {"a"}
+    assert run_placement(run_id, exclude={"a"}).wait_reason == (
+        "its worktree is on host a, which is not live"
+    )
+
+
+def test_host_report_registers_roots_and_found_providers(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.LOOPSWEB_PROJECT_ROOTS = ("/srv",)
+    host_report(workers=3, providers=["codewith"])
+    host = Host.objects.get(name=settings.LOOPSWEB_HOST_NAME)
+    assert host.roots == [os.path.realpath("/srv")] and host.workers == 3
+    assert host.providers == ["codewith"] and host.queue.startswith("loopsweb-runs@")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("LOOPSWEB_HOST_DEAD_SECONDS", "5", "must be"),
+        ("LOOPSWEB_HOST_DEAD_SECONDS", "99999999", "at most 86400"),
+        ("LOOPSWEB_NO_HOST_GRACE_SECONDS", "0", "must be"),
+        ("LOOPSWEB_HOST_NAME", "a b", "LOOPSWEB_HOST_NAME must be"),
+    ],
+)
+def test_host_settings_are_bounded(name: str, value: str, message: str) -> None:
+    env = {**os.environ, name: value, "DEBUG": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "loopsweb.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and message in done.stderr and name in done.stderr
+
+
+def test_the_hosts_page_shows_each_host_and_the_runs_no_host_serves(
+    admin_client, django_user_model
+) -> None:  # type: ignore[no-untyped-def]
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.urls import reverse
+
+    from ledger.capacity import run_worker_report
+
+    _host("build-1", ["/srv/a"], ["codewith", "claude"])
+    _host("build-2", ["/srv/b"], [], age=600)
+    run_worker_report(cluster="loopsweb-runs", host="build-1", pid=11, cluster_pid=10)
+    waiting = _route("/srv/a/p", 1, provider="codex")
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(reverse("ops:hosts"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<code>build-1</code>" in html and "<code>/srv/a</code>" in html
+    assert "<code>claude</code>" in html and "0 / 1" in html
+    assert 'build-2</code> <span class="badge full">dead</span>' in html
+    assert "none found" in html
+    assert waiting in html and "no host serves /srv/a/p for codex" in html
+    assert len(queries) <= 20
+    anonymous = admin_client.__class__()
+    assert anonymous.get(reverse("ops:hosts")).status_code == 302
+    overview = admin_client.get(reverse("ops:overview")).content.decode()
+    assert reverse("ops:hosts") in overview
+
+
+def test_a_restarted_host_queues_again_what_its_killed_cluster_had_fetched(
+    settings,
+) -> None:  # type: ignore[no-untyped-def]
+    from ledger.queue import host_queue_release_fetched
+
+    me = settings.LOOPSWEB_HOST_NAME
+    _host(me, ["/srv"], ["codewith"])
+    fetched, delayed = _route("/srv/p", 1), _route("/srv/p", 2)
+    rows = {run_id_of(r.payload): r for r in OrmQ.objects.filter(key=host_queue(me))}
+    rows[fetched].lock = timezone.now() + timedelta(
+        seconds=5700
+    )  # fetched, never acked
+    rows[fetched].save()
+    rows[delayed].lock = timezone.now() + timedelta(seconds=5)  # a hand-back's delay
+    rows[delayed].save()
+    assert host_queue_release_fetched() == [fetched]
+    queued = {
+        run_id_of(r.payload): r.lock for r in OrmQ.objects.filter(key=host_queue(me))
+    }
+    assert set(queued) == {fetched, delayed}
+    assert queued[fetched] <= timezone.now()  # deliverable now, not in 95 minutes
+    assert host_queue_release_fetched() == []
+
+
+def test_a_drain_admits_what_any_registered_host_serves_and_fails_the_rest_once() -> (
+    None
+):
+    from routing.drains import drain_options, drain_run
+    from routing.drains.inbox import inbox_ingest
+    from routing.models import InboxEvent
+    from tests.routing.helpers import todos_event
+
+    _host("a", ["/srv/a"], ["codewith"])  # not this machine's roots: another machine's
+    inbox_ingest(
+        enumerate(
+            [todos_event(project="/srv/a/p"), todos_event(project="/srv/x/p")], start=1
+        )
+    )
+    report = drain_run(
+        options=drain_options("todos-task", {"max_dispatch": 10}), env={}
+    )
+    assert report.counts["created"] == 1, report.counts
+    states = dict(InboxEvent.objects.values_list("state", "last_reason"))
+    assert set(states) == {"admitted", "failed"}, states
+    assert "no registered host serves /srv/x/p" in (states["failed"] or "")
+    again = drain_run(options=drain_options("todos-task", {"max_dispatch": 10}), env={})
+    assert again.counts["considered"] == 0  # failed once, never tried again
+
+
+def test_the_hosts_command_lists_and_forgets_only_a_dead_host() -> None:
+    import io
+    import json as json_module
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    _host("live-1", ["/srv/a"], ["codewith"])
+    _host("old-1", ["/srv/o"], ["codewith"], age=3600)
+    out = io.StringIO()
+    call_command("hosts", "--json", stdout=out)
+    listed = {h["name"]: h["live"] for h in json_module.loads(out.getvalue())["hosts"]}
+    assert listed == {"live-1": True, "old-1": False}
+    with pytest.raises(CommandError, match="is live"):
+        call_command("hosts", "--forget", "live-1", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="no host named"):
+        call_command("hosts", "--forget", "nope", stdout=io.StringIO())
+    call_command("hosts", "--forget", "old-1", stdout=io.StringIO())
+    assert list(Host.objects.values_list("name", flat=True)) == ["live-1"]
+    with pytest.raises(ValidationError, match="no registered host serves"):
+        _route("/srv/o/p", 1)  # its roots no longer admit
