@@ -324,7 +324,7 @@ def test_the_run_pages_show_the_worktree_path_and_branch(
     ).content.decode()
     assert f"{path} on branch {branch} (kept until" in admin_page
     ops_page = admin_client.get(
-        f"/ops/deferrals/{result.work_item.id}/"
+        f"/ops/items/{result.work_item.id}/"
     ).content.decode()
     assert f"{path} on branch {branch} (kept until" in ops_page
 

@@ -343,6 +343,7 @@ def test_an_explicit_zero_still_shows_no_cap(admin_client: Client) -> None:
     assert {a["maxPerProfile"] for a in accounts} == {None}
 
 
+@pytest.mark.slow
 def test_batched_and_one_at_a_time_drains_agree_on_refusals(
     plain: Path, tmp_path: Path, settings: Any
 ) -> None:
