@@ -1,4 +1,4 @@
-"""todos-task route eligibility (reference §3.2.1-2).
+"""todos-task route eligibility (docs/upstream.md §3.2.1-2).
 
 Contract: a task is routed only when all of these hold, checked in this order; the
 first failure is the skip reason:
@@ -12,7 +12,7 @@ first failure is the skip reason:
 4. no truthy manual-gate field
    (``task metadata requires manual or approval-gated handling: <field>``).
 
-Fields and tags are read from the union of records listed in §3.2.2 plus every
+Fields and tags are read from the union of records listed in docs/upstream.md §3.2.2 plus every
 record's ``automation`` sub-object. Truthy means ``true``, ``1``, or the text
 ``"true"`` / ``"1"`` (trimmed, case-insensitive). An ineligible task is skipped with no
 writes.
@@ -113,7 +113,7 @@ def todos_task_id(data: Mapping[str, Any]) -> str:
 def eligibility_records(
     data: Mapping[str, Any], metadata: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
-    """The §3.2.2 union of records, in that order, keeping only objects."""
+    """The docs/upstream.md §3.2.2 union of records, in that order, keeping only objects."""
 
     def sub(record: object, key: str) -> dict[str, Any] | None:
         parent = object_field(record)

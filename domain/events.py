@@ -1,4 +1,4 @@
-"""Event envelopes and field lookups (reference §3.1, §3.2.3-4, generic paragraph).
+"""Event envelopes and field lookups (docs/upstream.md §3.1, §3.2.3-4, generic paragraph).
 
 Contract:
 1. An envelope is a JSON object with non-blank string ``id``, ``type`` and ``source``;

@@ -1,4 +1,4 @@
-"""Route keys, idempotency keys and generated names (reference §3.2.7-8, generic kind).
+"""Route keys, idempotency keys and generated names (docs/upstream.md §3.2.7-8, generic kind).
 
 Contract:
 1. Route kinds ``todos-task`` and ``generic`` map to route keys ``todos-task`` and

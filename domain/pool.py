@@ -1,4 +1,4 @@
-"""Auth-profile pool assignment (OpenLoops 0.4.12 reference §4).
+"""Auth-profile pool assignment (OpenLoops 0.4.12 docs/upstream.md §4).
 
 Contract:
 1. ``stable_index`` is 32-bit FNV-1a over the seed's UTF-16 code units, modulo ``size``;
@@ -126,7 +126,7 @@ def select_least_loaded(
     anchor: int,
     exclude: Collection[str],
 ) -> str:
-    """Least-loaded member walking ``pool`` from ``anchor`` (reference §4.3).
+    """Least-loaded member walking ``pool`` from ``anchor`` (docs/upstream.md §4.3).
 
     A later member replaces the current best only when strictly better under
     (not excluded before excluded, then lower load); missing loads count as 0.
@@ -172,7 +172,7 @@ def assign_pool_auth_profiles(
     disabled: Collection[str] = (),
     account_caps: Mapping[str, int] | None = None,
 ) -> PoolAssignment:
-    """Choose one profile per role from ``pool`` (reference §4.4 plus cooldown).
+    """Choose one profile per role from ``pool`` (docs/upstream.md §4.4 plus cooldown).
 
     1. Drop blank entries; an empty pool assigns nothing and does not defer.
     2. Remove cooling members; if that empties the pool, defer with ``cooldown``.

@@ -1,4 +1,4 @@
-"""Re-admission of finished todos-task items (reference §2.5, 0.4.12 behaviour).
+"""Re-admission of finished todos-task items (docs/upstream.md §2.5, 0.4.12 behaviour).
 
 Contract, for an existing item found by (route key, idempotency key):
 1. ``queued`` / ``deferred`` items are never a dedupe: the caller re-evaluates them.

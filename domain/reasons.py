@@ -1,7 +1,7 @@
 """Stable reason codes for deferrals.
 
 Contract: every deferral stores one of these codes next to the upstream-style human
-reason (DESIGN.md rule 5). Codes are persisted and used as filter values on the ops
+reason (docs/design.md rule 5). Codes are persisted and used as filter values on the ops
 pages, so they never change once released; add new codes instead.
 """
 

@@ -1,4 +1,4 @@
-"""Loop-level retries (reference §2.1, §2.2): option parsing and the backoff (pure).
+"""Loop-level retries (docs/upstream.md §2.1, §2.2): option parsing and the backoff (pure).
 
 A failed or timed-out run whose loop has attempts left runs again after
 `retry_backoff_seconds(base, failures, cap)`: base × 2^(failures − 1), capped. The first

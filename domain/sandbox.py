@@ -1,4 +1,4 @@
-"""Agent isolation: the sandbox preflight (reference §3.3) and the worktree/sandbox options.
+"""Agent isolation: the sandbox preflight (docs/upstream.md §3.3) and the worktree/sandbox options.
 
 Contract:
 1. ``--sandbox`` is ``read-only``, ``workspace-write`` (default) or ``danger-full-access``;

@@ -1,4 +1,4 @@
-"""Route scope resolution for ``--max-active`` (reference §3.2.6).
+"""Route scope resolution for ``--max-active`` (docs/upstream.md §3.2.6).
 
 Contract: the scope is the first non-blank of
 1. the explicit ``--max-active-scope`` value (trimmed);

@@ -1,4 +1,4 @@
-"""Generated route workflow templates and per-role auth profiles (§2.3, §3.2.12, §4.5).
+"""Generated route workflow templates and per-role auth profiles (docs/upstream.md §2.3, §3.2.12, §4.5).
 
 Contract:
 1. Templates: ``todos-task-worker-verifier`` (worker, verifier) and ``task-lifecycle``
@@ -6,7 +6,7 @@ Contract:
    (worker, verifier) for generic routes. Each step depends on the one before it.
 2. ``render_workflow`` returns a JSON-serialisable spec body. Prompts are plain text
    built from the event's title and description; they are handed to agents as argv
-   items or files, never through a shell (DESIGN.md rule 7), so nothing is escaped.
+   items or files, never through a shell (docs/design.md rule 7), so nothing is escaped.
 3. Render-time profile per role: an explicit role pin, else the pool's hash pick
    (a single-member pool always gives that member), else ``--auth-profile``.
 4. Pool routing (least-loaded assignment at admission) is active for provider
@@ -285,7 +285,7 @@ def apply_pool_profiles(
 
 
 def step_account(step: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(account_profile, account_tool) recorded on a step run (reference §2.3).
+    """(account_profile, account_tool) recorded on a step run (docs/upstream.md §2.3).
 
     1. ``account`` = the step's account ref, else the target's (``{profile, tool?}``).
     2. profile = account.profile, else the agent target's ``authProfile``, else None.

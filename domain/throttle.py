@@ -1,4 +1,4 @@
-"""Active-workflow throttle decision (reference §3.7, wording from issue 3).
+"""Active-workflow throttle decision (docs/upstream.md §3.7, wording from issue 3).
 
 Contract:
 1. Counts are taken by the caller from ledger rows inside the deciding transaction:
@@ -170,7 +170,7 @@ def pool_deferral_decision(
     reason: str,
     reason_code: str,
 ) -> AdmissionDecision:
-    """The synthetic denied decision reported when only the pool deferred (§3.6 step 4).
+    """The synthetic denied decision reported when only the pool deferred (docs/upstream.md §3.6 step 4).
 
     Upstream reports zero counts when no throttle limit was set (no counts were taken).
     """

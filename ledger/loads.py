@@ -1,6 +1,6 @@
 """Account load kept per account (`workflow_account_loads`), and its recount from the rows.
 
-DESIGN rule 1: the counts are changed in the same transactions that change the rows they
+docs/design.md rule 1: the counts are changed in the same transactions that change the rows they
 count, and a recount from the rows must always agree (tests/account_loads.py asserts it after
 every operation of random sequences; `manage.py recount_account_loads` reports and repairs
 drift, e.g. after a previous release wrote runs without keeping the counts).

@@ -1,4 +1,4 @@
-"""Provider adapters: argv and environment for agent steps (DESIGN rule 7: never a shell).
+"""Provider adapters: argv and environment for agent steps (docs/design.md rule 7: never a shell).
 
 Every adapter turns an agent step into an argv list run with `shell=False`. The prompt, and
 so every value that came from an event, is ONE argv item after `--` (so a prompt that starts

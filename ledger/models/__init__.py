@@ -1,7 +1,7 @@
 """The route-admission ledger, with upstream (OpenLoops 0.4.12) table, column and index names.
 
 Operators meet these names in SQL, in reports and in upstream documentation, so `db_table`,
-`db_column` and index names follow upstream exactly (reference §1). Timestamps are proper
+`db_column` and index names follow upstream exactly (docs/upstream.md §1). Timestamps are proper
 timestamp columns (upstream's sqlite stores ISO text; the meaning is the same).
 
 Index names longer than Django's 30-character portability limit (an Oracle limit) are kept as

@@ -1,4 +1,4 @@
-"""Statuses and choices, with upstream's values (reference §1), and the status sets the
+"""Statuses and choices, with upstream's values (docs/upstream.md §1), and the status sets the
 layers above share."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ class WorkItemStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-# Active work occupies a cap slot (reference §1.2).
+# Active work occupies a cap slot (docs/upstream.md §1.2).
 ACTIVE_WORK_ITEM_STATUSES = (WorkItemStatus.ADMITTED, WorkItemStatus.RUNNING)
-# Statuses an upsert never changes and an early dedupe stops on (reference §2.4, §3.2.9).
+# Statuses an upsert never changes and an early dedupe stops on (docs/upstream.md §2.4, §3.2.9).
 KEEP_WORK_ITEM_STATUSES = (
     WorkItemStatus.SUCCEEDED,
     WorkItemStatus.ADMITTED,

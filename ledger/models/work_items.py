@@ -112,14 +112,14 @@ class WorkflowWorkItem(TimestampedModel):
     def unbind(self) -> None:
         """Forget the spec, loop and run that last took the item, and its lease (in memory;
         the caller sets the status and saves): what an item that waits to be admitted
-        again carries (reference §2.1)."""
+        again carries (docs/upstream.md §2.1)."""
         self.workflow = None
         self.loop = None
         self.workflow_run = None
         self.lease_expires_at = None
 
     def requeue(self, reason: str) -> None:
-        """Back to `queued` to be admitted again (reference §2.1 requeue, 0.4.12): unbound,
+        """Back to `queued` to be admitted again (docs/upstream.md §2.1 requeue, 0.4.12): unbound,
         no next attempt, `last_reason` = `reason`, no reason code; attempts kept (the next
         admission makes them N+1). Saves the row."""
         self.status = WorkItemStatus.QUEUED

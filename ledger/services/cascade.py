@@ -1,7 +1,7 @@
 """The end of a run and its cascade: the run's open steps closed (and the account load
 they held released), the run terminal with its event, a loop-level retry scheduled when the
 loop allows one (ledger.services.retries), else its work item ended; a one-shot loop
-stopped; a generated one-shot spec archived (reference §2.1, §2.3). The caller holds the
+stopped; a generated one-shot spec archived (docs/upstream.md §2.1, §2.3). The caller holds the
 admission lock and the run row.
 """
 
@@ -90,7 +90,7 @@ def finish_open_steps(
 def _cascade_work_item(
     run: WorkflowRun, *, status: str, reason: str | None, now: datetime
 ) -> int:
-    """Bulk cascade to the run's work item (reference §2.1): only while it is active.
+    """Bulk cascade to the run's work item (docs/upstream.md §2.1): only while it is active.
 
     `last_reason = COALESCE(new reason, old reason)`; the lease is cleared; bindings stay (the
     item keeps pointing at the run that decided it).
@@ -134,7 +134,7 @@ def _close_one_shot_loop(run: WorkflowRun, now: datetime) -> None:
 
 
 def maybe_archive_spec(run: WorkflowRun, now: datetime) -> bool:
-    """Archive a generated one-shot route spec once its run is terminal (reference §2.3).
+    """Archive a generated one-shot route spec once its run is terminal (docs/upstream.md §2.3).
 
     All must hold: the item's route key is todos-task/generic-event; its invocation's template
     is a generated template of that route; the loop is the `once` workflow loop whose input

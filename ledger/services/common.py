@@ -1,5 +1,5 @@
 """What every lifecycle service shares: messages (upstream wording where upstream has
-one, reference §2), status sets, errors, row locks in the documented order, event append.
+one, docs/upstream.md §2), status sets, errors, row locks in the documented order, event append.
 """
 
 from __future__ import annotations
@@ -75,13 +75,13 @@ LEASE_EXPIRED_ITEM_REASON = "parent loop run lease expired before completion"
 ARCHIVE_REASON = "terminal generated one-shot route workflow"
 CANCEL_REASON_DEFAULT = "cancelled by operator"
 RUN_RETRY_REASON = "retry of workflow run {run_id}"
-# Loop-level retry pending (reference §2.1, upstream wording).
+# Loop-level retry pending (docs/upstream.md §2.1, upstream wording).
 RETRY_PENDING_REASON = "attempt failed; retry pending"
 RETRY_PENDING_REASON_WITH_ERROR = "attempt failed; retry pending: {error}"
 WAIT_COOLING = "account {profile} is cooling down until {until}"
 WAIT_AT_CAPACITY = "account {profile} is at capacity ({running}/{limit} running steps)"
 
-# Statuses (reference §2.1).
+# Statuses (docs/upstream.md §2.1).
 REQUEUEABLE_STATUSES = (
     WorkItemStatus.SUCCEEDED,
     WorkItemStatus.FAILED,
@@ -94,7 +94,7 @@ RUNNABLE_STATUSES = (
     WorkItemStatus.DEFERRED,
     WorkItemStatus.RUNNING,
 )
-# Admission (admitWorkflowWorkItem) claims only these (reference §2.1).
+# Admission (admitWorkflowWorkItem) claims only these (docs/upstream.md §2.1).
 CLAIMABLE_STATUSES = (WorkItemStatus.QUEUED, WorkItemStatus.DEFERRED)
 CANCELLABLE_STATUSES = (
     WorkItemStatus.QUEUED,

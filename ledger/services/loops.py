@@ -1,5 +1,5 @@
 """Loop status actions (pause, resume, archive, stop, delete) and their cascades to the
-loop's work items and runs (reference §2.1).
+loop's work items and runs (docs/upstream.md §2.1).
 
 | action  | loop becomes                         | its items (admitted/running)    | reason          |
 |---------|--------------------------------------|---------------------------------|-----------------|
@@ -65,7 +65,7 @@ PAUSE, RESUME, ARCHIVE, STOP, EXPIRE, DELETE = (
 )
 LOOP_ACTIONS = (PAUSE, RESUME, ARCHIVE, STOP, EXPIRE, DELETE)
 
-# Upstream reasons (reference §2.1).
+# Upstream reasons (docs/upstream.md §2.1).
 LOOP_PAUSED = "loop paused"
 LOOP_ARCHIVED = "loop archived"
 LOOP_STOPPED = "loop stopped"

@@ -1,4 +1,4 @@
-"""Loop-level retries (reference §2.1, §2.2): the next attempt of a failed or timed-out
+"""Loop-level retries (docs/upstream.md §2.1, §2.2): the next attempt of a failed or timed-out
 run, as a new queued run of the same spec, loop and item, due after the backoff.
 """
 
@@ -95,7 +95,7 @@ def loop_retry_schedule(
     now: datetime,
     steps: list[WorkflowStepRun] | None = None,
 ) -> WorkflowRun | None:
-    """A loop-level retry (reference §2.1, §2.2): the next attempt of a failed run, or None.
+    """A loop-level retry (docs/upstream.md §2.1, §2.2): the next attempt of a failed run, or None.
 
     Only for a failed or timed-out run of an active loop whose item is still active and bound
     to this run, while the admission's failed attempts are fewer than `loop.max_attempts`:

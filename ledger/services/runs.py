@@ -46,7 +46,7 @@ def run_claim(
     1. Conditional UPDATE queued → running: exactly one row, or nothing happens. A retry
        whose `scheduled_for` (backoff) is still ahead is not claimed either.
     2. The run gets started_at, claimed_by and a lease (LOOPSWEB_RUN_LEASE_SECONDS).
-    3. Its work item goes `running` (reference §2.1: from admitted/queued/deferred/running)
+    3. Its work item goes `running` (docs/upstream.md §2.1: from admitted/queued/deferred/running)
        with workflow_run bound and lease_expires_at = now + the loop's lease_ms (upstream).
        An item no longer runnable (an operator ended it) cancels the run instead, with
        upstream's `workflow work item is not runnable` message, and None is returned.
@@ -220,7 +220,7 @@ def run_finalize(
     error: str | None = None,
     now: datetime | None = None,
 ) -> WorkflowRun:
-    """End a run with a terminal status and cascade (reference §2.1, §2.3).
+    """End a run with a terminal status and cascade (docs/upstream.md §2.1, §2.3).
 
     1. Only a non-terminal run (else `RUN_ALREADY_TERMINAL`). Steps still open are closed:
        pending → skipped (cancelled for a cancelled run), running → the run's status.
@@ -231,7 +231,7 @@ def run_finalize(
        `last_reason = COALESCE(error, last_reason)`; lease cleared.
     4. A one-shot loop with no other open run → `stopped`, next_run_at cleared.
     5. A generated one-shot route spec is archived (`workflow_archived`, reason
-       `terminal generated one-shot route workflow`) when the §2.3 conditions hold.
+       `terminal generated one-shot route workflow`) when the docs/upstream.md §2.3 conditions hold.
     """
     if status not in TERMINAL_RUN_STATUSES:
         raise LedgerError(RUN_STATUS_NOT_TERMINAL.format(status=status))
@@ -268,7 +268,7 @@ def run_cancel(
     actor: str | None = None,
     now: datetime | None = None,
 ) -> WorkflowRun:
-    """Cancel a queued or running run (reference §2.3 run cancel).
+    """Cancel a queued or running run (docs/upstream.md §2.3 run cancel).
 
     Pending/running steps → cancelled, run → cancelled (error = reason), its active work item
     → cancelled with the reason, loop and spec as in `run_finalize`. The runner notices at its

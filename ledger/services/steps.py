@@ -93,7 +93,7 @@ def step_start(
 ) -> StepStart:
     """Move a step run to `running`, unless its account is full or cooling.
 
-    1. Takes the admission lock first (DESIGN rule 2): the account check and the start are
+    1. Takes the admission lock first (docs/design.md rule 2): the account check and the start are
        one decision, serialised with admissions and every other step start.
     2. The run must be `running` and claimed by `worker`; the step must be pending (or
        failed/timed_out, upstream's retry states). Otherwise `STEP_NOT_CLAIMABLE`.
@@ -322,7 +322,7 @@ def step_finish(
     usage: Usage | None = None,
     now: datetime | None = None,
 ) -> WorkflowStepRun:
-    """Finish a running step: succeeded, failed or timed_out (reference §2.3).
+    """Finish a running step: succeeded, failed or timed_out (docs/upstream.md §2.3).
 
     Only from `running` (else `STEP_NOT_RUNNING`, e.g. after recovery or cancel took the
     run). Records the exit code, pid, duration, output tails and error; event

@@ -107,7 +107,7 @@ def work_item_requeue(
     action: str = "requeue",
     now: datetime | None = None,
 ) -> WorkflowWorkItem:
-    """Operator requeue (upstream `routes requeue`, 0.4.12 semantics, reference §2.1).
+    """Operator requeue (upstream `routes requeue`, 0.4.12 semantics, docs/upstream.md §2.1).
 
     1. `reason` is mandatory (`routes requeue requires --reason <text>`).
     2. Only from succeeded/failed/dead_letter/cancelled (else
@@ -340,7 +340,7 @@ def work_item_admit(
     max_attempts: int = 1,
     retry_delay_ms: int = 60_000,
 ) -> tuple[Loop, WorkflowRun]:
-    """Admit a queued/deferred item onto `spec` (reference §2.1, §3.6 steps 10-11).
+    """Admit a queued/deferred item onto `spec` (docs/upstream.md §2.1, §3.6 steps 10-11).
 
     Call inside the admission transaction, after `admission_lock()`:
     0. only a `queued` or `deferred` item (else upstream's
@@ -349,7 +349,7 @@ def work_item_admit(
        route's `max_attempts` (default 1: no retry) and retry delay (`retry_delay_ms`);
     2. the item becomes `admitted`: attempts + 1, bound to spec and loop, reason appended;
     3. a `queued` run with one `pending` step run per step, each carrying the account it will
-       use (account_profile / account_tool, §2.3), and its `created` event; the item is bound
+       use (account_profile / account_tool, docs/upstream.md §2.3), and its `created` event; the item is bound
        to the run so the runner finds it;
     4. the run's reservation is added to the account loads (ledger.loads).
     """

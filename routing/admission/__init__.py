@@ -1,4 +1,4 @@
-"""Admission: one event in, one decision out (reference §3), under the admission lock; one
+"""Admission: one event in, one decision out (docs/upstream.md §3), under the admission lock; one
 path for one candidate or many.
 
 - `options`: route options and their validation;

@@ -122,7 +122,7 @@ class RoutePlan:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_delay_ms: int = DEFAULT_RETRY_BACKOFF_SECONDS * 1000
     # Why this route is refused unless admission dedupes it first (docs/upstream.md
-    # §3.2.10: `--worktree-mode required` on a path that is not a git work tree).
+    # docs/upstream.md §3.2.10: `--worktree-mode required` on a path that is not a git work tree).
     refusal: str | None = None
     # The todos task as results report it (id, title, description, tags, project path).
     task: dict[str, Any] | None = None
@@ -153,7 +153,7 @@ def plan_route(
     Isolation is decided here, so every entry point (command, drain, API) refuses the same
     routes before any write: the project path must resolve inside LOOPSWEB_PROJECT_ROOTS,
     `--worktree-mode required` needs a git work tree, and every agent step must pass the
-    sandbox preflight (reference §3.3); every value the plan would write must fit its ledger
+    sandbox preflight (docs/upstream.md §3.3); every value the plan would write must fit its ledger
     column (`check_plan_fits_columns`, checked here once). `cwd` is accepted for the callers' sake but never
     used as a project path: upstream's fallback to the process directory would run an
     event's agent wherever the routing process happens to sit.
@@ -226,7 +226,7 @@ def plan_route(
     project_path, git_work_tree = project_path_admit(raw_path)
     if task is not None:
         task["projectPath"] = project_path
-    # docs/upstream.md §3.2.9 -> §3.2.10: the worktree check comes after the early dedupe,
+    # docs/upstream.md §3.2.9 -> docs/upstream.md §3.2.10: the worktree check comes after the early dedupe,
     # so the plan only records it; admission raises it once the lookup found nothing to
     # dedupe (`transaction.admit`).
     refusal = (
@@ -386,7 +386,7 @@ def check_plan_fits_columns(plan: RoutePlan) -> None:
     """Refuse a plan whose values overflow a ledger column, before anything is written.
 
     SQLite ignores varchar lengths but PostgreSQL raises mid-transaction; checking the plan
-    keeps "bad input writes nothing, with a clear error" true on both (DESIGN rule 4).
+    keeps "bad input writes nothing, with a clear error" true on both (docs/design.md rule 4).
     """
     checks: list[tuple[str, str | None, type[models.Model], str]] = [
         ("idempotency key", plan.idempotency_key, WorkflowWorkItem, "idempotency_key"),

@@ -57,7 +57,7 @@ class RouteResult:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "dryRun": self.dry_run}
         if self.kind in (THROTTLED, SKIPPED):
-            # §3.8: an eligibility skip is `skipped: true`; a throttled route is a skip
+            # docs/upstream.md §3.8: an eligibility skip is `skipped: true`; a throttled route is a skip
             # whose work item waits at the source.
             out["skipped"] = True
         if self.kind == THROTTLED:
@@ -112,7 +112,7 @@ class RouteResult:
         return out
 
     def human(self) -> str:
-        """The upstream one-line summary (§3.8)."""
+        """The upstream one-line summary (docs/upstream.md §3.8)."""
         noun = f"task {self.task_id}" if self.task_id else f"event {self.event.id}"
         if self.kind == CREATED and self.loop is not None and self.workflow is not None:
             prefix = "dry-run " if self.dry_run else ""

@@ -1,6 +1,6 @@
 """The rows an admission writes, built once for one candidate (`transaction.admit`) and for
 many (`batch.admit_batch`): the event's invocation, the work item upsert (docs/upstream.md
-§2.4), the spec, the loop's description, and the created result.
+docs/upstream.md §2.4), the spec, the loop's description, and the created result.
 
 Nothing here decides: the caller has made the decision (`decide`) under the admission lock.
 """
@@ -73,7 +73,7 @@ def loop_description(plan: RoutePlan, spec: WorkflowSpec) -> str:
 
 
 def invocation_refresh(invocation: WorkflowInvocation, plan: RoutePlan) -> None:
-    """§1.1 refresh: nullable fields take the new value when non-null, the rest overwrite."""
+    """docs/upstream.md §1.1 refresh: nullable fields take the new value when non-null, the rest overwrite."""
     fields = plan.invocation_fields
     for name in (
         "template_id",
@@ -100,7 +100,7 @@ def work_item_upsert(
     reason_code: str | None,
     save: bool,
 ) -> WorkflowWorkItem:
-    """§2.4: insert, or update a queued/deferred row (KEEP statuses never reach here).
+    """docs/upstream.md §2.4: insert, or update a queued/deferred row (KEEP statuses never reach here).
 
     With `save=False` the row is left for the admission to write once, in its final
     `admitted` state (same transaction, one statement instead of two).

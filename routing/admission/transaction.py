@@ -1,11 +1,11 @@
-"""Route admission: one event in, one decision out (reference §3), under the admission lock.
+"""Route admission: one event in, one decision out (docs/upstream.md §3), under the admission lock.
 
 `route_event` is the single entry point of the `route_event` command and the API; drains
 call `admit` inside their own transaction (the inbox row is written in it). Two stages:
 1. Plan (no store access): validate the envelope and options, check todos-task eligibility,
    resolve the project path, group, route scope, idempotency key, names, template and the
    render-time account per role. Bad input raises ValidationError and writes nothing.
-2. The admission transaction (§3.6), after `admission_lock()`, in one pass (`admit`): one
+2. The admission transaction (docs/upstream.md §3.6), after `admission_lock()`, in one pass (`admit`): one
    statement finds the rows to reuse and reads the active counts, one reads the pool
    (loads, cooldowns, the members' registry rows); then the decision: dedupe (upstream's
    early dedupe of a todos task that ran or runs, from the same lookup, writing nothing),
@@ -173,7 +173,7 @@ def _admit(
                 task_id=plan.task_id,
             )
     if plan.refusal is not None:
-        # docs/upstream.md §3.2.9 -> §3.2.10: refused only now that the early dedupe found
+        # docs/upstream.md §3.2.9 -> docs/upstream.md §3.2.10: refused only now that the early dedupe found
         # nothing to dedupe; nothing has been written yet.
         raise refusal_of(plan)
     if existing is not None and routed:
@@ -196,7 +196,7 @@ def _admit(
         # A finished item is requeued (not active before or after: the counts still hold).
         existing.requeue(readmission.reason or "")
 
-    # Throttle first (§3.7 order), then the pool: both read rows inside this transaction.
+    # Throttle first (docs/upstream.md §3.7 order), then the pool: both read rows inside this transaction.
     seen = found.active
     counts = (
         None

@@ -1,4 +1,4 @@
-"""Drains: take open work from a source and route it through admission (reference §5).
+"""Drains: take open work from a source and route it through admission (docs/upstream.md §5).
 
 - `inbox`: ingest of envelopes into the inbox (idempotent on source and id);
 - `sources`: where candidates come from (the inbox, an external command);

@@ -85,10 +85,10 @@ class DrainReport:
             "filtersApplied": self.options.filters_applied,
             "scanned": self.scanned,
             "candidates": self.candidates,
-            # Upstream's name for the candidates left after the post-filters (§5.3);
+            # Upstream's name for the candidates left after the post-filters (docs/upstream.md §5.3);
             # loopsweb's `candidates` counts the same rows.
             "filteredCandidates": self.candidates,
-            # Reference §5.3: the scan window ran out before `limit` candidates were found.
+            # docs/upstream.md §5.3: the scan window ran out before `limit` candidates were found.
             "scanExhausted": self.scanned >= self.options.effective_scan_limit
             and self.candidates < self.options.limit,
             "considered": self.counts["considered"],
@@ -118,7 +118,7 @@ class DrainReport:
         return max(0, self.candidates - self.counts["considered"])
 
     def result_lines(self) -> list[str]:
-        """One line per result: kind, item, and why (text output; §5.3's compact fields)."""
+        """One line per result: kind, item, and why (text output; docs/upstream.md §5.3's compact fields)."""
         return [result_line(compact_result(r)) for r in self.results]
 
     def human(self) -> str:
@@ -172,7 +172,7 @@ COMPACT_FIELDS = (
 
 
 def compact_result(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The §5.3 compact fields of one full result."""
+    """The docs/upstream.md §5.3 compact fields of one full result."""
     item = result.get("workItem") or {}
     flat = {
         "kind": result.get("kind"),

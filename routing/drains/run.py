@@ -1,4 +1,4 @@
-"""Drains: take open work from a source and route it through admission (reference §5).
+"""Drains: take open work from a source and route it through admission (docs/upstream.md §5).
 
 `drain_run` is shared by the `drain` command and the django-q2 task `routing.tasks.drain`:
 0. One drain per (route, scope) at a time (upstream's overlap `skip`): a drain that finds
@@ -461,7 +461,8 @@ def _drain_loop(
                 result = _route_one(
                     candidate, options, env, cwd, now, report.dry_run, full, registered
                 )
-        except Exception as exc:  # one bad item never stops the batch (§5.2.3)
+        # one bad item never stops the batch (docs/upstream.md §5.2.3)
+        except Exception as exc:
             result = _failed(candidate, exc, now, report.dry_run)
         if result is None:  # claimed by a concurrent drain
             continue

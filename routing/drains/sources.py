@@ -187,7 +187,7 @@ def run_source_command(
 
 
 def task_envelope(task: Any) -> dict[str, Any]:
-    """Synthesize the drain event for a `todos --json ready` task (reference §5.2)."""
+    """Synthesize the drain event for a `todos --json ready` task (docs/upstream.md §5.2)."""
     if not isinstance(task, dict):
         raise ValidationError("source task must be a JSON object")
     task_id = task.get("id") or task.get("task_id") or task.get("taskId")

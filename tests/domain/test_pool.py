@@ -20,7 +20,7 @@ from domain.pool import (
 P3 = ["acctA", "acctB", "acctC"]
 LIFECYCLE = ["triage", "planner", "worker", "verifier"]
 
-# Reference §4.6 hash table: seed, FNV-1a-32, mod 2, mod 3, mod 4.
+# docs/upstream.md §4.6 hash table: seed, FNV-1a-32, mod 2, mod 3, mod 4.
 HASH_TABLE = [
     ("task-42", 0x5B1CD835, 1, 1, 1),
     ("task-lifecycle-seed", 0xB4460DFD, 1, 0, 1),
@@ -77,7 +77,7 @@ def test_roles_are_ordered_by_priority_then_given_order_without_duplicates() -> 
     assert order_roles(roles) == ["worker", "verifier", "triage", "reviewer", "extra"]
 
 
-# §4.3 selection
+# docs/upstream.md §4.3 selection
 
 
 def test_selection_ties_resolve_in_walk_order_from_the_anchor() -> None:
@@ -110,7 +110,7 @@ def test_selection_of_an_empty_pool_raises() -> None:
         select_least_loaded([], {}, 0, set())
 
 
-# §4.6 worked examples
+# docs/upstream.md §4.6 worked examples
 
 
 def test_example_1_cold_store_lifecycle_roles_reproduce_the_hash_assignment() -> None:
@@ -203,7 +203,7 @@ def test_example_8_saturated_pool_defers() -> None:
     assert result.reason_code == reasons.PROFILE_CAP
 
 
-# §4.4 edge rules
+# docs/upstream.md §4.4 edge rules
 
 
 def test_blank_pool_entries_are_dropped_before_hashing() -> None:

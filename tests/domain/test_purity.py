@@ -19,7 +19,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_domain_modules_import_neither_django_nor_the_ledger() -> None:
-    # The domain must stay pure (STYLE.md convention 2): no ORM, no settings, no clock.
+    # The domain must stay pure (docs/style.md convention 2): no ORM, no settings, no clock.
     for path in DOMAIN_DIR.glob("*.py"):
         for name in _imports(path):
             root = name.split(".")[0]

@@ -1,4 +1,4 @@
-"""The sandbox preflight (reference §3.3) and the isolation options, without a database."""
+"""The sandbox preflight (docs/upstream.md §3.3) and the isolation options, without a database."""
 
 from __future__ import annotations
 

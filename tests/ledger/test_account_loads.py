@@ -1,4 +1,4 @@
-"""Account loads kept per account never drift from the rows (DESIGN rule 1), on both databases.
+"""Account loads kept per account never drift from the rows (docs/design.md rule 1), on both databases.
 
 A random sequence of every lifecycle transition that moves load (admit, claim, step start,
 finish, skip, run finalize with loop-level retries, cancel, lease recovery, item cancel, a

@@ -1,4 +1,4 @@
-"""Loop status actions and their cascades (reference §2.1): the service, the `loop` command
+"""Loop status actions and their cascades (docs/upstream.md §2.1): the service, the `loop` command
 and the admin actions, on both databases."""
 
 from __future__ import annotations

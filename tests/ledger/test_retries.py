@@ -1,4 +1,4 @@
-"""Loop-level retries (`--max-attempts`, `--retry-backoff`; reference §2.1, §2.2) with the real
+"""Loop-level retries (`--max-attempts`, `--retry-backoff`; docs/upstream.md §2.1, §2.2) with the real
 runner and the fake agent, in this process, on both databases."""
 
 from __future__ import annotations

@@ -258,7 +258,7 @@ def test_steps_run_in_dependency_order_not_list_order(
     assert {(s.account_profile, s.account_tool) for s in steps.values()} == {
         (None, None)
     }
-    # Hand-made workflows are never archived automatically (reference §2.3).
+    # Hand-made workflows are never archived automatically (docs/upstream.md §2.3).
     run.workflow.refresh_from_db()
     assert run.workflow.status == SpecStatus.ACTIVE
     assert not run.events.filter(event_type="workflow_archived").exists()

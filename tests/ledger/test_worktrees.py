@@ -323,9 +323,7 @@ def test_the_run_pages_show_the_worktree_path_and_branch(
         f"/admin/ledger/workflowrun/{run.id}/change/"
     ).content.decode()
     assert f"{path} on branch {branch} (kept until" in admin_page
-    ops_page = admin_client.get(
-        f"/ops/items/{result.work_item.id}/"
-    ).content.decode()
+    ops_page = admin_client.get(f"/ops/items/{result.work_item.id}/").content.decode()
     assert f"{path} on branch {branch} (kept until" in ops_page
 
 

@@ -1,4 +1,4 @@
-"""`manage.py routes` (upstream `loops routes list|show|requeue|invocations`, reference §2.1)."""
+"""`manage.py routes` (upstream `loops routes list|show|requeue|invocations`, docs/upstream.md §2.1)."""
 
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ def test_a_drain_with_worktree_required_dedupes_routed_tasks_and_skips_new_ones(
 
 def test_a_routed_task_in_a_full_scope_is_deduped_not_held(plain: Path) -> None:
     """The refusal comes before the caps: a plan with one is deduped or refused, never held
-    (docs/upstream.md §3.2.10 before §3.6)."""
+    (docs/upstream.md §3.2.10 before docs/upstream.md §3.6)."""
     routed = todos_event("T-5", project=str(plain))
     _route(routed)
     inbox_ingest(enumerate([routed], start=1))

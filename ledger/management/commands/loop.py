@@ -1,4 +1,4 @@
-"""Loop status actions with upstream's cascades (reference §2.1), and a loop listing.
+"""Loop status actions with upstream's cascades (docs/upstream.md §2.1), and a loop listing.
 
     loop pause|resume|archive|stop|expire|delete LOOP_ID [--dry-run] [--json]
     loop list [--status S] [--limit N] [--json]

@@ -1,4 +1,4 @@
-"""Upstream's work-item operator commands (`loops routes ...`, reference §2.1).
+"""Upstream's work-item operator commands (`loops routes ...`, docs/upstream.md §2.1).
 
     routes list [--status S] [--route-key K] [--limit N] [--json]
     routes show ITEM_ID [--json]

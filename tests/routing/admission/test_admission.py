@@ -1,4 +1,4 @@
-"""Route admission against the real database (reference §2-§4, issue 3)."""
+"""Route admission against the real database (docs/upstream.md §2-§4, issue 3)."""
 
 from __future__ import annotations
 

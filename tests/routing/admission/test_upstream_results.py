@@ -1,4 +1,4 @@
-"""Upstream's result fields (§3.8, §5.3) and lifecycle error messages (§2.1), word for word."""
+"""Upstream's result fields (docs/upstream.md §3.8, §5.3) and lifecycle error messages (docs/upstream.md §2.1), word for word."""
 
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ def test_drains_accept_generic_as_well_as_generic_event(client: Client) -> None:
 def test_route_now_refuses_a_new_task_as_a_route_error_and_dedupes_a_routed_one(
     client: Client, tmp_path: Path, settings: Any
 ) -> None:
-    """docs/upstream.md §3.2.9 -> §3.2.10 through the API: worktree required on a path that
+    """docs/upstream.md §3.2.9 -> docs/upstream.md §3.2.10 through the API: worktree required on a path that
     is not a git work tree."""
     plain = tmp_path / "plain"
     plain.mkdir()
