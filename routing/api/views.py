@@ -60,7 +60,7 @@ from routing.drains.configs import drain_configs
 from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest
 from routing.drains.sources import TODOS_EVENT_PREFIX
 from routing.models import DrainRecord, InboxEvent
-from routing.ops.accounts import account_rows
+from routing.selectors import account_rows
 
 _Row = TypeVar("_Row", bound=Model)
 

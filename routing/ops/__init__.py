@@ -1,3 +1,3 @@
-"""The operator pages (`/ops/`): `urls`, `views`, `selectors` (live work, deferrals, inbox,
-drains), `accounts` (account rows, shared with the API and /metrics) and `display` (bars,
-charts, text). A web surface."""
+"""The operator pages (`/ops/`): `urls`, `views`, `selectors` (live work per group and
+project, deferrals, the inbox, drains; the reads shared with the API and /metrics are in
+routing.selectors), `capacity` and `display` (bars, charts, text). A web surface."""
