@@ -22,9 +22,11 @@ test: install
 bench: install
 	PY=$(PY) $(PY) -m tests.bench
 
+# mypy imports the settings (django-stubs): they need a SECRET_KEY, or DEBUG for the dev key.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	SECRET_KEY=lint DEBUG=1 $(VENV)/bin/mypy
 
 format: install
 	$(VENV)/bin/ruff check --fix .

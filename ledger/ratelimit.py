@@ -117,9 +117,9 @@ def _deadlines(text: str, now: datetime) -> list[datetime]:
         )
         found.append(now + timedelta(seconds=total))
     for match in _RESETS_AT.finditer(text):
-        when = _parse_iso(match.group(1))
-        if when is not None:
-            found.append(when)
+        reset = _parse_iso(match.group(1))
+        if reset is not None:
+            found.append(reset)
     return found
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -196,7 +195,7 @@ WSGI_APPLICATION = "loopsweb.wsgi.application"
 ASGI_APPLICATION = "loopsweb.asgi.application"
 
 
-def _database_settings() -> dict[str, Any]:
+def _database_settings() -> dj_database_url.DBConfig:
     url = env_str("DATABASE_URL")
     if not url:
         url = f"sqlite:///{DATA_DIR / 'loopsweb.sqlite3'}"
@@ -232,8 +231,9 @@ def _database_settings() -> dict[str, Any]:
         "django.db.backends.postgresql_psycopg2",
     ):
         db["ENGINE"] = "django.db.backends.postgresql"
-        db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
-        db["CONN_HEALTH_CHECKS"] = db["CONN_MAX_AGE"] > 0
+        max_age = env_int("DATABASE_CONN_MAX_AGE", 0)
+        db["CONN_MAX_AGE"] = max_age
+        db["CONN_HEALTH_CHECKS"] = max_age > 0
     else:
         raise ImproperlyConfigured(
             f"DATABASE_URL must be sqlite:// or postgres://, got engine {engine!r}"

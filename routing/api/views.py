@@ -267,7 +267,7 @@ def events(request: HttpRequest) -> HttpResponse:
     if warnings:
         answer["warnings"] = warnings
     if route_now:
-        envelopes = {}
+        envelopes: dict[tuple[str, str], Envelope] = {}
         for obj in items:
             envelope = parse_envelope(obj)  # all valid: inbox_ingest accepted every one
             envelopes.setdefault((envelope.source, envelope.id), envelope)

@@ -103,7 +103,7 @@ def deferral_snapshot(
         )
     per_profile = limits.get("maxPerProfile")
     accounts = counts.get("accounts")
-    cooling = counts.get("cooling") if isinstance(counts.get("cooling"), dict) else {}
+    cooling = found if isinstance(found := counts.get("cooling"), dict) else {}
     if isinstance(accounts, dict):
         for profile, load in sorted(accounts.items()):
             until = cooling.get(profile)

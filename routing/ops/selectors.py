@@ -291,7 +291,7 @@ def _live_step(
         account_tool=step.account_tool,
         run_id=run.id,
         work_item_id=run.work_item_id,
-        subject=run.work_item.subject_ref if run.work_item_id else run.id,
+        subject=run.work_item.subject_ref if run.work_item else run.id,
         since=since,
         why=why,
         code=code,
@@ -321,11 +321,11 @@ def waiting_steps(*, limit: int = 50) -> list[LiveStep]:
     if not pending:
         return []
     latest: dict[tuple[str, str], WorkflowEvent] = {}
-    for event in WorkflowEvent.objects.filter(
+    for found in WorkflowEvent.objects.filter(
         workflow_run_id__in={s.workflow_run_id for s in pending},
         event_type="step_waiting",
     ).order_by("workflow_run_id", "-sequence"):
-        latest.setdefault((event.workflow_run_id, event.step_id or ""), event)
+        latest.setdefault((found.workflow_run_id, found.step_id or ""), found)
     rows = []
     for s in pending:
         event = latest.get((s.workflow_run_id, s.step_id))

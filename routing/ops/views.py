@@ -314,6 +314,7 @@ def schedule_action(
             "next scheduler tick."
         )
     schedule.save(update_fields=["repeats", "next_run"])
+    assert request.user.pk is not None  # staff_required: a signed-in user
     LogEntry.objects.log_actions(
         user_id=request.user.pk,
         queryset=[schedule],
