@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install run test bench lint format check-migrations
+.PHONY: install run serve test bench lint format check-migrations
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ install: $(VENV)/.installed
 
 run: install
 	PY=$(PY) scripts/run.sh
+
+# production: gunicorn + both clusters (SECRET_KEY and ALLOWED_HOSTS required; README "Production")
+serve: install
+	PY=$(PY) scripts/serve.sh
 
 test: install
 	PY=$(PY) scripts/test.sh

@@ -9,9 +9,10 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopsweb.settings")
-    from django.core.management import execute_from_command_line
+    # Every command, runserver included: a damaged SQLite file is one line, not a traceback.
+    from loopsweb.dbhealth import run_command
 
-    execute_from_command_line(sys.argv)
+    run_command(sys.argv)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
-"""Upper (and lower) bounds of every numeric option: one table, one parser.
+"""Upper (and lower) bounds of every numeric option and setting: one table, one parser.
 
-Every numeric command option, schedule option and API query parameter is parsed here, so a
-value too large for the code or the database (a 5,000-digit number, a bigint or smallint
-overflow, a timeout that overflows the clock) is a clear error naming the option and its
-bound, before anything runs. README ("Numeric bounds") lists this table; new numeric options
-add a row and call `bounded_int`.
+Every numeric command option, schedule option, API query parameter and numeric setting
+(`loopsweb.settings` reads the environment through it) is parsed here, so a value too large
+for the code or the database (a 5,000-digit number, a bigint or smallint overflow, a timeout
+that overflows the clock) is a clear error naming the option or variable and its bound,
+before anything runs. README ("Numeric bounds") lists this table; a new numeric option or
+setting adds a row and calls `bounded_int` (commands: `option_type`).
 """
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from domain.errors import (
@@ -18,6 +21,7 @@ from domain.errors import (
 )
 
 LIMIT_TOO_LARGE = "{flag} must be at most {maximum}"
+LIMIT_TOO_SMALL = "{flag} must be at least {minimum}"
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,11 @@ class Bound:
     maximum: int
 
 
+DAY = 24 * 3600
+WEEK = 7 * DAY
+YEAR = 365 * DAY
+MIB = 1024 * 1024
+GIB = 1024 * MIB
 CAP = Bound(1, 100_000)
 BOUNDS: dict[str, Bound] = {
     # route options (route_event, drain, schedule_drain, the API's route=now)
@@ -42,7 +51,51 @@ BOUNDS: dict[str, Bound] = {
     "--every": Bound(1, 32_767),
     # loop-level retries (domain.retry)
     "--max-attempts": Bound(1, 100),
-    "--retry-backoff": Bound(0, 7 * 24 * 3600),  # seconds: a week
+    "--retry-backoff": Bound(0, WEEK),  # seconds: a week
+    # other commands' options (a flag two commands use differently is keyed by command)
+    "--keep-seconds": Bound(0, 10 * YEAR),  # prune_worktrees
+    "--days": Bound(1, 36_500),  # prune_drains: a hundred years
+    "--max-running": CAP,  # account add
+    "routes --limit": Bound(1, 1_000),  # routes list / invocations
+    "loop --limit": Bound(1, 1_000),  # loop list
+    "--expires": Bound(
+        1, 10 * YEAR
+    ),  # api_token create: seconds (given as 90d, 12h, ...)
+    # settings: environment variables (loopsweb.settings.env_int)
+    "SQLITE_BUSY_TIMEOUT": Bound(1, 3_600),  # seconds
+    "DATABASE_CONN_MAX_AGE": Bound(0, DAY),  # seconds
+    "LOOPSWEB_LOGIN_FAILURE_LIMIT": Bound(1, 1_000),
+    "LOOPSWEB_LOGIN_IP_FAILURE_LIMIT": Bound(1, 100_000),
+    "LOOPSWEB_LOGIN_COOLOFF_MINUTES": Bound(1, 525_600),  # a year
+    "LOOPSWEB_HSTS_SECONDS": Bound(0, 2 * YEAR),
+    "Q_TIMEOUT": Bound(1, WEEK),  # seconds
+    "Q_RETRY": Bound(2, WEEK + DAY),  # seconds; must also exceed Q_TIMEOUT
+    "Q_WORKERS": Bound(1, 1_000),
+    "LOOPSWEB_RUN_WORKERS": Bound(1, 1_000),
+    "LOOPSWEB_MAX_EVENT_BYTES": Bound(1_024, 64 * MIB),
+    "LOOPSWEB_RUN_LEASE_SECONDS": Bound(1, DAY),
+    "LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS": Bound(1, 36_500),
+    "LOOPSWEB_OUTPUT_TAIL_BYTES": Bound(1_024, 64 * MIB),
+    "LOOPSWEB_COOLDOWN_BASE_SECONDS": Bound(1, DAY),
+    "LOOPSWEB_COOLDOWN_CAP_SECONDS": Bound(1, 30 * DAY),
+    "LOOPSWEB_STEP_START_POLL_SECONDS": Bound(1, 3_600),
+    "LOOPSWEB_KILL_GRACE_SECONDS": Bound(0, 3_600),
+    "LOOPSWEB_RATE_LIMIT_MOVES": Bound(0, 100),
+    "LOOPSWEB_AGENT_MAX_RETRIES": Bound(0, 20),
+    "LOOPSWEB_WEB_WORKERS": Bound(1, 1_000),
+    "LOOPSWEB_WEB_THREADS": Bound(1, 1_000),
+    "LOOPSWEB_WEB_TIMEOUT": Bound(5, DAY),  # seconds
+    "LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS": Bound(0, WEEK),
+    "LOOPSWEB_WORKTREE_KEEP_SECONDS": Bound(0, 10 * YEAR),
+    "LOOPSWEB_MAX_INGEST_BYTES": Bound(1_024, 4 * GIB),
+    "LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS": Bound(0, 3_600),
+    "LOOPSWEB_DRAIN_BATCH_SIZE": Bound(1, 10_000),
+    "LOOPSWEB_SOURCE_MAX_BYTES": Bound(1_024, GIB),
+    "LOOPSWEB_API_MAX_EVENTS": Bound(1, 100_000),
+    # below Python's recursion limit (1,000), which the JSON parser would otherwise hit
+    "LOOPSWEB_MAX_JSON_DEPTH": Bound(2, 500),
+    # a provider's rate-limit exit codes (LOOPSWEB_<PROVIDER>_RATE_LIMIT_EXIT_CODES)
+    "rate-limit exit code": Bound(0, 255),
 }
 
 
@@ -52,15 +105,17 @@ def bounded_int(
     *,
     minimum: int | None = None,
     maximum: int | None = None,
+    key: str | None = None,
 ) -> int | None:
     """Parse a whole number given as int or decimal text, within the bounds of `flag`.
 
     ``None`` and blank text mean "unset" (None). Floats, bools, signs, non-ASCII digits and
     numbers outside [minimum, maximum] raise ValidationError naming the flag. The length of
     the text is checked before int() runs, so no input can make the conversion itself slow
-    or fail (Python refuses more than 4,300 digits).
+    or fail (Python refuses more than 4,300 digits). `key` names the table row when it is not
+    the flag itself (`routes --limit`).
     """
-    bound = BOUNDS.get(flag)
+    bound = BOUNDS.get(key or flag)
     low = minimum if minimum is not None else (bound.minimum if bound else 1)
     high = maximum if maximum is not None else (bound.maximum if bound else None)
     if high is None:
@@ -88,7 +143,25 @@ def bounded_int(
     else:
         raise ValidationError(message)
     if number < low:
+        if low > 1:
+            raise ValidationError(LIMIT_TOO_SMALL.format(flag=flag, minimum=low))
         raise ValidationError(message)
     if number > high:
         raise ValidationError(LIMIT_TOO_LARGE.format(flag=flag, maximum=high))
     return number
+
+
+def option_type(flag: str, *, key: str | None = None) -> Callable[[str], int]:
+    """An argparse `type=` for a numeric command option: `bounded_int` with the table's
+    bound, so a bad value is argparse's error naming the option (exit 2), before `handle`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = bounded_int(flag, text, key=key)
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if value is None:
+            raise argparse.ArgumentTypeError(f"{flag} must not be blank")
+        return value
+
+    return parse

@@ -24,7 +24,13 @@ _LOST_CLASSES = ("08",)
 # admin/crash shutdown, cannot connect now, too many connections (for the server or a role)
 _LOST_CODES = ("57P01", "57P02", "57P03", "53300")
 # SQLite reports no SQLSTATE: these messages are the passing ones.
-_SQLITE_REFUSED = ("database or disk is full", "readonly database", "disk i/o error")
+_SQLITE_REFUSED = (
+    "database or disk is full",
+    "readonly database",
+    "disk i/o error",
+    "database disk image is malformed",  # damaged: no write is the row's fault
+    "file is not a database",
+)
 _SQLITE_PASSING = ("locked", "busy", "unable to open database", *_SQLITE_REFUSED)
 
 

@@ -11,21 +11,44 @@ name looked up on PATH or an absolute path.
 How the account reaches the agent (the step's recorded `account_profile`, so the account the
 ledger counts is the login the agent uses). A REGISTERED account (`manage.py account add`)
 brings its own environment (`account_environment`), for example
-`CODEX_HOME=/srv/agents/acctA/codex`: that variable is what the CLI reads to find its login.
+`CODEX_HOME=/srv/agents/acctA/codex`: that variable is what the CLI reads to find its login;
+and, for an API-key login, its env file (`Account.env_file`, read when the step starts by
+`ledger.envfile.read_env_file`: 0600, owned by the worker's user, or the step fails).
 An unregistered name only reaches codewith (`--profile`) and aicopilot
 (`AICOPILOT_PROFILE`); the other CLIs then use the worker's own login.
 
 | provider  | argv                                                        | selects the login        |
 |-----------|-------------------------------------------------------------|--------------------------|
 | codewith  | `codewith exec --sandbox S [--profile P] -- PROMPT`         | `--profile P` (+ `CODEWITH_PROFILE`) |
-| codex     | `codex exec --json --sandbox S -- PROMPT`                   | `CODEX_HOME` (registry)  |
-| claude    | `claude --print --output-format json -- PROMPT`             | `CLAUDE_CONFIG_DIR` (registry) |
+| codex     | `codex exec --json --sandbox S [--skip-git-repo-check] -c ... -- PROMPT` | `CODEX_HOME` (registry) |
+| claude    | `claude --print --output-format stream-json --verbose --permission-mode M -- PROMPT` | `CLAUDE_CONFIG_DIR` (registry) |
 | cursor    | `cursor-agent --print -- PROMPT`                            | `HOME` (registry; not on npm, unverified) |
-| opencode  | `opencode run -- PROMPT`                                    | `XDG_DATA_HOME` (registry) |
+| opencode  | `opencode run --format json --print-logs --log-level WARN -- PROMPT` | `XDG_*_HOME` (registry) |
 | aicopilot | `aicopilot --prompt-file FILE`                              | `AICOPILOT_PROFILE`      |
 
-The argv of codex, claude and opencode is checked against the real CLIs' `--help` by
-tests/ledger/test_cli_contract.py (pinned npm versions in `CLI_PACKAGES`).
+What each real CLI needs to work headless (measured against the pinned versions, see
+docs/agents.md and tests/agents/):
+- codex: `--skip-git-repo-check` when the cwd is not inside a git work tree (codex refuses to
+  start there otherwise). Its retries are bounded with `-c
+  model_providers.ID.stream_max_retries=N` and `...request_max_retries=N`, where ID is the
+  custom provider the account's `$CODEX_HOME/config.toml` selects (`model_provider`); codex
+  refuses overrides of its built-in providers (`openai`, ...), which keep their own retries.
+  Update checks and analytics are config, turned off for every step with `-c
+  check_for_update_on_startup=false -c analytics.enabled=false`.
+- claude: print mode edits nothing without a permission mode, so the sandbox picks one:
+  `read-only` -> `plan`, `workspace-write` (and no sandbox) -> `acceptEdits`,
+  `danger-full-access` -> `bypassPermissions`. stream-json prints one JSON line per message
+  (live output); the last line is the same `result` object `--output-format json` prints.
+  Env: `CLAUDE_CODE_MAX_RETRIES=N`, and telemetry, error reporting, the auto-updater and
+  other non-essential traffic off.
+- opencode: `--format json` events on stdout; `--print-logs` puts its log on stderr, which
+  names a failed model call (a 429) within seconds while the JSON stream says nothing until
+  its own retries (about 150 s, no setting bounds them) run out, so the runner watches
+  stderr (`ledger.agent_output.live_rate_limit`). Permissions through `OPENCODE_PERMISSION`
+  by sandbox (`read-only`: edit and bash denied; otherwise allowed); auto-update and the
+  models.dev fetch off.
+N is `settings.LOOPSWEB_AGENT_MAX_RETRIES` (default 1: one retry, so a rate limit reaches
+loopsweb in seconds and the step moves to another account).
 
 Every agent also gets `LOOPSWEB_ACCOUNT_PROFILE`, `LOOPSWEB_ACCOUNT_TOOL`, `LOOPSWEB_RUN_ID`
 and `LOOPSWEB_STEP_ID`.
@@ -34,8 +57,11 @@ The child environment is built from an allowlist, never from the worker's whole 
 (cloud keys, SSH agent sockets and loopsweb's own settings stay with the worker):
 1. from the worker: `PATH`, `HOME`, the locale (`LANG`, `LANGUAGE`, `LC_*`), and the names
    (or `PREFIX*` patterns) listed in `LOOPSWEB_AGENT_ENV_PASSTHROUGH`;
-2. the account's own variables (`account_environment`), which select its login;
-3. what loopsweb sets: `LOOPSWEB_ACCOUNT_*`, `LOOPSWEB_RUN_ID`, `LOOPSWEB_STEP_ID`,
+2. the account's own variables (`account_environment`), which select its login, then the
+   variables of its env file;
+3. the provider's fixed variables (telemetry and update checks off, bounded retries,
+   opencode's permissions);
+4. what loopsweb sets: `LOOPSWEB_ACCOUNT_*`, `LOOPSWEB_RUN_ID`, `LOOPSWEB_STEP_ID`,
    `LOOPSWEB_PROVIDER` and the provider's profile variable; a command step's own `env`.
 Later entries win. loopsweb's settings (`LOOPSWEB_*` other than the ones it sets,
 `DATABASE_URL`, `SECRET_KEY`, `DJANGO_SETTINGS_MODULE`) never pass, whatever a pattern says.
@@ -44,8 +70,10 @@ Later entries win. loopsweb's settings (`LOOPSWEB_*` other than the ones it sets
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +83,7 @@ from django.conf import settings
 
 from domain.errors import ApplicationError
 from domain.pool import valid_profile_name
+from ledger.envfile import EnvFileError, read_env_file, reserved_variable
 from ledger.selectors import RegisteredAccount, account_registry
 
 PROVIDER_UNKNOWN = "unknown agent provider: {provider}"
@@ -76,11 +105,7 @@ ENV_INVALID = "step env must map names to strings"
 # Inherited from the worker's environment (step 1 of the module docstring).
 _INHERIT_NAMES = frozenset({"PATH", "HOME", "LANG", "LANGUAGE"})
 _INHERIT_PREFIXES = ("LC_",)
-# Never inherited, whatever LOOPSWEB_AGENT_ENV_PASSTHROUGH says.
-_RESERVED_NAMES = frozenset(
-    {"DATABASE_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE", "PG_TEST_URL"}
-)
-_RESERVED_PREFIXES = ("LOOPSWEB_",)
+# Never inherited, whatever LOOPSWEB_AGENT_ENV_PASSTHROUGH says: `reserved_variable`.
 
 
 class ProviderError(ApplicationError):
@@ -108,6 +133,8 @@ class Adapter:
     profile_env: str | None = None
     prompt_file_flag: str | None = None
     account_variable: str | None = None
+    # Variables every step of this provider gets (module docstring, "headless").
+    fixed_env: tuple[tuple[str, str], ...] = ()
 
 
 ADAPTERS: dict[str, Adapter] = {
@@ -126,18 +153,35 @@ ADAPTERS: dict[str, Adapter] = {
         sandbox_flag="--sandbox",
         account_variable="CODEX_HOME",
     ),
-    # `claude --help`: -p/--print, --output-format json (one result object with usage and
-    # total_cost_usd); one login per configuration directory, CLAUDE_CONFIG_DIR.
+    # `claude --help`: -p/--print, --output-format stream-json (needs --verbose; the last
+    # line is the result object with usage and total_cost_usd), --permission-mode; one
+    # login per configuration directory, CLAUDE_CONFIG_DIR.
     "claude": Adapter(
         "claude",
-        ("--print", "--output-format", "json"),
+        ("--print", "--output-format", "stream-json", "--verbose"),
         account_variable="CLAUDE_CONFIG_DIR",
+        fixed_env=(
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+            ("DISABLE_TELEMETRY", "1"),
+            ("DISABLE_AUTOUPDATER", "1"),
+            ("DISABLE_ERROR_REPORTING", "1"),
+        ),
     ),
     # cursor-agent is not published on npm (the npm package of that name is unrelated);
     # it keeps its login under the user's home directory.
     "cursor": Adapter("cursor", ("--print",), account_variable="HOME"),
-    # opencode keeps credentials in $XDG_DATA_HOME/opencode/auth.json.
-    "opencode": Adapter("opencode", ("run",), account_variable="XDG_DATA_HOME"),
+    # opencode keeps credentials in $XDG_DATA_HOME/opencode/auth.json and its config in
+    # $XDG_CONFIG_HOME/opencode/opencode.json (`account add --opencode-home` sets all four
+    # XDG directories). `opencode run --help`: --format json, --print-logs, --log-level.
+    "opencode": Adapter(
+        "opencode",
+        ("run", "--format", "json", "--print-logs", "--log-level", "WARN"),
+        account_variable="XDG_DATA_HOME",
+        fixed_env=(
+            ("OPENCODE_DISABLE_AUTOUPDATE", "1"),
+            ("OPENCODE_DISABLE_MODELS_FETCH", "1"),
+        ),
+    ),
     "aicopilot": Adapter(
         "aicopilot",
         (),
@@ -176,11 +220,6 @@ def _passes(name: str, passthrough: tuple[str, ...]) -> bool:
     return False
 
 
-def reserved_variable(name: str) -> bool:
-    """True for loopsweb's own variables, which never reach an agent or command."""
-    return name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES)
-
-
 def account_environment(
     profile: str | None,
     tool: str | None = None,
@@ -189,30 +228,125 @@ def account_environment(
 ) -> dict[str, str]:
     """The account's own variables (its login), merged over the inherited ones.
 
-    From the account registry (`manage.py account add NAME --env KEY=VALUE`): what selects
-    the account's login for its provider's CLI (`CODEX_HOME`, `CLAUDE_CONFIG_DIR`, ...);
-    {} for an unregistered name. `registry` saves the query when the caller read the row.
+    From the account registry (`manage.py account add NAME --codex-home DIR`, `--env
+    KEY=VALUE`, ...): what selects the account's login for its provider's CLI
+    (`CODEX_HOME`, `CLAUDE_CONFIG_DIR`, ...), then the variables of its env file
+    (`--env-file`), read now; {} for an unregistered name. `registry` saves the query when
+    the caller read the row. An env file that cannot be used raises ProviderError.
     """
     if not profile:
         return {}
     rows = registry if registry is not None else account_registry([profile])
     row = rows.get(profile)
-    return dict(row.env) if row is not None else {}
+    if row is None:
+        return {}
+    env = dict(row.env)
+    env_file = getattr(row, "env_file", None)
+    if env_file:
+        try:
+            env.update(read_env_file(env_file))
+        except EnvFileError as exc:
+            raise ProviderError(f"account {profile}: {exc}") from None
+    return env
+
+
+def max_retries() -> int:
+    """How often an agent CLI retries a failed model call (module docstring)."""
+    value = getattr(settings, "LOOPSWEB_AGENT_MAX_RETRIES", 1)
+    return value if isinstance(value, int) and value >= 0 else 1
+
+
+def in_git_work_tree(path: str) -> bool:
+    """True when `path` is inside a git work tree (a `.git` directory or file above it)."""
+    current = os.path.realpath(path)
+    while True:
+        if os.path.exists(os.path.join(current, ".git")):
+            return True
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+
+
+def codex_custom_provider(codex_home: str | None) -> str | None:
+    """The custom `model_provider` the account's `$CODEX_HOME/config.toml` selects (an id
+    with its own `[model_providers.ID]` table), or None (built-in, unreadable, none)."""
+    if not codex_home:
+        return None
+    try:
+        with open(os.path.join(codex_home, "config.toml"), "rb") as handle:
+            config = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    name = config.get("model_provider")
+    providers = config.get("model_providers")
+    if (
+        isinstance(name, str)
+        and isinstance(providers, dict)
+        and isinstance(providers.get(name), dict)
+        and _TOML_BARE_KEY.match(name)
+    ):
+        return name
+    return None
+
+
+_TOML_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+CLAUDE_PERMISSION_MODES = {
+    "read-only": "plan",
+    "workspace-write": "acceptEdits",
+    "danger-full-access": "bypassPermissions",
+}
+OPENCODE_PERMISSIONS = {
+    "read-only": '{"edit":"deny","bash":"deny","webfetch":"deny"}',
+    "workspace-write": '{"edit":"allow","bash":"allow","webfetch":"deny"}',
+    "danger-full-access": '{"edit":"allow","bash":"allow","webfetch":"allow"}',
+}
+
+
+def headless_options(
+    provider: str, *, sandbox: str | None, cwd: str, account_env: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The argv items (after the adapter's own) and variables a provider's CLI needs to do
+    its work headless and fail fast (module docstring)."""
+    adapter = ADAPTERS[provider]
+    args: list[str] = []
+    env = dict(adapter.fixed_env)
+    retries = str(max_retries())
+    mode = sandbox if sandbox in CLAUDE_PERMISSION_MODES else "workspace-write"
+    if provider == "codex":
+        if not in_git_work_tree(cwd):
+            args.append("--skip-git-repo-check")
+        args += ["-c", "check_for_update_on_startup=false"]
+        args += ["-c", "analytics.enabled=false"]
+        custom = codex_custom_provider(account_env.get("CODEX_HOME"))
+        if custom:
+            for knob in ("stream_max_retries", "request_max_retries"):
+                args += ["-c", f"model_providers.{custom}.{knob}={retries}"]
+    elif provider == "claude":
+        args += ["--permission-mode", CLAUDE_PERMISSION_MODES[mode]]
+        env["CLAUDE_CODE_MAX_RETRIES"] = retries
+    elif provider == "opencode":
+        env["OPENCODE_PERMISSION"] = OPENCODE_PERMISSIONS[mode]
+    return args, env
 
 
 def child_environment(
     extra: Mapping[str, str] | None = None,
     *,
     account_env: Mapping[str, str] | None = None,
+    provider_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment of an agent or command: the allowlist (module docstring), then the
-    account's variables, then `extra` (what loopsweb sets for the step)."""
+    account's variables, the provider's fixed ones, then `extra` (what loopsweb sets for
+    the step)."""
     passthrough = tuple(settings.LOOPSWEB_AGENT_ENV_PASSTHROUGH)
     env = {
         name: value for name, value in os.environ.items() if _passes(name, passthrough)
     }
     if account_env:
         env.update(account_env)
+    if provider_env:
+        env.update(provider_env)
     if extra:
         env.update(extra)
     return env
@@ -231,6 +365,11 @@ def _binary(provider: str) -> str:
         )
     # Absolute: the process starts in the step's cwd, where a relative path would not resolve.
     return os.path.abspath(found)
+
+
+def agent_binary(provider: str) -> str:
+    """The absolute path of `provider`'s CLI (settings), or ProviderError saying what to set."""
+    return _binary(provider)
 
 
 def _check_cwd(cwd: Any) -> str | None:
@@ -284,6 +423,14 @@ def agent_invocation(
         argv += [adapter.sandbox_flag, sandbox]
     if adapter.profile_flag and profile:
         argv += [adapter.profile_flag, profile]
+    account_env = account_environment(profile, tool, registry=registry)
+    headless_args, provider_env = headless_options(
+        provider,
+        sandbox=sandbox if isinstance(sandbox, str) else None,
+        cwd=cwd,
+        account_env=account_env,
+    )
+    argv += headless_args
     env_extra = {
         "LOOPSWEB_RUN_ID": run_id,
         "LOOPSWEB_STEP_ID": step_id,
@@ -310,8 +457,7 @@ def agent_invocation(
         argv=argv,
         cwd=cwd,
         env=child_environment(
-            env_extra,
-            account_env=account_environment(profile, tool, registry=registry),
+            env_extra, account_env=account_env, provider_env=provider_env
         ),
         cleanup=cleanup,
         provider=provider,

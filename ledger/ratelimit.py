@@ -1,15 +1,21 @@
 """Provider rate-limit detection and cooldown backoff: pure functions, no ORM (loopsweb).
 
 Contract:
-1. ``detect_rate_limit`` looks at an agent step's output tails and exit code. It reports a
+1. ``detect_rate_limit`` looks at an agent step's output tails and exit code, after ANSI
+   colour codes are stripped (opencode's default output wraps words in them). It reports a
    rate limit when the exit code is one of the provider's rate-limit codes, or when the
-   step failed (non-zero exit) and its output mentions HTTP 429, "too many requests",
-   "rate limit" or "usage limit" (case-insensitive). Text alone never cools an account
+   step failed (non-zero exit, or None: still running) and its output mentions HTTP 429,
+   "too many requests", "rate limit" or "usage limit" (case-insensitive). The real CLIs'
+   formats (docs/agents.md): codex `last status: 429 Too Many Requests`, claude
+   `"api_error_status":429`, opencode `"statusCode":429`. Text alone never cools an account
    after a successful step: a worker that edited rate-limiting code prints those words.
 2. When the output names when the limit lifts, the signal carries that deadline: a
-   ``Retry-After: <seconds | HTTP-date>`` header, "retry after N seconds", "try again in
-   N minutes", "resets in N hours" or "resets at <ISO time>". The latest deadline in the
-   future wins; deadlines further away than ``MAX_DEADLINE`` are clamped to it.
+   ``Retry-After: <seconds | HTTP-date>`` header (also as JSON, ``"retry-after":"30"``, as
+   opencode prints the response headers), "retry after N seconds", "try again in N
+   minutes", "resets in N hours", "resets at <ISO time>" or "try again at 4:24 AM" (codex
+   on a subscription's usage limit: a clock time in the machine's time zone, the next one
+   after now). The latest deadline in the future wins; deadlines further away than
+   ``MAX_DEADLINE`` are clamped to it.
 3. ``cooldown_backoff`` is the fallback when no deadline was named:
    ``base × 2^(reports−1)``, capped at ``cap`` (reports counts this episode's reports,
    starting at 1).
@@ -27,6 +33,16 @@ from email.utils import parsedate_to_datetime
 # but a typo'd reset time must not silently park an account for a year.
 MAX_DEADLINE = timedelta(days=7)
 SNIPPET_CHARS = 200
+
+_ANSI_RE = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])"
+)
+
+
+def strip_ansi(text: str) -> str:
+    """`text` without ANSI escape sequences (colours, cursor moves, OSC titles)."""
+    return _ANSI_RE.sub("", text) if "\x1b" in text else text
+
 
 _RATE_LIMIT_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"\bHTTP(?:/[\d.]+)?\s*(?:status\s*)?429\b", re.I),
@@ -56,7 +72,9 @@ _UNIT_SECONDS = {
 }
 _UNIT = r"(?:seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)\b"
 _AMOUNT = rf"(\d+(?:\.\d+)?)\s*({_UNIT})?"
-_RETRY_AFTER_HEADER = re.compile(r"\bretry-after\s*:\s*([^\r\n]+)", re.I)
+_RETRY_AFTER_HEADER = re.compile(
+    r"\bretry-after\"?\s*:\s*(?:\"([^\"\r\n]*)\"|([^\r\n]+))", re.I
+)
 _RETRY_AFTER_TEXT = re.compile(rf"\bretry(?:ing)?\s+after\s+{_AMOUNT}", re.I)
 _IN_DURATION = re.compile(
     rf"\b(?:try\s+again|resets?|available\s+again)\s+in\s+({_AMOUNT}(?:\s*(?:,|and)?\s*{_AMOUNT})*)",
@@ -68,6 +86,27 @@ _RESETS_AT = re.compile(
     r"(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?\s*(?:Z|UTC|[+-]\d{2}:?\d{2})?)",
     re.I,
 )
+
+
+_AT_CLOCK = re.compile(
+    r"\b(?:try\s+again|resets?|available\s+again)\s+at\s+(\d{1,2}):(\d{2})\s*([AaPp][Mm])?(?![\d:])"
+)
+
+
+def _next_clock_time(
+    hour: int, minute: int, meridiem: str | None, now: datetime
+) -> datetime | None:
+    if meridiem:
+        if not 1 <= hour <= 12:
+            return None
+        hour = hour % 12 + (12 if meridiem.lower() == "pm" else 0)
+    if hour > 23 or minute > 59:
+        return None
+    local = now.astimezone()
+    when = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    if when <= local:
+        when += timedelta(days=1)
+    return when.astimezone(UTC)
 
 
 @dataclass(frozen=True)
@@ -98,7 +137,9 @@ def _parse_iso(text: str) -> datetime | None:
 def _deadlines(text: str, now: datetime) -> list[datetime]:
     found: list[datetime] = []
     for match in _RETRY_AFTER_HEADER.finditer(text):
-        value = match.group(1).strip()
+        value = (
+            match.group(1) if match.group(1) is not None else match.group(2)
+        ).strip()
         number = re.match(r"(\d+(?:\.\d+)?)\s*$", value)
         if number:
             found.append(now + timedelta(seconds=float(number.group(1))))
@@ -120,6 +161,12 @@ def _deadlines(text: str, now: datetime) -> list[datetime]:
         reset = _parse_iso(match.group(1))
         if reset is not None:
             found.append(reset)
+    for match in _AT_CLOCK.finditer(text):
+        reset = _next_clock_time(
+            int(match.group(1)), int(match.group(2)), match.group(3), now
+        )
+        if reset is not None:
+            found.append(reset)
     return found
 
 
@@ -131,6 +178,7 @@ def detect_rate_limit(
     now: datetime,
 ) -> RateLimitSignal | None:
     """The rate limit an agent step reported, or None (contract in the module docstring)."""
+    output = strip_ansi(output)
     by_exit_code = exit_code is not None and exit_code in rate_limit_exit_codes
     failed = exit_code is None or exit_code != 0
     match = None

@@ -396,6 +396,8 @@ class RegisteredAccount:
     enabled: bool
     max_running: int | None
     env: dict[str, str]
+    # The account's env file (read when a step starts), None without one.
+    env_file: str | None = None
 
 
 def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
@@ -410,6 +412,7 @@ def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
             enabled=row.enabled,
             max_running=row.max_running,
             env={str(k): str(v) for k, v in (row.env_json or {}).items()},
+            env_file=row.env_file or None,
         )
         for row in rows
     }
@@ -434,7 +437,7 @@ _ACCOUNTS = Account._meta.db_table
 _COOLDOWNS = AccountCooldown._meta.db_table
 _LOADS = AccountLoadCount._meta.db_table
 _GATE_SQL = (
-    "SELECT a.name, a.provider, a.enabled, a.max_running, a.env_json, "
+    "SELECT a.name, a.provider, a.enabled, a.max_running, a.env_json, a.env_file, "
     f'(SELECT c."until" FROM "{_COOLDOWNS}" c '
     'WHERE c.account_profile = p.name AND c."until" > %s), '
     f'(SELECT l.running FROM "{_LOADS}" l WHERE l.account_profile = p.name) '
@@ -446,7 +449,9 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
     """`AccountGate` of `profile` in one statement (registry row, cooldown, kept count)."""
     with connection.cursor() as cursor:
         cursor.execute(_GATE_SQL, [_db_datetime(now), profile])
-        name, provider, enabled, max_running, env, until, running = cursor.fetchone()
+        name, provider, enabled, max_running, env, env_file, until, running = (
+            cursor.fetchone()
+        )
     account = None
     if name is not None:
         # The stubs want an Expression: JSONField.from_db_value reads it only to spot a key
@@ -458,6 +463,7 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
             enabled=bool(enabled),
             max_running=max_running,
             env={str(k): str(v) for k, v in (env or {}).items()},
+            env_file=env_file or None,
         )
     return AccountGate(
         account=account,

@@ -8,7 +8,12 @@ Contract:
    `usage: {input_tokens, cache_creation_input_tokens, cache_read_input_tokens,
    output_tokens}` and `total_cost_usd`. Input counts every input token (cache reads and
    cache writes included); cached counts cache reads. The last result object wins.
-3. Any other provider, or output in which no usage could be read, gives None. Lines that
+3. opencode (`opencode run --format json`) prints JSON Lines events; each model call ends
+   with a `step_finish` event whose `part` carries `tokens: {input, output, reasoning,
+   cache: {read, write}}` and `cost`. opencode's `input` leaves the cache out, so input is
+   input + cache reads + cache writes and cached is cache reads (as for claude); the
+   step's usage and cost are the sums over its calls.
+4. Any other provider, or output in which no usage could be read, gives None. Lines that
    are not JSON (a banner, a dropped-bytes marker, a truncated first line of the tail) are
    skipped; nothing here raises on bad output, so usage never fails a step.
 """
@@ -57,6 +62,11 @@ def _objects(text: str) -> list[dict[str, Any]]:
     return out
 
 
+# The JSON objects of an output (JSON Lines, or one pretty-printed object): the parsing
+# ledger.agent_output shares.
+json_objects = _objects
+
+
 def _codex(objects: list[dict[str, Any]]) -> Usage | None:
     total_in = total_out = total_cached = 0
     seen = False
@@ -102,7 +112,40 @@ def _claude(objects: list[dict[str, Any]]) -> Usage | None:
     return None
 
 
-PARSERS = {"codex": _codex, "claude": _claude}
+def _opencode(objects: list[dict[str, Any]]) -> Usage | None:
+    total_in = total_out = total_cached = 0
+    cost = 0.0
+    seen = False
+    for event in objects:
+        part = event.get("part")
+        if event.get("type") != "step_finish" or not isinstance(part, dict):
+            continue
+        tokens = part.get("tokens")
+        if not isinstance(tokens, dict):
+            continue
+        inp, out = _int(tokens.get("input")), _int(tokens.get("output"))
+        if inp is None and out is None:
+            continue
+        seen = True
+        cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
+        read = _int(cache.get("read")) or 0
+        total_in += (inp or 0) + read + (_int(cache.get("write")) or 0)
+        total_out += out or 0
+        total_cached += read
+        value = part.get("cost")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            cost += float(value)
+    if not seen:
+        return None
+    return Usage(
+        input_tokens=total_in,
+        output_tokens=total_out,
+        cached_tokens=total_cached,
+        cost_usd=cost,
+    )
+
+
+PARSERS = {"codex": _codex, "claude": _claude, "opencode": _opencode}
 
 
 def parse_usage(provider: str | None, stdout: str) -> Usage | None:

@@ -3,11 +3,15 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
+from routing.ops.health.views import healthz
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("ops/", include("routing.ops.urls")),
     path("api/v1/", include("routing.api.urls")),
     path("", include("routing.metrics.urls")),
+    # health for load balancers and systemd: no authentication, no data (routing.ops.health)
+    path("healthz", healthz, name="healthz"),
 ]
 
 # JSON under /api/ and /metrics, Django's pages elsewhere (routing.api.middleware).

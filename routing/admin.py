@@ -22,8 +22,9 @@ from django.utils.html import format_html
 from ledger.admin.actions import LifecycleAction, run_lifecycle_action
 from ledger.admin.base import LedgerAdmin, admin_link
 from ledger.admin.display import age, short_id, status_badge
+from routing.api.tokens import token_state
 from routing.drains.inbox import inbox_discard, inbox_reopen
-from routing.models import InboxEvent
+from routing.models import ApiToken, InboxEvent
 
 REOPEN = LifecycleAction(
     name="reopen_events",
@@ -153,3 +154,45 @@ class InboxEventAdmin(LedgerAdmin):
         return format_html(
             "<pre>{}</pre>", json.dumps(obj.envelope(), indent=2, ensure_ascii=False)
         )
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(LedgerAdmin):
+    """API tokens, read-only: created, expired and revoked with `manage.py api_token` (the
+    secret is never stored, so the admin shows the prefix)."""
+
+    list_display = (
+        "name",
+        "prefix_cell",
+        "scopes_cell",
+        "state_cell",
+        "created_at",
+        "last_used_at",
+        "expires_at",
+        "revoked_at",
+    )
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("name", "prefix")
+    ordering = ("name",)
+    fields = (
+        "name",
+        "prefix",
+        "scopes",
+        "created_at",
+        "last_used_at",
+        "expires_at",
+        "revoked_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="Prefix")
+    def prefix_cell(self, obj: ApiToken) -> str:
+        return f"{obj.prefix}…"
+
+    @admin.display(description="Scopes")
+    def scopes_cell(self, obj: ApiToken) -> str:
+        return ", ".join(obj.scopes or [])
+
+    @admin.display(description="State")
+    def state_cell(self, obj: ApiToken) -> str:
+        return status_badge(token_state(obj, timezone.now()))

@@ -141,6 +141,8 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # None: never expires. After it the API refuses the token with a 401 that says so.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "routing_api_tokens"

@@ -21,6 +21,8 @@ CHILD_TEST_ENV = {
     "SECRET_KEY": "test-only-" + secrets.token_urlsafe(40),
     "LOOPSWEB_HTTPS": "0",
     "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
+    # pages name static files as they are (no collectstatic manifest to read)
+    "LOOPSWEB_STATIC_MANIFEST": "0",
 }
 for _name, _value in CHILD_TEST_ENV.items():
     os.environ.setdefault(_name, _value)

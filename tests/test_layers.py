@@ -51,6 +51,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "ledger adapters (providers, processes, projects, rate limits, usage)",
         (
+            "ledger.agent_output",
+            "ledger.envfile",
             "ledger.providers",
             "ledger.processes",
             "ledger.projects",

@@ -50,7 +50,8 @@ def test_the_default_limits_come_from_the_environment(settings) -> None:  # type
     assert settings.AXES_ENABLED is True
     assert settings.AXES_FAILURE_LIMIT == 5
     assert settings.AXES_COOLOFF_TIME == 0.25  # 15 minutes, in hours
-    assert settings.AXES_LOCKOUT_PARAMETERS == [["username", "ip_address"]]
+    assert settings.LOOPSWEB_LOGIN_LOCKOUT_RULE == [["username", "ip_address"]]
+    assert settings.LOOPSWEB_LOGIN_IP_FAILURE_LIMIT == 30
 
 
 @pytest.mark.parametrize("next_url", ["https://evil.example/", "//evil.example/x", ""])

@@ -129,7 +129,7 @@ def _settings_json(tmp_path: Path, prelude: str = "", **env: str) -> dict:  # ty
         + "import json, django; django.setup(); from django.conf import settings as s; "
         "print(json.dumps({'https': s.SESSION_COOKIE_SECURE, 'hsts': s.SECURE_HSTS_SECONDS, "
         "'redirect': s.SECURE_SSL_REDIRECT, 'hosts': s.ALLOWED_HOSTS, "
-        "'axes': [s.AXES_FAILURE_LIMIT, s.AXES_COOLOFF_TIME, s.AXES_LOCKOUT_PARAMETERS]}))"
+        "'axes': [s.AXES_FAILURE_LIMIT, s.AXES_COOLOFF_TIME, s.LOOPSWEB_LOGIN_LOCKOUT_RULE]}))"
     )
     base = {
         k: v

@@ -18,12 +18,26 @@ class AccountForm(forms.ModelForm):
 
     class Meta:
         model = Account
-        fields = ("name", "provider", "enabled", "max_running", "env_json", "notes")
-        labels = {"env_json": "Environment", "max_running": "Max running steps"}
+        fields = (
+            "name",
+            "provider",
+            "enabled",
+            "max_running",
+            "env_json",
+            "env_file",
+            "notes",
+        )
+        labels = {
+            "env_json": "Environment",
+            "env_file": "Env file",
+            "max_running": "Max running steps",
+        }
         help_texts = {
             "env_json": 'Variables that select the login, e.g. {"CODEX_HOME": '
             '"/srv/agents/acctA/codex"}. Never a secret.',
             "max_running": "Tightens the route's --max-per-profile for this account.",
+            "env_file": "API-key login: the absolute path of a 0600 file of NAME=value "
+            "lines, read when a step starts. Only the path is stored.",
         }
 
     def clean(self) -> dict[str, Any]:
@@ -40,9 +54,11 @@ class AccountForm(forms.ModelForm):
                 provider=str(data.get("provider") or ""),
                 env=env or {},
                 max_running=data.get("max_running"),
+                env_file=data.get("env_file") or None,
             )
         except AccountError as exc:
             raise forms.ValidationError(str(exc)) from None
+        data["env_file"] = data.get("env_file") or None
         return data
 
 

@@ -24,6 +24,9 @@ class Account(TimestampedModel):
     # Tightens the route's --max-per-profile for this account (None: the route's cap only).
     max_running = models.PositiveIntegerField(null=True, blank=True)
     env_json = models.JSONField(default=dict, blank=True)
+    # 0009: the path of a 0600 file of NAME=value lines (an API-key login), read when a
+    # step starts (ledger.envfile); the value never reaches the database.
+    env_file = models.CharField(max_length=1000, null=True, blank=True)
     notes = models.TextField(blank=True, default="")
 
     class Meta:

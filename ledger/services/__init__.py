@@ -36,7 +36,9 @@ from ledger.services.accounts import (
     account_add,
     account_env_parse,
     account_remove,
+    account_self_test,
     account_set_enabled,
+    login_environment,
 )
 from ledger.services.common import (
     CANCEL_REASON_DEFAULT,
@@ -109,6 +111,8 @@ __all__ = [
     "LoopChange",
     "RecoveredRun",
     "account_add",
+    "account_self_test",
+    "login_environment",
     "account_env_parse",
     "account_remove",
     "account_set_enabled",

@@ -6,19 +6,44 @@ Rules:
 2. The environment says where the provider CLI keeps the login, never a secret: a key
    that looks like one (`*_KEY`, `*_TOKEN`, `*PASSWORD*`, `*SECRET*`) is refused, as are
    loopsweb's own variables (an agent never sees them) and values with NUL or newlines.
-3. Bad input raises AccountError and writes nothing.
+3. A login's directories (`login_environment`): codex `CODEX_HOME`, claude
+   `CLAUDE_CONFIG_DIR`, opencode the four XDG directories under one home
+   (`XDG_CONFIG_HOME=HOME/config`, `XDG_DATA_HOME=HOME/data`, `XDG_CACHE_HOME=HOME/cache`,
+   `XDG_STATE_HOME=HOME/state`): absolute paths, only for the account's provider.
+4. An API-key login is an env file (`env_file`): its path is stored, never its content; a
+   file that is not 0600 or not owned by the current user is refused (ledger.envfile).
+5. Bad input raises AccountError and writes nothing.
+6. `account_self_test` runs the CLI's cheapest self-test with the account's environment:
+   `--version`, then a login probe (codex `login status`, or the variable its custom
+   provider's `env_key` names; claude `auth status`; opencode `auth list`, or the variables
+   its configured providers read), and says what is wrong.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from django.db import transaction
 
 from domain.pool import PROFILE_NAME_INVALID, valid_profile_name
+from ledger.agent_output import strip_ansi
+from ledger.envfile import EnvFileError, check_env_file, read_env_file
 from ledger.models import Account
-from ledger.providers import PROVIDERS, reserved_variable
+from ledger.providers import (
+    ADAPTERS,
+    PROVIDERS,
+    ProviderError,
+    agent_binary,
+    child_environment,
+    headless_options,
+    reserved_variable,
+)
 from ledger.services.common import LedgerError
 
 ACCOUNT_EXISTS = "account {name} already exists"
@@ -33,6 +58,21 @@ ENV_KEY_RESERVED = "environment name {key} is loopsweb's own and never reaches a
 ENV_VALUE_INVALID = "environment value of {key} contains a NUL byte or a line break"
 ENV_PAIR_INVALID = "--env takes KEY=VALUE: {pair!r}"
 MAX_RUNNING_INVALID = "max running must be a positive integer"
+LOGIN_DIR_PROVIDER = "{option} is for {provider} accounts, not {asked}"
+LOGIN_DIR_RELATIVE = "{option} must be an absolute path: {path!r}"
+# The login directories `account add` takes, per provider: option -> variables.
+LOGIN_DIRS = {
+    "codex": {"--codex-home": (("CODEX_HOME", ""),)},
+    "claude": {"--claude-config-dir": (("CLAUDE_CONFIG_DIR", ""),)},
+    "opencode": {
+        "--opencode-home": (
+            ("XDG_CONFIG_HOME", "config"),
+            ("XDG_DATA_HOME", "data"),
+            ("XDG_CACHE_HOME", "cache"),
+            ("XDG_STATE_HOME", "state"),
+        )
+    },
+}
 
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_RE = re.compile(r"(_KEY$|_TOKEN$|PASSWORD|SECRET|^KEY$|^TOKEN$)", re.I)
@@ -69,10 +109,33 @@ def account_env_parse(pairs: list[str]) -> dict[str, str]:
     return account_env_check(env)
 
 
+def login_environment(provider: str, dirs: Mapping[str, str | None]) -> dict[str, str]:
+    """The variables of the login directories given as `{option: path}` (rule 3)."""
+    env: dict[str, str] = {}
+    for option, path in dirs.items():
+        if not path:
+            continue
+        owner = next((p for p, opts in LOGIN_DIRS.items() if option in opts), None)
+        if owner is None or owner != provider:
+            raise AccountError(
+                LOGIN_DIR_PROVIDER.format(option=option, provider=owner, asked=provider)
+            )
+        if not os.path.isabs(path) or any(c in path for c in "\x00\r\n"):
+            raise AccountError(LOGIN_DIR_RELATIVE.format(option=option, path=path))
+        for variable, sub in LOGIN_DIRS[owner][option]:
+            env[variable] = os.path.join(os.path.normpath(path), sub) if sub else path
+    return env
+
+
 def account_check(
-    *, name: str, provider: str, env: Mapping[str, str], max_running: int | None
+    *,
+    name: str,
+    provider: str,
+    env: Mapping[str, str],
+    max_running: int | None,
+    env_file: str | None = None,
 ) -> dict[str, str]:
-    """Validate an account's fields (rules 1-2); returns the checked environment."""
+    """Validate an account's fields (rules 1-2, 4); returns the checked environment."""
     if not valid_profile_name(name):
         raise AccountError(PROFILE_NAME_INVALID.format(name=name))
     if provider not in PROVIDERS:
@@ -87,6 +150,11 @@ def account_check(
         or max_running < 1
     ):
         raise AccountError(MAX_RUNNING_INVALID)
+    if env_file:
+        try:
+            read_env_file(env_file)
+        except EnvFileError as exc:
+            raise AccountError(str(exc)) from None
     return account_env_check(env)
 
 
@@ -99,11 +167,16 @@ def account_add(
     max_running: int | None = None,
     notes: str = "",
     dry_run: bool = False,
+    env_file: str | None = None,
 ) -> Account:
     """Register an account (enabled). An existing name is refused, not overwritten."""
     name = name.strip()
     checked = account_check(
-        name=name, provider=provider, env=env or {}, max_running=max_running
+        name=name,
+        provider=provider,
+        env=env or {},
+        max_running=max_running,
+        env_file=env_file,
     )
     if Account.objects.filter(pk=name).exists():
         raise AccountError(ACCOUNT_EXISTS.format(name=name))
@@ -111,6 +184,7 @@ def account_add(
         name=name,
         provider=provider,
         env_json=checked,
+        env_file=env_file or None,
         max_running=max_running,
         notes=notes,
     )
@@ -143,3 +217,192 @@ def account_remove(*, name: str, dry_run: bool = False) -> Account:
     if not dry_run:
         Account.objects.filter(pk=row.pk).delete()
     return row
+
+
+# -- account check ------------------------------------------------------------------------
+
+CHECK_TIMEOUT_SECONDS = 60
+
+
+@dataclass
+class SelfTest:
+    """What `account check` found: `ok` when nothing is wrong; `lines` says what was run."""
+
+    name: str
+    provider: str
+    ok: bool = True
+    lines: list[str] = field(default_factory=list)
+
+    def problem(self, text: str) -> None:
+        self.ok = False
+        self.lines.append(f"PROBLEM: {text}")
+
+    def fine(self, text: str) -> None:
+        self.lines.append(f"ok: {text}")
+
+
+def _run(
+    argv: list[str], env: Mapping[str, str], cwd: str
+) -> tuple[int | None, str, str]:
+    """(exit code, the output on one line, stdout as printed)."""
+    try:
+        done = subprocess.run(
+            argv,
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"no answer in {CHECK_TIMEOUT_SECONDS} s", ""
+    except OSError as exc:
+        return None, str(exc), ""
+    text = strip_ansi(f"{done.stdout}\n{done.stderr}")
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("WARNING: proceeding")
+    ]
+    return done.returncode, " / ".join(lines)[:500], done.stdout
+
+
+def _codex_login(test: SelfTest, binary: str, env: Mapping[str, str], cwd: str) -> None:
+    home = env.get("CODEX_HOME")
+    if home and not os.path.isdir(home):
+        test.problem(f"CODEX_HOME {home} does not exist")
+        return
+    config: dict[str, object] = {}
+    if home:
+        try:
+            with open(os.path.join(home, "config.toml"), "rb") as handle:
+                config = tomllib.load(handle)
+        except FileNotFoundError:
+            pass
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            test.problem(f"{home}/config.toml cannot be read: {exc}")
+            return
+    name = config.get("model_provider")
+    providers = config.get("model_providers")
+    entry = providers.get(name) if isinstance(providers, dict) and name else None
+    if isinstance(entry, dict) and entry.get("env_key"):
+        key = str(entry["env_key"])
+        if env.get(key):
+            test.fine(f"provider {name} reads its key from {key}, which is set")
+        else:
+            test.problem(
+                f"provider {name} reads its key from {key}, which is not set "
+                "(put it in the account's --env-file)"
+            )
+        return
+    code, text, _ = _run([binary, "login", "status"], env, cwd)
+    if code == 0:
+        test.fine(f"codex login status: {text}")
+    elif env.get("OPENAI_API_KEY") or env.get("CODEX_API_KEY"):
+        test.fine("an API key is set in the environment")
+    else:
+        test.problem(f"codex login status: {text}")
+
+
+def _claude_login(
+    test: SelfTest, binary: str, env: Mapping[str, str], cwd: str
+) -> None:
+    code, text, raw = _run([binary, "auth", "status"], env, cwd)
+    try:
+        status = json.loads(raw)
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and status.get("loggedIn"):
+        test.fine(f"claude auth status: logged in ({status.get('authMethod')})")
+    elif isinstance(status, dict):
+        test.problem(
+            "claude auth status: not logged in (run `claude /login` with this "
+            "CLAUDE_CONFIG_DIR, or put ANTHROPIC_API_KEY in the account's --env-file)"
+        )
+    else:
+        test.problem(f"claude auth status (exit {code}): {text}")
+
+
+_ENV_REF = re.compile(r"\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _opencode_login(
+    test: SelfTest, binary: str, env: Mapping[str, str], cwd: str
+) -> None:
+    config_home = env.get("XDG_CONFIG_HOME") or os.path.join(
+        env.get("HOME", ""), ".config"
+    )
+    path = os.path.join(config_home, "opencode", "opencode.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config_text = handle.read()
+    except OSError:
+        config_text = ""
+    missing = sorted({n for n in _ENV_REF.findall(config_text) if not env.get(n)})
+    if missing:
+        test.problem(f"{path} reads {', '.join(missing)}, which is not set")
+        return
+    code, text, _ = _run([binary, "auth", "list"], env, cwd)
+    if code != 0:
+        test.problem(f"opencode auth list (exit {code}): {text}")
+    elif _ENV_REF.search(config_text):
+        test.fine(f"{path} configures a provider whose key variables are set")
+    elif re.search(r"\b0 credentials\b", text):
+        test.problem(f"opencode auth list: no credentials ({text})")
+    else:
+        test.fine(f"opencode auth list: {text}")
+
+
+_LOGIN_PROBES = {
+    "codex": _codex_login,
+    "claude": _claude_login,
+    "opencode": _opencode_login,
+}
+
+
+def account_self_test(*, name: str) -> SelfTest:
+    """Rule 6: `--version`, then the login probe, with the environment a step would get."""
+    row = Account.objects.filter(pk=name.strip()).first()
+    if row is None:
+        raise AccountError(ACCOUNT_NOT_FOUND.format(name=name))
+    test = SelfTest(name=row.name, provider=row.provider)
+    if not row.enabled:
+        test.problem("the account is disabled (never assigned)")
+    env = {str(k): str(v) for k, v in (row.env_json or {}).items()}
+    if row.env_file:
+        try:
+            check_env_file(row.env_file)
+            env.update(read_env_file(row.env_file))
+            test.fine(f"env file {row.env_file} is readable (0600, yours)")
+        except EnvFileError as exc:
+            test.problem(str(exc))
+    try:
+        binary = agent_binary(row.provider)
+    except ProviderError as exc:
+        test.problem(str(exc))
+        return test
+    cwd = env.get("HOME") or os.path.expanduser("~")
+    cwd = cwd if os.path.isdir(cwd) else "/"
+    _, provider_env = (
+        headless_options(row.provider, sandbox=None, cwd=cwd, account_env=env)
+        if row.provider in ADAPTERS
+        else ([], {})
+    )
+    child = child_environment(
+        {"LOOPSWEB_ACCOUNT_PROFILE": row.name},
+        account_env=env,
+        provider_env=provider_env,
+    )
+    code, text, _ = _run([binary, "--version"], child, cwd)
+    if code == 0:
+        test.fine(f"{binary} --version: {text}")
+    else:
+        test.problem(f"{binary} --version (exit {code}): {text}")
+        return test
+    probe = _LOGIN_PROBES.get(row.provider)
+    if probe is None:
+        test.lines.append(f"note: {row.provider} has no login probe")
+    else:
+        probe(test, binary, child, cwd)
+    return test

@@ -1,8 +1,8 @@
 """The one way into the JSON API and /metrics: a bearer token with a scope, or a staff session.
 
 Contract of `api_auth(scope, methods=..., allow_staff=...)`:
-1. `Authorization: Bearer <token>` present: the token must be live (401 otherwise) and carry
-   `scope` (403 otherwise). A bad token is refused even when a staff session is also present,
+1. `Authorization: Bearer <token>` present: the token must be live (401 otherwise; an expired
+   one's 401 says when it expired) and carry `scope` (403 otherwise). A bad token is refused even when a staff session is also present,
    so a script never succeeds by accident through a browser cookie.
 2. No Authorization header: with `allow_staff` (read views) a staff session passes and a
    signed-in non-staff user gets 403; anyone else, and every session on token-only views,
@@ -25,14 +25,14 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from routing.api.tokens import api_token_authenticate
+from routing.api.tokens import TOKEN_INVALID, api_token_authenticate, api_token_refusal
 from routing.models import ApiToken
 
 View = Callable[..., HttpResponse]
 
 AUTH_REQUIRED = "authentication required: send Authorization: Bearer <token>"
 AUTH_MALFORMED = "malformed Authorization header (expected: Bearer <token>)"
-AUTH_INVALID = "invalid or revoked token"
+AUTH_INVALID = TOKEN_INVALID
 AUTH_SCOPE = "this token lacks the {scope!r} scope"
 AUTH_NOT_STAFF = "staff access required"
 METHOD_NOT_ALLOWED = "method {method} not allowed"
@@ -71,7 +71,10 @@ def api_auth(
                     return json_error(AUTH_MALFORMED, 401, WWW_Authenticate="Bearer")
                 api_token = api_token_authenticate(token)
                 if api_token is None:
-                    return json_error(AUTH_INVALID, 401, WWW_Authenticate="Bearer")
+                    # "invalid or revoked token", or "token expired at …" for an expired one
+                    return json_error(
+                        api_token_refusal(token), 401, WWW_Authenticate="Bearer"
+                    )
                 if scope not in (api_token.scopes or []):
                     return json_error(AUTH_SCOPE.format(scope=scope), 403)
             else:

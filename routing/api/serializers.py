@@ -10,7 +10,7 @@ import base64
 import binascii
 import json
 from collections.abc import Iterable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from ledger.models import (
@@ -51,8 +51,13 @@ def cursor_decode(cursor: str) -> tuple[datetime, str]:
     # the WHERE clause, where PostgreSQL raises instead of matching nothing.
     if not (isinstance(row_id, str) and row_id.isascii() and row_id.isprintable()):
         raise ValueError("invalid cursor")
-    if parsed.tzinfo is None:
+    # Our cursors carry UTC times (+00:00). Any other offset is forged, and may be one the
+    # database cannot take (+23:59: PostgreSQL's "time zone displacement out of range") or an
+    # instant past datetime's range once in UTC (9999-12-31T23:59:59-14:00 overflows in the
+    # SQLite adapter): a bad cursor, never a database error.
+    if parsed.tzinfo is None or parsed.utcoffset() != timedelta(0):
         raise ValueError("invalid cursor")
+    parsed = parsed.replace(tzinfo=UTC)
     return parsed, row_id
 
 

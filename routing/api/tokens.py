@@ -8,19 +8,24 @@ Contract:
    with `hmac.compare_digest`; revoked tokens and unknown tokens both return None.
 3. `last_used_at` is written at most once a minute per token, with a conditional UPDATE, so
    a busy producer does not turn every request into a write.
+4. A token may carry an expiry (`expires_at`, from `api_token create --expires 90d`); from
+   then on `api_token_authenticate` returns None like for a revoked token (and writes no
+   last use), and `api_token_refusal` says which of the two it was.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from domain.bounds import BOUNDS, bounded_int
 from domain.errors import ApplicationError, ValidationError
 from routing.models import ApiToken
 
@@ -36,6 +41,13 @@ TOKEN_NAME_TAKEN = "a token named {name!r} already exists"
 TOKEN_SCOPE_REQUIRED = "give at least one scope ({scopes})"
 TOKEN_SCOPE_UNKNOWN = "unknown scope {scope!r} (scopes: {scopes})"
 TOKEN_NOT_FOUND = "no token named {name!r}"
+TOKEN_INVALID = "invalid or revoked token"
+TOKEN_EXPIRED = "token expired at {at} (create a new one: manage.py api_token create)"
+EXPIRES_INVALID = "--expires must be a duration like 90d, 12h, 30m or 3600s"
+EXPIRES_MAX_SECONDS = BOUNDS["--expires"].maximum
+EXPIRES_TOO_LARGE = f"--expires must be at most {EXPIRES_MAX_SECONDS // 86400} days"
+_LIFETIME = re.compile(r"^([0-9]+)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class TokenNotFound(ApplicationError):
@@ -46,9 +58,35 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
 
 
+def token_lifetime(text: str) -> timedelta:
+    """`--expires`: `90d`, `12h`, `30m` or `3600s`, within the bounds table's `--expires`."""
+    match = _LIFETIME.match(text.strip().lower())
+    if not match:
+        raise ValidationError(EXPIRES_INVALID)
+    unit = _UNIT_SECONDS[match.group(2)]
+    try:  # bounded_int: no int() of a 5,000-digit text
+        count = bounded_int("--expires", match.group(1), maximum=EXPIRES_MAX_SECONDS)
+    except ValidationError as exc:
+        if "at most" in str(exc):
+            raise ValidationError(EXPIRES_TOO_LARGE) from None
+        raise ValidationError(EXPIRES_INVALID) from None
+    assert count is not None
+    if count * unit > EXPIRES_MAX_SECONDS:
+        raise ValidationError(EXPIRES_TOO_LARGE)
+    return timedelta(seconds=count * unit)
+
+
 @transaction.atomic
-def api_token_create(*, name: str, scopes: list[str]) -> tuple[ApiToken, str]:
-    """Create a token; returns the row and the token text (shown once, never stored)."""
+def api_token_create(
+    *,
+    name: str,
+    scopes: list[str],
+    expires_in: timedelta | None = None,
+    now: datetime | None = None,
+) -> tuple[ApiToken, str]:
+    """Create a token; returns the row and the token text (shown once, never stored).
+
+    `expires_in`: the token stops working that long from now (None: never)."""
     name = name.strip()
     if not name:
         raise ValidationError(TOKEN_NAME_REQUIRED)
@@ -68,6 +106,7 @@ def api_token_create(*, name: str, scopes: list[str]) -> tuple[ApiToken, str]:
         token_hash=token_digest(token),
         prefix=token[:PREFIX_CHARS],
         scopes=wanted,
+        expires_at=(now or timezone.now()) + expires_in if expires_in else None,
     )
     row.full_clean()
     row.save()
@@ -89,7 +128,7 @@ def api_token_revoke(*, name: str, now: datetime | None = None) -> ApiToken:
 def api_token_authenticate(
     token: str, *, now: datetime | None = None
 ) -> ApiToken | None:
-    """The live token row for a presented token, or None (unknown or revoked)."""
+    """The live token row for a presented token, or None (unknown, revoked or expired)."""
     if not token.startswith(TOKEN_PREFIX):
         return None  # not one of ours: no need to hash or query
     digest = token_digest(token)
@@ -101,6 +140,8 @@ def api_token_authenticate(
     if row.revoked_at is not None:
         return None
     now = now or timezone.now()
+    if row.expires_at is not None and row.expires_at <= now:
+        return None
     if row.last_used_at is None or row.last_used_at <= now - TOUCH_INTERVAL:
         # Conditional UPDATE: of many concurrent requests, at most one writes per minute.
         ApiToken.objects.filter(pk=row.pk).filter(
@@ -108,3 +149,29 @@ def api_token_authenticate(
         ).update(last_used_at=now)
         row.last_used_at = now
     return row
+
+
+def token_state(row: ApiToken, now: datetime) -> str:
+    """`active`, `expired` or `revoked` (a revoked token stays revoked once it expires)."""
+    if row.revoked_at is not None:
+        return "revoked"
+    if row.expires_at is not None and row.expires_at <= now:
+        return "expired"
+    return "active"
+
+
+def api_token_refusal(token: str, *, now: datetime | None = None) -> str:
+    """Why `api_token_authenticate` refused `token`: expired (with when), or invalid/revoked.
+
+    Only called on the refusal path, so a live token costs no second query."""
+    if token.startswith(TOKEN_PREFIX):
+        row = (
+            ApiToken.objects.filter(token_hash=token_digest(token))
+            .only("revoked_at", "expires_at")  # the state is all the refusal needs
+            .first()
+        )
+        now = now or timezone.now()
+        if row is not None and token_state(row, now) == "expired":
+            at = row.expires_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+            return TOKEN_EXPIRED.format(at=at)
+    return TOKEN_INVALID

@@ -18,6 +18,8 @@ from django.db.models import (
 from django.db.models.functions import RowNumber
 from django_q.models import Schedule
 
+from domain.bounds import bounded_int
+from domain.errors import ValidationError
 from domain.templates import parse_pool, pool_routing_active
 from routing.admission import DEFAULT_MAX_PER_PROFILE, PIN_OPTIONS
 from routing.models import DrainRecord
@@ -54,14 +56,13 @@ class Cap:
     source: DrainConfig
 
 
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
+def _int(value: Any, flag: str) -> int | None:
+    """A stored cap option as the drain would read it (the bounds table); None when it is
+    unset or not a value the drain would accept (a schedule edited by hand, say)."""
+    try:
+        return bounded_int(flag, value, minimum=0)
+    except ValidationError:
         return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    return None
 
 
 def drain_config(
@@ -84,7 +85,7 @@ def drain_config(
         role: options.get(flag) if isinstance(options.get(flag), str) else None
         for flag, role in PIN_OPTIONS.items()
     }
-    per_profile = _int(options.get("max_per_profile"))
+    per_profile = _int(options.get("max_per_profile"), "--max-per-profile")
     if pool_routing_active(provider=provider, pool=pool, pins=pins):
         if per_profile is None:
             per_profile = DEFAULT_MAX_PER_PROFILE  # what admission applies to a pool
@@ -96,9 +97,14 @@ def drain_config(
         label=label,
         scope=scope,
         at=at,
-        max_active=_int(options.get("max_active")),
-        max_active_per_project=_int(options.get("max_active_per_project")),
-        max_active_per_project_group=_int(options.get("max_active_per_project_group")),
+        max_active=_int(options.get("max_active"), "--max-active"),
+        max_active_per_project=_int(
+            options.get("max_active_per_project"), "--max-active-per-project"
+        ),
+        max_active_per_project_group=_int(
+            options.get("max_active_per_project_group"),
+            "--max-active-per-project-group",
+        ),
         pool=tuple(pool),
         max_per_profile=effective,
     )

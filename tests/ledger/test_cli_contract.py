@@ -1,8 +1,8 @@
 """The provider adapters against the real agent CLIs, installed from the npm registry.
 
-Pinned versions (CLI_PACKAGES) are installed once into a cache directory
-(`LOOPSWEB_CLI_CACHE_DIR`, default `~/.cache/loopsweb/cli-contract`), then for codex, claude
-and opencode:
+Pinned versions (tests/agents/clis.py `CLI_PACKAGES`) are installed once into a cache
+directory (`LOOPSWEB_CLI_CACHE_DIR`, default `~/.cache/loopsweb/cli-contract`), then for
+codex, claude and opencode:
 1. every flag and subcommand the adapter passes exists in that version's `--help`;
 2. the prompt cannot be read as a flag: the CLI is started with the adapter's argv and the
    prompt `--version`, in an empty home (no login), and must not answer with its version.
@@ -12,9 +12,7 @@ not checked here. The test is skipped, with the reason printed, only where `npm`
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -22,12 +20,8 @@ from pathlib import Path
 import pytest
 
 from ledger.providers import ADAPTERS, agent_invocation
+from tests.agents.clis import CLI_PACKAGES, install_clis
 
-CLI_PACKAGES = {
-    "codex": ("@openai/codex", "0.171.0", "codex"),
-    "claude": ("@anthropic-ai/claude-code", "2.1.332", "claude"),
-    "opencode": ("opencode-ai", "1.18.33", "opencode"),
-}
 # Where each adapter's flags are documented: the help of its subcommand.
 HELP_ARGV = {
     "codex": ["exec", "--help"],
@@ -38,47 +32,9 @@ HELP_ARGV = {
 pytestmark = pytest.mark.slow
 
 
-def _cache_dir() -> Path:
-    pins = ",".join(f"{p}@{v}" for p, v, _ in CLI_PACKAGES.values())
-    base = os.environ.get("LOOPSWEB_CLI_CACHE_DIR") or str(
-        Path.home() / ".cache" / "loopsweb" / "cli-contract"
-    )
-    return Path(base) / hashlib.sha256(pins.encode()).hexdigest()[:12]
-
-
 @pytest.fixture(scope="module")
 def cli_bin() -> Path:
-    npm = shutil.which("npm")
-    if npm is None:
-        reason = "npm is not installed: the agent CLIs cannot be fetched from the npm registry"
-        print(f"SKIPPED test_cli_contract: {reason}")
-        pytest.skip(reason)
-    prefix = _cache_dir()
-    bin_dir = prefix / "node_modules" / ".bin"
-    if not all((bin_dir / name).exists() for _, _, name in CLI_PACKAGES.values()):
-        prefix.mkdir(parents=True, exist_ok=True)
-        print(f"installing {len(CLI_PACKAGES)} agent CLIs from npm into {prefix} ...")
-        done = subprocess.run(
-            [
-                npm,
-                "install",
-                "--prefix",
-                str(prefix),
-                "--no-audit",
-                "--no-fund",
-                "--loglevel",
-                "error",
-                *(
-                    f"{package}@{version}"
-                    for package, version, _ in CLI_PACKAGES.values()
-                ),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert done.returncode == 0, f"npm install failed:\n{done.stderr[-4000:]}"
-    return bin_dir
+    return install_clis("test_cli_contract")
 
 
 def _empty_home(tmp_path: Path) -> dict[str, str]:
@@ -151,12 +107,18 @@ def test_every_flag_the_adapter_passes_is_in_the_clis_help(
                 f"{provider} {CLI_PACKAGES[provider][1]}: no {item} in help"
             )
         elif item in adapter.leading:
-            assert item in top.stdout + top.stderr, f"{provider}: no subcommand {item}"
+            # A subcommand (top-level help) or the value of a flag (the subcommand's).
+            assert item in top.stdout + top.stderr + text, (
+                f"{provider}: no subcommand or value {item}"
+            )
     # The value the adapter gives --output-format / --sandbox is one the help lists.
     if "--output-format" in options:
         assert '"json"' in text or "json" in text
     if "--sandbox" in options:
         assert "workspace-write" in text
+    if "--permission-mode" in options:
+        mode = options[options.index("--permission-mode") + 1]
+        assert mode in text, f"{provider}: no permission mode {mode} in help"
 
 
 @pytest.mark.parametrize("provider", sorted(CLI_PACKAGES))
@@ -185,7 +147,7 @@ def test_the_prompt_is_never_read_as_a_flag(
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
     # `--version` read as a flag prints one short line holding the version (codex
-    # "codex-cli-exec 0.171.0", claude "2.1.332 (Claude Code)", opencode "1.18.33").
+    # "codex-cli-exec 0.171.0", claude "2.1.197 (Claude Code)", opencode "1.18.33").
     answered = [
         line
         for line in output.splitlines()

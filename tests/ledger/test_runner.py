@@ -377,9 +377,14 @@ def test_event_text_with_shell_metacharacters_reaches_the_agent_literally(
         ),
         # Registered accounts: the variable the CLI reads to find its login.
         ("codex", ["exec", "--json", "--sandbox", "workspace-write"], "CODEX_HOME"),
-        ("claude", ["--print", "--output-format", "json"], "CLAUDE_CONFIG_DIR"),
+        (
+            "claude",
+            ["--print", "--output-format", "stream-json", "--verbose"]
+            + ["--permission-mode", "acceptEdits"],
+            "CLAUDE_CONFIG_DIR",
+        ),
         ("cursor", ["--print"], "HOME"),
-        ("opencode", ["run"], "XDG_DATA_HOME"),
+        ("opencode", ["run", "--format", "json", "--print-logs"], "XDG_DATA_HOME"),
         ("aicopilot", ["--prompt-file"], "AICOPILOT_PROFILE"),
     ],
 )

@@ -147,7 +147,9 @@ def test_the_prune_command_keeps_a_branch_that_carries_the_agents_commits(
     assert git(
         project, "log", "-1", "--format=%s", worktree_branch(run.id)
     ).strip() == ("agent work")
-    with pytest.raises(CommandError, match="--keep-seconds must be >= 0"):
+    with pytest.raises(
+        CommandError, match="--keep-seconds must be a non-negative integer"
+    ):
         call_command("prune_worktrees", "--keep-seconds", "-1", stdout=io.StringIO())
 
 

@@ -1,10 +1,23 @@
 """Manage the account registry: which accounts exist, for which provider, whether they may be
 assigned, their running cap and the environment that selects their login.
 
-`add NAME --provider P [--env KEY=VALUE ...] [--max-running N] [--notes TEXT] [--dry-run]`,
-`list [--json]`, `disable NAME`, `enable NAME`, `remove NAME [--dry-run]`. The environment
-says where the provider's CLI keeps the login (`CODEX_HOME=/srv/agents/acctA/codex`); keys
-that look like secrets are refused.
+`add NAME --provider P [--codex-home DIR | --claude-config-dir DIR | --opencode-home DIR]
+[--env-file PATH] [--env KEY=VALUE ...] [--max-running N] [--notes TEXT] [--dry-run]`,
+`list [--json]`, `check NAME [--json]`, `disable NAME`, `enable NAME`,
+`remove NAME [--dry-run]`.
+
+The environment says where the provider's CLI keeps the login: `--codex-home DIR` sets
+`CODEX_HOME` (its `config.toml` and `auth.json` stay there), `--claude-config-dir DIR` sets
+`CLAUDE_CONFIG_DIR`, `--opencode-home DIR` sets `XDG_CONFIG_HOME=DIR/config`,
+`XDG_DATA_HOME=DIR/data`, `XDG_CACHE_HOME=DIR/cache` and `XDG_STATE_HOME=DIR/state`
+(opencode's config is `DIR/config/opencode/opencode.json`, its credentials
+`DIR/data/opencode/auth.json`). `--env KEY=VALUE` adds any other variable; keys that look
+like secrets are refused. An API-key login is `--env-file PATH`: a file of `NAME=value`
+lines, mode 0600, owned by the user the runner runs as; only the path is stored, and the
+runner reads the file when a step on the account starts.
+
+`check NAME` runs the CLI's cheapest self-test with the account's environment (`--version`,
+then a login probe) and exits non-zero, saying what is wrong, when something is.
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from domain.bounds import option_type
 from domain.errors import ApplicationError
 from ledger import services
 from ledger.models import Account
@@ -25,7 +39,7 @@ def _iso(value: Any) -> str | None:
 
 
 class Command(BaseCommand):
-    help = "Manage the account registry: add, list, disable, enable, remove."
+    help = "Manage the account registry: add, list, check, disable, enable, remove."
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True)
@@ -39,12 +53,37 @@ class Command(BaseCommand):
             metavar="KEY=VALUE",
             help="a variable that selects the login (repeat for several)",
         )
-        add.add_argument("--max-running", type=int, default=None)
+        add.add_argument(
+            "--codex-home", metavar="DIR", help="codex: the account's CODEX_HOME"
+        )
+        add.add_argument(
+            "--claude-config-dir",
+            metavar="DIR",
+            help="claude: the account's CLAUDE_CONFIG_DIR",
+        )
+        add.add_argument(
+            "--opencode-home",
+            metavar="DIR",
+            help="opencode: DIR/config, DIR/data, DIR/cache, DIR/state as its XDG dirs",
+        )
+        add.add_argument(
+            "--env-file",
+            metavar="PATH",
+            help="API-key login: a 0600 file of NAME=value lines (only the path is stored)",
+        )
+        add.add_argument(
+            "--max-running", type=option_type("--max-running"), default=None
+        )
         add.add_argument("--notes", default="")
         add.add_argument("--dry-run", action="store_true", help="check, write nothing")
         add.add_argument("--json", action="store_true", help="print JSON")
         listing = actions.add_parser("list", help="list accounts")
         listing.add_argument("--json", action="store_true", help="print JSON")
+        check = actions.add_parser(
+            "check", help="run the CLI's self-test with the account's login"
+        )
+        check.add_argument("name")
+        check.add_argument("--json", action="store_true", help="print JSON")
         for verb in ("disable", "enable"):
             sub = actions.add_parser(verb, help=f"{verb} an account")
             sub.add_argument("name")
@@ -65,6 +104,8 @@ class Command(BaseCommand):
                 self._add(options)
             elif action == "list":
                 self._list(as_json=options["json"])
+            elif action == "check":
+                self._check(options)
             elif action in ("disable", "enable"):
                 row, changed = services.account_set_enabled(
                     name=options["name"], enabled=action == "enable"
@@ -80,8 +121,16 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
 
     def _add(self, options: dict[str, Any]) -> None:
-        env = services.account_env_parse(options["env"])
         provider = options["provider"]
+        env = services.login_environment(
+            provider,
+            {
+                "--codex-home": options["codex_home"],
+                "--claude-config-dir": options["claude_config_dir"],
+                "--opencode-home": options["opencode_home"],
+            },
+        )
+        env.update(services.account_env_parse(options["env"]))
         row = services.account_add(
             name=options["name"],
             provider=provider,
@@ -89,15 +138,42 @@ class Command(BaseCommand):
             max_running=options["max_running"],
             notes=options["notes"],
             dry_run=options["dry_run"],
+            env_file=options["env_file"],
         )
         variable = ADAPTERS[provider].account_variable
-        if variable and variable not in env:
+        if variable and variable not in env and not options["env_file"]:
             self.stderr.write(
                 f"account: warning: {provider} reads its login from {variable}; without "
-                f"--env {variable}=... the step uses the worker's own login"
+                f"it (or --env-file) the step uses the worker's own login"
             )
         verb = "would add" if options["dry_run"] else "added"
         self._say(options, f"account: {verb} {row.name} ({provider})", row, result=verb)
+
+    def _check(self, options: dict[str, Any]) -> None:
+        test = services.account_self_test(name=options["name"])
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "name": test.name,
+                        "provider": test.provider,
+                        "ok": test.ok,
+                        "lines": test.lines,
+                    }
+                )
+            )
+        else:
+            for line in test.lines:
+                self.stdout.write(f"account check {test.name}: {line}")
+        if not test.ok:
+            raise CommandError(
+                f"account {test.name} ({test.provider}) failed its check: "
+                + "; ".join(
+                    line[len("PROBLEM: ") :]
+                    for line in test.lines
+                    if line.startswith("PROBLEM: ")
+                )
+            )
 
     def _say(
         self, options: dict[str, Any], text: str, row: Account, *, result: str
@@ -119,8 +195,10 @@ class Command(BaseCommand):
             env = " ".join(f"{k}={v}" for k, v in sorted(e["env"].items())) or "-"
             cap = e["maxRunning"] if e["maxRunning"] is not None else "-"
             state = "enabled" if e["enabled"] else "disabled"
+            env_file = f"  env_file={e['envFile']}" if e["envFile"] else ""
             self.stdout.write(
-                f"{e['name']}  provider={e['provider']}  {state}  max_running={cap}  env={env}"
+                f"{e['name']}  provider={e['provider']}  {state}  max_running={cap}  "
+                f"env={env}{env_file}"
             )
 
 
@@ -131,6 +209,7 @@ def _entry(row: Account) -> dict[str, Any]:
         "enabled": row.enabled,
         "maxRunning": row.max_running,
         "env": dict(row.env_json or {}),
+        "envFile": row.env_file or None,
         "notes": row.notes,
         "createdAt": _iso(row.created_at),
         "updatedAt": _iso(row.updated_at),

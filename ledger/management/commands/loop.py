@@ -16,6 +16,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from domain.bounds import option_type
 from domain.errors import ApplicationError
 from ledger.models import Loop, LoopStatus
 from ledger.services import LOOP_ACTIONS, LoopChange, loop_status_change
@@ -37,7 +38,9 @@ class Command(BaseCommand):
             sub.add_argument("--json", action="store_true", help="print JSON")
         listing = actions.add_parser("list", help="list loops, newest first")
         listing.add_argument("--status", choices=LoopStatus.values)
-        listing.add_argument("--limit", type=int, default=50)
+        listing.add_argument(
+            "--limit", type=option_type("--limit", key="loop --limit"), default=50
+        )
         listing.add_argument("--json", action="store_true", help="print JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:

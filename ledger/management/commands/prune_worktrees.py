@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from domain.bounds import option_type
 from ledger.worktrees import worktrees_prune
 
 
@@ -28,7 +29,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--keep-seconds",
-            type=int,
+            type=option_type("--keep-seconds"),
             help="keep failed runs' worktrees this long (default LOOPSWEB_WORKTREE_KEEP_SECONDS)",
         )
         parser.add_argument("--json", action="store_true", help="print a JSON report")
@@ -36,8 +37,6 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         dry_run: bool = options["dry_run"]
         keep = options["keep_seconds"]
-        if keep is not None and keep < 0:
-            raise CommandError("--keep-seconds must be >= 0")
         pruned = worktrees_prune(keep_seconds=keep, dry_run=dry_run)
         failed = [p for p in pruned if p.error]
         if options["json"]:

@@ -1,6 +1,6 @@
 """Create, list and revoke API tokens.
 
-`create NAME --scope ingest [--scope read ...]` prints the token once, alone on stdout (so
+`create NAME --scope ingest [--scope read ...] [--expires 90d]` prints the token once, alone on stdout (so
 `TOKEN=$(manage.py api_token create ci --scope ingest)` works); only its SHA-256 is stored,
 so a lost token is revoked and replaced, never recovered. `revoke` keeps the row for the
 audit trail (name, prefix, when it was last used).
@@ -16,7 +16,13 @@ from django.utils import timezone
 
 from domain.errors import ApplicationError
 from routing.api.serializers import iso
-from routing.api.tokens import SCOPES, api_token_create, api_token_revoke
+from routing.api.tokens import (
+    SCOPES,
+    api_token_create,
+    api_token_revoke,
+    token_lifetime,
+    token_state,
+)
 from routing.models import ApiToken
 
 
@@ -34,6 +40,11 @@ class Command(BaseCommand):
             choices=SCOPES,
             help="repeat for several: " + ", ".join(SCOPES),
         )
+        create.add_argument(
+            "--expires",
+            help="the token stops working this long from now: 90d, 12h, 30m, 3600s "
+            "(at most 3650d; default: never)",
+        )
         listing = actions.add_parser("list", help="list tokens (never the secrets)")
         listing.add_argument("--json", action="store_true", help="print JSON")
         revoke = actions.add_parser("revoke", help="revoke a token by name")
@@ -48,7 +59,7 @@ class Command(BaseCommand):
         action = options["action"]
         try:
             if action == "create":
-                self._create(options["name"], options["scope"])
+                self._create(options["name"], options["scope"], options["expires"])
             elif action == "list":
                 self._list(as_json=options["json"])
             else:
@@ -56,16 +67,19 @@ class Command(BaseCommand):
         except ApplicationError as exc:
             raise CommandError(str(exc)) from None
 
-    def _create(self, name: str, scopes: list[str]) -> None:
-        row, token = api_token_create(name=name, scopes=scopes)
+    def _create(self, name: str, scopes: list[str], expires: str | None) -> None:
+        lifetime = token_lifetime(expires) if expires is not None else None
+        row, token = api_token_create(name=name, scopes=scopes, expires_in=lifetime)
+        until = f", expires {iso(row.expires_at)}" if row.expires_at else ""
         self.stderr.write(
-            f"api_token: created {row.name} ({row.prefix}…, scopes: {', '.join(row.scopes)}); "
-            "the token is shown once, store it now"
+            f"api_token: created {row.name} ({row.prefix}…, scopes: {', '.join(row.scopes)}"
+            f"{until}); the token is shown once, store it now"
         )
         self.stdout.write(token)
 
     def _list(self, *, as_json: bool) -> None:
         rows = list(ApiToken.objects.order_by("name"))
+        now = timezone.now()
         entries = [
             {
                 "name": row.name,
@@ -74,6 +88,8 @@ class Command(BaseCommand):
                 "createdAt": iso(row.created_at),
                 "lastUsedAt": iso(row.last_used_at),
                 "revokedAt": iso(row.revoked_at),
+                "expiresAt": iso(row.expires_at),
+                "state": token_state(row, now),
             }
             for row in rows
         ]
@@ -84,10 +100,14 @@ class Command(BaseCommand):
             self.stdout.write("api_token: no tokens")
             return
         for e in entries:
-            state = f"revoked {e['revokedAt']}" if e["revokedAt"] else "active"
+            state = {
+                "revoked": f"revoked {e['revokedAt']}",
+                "expired": f"expired {e['expiresAt']}",
+            }.get(e["state"], "active")
             self.stdout.write(
                 f"{e['name']}  {e['prefix']}…  scopes={','.join(e['scopes'])}  "
-                f"created={e['createdAt']}  last_used={e['lastUsedAt'] or 'never'}  {state}"
+                f"created={e['createdAt']}  last_used={e['lastUsedAt'] or 'never'}  "
+                f"expires={e['expiresAt'] or 'never'}  {state}"
             )
 
     def _revoke(self, name: str, *, dry_run: bool) -> None:

@@ -25,11 +25,16 @@ from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest
 PROGRESS_EVERY = 10_000
 
 
-def _bounded_lines(head: bytes, stream: Any, limit: int) -> Iterator[bytes | None]:
+def _bounded_lines(
+    head: bytes, stream: Any, limit: int, *, skip_max: int
+) -> Iterator[bytes | None]:
     """The lines of `head` then `stream`, each read with at most `limit` + 2 bytes in memory.
 
     A longer line yields None (it is skipped in bounded chunks, never held whole), so a
-    hostile 300 MB line costs no more memory than a legal one.
+    hostile 300 MB line costs no more memory than a legal one. Skipping is bounded too: a
+    line still without its end after `skip_max` bytes (`/dev/zero`, a file with no newline)
+    is a CommandError instead of reading for ever. With `skip_max` 0 the first overlong
+    line is the last thing read.
     """
     first = io.BytesIO(head)
 
@@ -39,15 +44,28 @@ def _bounded_lines(head: bytes, stream: Any, limit: int) -> Iterator[bytes | Non
             return part
         return part + stream.readline(size - len(part))
 
+    number = 0
     while True:
         line = readline(limit + 2)
         if not line:
             return
+        number += 1
         if len(line.rstrip(b"\r\n")) <= limit:
             yield line
             continue
+        if not skip_max:
+            yield None
+            return  # the file is refused anyway: read no further
+        skipped = len(line)
         while line and not line.endswith(b"\n"):
+            if skipped > skip_max:
+                raise CommandError(
+                    f"line {number} is larger than {limit} bytes (LOOPSWEB_MAX_EVENT_BYTES) "
+                    f"and has no end within {skip_max} bytes (LOOPSWEB_MAX_INGEST_BYTES); "
+                    "nothing stored"
+                )
             line = readline(1 << 16)  # drop the rest of the overlong line
+            skipped += len(line)
         yield None
 
 
@@ -82,7 +100,7 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc.strerror}") from None
         try:
-            items = self._envelopes(stream)
+            items = self._envelopes(stream, skip_invalid=options["skip_invalid"])
             try:
                 report = inbox_ingest(
                     items,
@@ -122,8 +140,14 @@ class Command(BaseCommand):
         if len(report.invalid) > 50:
             self.stdout.write(f"  … and {len(report.invalid) - 50} more")
 
-    def _envelopes(self, stream: Any) -> Iterator[tuple[str, object]]:
-        """(position, parsed JSON or a ValidationError) for each envelope in the stream."""
+    def _envelopes(
+        self, stream: Any, *, skip_invalid: bool
+    ) -> Iterator[tuple[str, object]]:
+        """(position, parsed JSON or a ValidationError) for each envelope in the stream.
+
+        An overlong JSON Lines line fails the whole file unless --skip-invalid, so without
+        it reading stops there, never past its limit (the report ends with that line); with
+        it, the line is skipped up to LOOPSWEB_MAX_INGEST_BYTES while looking for its end."""
         limit = settings.LOOPSWEB_MAX_EVENT_BYTES
         head = stream.read(limit + 1)
         if head.lstrip()[:1] == b"[":
@@ -151,7 +175,8 @@ class Command(BaseCommand):
                 yield "item 1", whole
                 return
         number = 0
-        for line in _bounded_lines(head, stream, limit):
+        skip_max = settings.LOOPSWEB_MAX_INGEST_BYTES if skip_invalid else 0
+        for line in _bounded_lines(head, stream, limit, skip_max=skip_max):
             number += 1
             if line is None:
                 yield (

@@ -8,9 +8,10 @@ import json
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 from django.utils import timezone
 
+from domain.bounds import option_type
 from routing.drains.retention import drain_records_prune
 
 
@@ -20,7 +21,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument(
             "--days",
-            type=int,
+            type=option_type("--days"),
             default=None,
             help="keep empty records this many days (default: "
             "LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS)",
@@ -34,8 +35,6 @@ class Command(BaseCommand):
         days = options["days"]
         if days is None:
             days = settings.LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS
-        if days < 1:
-            raise CommandError("--days must be a positive integer")
         n = drain_records_prune(
             now=timezone.now(), days=days, dry_run=options["dry_run"]
         )

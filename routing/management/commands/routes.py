@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from domain.bounds import bounded_int
+from domain.bounds import BOUNDS, bounded_int
 from domain.errors import ApplicationError, ValidationError
 from ledger.models import (
     WorkflowInvocation,
@@ -38,14 +38,14 @@ from routing.api.serializers import iso, with_attempts
 
 ROUTE_ITEM_NOT_FOUND = "route work item not found: {item_id}"
 DEFAULT_LIMIT = 50
-MAX_LIMIT = 1000
+MAX_LIMIT = BOUNDS["routes --limit"].maximum
 
 
 def _limit(value: str | None) -> int:
     if value is None:
         return DEFAULT_LIMIT
     try:
-        limit = bounded_int("--limit", value, maximum=MAX_LIMIT)
+        limit = bounded_int("--limit", value, key="routes --limit")
     except ValidationError:
         raise CommandError(
             f"--limit must be a whole number from 1 to {MAX_LIMIT}"

@@ -90,6 +90,8 @@ def test_list_json_shows_usage_and_revocation(client: Client) -> None:
         "createdAt",
         "lastUsedAt",
         "revokedAt",
+        "expiresAt",
+        "state",
     }
 
 

@@ -1,0 +1,328 @@
+"""What the real agent CLIs print, read for the ledger: pure functions, no Django, no ORM.
+
+The formats are the ones codex, claude and opencode print headless (docs/agents.md):
+- codex `exec --json`: JSON Lines events (`thread.started`, `item.started` /
+  `item.completed` with an `item` of type `command_execution`, `agent_message`,
+  `file_change`, ..., `turn.completed` with usage, `error`, `turn.failed`);
+- claude `--print --output-format stream-json --verbose`: JSON Lines (`system` init,
+  `assistant` and `user` messages, and last one `result` object with `is_error`, `result`,
+  `api_error_status`, `usage` and `total_cost_usd`); `--output-format json` prints only
+  that `result` object;
+- opencode `run --format json`: JSON Lines (`step_start`, `tool_use`, `text`,
+  `step_finish` with tokens and cost, `error`); with `--print-logs` its log goes to stderr
+  as `timestamp=... level=ERROR ... message="stream error" ... error.error="..."` lines.
+
+Contract:
+1. ANSI colour codes are stripped before anything is matched or shown.
+2. `agent_error(provider, stdout, stderr, exit_code)` is the agent's own account of a
+   failure, with the exit code after it: claude's `result` when `is_error`, codex's
+   `turn.failed` error (else its last `error` event), opencode's last `error` event's
+   message; when the output has none of those and the step failed, the last line of stderr
+   that is not known start-up noise. None when there is nothing to say.
+3. `summarize_line(provider, line)` is one readable line for live output (a command, a tool
+   call, a message, an error, usage), or None for an event that says nothing to a reader;
+   a line that is not JSON is shown as it is. `summarize_output` applies it to a tail.
+4. Rate limits have ONE detector, `ledger.ratelimit.detect_rate_limit`. `rate_limit` runs it
+   on a finished step's output; `live_rate_limit` runs it while the agent still runs, on
+   the lines that report a failed model call (opencode's `level=ERROR` log lines on stderr,
+   codex's `error` events), so a rate limit is seen seconds after the provider answered 429,
+   however long the CLI goes on retrying.
+5. Nothing here raises on bad output.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any
+
+from ledger.ratelimit import RateLimitSignal, detect_rate_limit, strip_ansi
+from ledger.usage import json_objects
+
+__all__ = [
+    "agent_error",
+    "live_rate_limit",
+    "rate_limit",
+    "strip_ansi",
+    "summarize_line",
+    "summarize_output",
+]
+
+ERROR_CHARS = 500
+SUMMARY_CHARS = 300
+
+# stderr lines the CLIs print on every start, which explain no failure.
+_NOISE = (
+    "Reading additional input from stdin",
+    "WARNING: proceeding, even though we could not create PATH aliases",
+)
+
+
+def _short(text: Any, limit: int) -> str:
+    value = " ".join(strip_ansi(str(text)).split())
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def _events(stdout: str) -> list[dict[str, Any]]:
+    return json_objects(strip_ansi(stdout or ""))
+
+
+def _claude_error(events: list[dict[str, Any]]) -> str | None:
+    for event in reversed(events):
+        if event.get("type") == "result":
+            if event.get("is_error"):
+                return str(event.get("result") or event.get("subtype") or "error")
+            return None
+    return None
+
+
+def _codex_error(events: list[dict[str, Any]]) -> str | None:
+    last_error = None
+    for event in events:
+        kind = event.get("type")
+        if kind == "turn.failed":
+            error = event.get("error")
+            if isinstance(error, dict) and error.get("message"):
+                return str(error["message"])
+        elif kind == "error" and event.get("message"):
+            last_error = str(event["message"])
+    return last_error
+
+
+def _opencode_error(events: list[dict[str, Any]]) -> str | None:
+    for event in reversed(events):
+        if event.get("type") != "error":
+            continue
+        error = event.get("error")
+        if isinstance(error, dict):
+            data = error.get("data") if isinstance(error.get("data"), dict) else {}
+            message = data.get("message") or error.get("message") or error.get("name")
+            if message:
+                return str(message)
+        elif error:
+            return str(error)
+        return "error"
+    return None
+
+
+_ERRORS = {"claude": _claude_error, "codex": _codex_error, "opencode": _opencode_error}
+
+
+def _last_stderr_line(stderr: str) -> str | None:
+    for line in reversed(strip_ansi(stderr or "").splitlines()):
+        line = line.strip()
+        if line and not line.startswith(_NOISE):
+            return line
+    return None
+
+
+def agent_error(
+    provider: str | None, stdout: str, stderr: str, exit_code: int | None
+) -> str | None:
+    """The agent's own error message with the exit code after it (contract 2), or None."""
+    try:
+        reader = _ERRORS.get(provider or "")
+        message = reader(_events(stdout)) if reader else None
+        if message is None and exit_code not in (0, None):
+            message = _last_stderr_line(stderr)
+    except Exception:  # reading output never fails a step
+        return None
+    if not message:
+        return None
+    text = _short(message, ERROR_CHARS)
+    return f"{text} (exit code {exit_code})" if exit_code is not None else text
+
+
+# -- live output -----------------------------------------------------------------------
+
+
+def _codex_summary(event: dict[str, Any]) -> str | None:
+    kind = event.get("type")
+    item = event.get("item") if isinstance(event.get("item"), dict) else {}
+    item_type = item.get("type")
+    if kind == "item.started" and item_type == "command_execution":
+        return f"$ {item.get('command', '')}"
+    if kind == "item.completed":
+        if item_type == "command_execution":
+            return f"$ {item.get('command', '')} (exit {item.get('exit_code')})"
+        if item_type == "agent_message":
+            return f"message: {item.get('text', '')}"
+        if item_type == "reasoning":
+            return f"thinking: {item.get('text', '')}"
+        if item_type == "file_change":
+            changes = (
+                item.get("changes") if isinstance(item.get("changes"), list) else []
+            )
+            paths = ", ".join(
+                f"{c.get('kind', 'edit')} {c.get('path', '')}"
+                for c in changes
+                if isinstance(c, dict)
+            )
+            return f"files: {paths}"
+        if item_type == "mcp_tool_call":
+            return f"tool: {item.get('server', '')}.{item.get('tool', '')}"
+        if item_type == "web_search":
+            return f"search: {item.get('query', '')}"
+        if item_type == "error":
+            return f"warning: {item.get('message', '')}"
+        return None
+    if kind == "error":
+        return f"error: {event.get('message', '')}"
+    if kind == "turn.failed":
+        error = event.get("error") if isinstance(event.get("error"), dict) else {}
+        return f"failed: {error.get('message', '')}"
+    if kind == "turn.completed":
+        usage = event.get("usage") if isinstance(event.get("usage"), dict) else {}
+        return (
+            f"turn done: {usage.get('input_tokens', 0)} tokens in, "
+            f"{usage.get('output_tokens', 0)} out"
+        )
+    return None
+
+
+def _tool_detail(name: str, args: Any) -> str:
+    if not isinstance(args, dict):
+        return name
+    for key in ("command", "cmd", "file_path", "filePath", "path", "pattern", "url"):
+        if args.get(key):
+            return f"{name} {args[key]}"
+    return name
+
+
+def _claude_summary(event: dict[str, Any]) -> str | None:
+    kind = event.get("type")
+    if kind == "system" and event.get("subtype") == "init":
+        return f"session started (model {event.get('model', '?')}, cwd {event.get('cwd', '?')})"
+    if kind == "result":
+        if event.get("is_error"):
+            return f"error: {event.get('result', '')}"
+        cost = event.get("total_cost_usd")
+        return f"done: {event.get('result', '')} (cost ${cost})"
+    message = event.get("message") if isinstance(event.get("message"), dict) else {}
+    content = message.get("content")
+    if not isinstance(content, list):
+        return None
+    parts = []
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text" and block.get("text"):
+            parts.append(f"message: {block['text']}")
+        elif block.get("type") == "tool_use":
+            parts.append(
+                f"tool: {_tool_detail(str(block.get('name', '')), block.get('input'))}"
+            )
+        elif block.get("type") == "tool_result":
+            body = block.get("content")
+            text = body if isinstance(body, str) else json.dumps(body)
+            label = "tool error" if block.get("is_error") else "tool result"
+            parts.append(f"{label}: {text}")
+    return " | ".join(parts) or None
+
+
+def _opencode_summary(event: dict[str, Any]) -> str | None:
+    kind = event.get("type")
+    part = event.get("part") if isinstance(event.get("part"), dict) else {}
+    if kind == "tool_use":
+        state = part.get("state") if isinstance(part.get("state"), dict) else {}
+        detail = _tool_detail(str(part.get("tool", "")), state.get("input"))
+        return f"tool: {detail} ({state.get('status', '?')})"
+    if kind == "text":
+        return f"message: {part.get('text', '')}"
+    if kind == "reasoning":
+        return f"thinking: {part.get('text', '')}"
+    if kind == "step_finish":
+        tokens = part.get("tokens") if isinstance(part.get("tokens"), dict) else {}
+        return (
+            f"step done ({part.get('reason', '?')}): {tokens.get('input', 0)} tokens in, "
+            f"{tokens.get('output', 0)} out"
+        )
+    if kind == "error":
+        return f"error: {_opencode_error([event])}"
+    return None
+
+
+_SUMMARIES = {
+    "claude": _claude_summary,
+    "codex": _codex_summary,
+    "opencode": _opencode_summary,
+}
+
+
+def summarize_line(provider: str | None, line: str) -> str | None:
+    """One readable line for an output line (contract 3)."""
+    text = strip_ansi(line).strip()
+    if not text:
+        return None
+    reader = _SUMMARIES.get(provider or "")
+    if reader is None or not text.startswith("{"):
+        return _short(text, SUMMARY_CHARS)
+    try:
+        event = json.loads(text)
+    except (ValueError, RecursionError):
+        return _short(text, SUMMARY_CHARS)
+    if not isinstance(event, dict):
+        return _short(text, SUMMARY_CHARS)
+    try:
+        summary = reader(event)
+    except Exception:
+        return None
+    return _short(summary, SUMMARY_CHARS) if summary else None
+
+
+def summarize_output(provider: str | None, text: str) -> str:
+    """`summarize_line` over every line of `text`, the lines that say something."""
+    lines = (summarize_line(provider, line) for line in (text or "").splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+# -- rate limits -----------------------------------------------------------------------
+
+
+def rate_limit(
+    provider: str | None,
+    stdout: str,
+    stderr: str,
+    exit_code: int | None,
+    *,
+    rate_limit_exit_codes: Collection[int],
+    now: datetime,
+) -> RateLimitSignal | None:
+    """The rate limit a finished step reported (the one detector, on all its output)."""
+    return detect_rate_limit(
+        output=f"{stdout or ''}\n{stderr or ''}",
+        exit_code=exit_code,
+        rate_limit_exit_codes=rate_limit_exit_codes,
+        now=now,
+    )
+
+
+def _failed_call_lines(provider: str | None, stdout: str, stderr: str) -> list[str]:
+    lines: list[str] = []
+    if provider == "opencode":
+        for line in strip_ansi(stderr or "").splitlines():
+            if "level=ERROR" in line:
+                lines.append(line)
+    elif provider == "codex":
+        for line in strip_ansi(stdout or "").splitlines():
+            if line.startswith('{"type":"error"') or line.startswith(
+                '{"type":"turn.failed"'
+            ):
+                lines.append(line)
+    return lines
+
+
+def live_rate_limit(
+    provider: str | None, stdout: str, stderr: str, *, now: datetime
+) -> RateLimitSignal | None:
+    """A rate limit a still-running agent has already hit (contract 4), or None.
+
+    claude prints nothing before its result; bound its retries instead
+    (`CLAUDE_CODE_MAX_RETRIES`, set by the adapter)."""
+    lines = _failed_call_lines(provider, stdout, stderr)
+    if not lines:
+        return None
+    return detect_rate_limit(
+        output="\n".join(lines), exit_code=None, rate_limit_exit_codes=(), now=now
+    )

@@ -1,0 +1,48 @@
+"""`manage.py health [--json]`: what `GET /healthz` answers, for a terminal, cron or a
+container's health check. Exits 0 when healthy, 1 when not (routing.ops.health.selectors).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from routing.ops.health.selectors import health_report
+
+
+class Command(BaseCommand):
+    help = (
+        "Report whether the database answers and both clusters report; exit 1 if not."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--json", action="store_true", help="print the /healthz JSON body"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        report = health_report()
+        body = report.as_json()
+        if options["json"]:
+            self.stdout.write(json.dumps(body, indent=2, sort_keys=True))
+        else:
+            self.stdout.write(f"status: {body['status']}")
+            self.stdout.write(f"database: {body['database']}")
+            for name, cluster in body["clusters"].items():
+                ago = cluster["last_seen_seconds_ago"]
+                seen = "never" if ago is None else f"{ago} s ago"
+                workers = (
+                    f", {cluster['workers']} live workers"
+                    if "workers" in cluster
+                    else ""
+                )
+                self.stdout.write(
+                    f"cluster {name}: {cluster['status']} (last report {seen}, "
+                    f"interval {cluster['interval_seconds']} s{workers})"
+                )
+            for problem in body.get("problems", []):
+                self.stderr.write(f"problem: {problem}")
+        if not report.healthy:
+            raise SystemExit(1)

@@ -1,0 +1,1 @@
+"""Health of the installation: the database and both clusters (see selectors)."""

@@ -1,0 +1,146 @@
+"""The real agent CLIs for tests: installed once from the npm registry, and account homes.
+
+`install_clis()` installs the pinned versions (`CLI_PACKAGES`) with `npm install --prefix`
+into a cache directory named after the pins (`LOOPSWEB_CLI_CACHE_DIR`, default
+`~/.cache/loopsweb/cli-contract`), once; later calls find the binaries there. Where `npm`
+is absent the caller's test is skipped with the reason printed. (tests/ledger/
+test_cli_contract.py and tests/agents/ share this one mechanism.)
+
+Account homes the CLIs accept, pointed at a provider stand-in (tests/agents/provider.py),
+the key read from an environment variable the account's env file sets:
+- codex: `CODEX_HOME/config.toml` with a `model_providers` entry (`env_key`);
+- claude: a `CLAUDE_CONFIG_DIR` plus `ANTHROPIC_BASE_URL` and `ANTHROPIC_API_KEY`;
+- opencode: its four XDG directories under one home, a provider in
+  `config/opencode/opencode.json` whose `apiKey` is `{env:NAME}`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+# provider -> (npm package, pinned version, binary name)
+CLI_PACKAGES = {
+    "codex": ("@openai/codex", "0.171.0", "codex"),
+    "claude": ("@anthropic-ai/claude-code", "2.1.197", "claude"),
+    "opencode": ("opencode-ai", "1.18.33", "opencode"),
+}
+STUB_MODEL = "stub-model"
+
+
+def cache_dir() -> Path:
+    pins = ",".join(f"{p}@{v}" for p, v, _ in CLI_PACKAGES.values())
+    base = os.environ.get("LOOPSWEB_CLI_CACHE_DIR") or str(
+        Path.home() / ".cache" / "loopsweb" / "cli-contract"
+    )
+    return Path(base) / hashlib.sha256(pins.encode()).hexdigest()[:12]
+
+
+def install_clis(who: str) -> Path:
+    """The `node_modules/.bin` holding the pinned CLIs (installed on first use); skips the
+    calling test, printing why, where npm is absent."""
+    npm = shutil.which("npm")
+    if npm is None:
+        reason = "npm is not installed: the agent CLIs cannot be fetched from the npm registry"
+        print(f"SKIPPED {who}: {reason}")
+        pytest.skip(reason)
+    prefix = cache_dir()
+    bin_dir = prefix / "node_modules" / ".bin"
+    if not all((bin_dir / name).exists() for _, _, name in CLI_PACKAGES.values()):
+        prefix.mkdir(parents=True, exist_ok=True)
+        print(f"installing {len(CLI_PACKAGES)} agent CLIs from npm into {prefix} ...")
+        done = subprocess.run(
+            [
+                npm,
+                "install",
+                "--prefix",
+                str(prefix),
+                "--no-audit",
+                "--no-fund",
+                "--loglevel",
+                "error",
+                *(
+                    f"{package}@{version}"
+                    for package, version, _ in CLI_PACKAGES.values()
+                ),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert done.returncode == 0, f"npm install failed:\n{done.stderr[-4000:]}"
+    return bin_dir
+
+
+def write_env_file(path: Path, values: dict[str, str]) -> Path:
+    """A 0600 env file of NAME=value lines (what `account add --env-file` takes)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.writelines(f"{name}={value}\n" for name, value in values.items())
+    os.chmod(path, 0o600)
+    return path
+
+
+def codex_home(directory: Path, base_url: str, key_variable: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.toml").write_text(
+        f'model = "{STUB_MODEL}"\n'
+        'model_provider = "stub"\n'
+        'approval_policy = "never"\n'
+        # Update checks and analytics: the adapter turns them off (-c).
+        "[model_providers.stub]\n"
+        'name = "Local stand-in"\n'
+        f'base_url = "{base_url}/v1"\n'
+        f'env_key = "{key_variable}"\n'
+        'wire_api = "responses"\n'
+    )
+    return directory
+
+
+def claude_config_dir(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def opencode_home(directory: Path, base_url: str, key_variable: str) -> Path:
+    config = directory / "config" / "opencode"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "opencode.json").write_text(
+        json.dumps(
+            {
+                "model": f"stub/{STUB_MODEL}",
+                "small_model": f"stub/{STUB_MODEL}",
+                "autoupdate": False,
+                "share": "disabled",
+                "provider": {
+                    "stub": {
+                        "npm": "@ai-sdk/openai-compatible",
+                        "name": "Local stand-in",
+                        "options": {
+                            "baseURL": f"{base_url}/v1",
+                            "apiKey": f"{{env:{key_variable}}}",
+                        },
+                        "models": {
+                            STUB_MODEL: {
+                                "name": "Stand-in model",
+                                "limit": {"context": 128000, "output": 8192},
+                            }
+                        },
+                    }
+                },
+            }
+        )
+    )
+    return directory
+
+
+def git_repo(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    return path

@@ -1,0 +1,84 @@
+"""Start an agent the way the runner does (the adapter's argv, env and cwd; no shell; its own
+process group) and collect its output, optionally stopping it early."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ledger.providers import Invocation
+
+
+@dataclass
+class Finished:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    stopped: bool
+
+
+def run_agent(
+    invocation: Invocation,
+    *,
+    timeout: float = 120,
+    stop_when: Callable[[str, str], bool] | None = None,
+) -> Finished:
+    """Run to the end (or `timeout`), or until `stop_when(stdout, stderr)` says so."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        invocation.argv,
+        cwd=invocation.cwd,
+        env=invocation.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    out: list[str] = []
+    err: list[str] = []
+    changed = threading.Event()
+
+    def pump(stream, into: list[str]) -> None:  # type: ignore[no-untyped-def]
+        for line in stream:
+            into.append(line)
+            changed.set()
+
+    threads = [
+        threading.Thread(target=pump, args=(proc.stdout, out), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, err), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    stopped = False
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - started > timeout:
+                stopped = True
+                break
+            changed.wait(0.2)
+            changed.clear()
+            if stop_when is not None and stop_when("".join(out), "".join(err)):
+                stopped = True
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for thread in threads:
+            thread.join(5)
+        invocation.remove_files()
+    return Finished(
+        exit_code=None if stopped else proc.returncode,
+        stdout="".join(out),
+        stderr="".join(err),
+        seconds=time.monotonic() - started,
+        stopped=stopped,
+    )

@@ -1,0 +1,160 @@
+"""`account add` with login directories and an env file (ledger.envfile): the path is
+stored, the key never is; a file that is not 0600 or not ours is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from ledger.envfile import EnvFileError, read_env_file
+from ledger.models import Account
+from ledger.providers import ProviderError, account_environment
+from ledger.selectors import account_gate, account_registry
+from tests.agents.clis import write_env_file
+
+SECRET = "sk-test-" + "9" * 24
+
+
+def _table_text() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM accounts")
+        return json.dumps(cursor.fetchall(), default=str)
+
+
+@pytest.mark.django_db
+def test_an_env_file_readable_by_others_is_refused_and_nothing_is_written(
+    tmp_path: Path,
+) -> None:
+    path = write_env_file(tmp_path / "acct.env", {"OPENAI_API_KEY": SECRET})
+    os.chmod(path, 0o644)
+    with pytest.raises(CommandError, match=r"mode 0644.*must be 0600"):
+        call_command(
+            "account", "add", "acct-a", "--provider", "codex", "--env-file", str(path)
+        )
+    assert not Account.objects.exists()
+    assert SECRET not in _table_text()
+
+
+@pytest.mark.django_db
+def test_the_database_holds_the_env_files_path_never_its_value(
+    tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    path = write_env_file(tmp_path / "acct.env", {"OPENAI_API_KEY": SECRET})
+    call_command(
+        "account",
+        "add",
+        "acct-a",
+        "--provider",
+        "codex",
+        "--codex-home",
+        str(tmp_path / "codex"),
+        "--env-file",
+        str(path),
+        "--json",
+    )
+    printed = capsys.readouterr().out
+    row = Account.objects.get()
+    assert row.env_file == str(path)
+    assert row.env_json == {"CODEX_HOME": str(tmp_path / "codex")}
+    assert SECRET not in _table_text()
+    assert SECRET not in printed
+    call_command("account", "list", "--json")
+    assert SECRET not in capsys.readouterr().out
+    # Read when the step starts: through the registry row and through the gate's row.
+    assert account_environment("acct-a")["OPENAI_API_KEY"] == SECRET
+    gate = account_gate("acct-a", now=row.created_at)
+    assert gate.account is not None and gate.account.env_file == str(path)
+    # Loosened after registration: the step's start refuses it.
+    os.chmod(path, 0o640)
+    with pytest.raises(ProviderError, match="account acct-a: env file .* 0640"):
+        account_environment("acct-a", registry=account_registry(["acct-a"]))
+
+
+@pytest.mark.django_db
+def test_opencode_home_sets_the_four_xdg_directories_and_other_providers_refuse_it(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "oc"
+    call_command(
+        "account", "add", "oc-a", "--provider", "opencode", "--opencode-home", str(home)
+    )
+    assert Account.objects.get().env_json == {
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_DATA_HOME": str(home / "data"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "XDG_STATE_HOME": str(home / "state"),
+    }
+    with pytest.raises(CommandError, match="--codex-home is for codex accounts"):
+        call_command(
+            "account", "add", "x", "--provider", "claude", "--codex-home", str(home)
+        )
+    with pytest.raises(CommandError, match="must be an absolute path"):
+        call_command(
+            "account", "add", "y", "--provider", "claude", "--claude-config-dir", "rel"
+        )
+    assert Account.objects.count() == 1
+
+
+def test_read_env_file_parses_name_value_lines(tmp_path: Path) -> None:
+    path = tmp_path / "e.env"
+    path.write_text(
+        "# comment\n\nexport A=1\nB='two words'\nC=\"x=y\"\nD=\n E = spaced\n"
+    )
+    os.chmod(path, 0o600)
+    assert read_env_file(str(path)) == {
+        "A": "1",
+        "B": "two words",
+        "C": "x=y",
+        "D": "",
+        "E": " spaced",
+    }
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "message"),
+    [
+        ("A=1\n", 0o604, "mode 0604"),
+        ("A=1\n", 0o700, "mode 0700"),
+        ("not a pair\n", 0o600, "line 1: not NAME=value"),
+        ("1A=x\n", 0o600, "is not a variable name"),
+        ("LOOPSWEB_X=1\n", 0o600, "loopsweb's own"),
+        ("SECRET_KEY=1\n", 0o600, "loopsweb's own"),
+    ],
+)
+def test_read_env_file_refuses_with_an_error_that_never_shows_a_value(
+    tmp_path: Path, content: str, mode: int, message: str
+) -> None:
+    path = tmp_path / "e.env"
+    path.write_text(content)
+    os.chmod(path, mode)
+    with pytest.raises(EnvFileError, match=message) as caught:
+        read_env_file(str(path))
+    assert "=1" not in str(caught.value)
+
+
+def test_read_env_file_refuses_relative_missing_and_symlinked_paths(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(EnvFileError, match="absolute path"):
+        read_env_file("relative.env")
+    with pytest.raises(EnvFileError, match="cannot be read"):
+        read_env_file(str(tmp_path / "missing.env"))
+    target = write_env_file(tmp_path / "real.env", {"A": "1"})
+    link = tmp_path / "link.env"
+    link.symlink_to(target)
+    with pytest.raises(EnvFileError, match="not a regular file"):
+        read_env_file(str(link))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file away")
+def test_read_env_file_refuses_a_file_owned_by_another_user(tmp_path: Path) -> None:
+    path = write_env_file(tmp_path / "theirs.env", {"A": "1"})
+    os.chown(path, 65534, 65534)
+    with pytest.raises(EnvFileError, match="owned by uid 65534"):
+        read_env_file(str(path))

@@ -1,0 +1,139 @@
+"""ledger.agent_output on lines the pinned CLIs printed against the stand-in (copied from
+their real output; tests/agents/test_real_clis.py produces them live)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from ledger.agent_output import (
+    agent_error,
+    live_rate_limit,
+    rate_limit,
+    summarize_line,
+    summarize_output,
+)
+from ledger.ratelimit import strip_ansi
+from ledger.usage import Usage, parse_usage
+
+NOW = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
+
+CODEX_OK = "\n".join(
+    [
+        '{"type":"thread.started","thread_id":"01a2"}',
+        '{"type":"turn.started"}',
+        '{"type":"item.started","item":{"id":"item_1","type":"command_execution","command":"/bin/bash -lc \\"printf hi > a.txt\\"","aggregated_output":"","exit_code":null,"status":"in_progress"}}',
+        '{"type":"item.completed","item":{"id":"item_2","type":"agent_message","text":"Done."}}',
+        '{"type":"turn.completed","usage":{"input_tokens":2400,"cached_input_tokens":200,"cache_write_input_tokens":0,"output_tokens":80,"reasoning_output_tokens":0}}',
+    ]
+)
+CODEX_429 = "\n".join(
+    [
+        '{"type":"turn.started"}',
+        '{"type":"error","message":"Reconnecting... 1/1 (exceeded retry limit, last status: 429 Too Many Requests)"}',
+        '{"type":"error","message":"exceeded retry limit, last status: 429 Too Many Requests"}',
+        '{"type":"turn.failed","error":{"message":"exceeded retry limit, last status: 429 Too Many Requests"}}',
+    ]
+)
+CLAUDE_429 = (
+    '{"type":"result","subtype":"success","is_error":true,"api_error_status":429,'
+    '"num_turns":1,"result":"API Error: Request rejected (429) · Rate limit reached for '
+    'requests. Please try again in 2s.","total_cost_usd":0,"usage":{"input_tokens":0,'
+    '"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}'
+)
+OPENCODE_ERROR = (
+    '{"type":"error","timestamp":1796182183590,"sessionID":"ses_1","error":{"name":'
+    '"APIError","data":{"message":"Rate limit reached for requests.","statusCode":429,'
+    '"isRetryable":true,"responseHeaders":{"content-type":"application/json",'
+    '"retry-after":"30"}}}}'
+)
+OPENCODE_LOG = (
+    "timestamp=2026-12-02T03:29:35.410Z level=ERROR run=5442ddd4 "
+    'message="stream error" providerID=stub modelID=stub-model '
+    'error.error="AI_APICallError: Rate limit reached for requests. Please try again in 30s."'
+)
+OPENCODE_STEPS = "\n".join(
+    [
+        '{"type":"step_finish","part":{"reason":"tool-calls","tokens":{"total":1240,"input":1100,"output":40,"reasoning":0,"cache":{"write":0,"read":100}},"cost":0.001}}',
+        '{"type":"step_finish","part":{"reason":"stop","tokens":{"total":1240,"input":1100,"output":40,"reasoning":0,"cache":{"write":5,"read":100}},"cost":0.002}}',
+    ]
+)
+
+
+def test_the_three_429_formats_are_rate_limits_and_name_their_reset_when_printed() -> (
+    None
+):
+    codex = rate_limit("codex", CODEX_429, "", 1, rate_limit_exit_codes=(), now=NOW)
+    assert codex is not None and codex.until is None
+    claude = rate_limit("claude", CLAUDE_429, "", 1, rate_limit_exit_codes=(), now=NOW)
+    assert claude is not None and claude.until == NOW + timedelta(seconds=2)
+    opencode = rate_limit(
+        "opencode", OPENCODE_ERROR, "", 1, rate_limit_exit_codes=(), now=NOW
+    )
+    assert opencode is not None and opencode.until == NOW + timedelta(seconds=30)
+    # A successful step that printed the words is no rate limit.
+    assert (
+        rate_limit("claude", CLAUDE_429, "", 0, rate_limit_exit_codes=(), now=NOW)
+        is None
+    )
+
+
+def test_ansi_colour_codes_do_not_hide_a_rate_limit() -> None:
+    coloured = "\x1b[91m\x1b[1mError: \x1b[0mRate limit reached for requests\x1b[0m"
+    assert strip_ansi(coloured) == "Error: Rate limit reached for requests"
+    found = rate_limit("opencode", coloured, "", 1, rate_limit_exit_codes=(), now=NOW)
+    assert found is not None and "\x1b" not in found.snippet
+
+
+def test_a_running_opencode_is_seen_rate_limited_from_its_log_alone() -> None:
+    signal = live_rate_limit("opencode", "", f"INFO x\n{OPENCODE_LOG}\n", now=NOW)
+    assert signal is not None and signal.until == NOW + timedelta(seconds=30)
+    # INFO lines and the JSON stream of a healthy run say nothing.
+    assert (
+        live_rate_limit("opencode", OPENCODE_STEPS, "level=INFO rate limit", now=NOW)
+        is None
+    )
+    assert live_rate_limit("codex", CODEX_429, "", now=NOW) is not None
+    assert live_rate_limit("codex", CODEX_OK, "", now=NOW) is None
+
+
+def test_the_error_is_the_agents_own_message_with_the_exit_code() -> None:
+    assert agent_error("codex", CODEX_429, "", 1) == (
+        "exceeded retry limit, last status: 429 Too Many Requests (exit code 1)"
+    )
+    assert agent_error("claude", CLAUDE_429, "", 1).startswith(  # type: ignore[union-attr]
+        "API Error: Request rejected (429)"
+    )
+    assert agent_error("opencode", OPENCODE_ERROR, "", 1) == (
+        "Rate limit reached for requests. (exit code 1)"
+    )
+    assert agent_error("codex", CODEX_OK, "", 0) is None
+    # No event: the last stderr line that is not start-up noise.
+    assert agent_error(
+        "codex", "", "boom: config broken\nReading additional input from stdin...\n", 2
+    ) == ("boom: config broken (exit code 2)")
+    assert agent_error("codex", "{not json", "", 0) is None
+
+
+def test_live_lines_are_readable() -> None:
+    text = summarize_output("codex", CODEX_OK)
+    assert '$ /bin/bash -lc "printf hi > a.txt"' in text
+    assert "message: Done." in text
+    assert "turn done: 2400 tokens in, 80 out" in text
+    assert "thread.started" not in text
+    assert summarize_line("claude", CLAUDE_429).startswith("error: API Error")  # type: ignore[union-attr]
+    assert summarize_line("opencode", "\x1b[0mplain\x1b[0m") == "plain"
+    assert summarize_line("opencode", OPENCODE_ERROR) == (
+        "error: Rate limit reached for requests."
+    )
+
+
+def test_opencode_usage_sums_its_steps_and_counts_the_cache_as_input() -> None:
+    assert parse_usage("opencode", OPENCODE_STEPS) == Usage(
+        input_tokens=1100 + 100 + 1100 + 100 + 5,
+        output_tokens=80,
+        cached_tokens=200,
+        cost_usd=0.003,
+    )
+    assert parse_usage("codex", CODEX_OK) == Usage(
+        input_tokens=2400, output_tokens=80, cached_tokens=200
+    )

@@ -1,0 +1,266 @@
+"""The real codex, claude and opencode CLIs (pinned, from npm) against the provider stand-in.
+
+Each test registers an account with `manage.py account add` (its login directory and an env
+file holding its key), builds the step's argv and environment with the adapter
+(`ledger.providers.agent_invocation`), runs the CLI in a temporary git repository and reads
+its output with `ledger.agent_output` / `ledger.usage`. One test per CLI per behaviour;
+each takes seconds because the adapter bounds the CLIs' own retries.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from ledger.agent_output import (
+    agent_error,
+    live_rate_limit,
+    rate_limit,
+    summarize_output,
+)
+from ledger.providers import agent_invocation
+from ledger.usage import parse_usage
+from tests.agents import clis
+from tests.agents.provider import ProviderStandIn
+from tests.agents.running import Finished, run_agent
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+PROVIDERS = ("codex", "claude", "opencode")
+KEY_VARIABLE = "STANDIN_API_KEY"
+PROMPT = "Write the file agent-output.txt in the working directory."
+
+
+def _register(
+    provider: str,
+    name: str,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+    *,
+    key: str | None,
+) -> None:
+    """`account add NAME` for `provider` pointing at the stand-in; `key` None: no login."""
+    home = tmp_path / f"{name}-home"
+    argv = ["account", "add", name, "--provider", provider]
+    env: dict[str, str] = {}
+    if provider == "codex":
+        clis.codex_home(home, stand_in.url, KEY_VARIABLE)
+        argv += ["--codex-home", str(home)]
+        if key:
+            env[KEY_VARIABLE] = key
+    elif provider == "claude":
+        clis.claude_config_dir(home)
+        argv += [
+            "--claude-config-dir",
+            str(home),
+            "--env",
+            f"ANTHROPIC_BASE_URL={stand_in.url}",
+        ]
+        if key:
+            env["ANTHROPIC_API_KEY"] = key
+    else:
+        clis.opencode_home(home, stand_in.url, KEY_VARIABLE)
+        argv += ["--opencode-home", str(home)]
+        if key:
+            env[KEY_VARIABLE] = key
+    if env:
+        path = clis.write_env_file(tmp_path / f"{name}.env", env)
+        argv += ["--env-file", str(path)]
+    call_command(*argv)
+
+
+def _run(
+    provider: str,
+    name: str,
+    cli_bin: Path,
+    tmp_path: Path,
+    settings: object,
+    **kwargs: object,
+) -> tuple[Finished, Path]:
+    settings.LOOPSWEB_PROVIDER_BINARIES = {  # type: ignore[attr-defined]
+        provider: str(cli_bin / clis.CLI_PACKAGES[provider][2])
+    }
+    repo = clis.git_repo(tmp_path / f"{name}-repo")
+    invocation = agent_invocation(
+        target={
+            "provider": provider,
+            "prompt": PROMPT,
+            "sandbox": "workspace-write",
+            "cwd": str(repo),
+        },
+        profile=name,
+        tool=provider,
+        run_id="run-1",
+        step_id="worker",
+    )
+    return run_agent(invocation, **kwargs), repo  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_the_real_cli_writes_the_file_with_the_accounts_key_and_reports_its_usage(
+    provider: str,
+    cli_bin: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+    settings: object,
+) -> None:
+    _register(provider, "acct-a", stand_in, tmp_path, key="key-of-acct-a")
+    done, repo = _run(provider, "acct-a", cli_bin, tmp_path, settings, timeout=90)
+    assert done.exit_code == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert (repo / stand_in.file_name).read_text() == stand_in.file_content
+    # Every model call carried the account's key (from its env file), nothing else.
+    assert stand_in.keys_seen() == {"key-of-acct-a"}
+    assert stand_in.model_calls()
+    usage = parse_usage(provider, done.stdout)
+    reported = stand_in.reported("key-of-acct-a")
+    assert usage is not None
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (
+        reported["input_tokens"],
+        reported["output_tokens"],
+        reported["cached_tokens"],
+    )
+    if provider == "claude":
+        assert usage.cost_usd is not None and usage.cost_usd > 0
+    assert agent_error(provider, done.stdout, done.stderr, done.exit_code) is None
+    live = summarize_output(provider, done.stdout)
+    assert stand_in.file_name in live  # the tool call / command, readable
+    assert stand_in.final_text in live  # the final message
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_429_in_the_clis_real_format_is_detected_in_seconds_with_its_reset_time(
+    provider: str,
+    cli_bin: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+    settings: object,
+) -> None:
+    stand_in.mode = "429"
+    # codex and claude wait Retry-After between their (bounded) tries; opencode is stopped
+    # as soon as its log names the limit, so its reset can be far away.
+    stand_in.retry_after = 30 if provider == "opencode" else 2
+    _register(provider, "acct-a", stand_in, tmp_path, key="key-of-acct-a")
+    started = datetime.now(UTC)
+
+    def limited(stdout: str, stderr: str) -> bool:
+        return (
+            live_rate_limit(provider, stdout, stderr, now=datetime.now(UTC)) is not None
+        )
+
+    done, repo = _run(
+        provider,
+        "acct-a",
+        cli_bin,
+        tmp_path,
+        settings,
+        timeout=60,
+        stop_when=limited if provider == "opencode" else None,
+    )
+    assert done.seconds < 30, f"{provider} took {done.seconds:.0f} s"
+    assert not (repo / stand_in.file_name).exists()
+    now = datetime.now(UTC)
+    if provider == "opencode":
+        # Its JSON stream says nothing yet; its log on stderr already names the limit.
+        assert done.stopped
+        signal = live_rate_limit(provider, done.stdout, done.stderr, now=now)
+    else:
+        assert done.exit_code == 1
+        signal = rate_limit(
+            provider,
+            done.stdout,
+            done.stderr,
+            done.exit_code,
+            rate_limit_exit_codes=(),
+            now=now,
+        )
+        assert "429" in (agent_error(provider, done.stdout, done.stderr, 1) or "")
+    assert signal is not None, (done.stdout[-2000:], done.stderr[-2000:])
+    if provider == "codex":
+        # codex prints `last status: 429 Too Many Requests` and no reset time: the
+        # account cools for the backoff (docs/agents.md).
+        assert "429 Too Many Requests" in signal.snippet
+        assert signal.until is None
+    else:
+        # claude relays the provider's message ("Please try again in 2s"), opencode its
+        # response headers and message: the reset is the provider's.
+        assert signal.until is not None
+        expected = started + timedelta(seconds=stand_in.retry_after)
+        assert expected - timedelta(seconds=5) <= signal.until
+        assert signal.until <= now + timedelta(seconds=stand_in.retry_after + 1)
+    # The bounded retries: the CLI gave up (or was stopped) after a few tries.
+    assert 1 <= len([r for r in stand_in.requests if r.method == "POST"]) <= 8
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_login_failure_gives_the_clis_own_message(
+    provider: str,
+    cli_bin: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+    settings: object,
+) -> None:
+    if provider == "claude":
+        # A config dir with no login: claude fails at once, before any request.
+        _register(provider, "acct-a", stand_in, tmp_path, key=None)
+        expected = "Not logged in"
+    else:
+        stand_in.mode = "401"
+        _register(provider, "acct-a", stand_in, tmp_path, key="revoked-key")
+        expected = "Incorrect API key provided"
+    started = time.monotonic()
+    done, _ = _run(provider, "acct-a", cli_bin, tmp_path, settings, timeout=60)
+    assert time.monotonic() - started < 30
+    assert done.exit_code not in (0, None)
+    error = agent_error(provider, done.stdout, done.stderr, done.exit_code)
+    assert error is not None and expected in error, (error, done.stdout[-2000:])
+    assert error.endswith(f"(exit code {done.exit_code})")
+    if provider == "claude":
+        assert not [r for r in stand_in.requests if r.method == "POST"]
+
+
+def test_account_check_says_what_is_wrong(
+    cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path, settings: object, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    from django.core.management.base import CommandError
+
+    settings.LOOPSWEB_PROVIDER_BINARIES = {  # type: ignore[attr-defined]
+        p: str(cli_bin / clis.CLI_PACKAGES[p][2]) for p in PROVIDERS
+    }
+    _register("claude", "claude-nologin", stand_in, tmp_path, key=None)
+    with pytest.raises(CommandError, match="not logged in"):
+        call_command("account", "check", "claude-nologin")
+    assert "2.1.197 (Claude Code)" in capsys.readouterr().out
+    _register("claude", "claude-key", stand_in, tmp_path, key="k")
+    call_command("account", "check", "claude-key")
+    assert "logged in (api_key)" in capsys.readouterr().out
+    _register("codex", "codex-key", stand_in, tmp_path, key="k")
+    call_command("account", "check", "codex-key")
+    assert f"reads its key from {KEY_VARIABLE}, which is set" in capsys.readouterr().out
+    _register("opencode", "opencode-nokey", stand_in, tmp_path, key=None)
+    with pytest.raises(CommandError, match=f"reads {KEY_VARIABLE}, which is not set"):
+        call_command("account", "check", "opencode-nokey")
+
+
+def test_codex_on_a_subscriptions_usage_limit_names_the_reset_clock_time(
+    cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path, settings: object
+) -> None:
+    # What ChatGPT's backend answers a subscription at its usage limit; codex prints
+    # "... or try again at 4:24 AM." (its clock time, the machine's time zone).
+    stand_in.mode = "429"
+    stand_in.usage_limit_seconds = 1800
+    _register("codex", "acct-a", stand_in, tmp_path, key="key-of-acct-a")
+    done, _ = _run("codex", "acct-a", cli_bin, tmp_path, settings, timeout=60)
+    assert done.exit_code == 1 and done.seconds < 30
+    error = agent_error("codex", done.stdout, done.stderr, done.exit_code)
+    assert error is not None and "usage limit" in error and "try again at" in error
+    now = datetime.now(UTC)
+    signal = rate_limit(
+        "codex", done.stdout, done.stderr, 1, rate_limit_exit_codes=(), now=now
+    )
+    assert signal is not None and signal.until is not None
+    # Printed to the minute: the reset is within a minute of the provider's.
+    assert abs((signal.until - (now + timedelta(seconds=1800))).total_seconds()) <= 90

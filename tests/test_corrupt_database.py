@@ -1,0 +1,116 @@
+"""A damaged SQLite file: one clear line from every command and from runserver (issue 28, 6).
+
+Real `manage.py` processes on a real migrated SQLite file with garbage written over it.
+Before, commands died with a traceback ending in `database disk image is malformed` and
+runserver printed one from its thread and stayed up serving nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.processes import ROOT, free_port, terminal_env
+
+pytestmark = pytest.mark.slow
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    env = terminal_env(data_dir)
+    env.update(
+        DATABASE_URL=f"sqlite:///{data_dir / 'loopsweb.sqlite3'}",
+        SECRET_KEY="x" * 50,
+        DJANGO_SETTINGS_MODULE="loopsweb.settings",
+    )
+    return env
+
+
+def _manage(
+    env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _damaged(tmp_path: Path, *, keep_header: bool) -> tuple[dict[str, str], Path]:
+    data_dir = tmp_path / "data"
+    env = _env(data_dir)
+    done = _manage(env, "migrate", "--noinput", "-v0")
+    assert done.returncode == 0, done.stderr
+    db = data_dir / "loopsweb.sqlite3"
+    size = db.stat().st_size
+    garbage = random.Random(28).randbytes(size)
+    with db.open("r+b") as handle:
+        if keep_header:  # the first page (header and schema root) survives
+            handle.seek(4096)
+            handle.write(garbage[4096:])
+        else:
+            handle.write(garbage)
+    return env, db
+
+
+def _one_clear_line(done: subprocess.CompletedProcess[str], db: Path) -> None:
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("loopsweb: ")]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"loopsweb: the SQLite database {db} is damaged (")
+    assert "restore the file from a backup" in lines[0]
+
+
+@pytest.mark.parametrize("keep_header", [True, False])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["routes", "list"],
+        ["drain", "generic", "--max-active", "1"],
+        ["ingest_events", "-"],
+        ["migrate", "--noinput"],
+    ],
+)
+def test_a_command_on_a_damaged_file_says_so_in_one_line(
+    tmp_path: Path, keep_header: bool, argv: list[str]
+) -> None:
+    env, db = _damaged(tmp_path, keep_header=keep_header)
+    done = subprocess.run(
+        [sys.executable, "manage.py", *argv],
+        cwd=ROOT,
+        env=env,
+        input='{"id": "e1", "type": "t", "source": "s"}\n',
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    _one_clear_line(done, db)
+
+
+@pytest.mark.parametrize("reload", [False, True])
+def test_runserver_on_a_damaged_file_stops_with_one_line(
+    tmp_path: Path, reload: bool
+) -> None:
+    env, db = _damaged(tmp_path, keep_header=True)
+    argv = ["runserver", f"127.0.0.1:{free_port()}"]
+    if not reload:
+        argv.append("--noreload")
+    done = _manage(env, *argv, timeout=90)  # main: keeps running, no exit
+    _one_clear_line(done, db)
+
+
+def test_a_healthy_file_is_untouched(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    env = _env(data_dir)
+    assert _manage(env, "migrate", "--noinput", "-v0").returncode == 0
+    done = _manage(env, "routes", "list")
+    assert done.returncode == 0, done.stderr
+    assert os.path.getsize(data_dir / "loopsweb.sqlite3") > 0
