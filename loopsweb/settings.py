@@ -326,7 +326,8 @@ AXES_ENABLED = env_bool("LOOPSWEB_LOGIN_PROTECTION", True)
 AXES_FAILURE_LIMIT = env_int("LOOPSWEB_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_int("LOOPSWEB_LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
 _LOCKOUT_BY = env_str("LOOPSWEB_LOGIN_LOCKOUT_BY", "username+ip")
-_LOCKOUT_PARAMETERS = {
+# django-axes' lockout parameters: a list of names, or of lists of names combined
+_LOCKOUT_PARAMETERS: dict[str, list[str | list[str]]] = {
     "username+ip": [["username", "ip_address"]],
     "username": ["username"],
     "ip": ["ip_address"],
