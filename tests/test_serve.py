@@ -394,7 +394,7 @@ def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
         ({"SECRET_KEY": "k" * 50}, "loopsweb: ALLOWED_HOSTS must be set"),
         (
             {"SECRET_KEY": "k" * 50, "ALLOWED_HOSTS": "h", "LOOPSWEB_WEB_WORKERS": "0"},
-            "loopsweb: LOOPSWEB_WEB_WORKERS must be >= 1, got 0",
+            "loopsweb: LOOPSWEB_WEB_WORKERS must be >= 1, got '0'",
         ),
         # DEBUG=1 in the installation's file does not survive: serve forces DEBUG off
         ({"DEBUG": "1"}, "loopsweb: SECRET_KEY must be set when DEBUG is off"),
