@@ -146,7 +146,8 @@ class Command(BaseCommand):
         if item is None:
             raise CommandError(ROUTE_ITEM_NOT_FOUND.format(item_id=item_id))
         invocation = item.invocation
-        value: dict[str, Any] = {
+        value: dict[str, Any]  # JSON values of several shapes
+        value = {
             "workItem": work_item_to_dict(item),
             "invocation": {
                 "id": invocation.id,
