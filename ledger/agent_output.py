@@ -96,7 +96,7 @@ def _opencode_error(events: list[dict[str, Any]]) -> str | None:
             continue
         error = event.get("error")
         if isinstance(error, dict):
-            data = error.get("data") if isinstance(error.get("data"), dict) else {}
+            data = found if isinstance(found := error.get("data"), dict) else {}
             message = data.get("message") or error.get("message") or error.get("name")
             if message:
                 return str(message)
@@ -139,7 +139,7 @@ def agent_error(
 
 def _codex_summary(event: dict[str, Any]) -> str | None:
     kind = event.get("type")
-    item = event.get("item") if isinstance(event.get("item"), dict) else {}
+    item = found if isinstance(found := event.get("item"), dict) else {}
     item_type = item.get("type")
     if kind == "item.started" and item_type == "command_execution":
         return f"$ {item.get('command', '')}"
@@ -151,9 +151,7 @@ def _codex_summary(event: dict[str, Any]) -> str | None:
         if item_type == "reasoning":
             return f"thinking: {item.get('text', '')}"
         if item_type == "file_change":
-            changes = (
-                item.get("changes") if isinstance(item.get("changes"), list) else []
-            )
+            changes = found if isinstance(found := item.get("changes"), list) else []
             paths = ", ".join(
                 f"{c.get('kind', 'edit')} {c.get('path', '')}"
                 for c in changes
@@ -170,10 +168,10 @@ def _codex_summary(event: dict[str, Any]) -> str | None:
     if kind == "error":
         return f"error: {event.get('message', '')}"
     if kind == "turn.failed":
-        error = event.get("error") if isinstance(event.get("error"), dict) else {}
+        error = found if isinstance(found := event.get("error"), dict) else {}
         return f"failed: {error.get('message', '')}"
     if kind == "turn.completed":
-        usage = event.get("usage") if isinstance(event.get("usage"), dict) else {}
+        usage = found if isinstance(found := event.get("usage"), dict) else {}
         return (
             f"turn done: {usage.get('input_tokens', 0)} tokens in, "
             f"{usage.get('output_tokens', 0)} out"
@@ -199,7 +197,7 @@ def _claude_summary(event: dict[str, Any]) -> str | None:
             return f"error: {event.get('result', '')}"
         cost = event.get("total_cost_usd")
         return f"done: {event.get('result', '')} (cost ${cost})"
-    message = event.get("message") if isinstance(event.get("message"), dict) else {}
+    message = found if isinstance(found := event.get("message"), dict) else {}
     content = message.get("content")
     if not isinstance(content, list):
         return None
@@ -223,9 +221,9 @@ def _claude_summary(event: dict[str, Any]) -> str | None:
 
 def _opencode_summary(event: dict[str, Any]) -> str | None:
     kind = event.get("type")
-    part = event.get("part") if isinstance(event.get("part"), dict) else {}
+    part = found if isinstance(found := event.get("part"), dict) else {}
     if kind == "tool_use":
-        state = part.get("state") if isinstance(part.get("state"), dict) else {}
+        state = found if isinstance(found := part.get("state"), dict) else {}
         detail = _tool_detail(str(part.get("tool", "")), state.get("input"))
         return f"tool: {detail} ({state.get('status', '?')})"
     if kind == "text":
@@ -233,7 +231,7 @@ def _opencode_summary(event: dict[str, Any]) -> str | None:
     if kind == "reasoning":
         return f"thinking: {part.get('text', '')}"
     if kind == "step_finish":
-        tokens = part.get("tokens") if isinstance(part.get("tokens"), dict) else {}
+        tokens = found if isinstance(found := part.get("tokens"), dict) else {}
         return (
             f"step done ({part.get('reason', '?')}): {tokens.get('input', 0)} tokens in, "
             f"{tokens.get('output', 0)} out"

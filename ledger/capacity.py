@@ -17,7 +17,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
@@ -272,7 +272,7 @@ def hosts_view(*, now: datetime) -> HostsView:
             run_id=r["id"],
             workflow_name=r["workflow_name"],
             reason=r["host_wait_reason"] or "",
-            since=r["host_wait_since"],
+            since=cast(datetime, r["host_wait_since"]),  # not NULL: the filter above
         )
         for r in waiting_rows.order_by("host_wait_since").values(
             "id", "workflow_name", "host_wait_reason", "host_wait_since"

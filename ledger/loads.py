@@ -93,7 +93,7 @@ def apply_load_delta(delta: LoadDelta) -> None:
         return
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     values = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
-    params: list[object] = []
+    params: list[str | int | None] = []
     for account, running, reserved in rows:
         params += [account, running, reserved, now]
     with connection.cursor() as cursor:

@@ -268,8 +268,9 @@ def _migration_path(migration: Migration) -> str:
 
 def _models_path(app_label: str) -> str:
     module = global_apps.get_app_config(app_label).models_module
-    if module is not None and getattr(module, "__file__", None):
-        path = Path(module.__file__)
+    file = getattr(module, "__file__", None)  # None without models or a file
+    if file:
+        path = Path(file)
         if path.name == "__init__.py":  # a models package: its directory
             return display_path(path.parent) + "/"
         return display_path(path)
@@ -369,7 +370,7 @@ def _migration_findings(
 def _known_names(loader: MigrationLoader) -> set[tuple[str, str]]:
     known = set(loader.disk_migrations)
     for migration in loader.disk_migrations.values():
-        known.update(tuple(r) for r in (migration.replaces or ()))
+        known.update((app, name) for app, name in (migration.replaces or ()))
     return known
 
 

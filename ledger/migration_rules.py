@@ -193,10 +193,14 @@ def non_additive_reasons(
             for p in _field_narrowing(op.name, old_field, op.field)
         ]
     if isinstance(op, ops.AddConstraint):
-        if known_model(op.model_name) is None:
+        # The stubs leave out the attributes AddConstraint.__init__ sets (model_name,
+        # constraint); AddIndex has them.
+        model_name: str = op.model_name  # type: ignore[attr-defined]
+        constraint: models.BaseConstraint = op.constraint  # type: ignore[attr-defined]
+        if known_model(model_name) is None:
             return []
         return [
-            f"adds constraint {op.constraint.name} to existing {op.model_name} "
+            f"adds constraint {constraint.name} to existing {model_name} "
             "(old code may write rows it refuses)"
         ]
     if isinstance(op, ops.AlterUniqueTogether):

@@ -158,15 +158,15 @@ def _deadlines(text: str, now: datetime) -> list[datetime]:
         )
         found.append(now + timedelta(seconds=total))
     for match in _RESETS_AT.finditer(text):
-        when = _parse_iso(match.group(1))
-        if when is not None:
-            found.append(when)
+        reset = _parse_iso(match.group(1))
+        if reset is not None:
+            found.append(reset)
     for match in _AT_CLOCK.finditer(text):
-        when = _next_clock_time(
+        reset = _next_clock_time(
             int(match.group(1)), int(match.group(2)), match.group(3), now
         )
-        if when is not None:
-            found.append(when)
+        if reset is not None:
+            found.append(reset)
     return found
 
 

@@ -450,7 +450,7 @@ class _RunExecution:
     ) -> services.StepResult:
         """Run a started step's process; its result, not yet recorded."""
         step = start.step_run
-        target = spec.get("target") if isinstance(spec.get("target"), dict) else {}
+        target = found if isinstance(found := spec.get("target"), dict) else {}
         kind = target.get("type") or spec.get("kind")
         is_agent = kind == "agent"
         try:

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Model, QuerySet
+from django.db.models import Field, Model, QuerySet
 
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
@@ -97,7 +97,7 @@ def active_counts_by_key(
     drain batch's reads): one indexed count per scope, one grouped count per dimension."""
     active = [str(s) for s in ACTIVE_WORK_ITEM_STATUSES]
     parts: list[str] = []
-    params: list[object] = []
+    params: list[str] = []
     for scope in sorted({s or "" for s in scopes}):
         condition, scope_params = _scope_filter(scope)
         parts.append(f"SELECT 's', %s, ({_ACTIVE_SQL}{condition})")
@@ -224,7 +224,7 @@ def account_state(
     # The cooling rows come first when present: PostgreSQL types each UNION column from its
     # first typed value, and only that branch has a timestamp.
     parts = [_LOADS_SQL]
-    params: list[object] = []
+    params: list[str | datetime | None] = []
     if now is not None:
         parts.insert(0, _COOLING_SQL)
         params.append(_db_datetime(now))
@@ -262,7 +262,8 @@ def account_load() -> AccountLoad:
     return account_state().load
 
 
-def _db_datetime(value: datetime) -> object:
+def _db_datetime(value: datetime) -> str | datetime | None:
+    # text on SQLite; PostgreSQL takes the datetime itself
     return connection.ops.adapt_datetimefield_value(value)
 
 
@@ -333,7 +334,9 @@ def admission_rows(
         work_item_id=item_id,
         invocation_id=invocation_id,
         spec_id=spec_id,
-        active=_active_counts_of(*row[3:], project_group) if counts else None,
+        active=(
+            _active_counts_of(row[3], row[4], row[5], project_group) if counts else None
+        ),
     )
 
 
@@ -365,7 +368,9 @@ def distinct_values(
     """
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
-    column = qn(model._meta.get_field(field_name).column)
+    field = model._meta.get_field(field_name)
+    assert isinstance(field, Field)  # a column, not the reverse side of a relation
+    column = qn(field.column)
     sql = (
         f"WITH RECURSIVE vals(v) AS ("
         f" SELECT MIN({column}) FROM {table}"
@@ -449,7 +454,9 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
         )
     account = None
     if name is not None:
-        env = Account._meta.get_field("env_json").from_db_value(env, None, connection)
+        # The stubs want an Expression: JSONField.from_db_value reads it only to spot a key
+        # transform, and a raw cursor's column is none (its code takes None).
+        env = Account._meta.get_field("env_json").from_db_value(env, None, connection)  # type: ignore[arg-type]
         account = RegisteredAccount(
             name=name,
             provider=provider,

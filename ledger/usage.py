@@ -127,7 +127,7 @@ def _opencode(objects: list[dict[str, Any]]) -> Usage | None:
         if inp is None and out is None:
             continue
         seen = True
-        cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
+        cache = found if isinstance(found := tokens.get("cache"), dict) else {}
         read = _int(cache.get("read")) or 0
         total_in += (inp or 0) + read + (_int(cache.get("write")) or 0)
         total_out += out or 0

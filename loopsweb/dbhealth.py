@@ -54,7 +54,7 @@ def _sqlite_file() -> str:
         return "file"
 
 
-def _thread_hook(previous: Callable[[threading.ExceptHookArgs], object]) -> Callable:  # type: ignore[type-arg]
+def _thread_hook(previous: Callable[[threading.ExceptHookArgs], object]) -> Callable:
     def hook(args: threading.ExceptHookArgs) -> None:
         message = corrupt_database_message(args.exc_value) if args.exc_value else None
         if message is None:

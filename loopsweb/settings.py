@@ -12,7 +12,6 @@ import re
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -221,7 +220,7 @@ WSGI_APPLICATION = "loopsweb.wsgi.application"
 ASGI_APPLICATION = "loopsweb.asgi.application"
 
 
-def _database_settings() -> dict[str, Any]:
+def _database_settings() -> dj_database_url.DBConfig:
     url = env_str("DATABASE_URL")
     if not url:
         url = f"sqlite:///{DATA_DIR / 'loopsweb.sqlite3'}"
@@ -257,8 +256,9 @@ def _database_settings() -> dict[str, Any]:
         "django.db.backends.postgresql_psycopg2",
     ):
         db["ENGINE"] = "django.db.backends.postgresql"
-        db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
-        db["CONN_HEALTH_CHECKS"] = db["CONN_MAX_AGE"] > 0
+        max_age = env_int("DATABASE_CONN_MAX_AGE", 0)
+        db["CONN_MAX_AGE"] = max_age
+        db["CONN_HEALTH_CHECKS"] = max_age > 0
     else:
         raise ImproperlyConfigured(
             f"DATABASE_URL must be sqlite:// or postgres://, got engine {engine!r}"
@@ -340,7 +340,8 @@ AXES_ENABLED = env_bool("LOOPSWEB_LOGIN_PROTECTION", True)
 AXES_FAILURE_LIMIT = env_int("LOOPSWEB_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_int("LOOPSWEB_LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
 _LOCKOUT_BY = env_str("LOOPSWEB_LOGIN_LOCKOUT_BY", "username+ip")
-_LOCKOUT_PARAMETERS = {
+# django-axes' lockout parameters: a list of names, or of lists of names combined
+_LOCKOUT_PARAMETERS: dict[str, list[str | list[str]]] = {
     "username+ip": [["username", "ip_address"]],
     "username": ["username"],
     "ip": ["ip_address"],

@@ -92,9 +92,8 @@ class InboxEventAdmin(LedgerAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request)
-        if request.resolver_match and request.resolver_match.url_name.endswith(
-            "changelist"
-        ):
+        match = request.resolver_match
+        if match and (match.url_name or "").endswith("changelist"):
             return queryset.defer("data", "metadata")  # the list never shows payloads
         return queryset
 

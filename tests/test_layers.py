@@ -69,6 +69,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ledger tasks (django-q2 entry points)", ("ledger.tasks",)),
     ("admission", ("routing.models", "routing.migrations", "routing.admission")),
     ("drains", ("routing.drains", "routing.tasks")),
+    ("reads shared by the web surfaces (API, /ops, /metrics)", ("routing.selectors",)),
     (
         "web surfaces",
         (

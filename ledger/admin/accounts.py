@@ -41,7 +41,8 @@ class AccountForm(forms.ModelForm):
         }
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data  # what ModelForm.clean returns (the stubs: maybe None)
         env = data.get("env_json")
         if env is not None and not isinstance(env, dict):
             self.add_error("env_json", "a JSON object of variable names to strings")

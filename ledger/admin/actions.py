@@ -73,6 +73,7 @@ def log_operator_action(
     obj = model._default_manager.filter(pk=pk).first()
     if obj is None:
         return
+    assert request.user.pk is not None  # the admin's actions need a signed-in user
     LogEntry.objects.log_actions(
         user_id=request.user.pk,
         queryset=[obj],

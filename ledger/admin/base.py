@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.core.paginator import Paginator
-from django.db.models import Model
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.functional import cached_property
@@ -21,6 +21,8 @@ COUNT_CAP = 10_000
 class CappedCountPaginator(Paginator):
     """Counts at most COUNT_CAP rows (`SELECT COUNT(*) FROM (... LIMIT cap)`), so a changelist
     over millions of rows costs a bounded scan; beyond the cap the last page is the cap's."""
+
+    object_list: QuerySet[Any]  # it pages querysets only (it counts in SQL)
 
     @cached_property
     def count(self) -> int:

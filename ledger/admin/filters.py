@@ -154,8 +154,12 @@ class AccountProfileFilter(ChoicesFilter):
         profiles = set(
             AccountCooldown.objects.values_list("account_profile", flat=True)
         )
-        profiles.update(recent.values_list("account_profile", flat=True).distinct())
-        profiles.update(live.values_list("account_profile", flat=True).distinct())
+        for steps in (recent, live):  # both exclude NULL profiles
+            profiles.update(
+                p
+                for p in steps.values_list("account_profile", flat=True).distinct()
+                if p is not None
+            )
         return [(p, p) for p in sorted(profiles)[:100]]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:

@@ -36,6 +36,13 @@ from ledger.models import (
     WorkflowStepRun,
 )
 
+# The step run page's fields, each once: the run as a link, the duration in s/min (not
+# duration_ms).
+STEP_RUN_FIELDS: tuple[str, ...] = tuple(
+    {"workflow_run": "run_link", "duration_ms": "duration_cell"}.get(f.name, f.name)
+    for f in WorkflowStepRun._meta.concrete_fields
+)
+
 
 class StepRunInline(admin.TabularInline):
     model = WorkflowStepRun
@@ -178,11 +185,7 @@ class WorkflowStepRunAdmin(LedgerAdmin):
     search_fields = ("=id", "step_id", "=workflow_run__id", "account_profile")
     list_select_related = ("workflow_run",)
     raw_id_fields = ("workflow_run",)
-    # Each field once: the run as a link, the duration in s/min (not duration_ms).
-    fields = tuple(
-        {"workflow_run": "run_link", "duration_ms": "duration_cell"}.get(f.name, f.name)
-        for f in WorkflowStepRun._meta.concrete_fields
-    )
+    fields = STEP_RUN_FIELDS
     readonly_fields = fields
 
     @admin.display(description="id", ordering="-id")

@@ -76,10 +76,11 @@ class WorkItemChangeList(ChangeList):
                 .values_list("workflow_run_id", "account_profile")
             )
             for run_id, profile in steps:
-                if profile not in accounts.setdefault(run_id, []):
-                    accounts[run_id].append(profile)
+                known = accounts.setdefault(run_id, [])
+                if profile is not None and profile not in known:
+                    known.append(profile)
         for row in rows:
-            row.accounts = accounts.get(row.workflow_run_id or "", [])  # type: ignore[attr-defined]
+            row.accounts = accounts.get(row.workflow_run_id or "", [])
         self.result_list = rows
 
 

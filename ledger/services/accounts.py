@@ -61,7 +61,7 @@ MAX_RUNNING_INVALID = "max running must be a positive integer"
 LOGIN_DIR_PROVIDER = "{option} is for {provider} accounts, not {asked}"
 LOGIN_DIR_RELATIVE = "{option} must be an absolute path: {path!r}"
 # The login directories `account add` takes, per provider: option -> variables.
-LOGIN_DIRS = {
+LOGIN_DIRS: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
     "codex": {"--codex-home": (("CODEX_HOME", ""),)},
     "claude": {"--claude-config-dir": (("CLAUDE_CONFIG_DIR", ""),)},
     "opencode": {

@@ -160,7 +160,7 @@ def maybe_archive_spec(run: WorkflowRun, now: datetime) -> bool:
         return False
     schedule = loop.schedule_json if isinstance(loop.schedule_json, dict) else {}
     target = loop.target_json if isinstance(loop.target_json, dict) else {}
-    loop_input = target.get("input") if isinstance(target.get("input"), dict) else {}
+    loop_input = found if isinstance(found := target.get("input"), dict) else {}
     if schedule.get("type") != "once" or target.get("type") != "workflow":
         return False
     if target.get("workflowId") not in (None, spec.id):

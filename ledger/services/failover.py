@@ -76,7 +76,7 @@ def _free_member(
     if context is None:
         return None
     provider, pool = context
-    target = spec.get("target") if isinstance(spec.get("target"), dict) else {}
+    target = found if isinstance(found := spec.get("target"), dict) else {}
     if target.get("type") != "agent" or target.get("provider") != provider:
         return None
     state = account_state(now=now)

@@ -22,6 +22,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
+
+from django.db.models import Model
 
 from domain.keys import TODOS_TASK
 from domain.throttle import AdmissionDecision, ThrottleCounts
@@ -94,12 +97,14 @@ class ExistingRows:
                     route_key=route_key, idempotency_key__in=keys
                 ).values_list("idempotency_key", "status")
             )
-        rows.invocations = set(
-            WorkflowInvocation.objects.filter(
+        rows.invocations = {
+            key  # never None (matched by IN), but the column is nullable
+            for key in WorkflowInvocation.objects.filter(
                 source_kind="event",
                 source_dedupe_key__in=[p.idempotency_key for p in plans],
             ).values_list("source_dedupe_key", flat=True)
-        )
+            if key is not None
+        }
         rows.specs = set(
             WorkflowSpec.objects.filter(
                 status=SpecStatus.ACTIVE, name__in=[p.workflow_name for p in plans]
@@ -216,6 +221,16 @@ class _Seen:
         self._counts = self._loads = None
 
 
+M = TypeVar("M", bound=Model)
+
+
+def _insert(model: type[M], rows: list[M]) -> None:
+    """The buffered rows of `model` in one bulk_create, then an empty buffer."""
+    if rows:
+        model._default_manager.bulk_create(rows)  # `objects`: none has another manager
+        rows.clear()
+
+
 @dataclass
 class PendingRows:
     """Rows decided but not yet written (flushed in bulk, parents first)."""
@@ -230,18 +245,14 @@ class PendingRows:
     load: LoadDelta = field(default_factory=LoadDelta)
 
     def flush(self) -> None:
-        for model, rows in (
-            (WorkflowInvocation, self.invocations),
-            (WorkflowSpec, self.specs),
-            (Loop, self.loops),
-            (WorkflowWorkItem, self.items),
-            (WorkflowRun, self.runs),
-            (WorkflowStepRun, self.steps),
-            (WorkflowEvent, self.events),
-        ):
-            if rows:
-                model.objects.bulk_create(rows)  # type: ignore[attr-defined]
-                rows.clear()
+        # parents before children: the foreign keys point up this list
+        _insert(WorkflowInvocation, self.invocations)
+        _insert(WorkflowSpec, self.specs)
+        _insert(Loop, self.loops)
+        _insert(WorkflowWorkItem, self.items)
+        _insert(WorkflowRun, self.runs)
+        _insert(WorkflowStepRun, self.steps)
+        _insert(WorkflowEvent, self.events)
         apply_load_delta(self.load)
         self.load = LoadDelta()
 

@@ -128,7 +128,7 @@ class FullCaps:
     """
 
     every: Hold | None = None
-    keys: dict[tuple[str, str], Hold] = field(default_factory=dict)
+    keys: dict[tuple[str, str | None], Hold] = field(default_factory=dict)
 
     def held(self, plan: RoutePlan) -> Hold | None:
         for key in (("project", plan.project_path), ("group", plan.project_group)):
@@ -198,7 +198,7 @@ def precheck(
     return Precheck(hold=hold, decision=decision, view=pool)
 
 
-def scope_hold(scope: str | None, limits: ThrottleLimits) -> Hold | None:
+def scope_hold(scope: str, limits: ThrottleLimits) -> Hold | None:
     """The hold of a drain whose scope is at --max-active before it scans anything."""
     if limits.max_active is None:
         return None
@@ -206,7 +206,7 @@ def scope_hold(scope: str | None, limits: ThrottleLimits) -> Hold | None:
     return throttle_hold(
         admission_decision(
             scope=scope,
-            project_path=None,
+            project_path="",  # the scope's cap only: no project (its count is 0)
             project_group=None,
             counts=ThrottleCounts(scope=seen.scope, project=0, project_group=None),
             limits=limits,

@@ -377,9 +377,9 @@ def plan_route(
 
 
 def _column_limit(model: type[models.Model], name: str) -> int:
-    limit = model._meta.get_field(name).max_length
-    assert limit is not None
-    return limit
+    field = model._meta.get_field(name)
+    assert isinstance(field, models.Field) and field.max_length is not None
+    return field.max_length
 
 
 def check_plan_fits_columns(plan: RoutePlan) -> None:

@@ -235,14 +235,15 @@ def _admit(
             plan, found.invocation_id, existing
         )
 
-    deferred = decision is not None and not decision.allowed
+    denied = decision if decision is not None and not decision.allowed else None
+    deferred = denied is not None
     item = work_item_upsert(
         existing=existing,
         plan=plan,
         invocation=invocation,
         status=WorkItemStatus.DEFERRED if deferred else WorkItemStatus.QUEUED,
-        reason=decision.reason if deferred else None,
-        reason_code=decision.reason_code if deferred else None,
+        reason=denied.reason if denied else None,
+        reason_code=denied.reason_code if denied else None,
         save=deferred,
     )
     requeue: dict[str, Any] | None = None

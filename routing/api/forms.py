@@ -103,7 +103,8 @@ class IngestQueryForm(StrictQueryForm):
         required=False,
         choices=[("0", "0"), ("1", "1")],
         coerce=lambda v: v == "1",
-        empty_value=False,
+        # the stubs say str | None; Django returns any empty_value as it is
+        empty_value=False,  # type: ignore[arg-type]
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

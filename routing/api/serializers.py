@@ -21,7 +21,7 @@ from ledger.models import (
 )
 from routing.admission import work_item_to_dict
 from routing.models import DrainRecord, InboxEvent
-from routing.ops.accounts import AccountRow, UsageTotals
+from routing.selectors import AccountRow, UsageTotals
 
 
 def iso(moment: datetime | None) -> str | None:

@@ -171,7 +171,11 @@ def api_token_refusal(token: str, *, now: datetime | None = None) -> str:
             .first()
         )
         now = now or timezone.now()
-        if row is not None and token_state(row, now) == "expired":
+        if (
+            row is not None
+            and row.expires_at is not None  # as an expired token's is
+            and token_state(row, now) == "expired"
+        ):
             at = row.expires_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
             return TOKEN_EXPIRED.format(at=at)
     return TOKEN_INVALID

@@ -67,7 +67,7 @@ from routing.drains.routable import (
     never_routes_message,
 )
 from routing.models import DrainRecord, InboxEvent
-from routing.ops.accounts import account_rows
+from routing.selectors import account_rows
 
 _Row = TypeVar("_Row", bound=Model)
 
@@ -264,7 +264,7 @@ def events(request: HttpRequest) -> HttpResponse:
     if warnings:
         answer["warnings"] = warnings
     if route_now:
-        envelopes = {}
+        envelopes: dict[tuple[str, str], Envelope] = {}
         for obj in items:
             envelope = parse_envelope(obj)  # all valid: inbox_ingest accepted every one
             envelopes.setdefault((envelope.source, envelope.id), envelope)

@@ -151,7 +151,7 @@ def _own_inbox_rows(candidates: Sequence[Candidate]) -> set[str]:
         return set()
     states = [str(s) for s in OPEN_INBOX_STATES]
     match = " OR ".join(["(id = %s AND route_attempts = %s)"] * len(wanted))
-    params: list[object] = [*states]
+    params: list[str | int | None] = [*states]
     for candidate in wanted:
         params += [candidate.inbox_id, candidate.route_attempts]
     lock = (

@@ -333,11 +333,11 @@ def _execute(
     clock: float,
 ) -> DrainReport:
     options = report.options
-    evidence_ready = False
+    evidence_dir: str | None = None  # once it is ready
     try:
         if options.evidence_dir:  # refused before anything is admitted (recorded)
             evidence_dir_prepare(options.evidence_dir)
-            evidence_ready = True
+            evidence_dir = options.evidence_dir
         if report.dry_run:
             try:
                 with transaction.atomic():
@@ -357,10 +357,10 @@ def _execute(
             raise
         report.error = lost
     report.duration_ms = int((time.monotonic() - clock) * 1000)
-    if evidence_ready:
+    if evidence_dir:
         try:
             report.evidence_path = evidence_write(
-                options.evidence_dir,
+                evidence_dir,
                 report.route_key,
                 report.started_at,
                 report.to_dict(compact=False),

@@ -25,14 +25,15 @@ from django.utils import timezone
 from domain.keys import ROUTE_KEYS
 from routing.api.auth import api_auth
 from routing.drains.configs import drain_configs
-from routing.models import DrainRecord, InboxEvent, InboxState
-from routing.ops.accounts import account_rows
-from routing.ops.selectors import deferred_by_reason, scope_rows
+from routing.models import DrainRecord
+from routing.selectors import (
+    account_rows,
+    deferred_by_reason,
+    inbox_by_state,
+    scope_rows,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# Inbox states that make up its depth: waiting to be routed, or failed and needing a look.
-# Routed history (admitted, skipped) only grows and is no depth.
-DEPTH_STATES = (InboxState.PENDING, InboxState.DEFERRED, InboxState.FAILED)
 DRAIN_RESULTS = ("created", "deduped", "throttled", "skipped", "fatal")
 
 Labels = tuple[tuple[str, str], ...]
@@ -183,12 +184,12 @@ def collect(*, now: datetime) -> list[Family]:
         "Age of the oldest deferred work item (0 when nothing is deferred).",
     )
     oldest_at: datetime | None = None
-    for row in deferred_by_reason():
-        deferred.add(row["n"], reason_code=row["reason_code"])
-        if row["oldest"] is not None and (
-            oldest_at is None or row["oldest"] < oldest_at
+    for reason_code, (n, oldest_of_reason) in deferred_by_reason().items():
+        deferred.add(n, reason_code=reason_code)
+        if oldest_of_reason is not None and (
+            oldest_at is None or oldest_of_reason < oldest_at
         ):
-            oldest_at = row["oldest"]
+            oldest_at = oldest_of_reason
     oldest.add(
         round(max(0.0, (now - oldest_at).total_seconds()), 3) if oldest_at else 0
     )
@@ -198,14 +199,9 @@ def collect(*, now: datetime) -> list[Family]:
         "gauge",
         "Inbox events waiting (pending, deferred) or failed, per state.",
     )
-    depth = dict(
-        InboxEvent.objects.filter(state__in=DEPTH_STATES)
-        .values_list("state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for state in DEPTH_STATES:
-        inbox.add(depth.get(state, 0), state=state)
+    # Inbox depth: waiting to be routed (pending, deferred) or failed and needing a look.
+    for state, depth in inbox_by_state().items():
+        inbox.add(depth["n"], state=state)
 
     return [
         active,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils.html import format_html
@@ -103,7 +103,7 @@ def deferral_snapshot(
         )
     per_profile = limits.get("maxPerProfile")
     accounts = counts.get("accounts")
-    cooling = counts.get("cooling") if isinstance(counts.get("cooling"), dict) else {}
+    cooling = found if isinstance(found := counts.get("cooling"), dict) else {}
     if isinstance(accounts, dict):
         for profile, load in sorted(accounts.items()):
             until = cooling.get(profile)
@@ -246,6 +246,12 @@ def load_chart_svg(bars: Sequence[LoadBar]) -> SafeString:
 
 
 CELL_W, CELL_H = 26, 22
+
+
+def timeline_hours(now: datetime) -> list[datetime]:
+    """The 24 UTC hour buckets ending with the current one, oldest first."""
+    current = now.replace(minute=0, second=0, microsecond=0)
+    return [current - timedelta(hours=23 - i) for i in range(24)]
 
 
 def timeline_svg(

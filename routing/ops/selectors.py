@@ -1,5 +1,6 @@
-"""Read-only queries behind the /ops pages: live work per scope, project and group,
-deferrals, the inbox, drains.
+"""Read-only queries behind the /ops pages: live work per project and group, deferrals, the
+inbox, drains. The reads /ops shares with the API and /metrics (account rows, scope rows,
+deferred items by reason, inbox depth) are in routing.selectors.
 
 Rules these follow, so that a page's query count and cost stay flat as the ledger grows:
 - Aggregate in SQL (GROUP BY with filtered counts); never one query per row shown.
@@ -12,7 +13,7 @@ Rules these follow, so that a page's query count and cost stay flat as the ledge
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,7 +32,6 @@ from django_q.models import Schedule
 
 from ledger.agent_output import summarize_output
 from ledger.models import (
-    ACTIVE_WORK_ITEM_STATUSES,
     RunStatus,
     StepStatus,
     WorkflowEvent,
@@ -42,109 +42,14 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.selectors import created_since
-from routing.drains.configs import Cap, DrainConfig, strictest
+from routing.drains.configs import DrainConfig, strictest
 from routing.models import DrainRecord, InboxEvent, InboxState
+from routing.selectors import CapRow, LiveCounts, deferred_by_reason, live_sums
 
-FAILED_STEP_STATUSES = (StepStatus.FAILED, StepStatus.TIMED_OUT)
 MAX_GROUP_ROWS = 200
 
 
-# --- live work: scopes, groups, projects ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CapRow:
-    key: str | None
-    active: int
-    deferred: int
-    cap: Cap | None
-
-    @property
-    def full(self) -> bool:
-        return self.cap is not None and self.active >= self.cap.limit
-
-
-_LIVE = (*ACTIVE_WORK_ITEM_STATUSES, WorkItemStatus.DEFERRED)
-
-
-@dataclass(frozen=True)
-class LiveCounts:
-    """Live work (active and deferred items) counted per (scope, project, group, reason)."""
-
-    route_scope: str | None
-    project_key: str | None
-    project_group: str | None
-    reason_code: str | None
-    active: int
-    deferred: int
-    oldest_deferred: datetime | None
-
-
-def live_work() -> list[LiveCounts]:
-    """One pass over the live rows (status index), counted per every dimension the overview
-    shows. The scope, group, project and reason tables are sums of these rows in Python: one
-    read of the deferred backlog instead of four (each read is a row look-up per item)."""
-    rows = (
-        WorkflowWorkItem.objects.filter(status__in=_LIVE)
-        .values("route_scope", "project_key", "project_group", "reason_code")
-        .annotate(
-            active=Count("id", filter=Q(status__in=ACTIVE_WORK_ITEM_STATUSES)),
-            deferred=Count("id", filter=Q(status=WorkItemStatus.DEFERRED)),
-            oldest_deferred=Min("created_at", filter=Q(status=WorkItemStatus.DEFERRED)),
-        )
-        .order_by()
-    )
-    return [LiveCounts(**row) for row in rows]
-
-
-def _live_counts(column: str) -> dict[str | None, tuple[int, int]]:
-    # One dimension only (for callers that need just one table, like /metrics).
-    rows = (
-        WorkflowWorkItem.objects.filter(status__in=_LIVE)
-        .values_list(column)
-        .annotate(
-            active=Count("id", filter=Q(status__in=ACTIVE_WORK_ITEM_STATUSES)),
-            deferred=Count("id", filter=Q(status=WorkItemStatus.DEFERRED)),
-        )
-        .order_by()
-    )
-    return {key: (active, deferred) for key, active, deferred in rows}
-
-
-def _sum_by(
-    live: Iterable[LiveCounts] | None,
-    key: Callable[[LiveCounts], str | None],
-    column: str,
-) -> dict[str | None, tuple[int, int]]:
-    """Active and deferred per value of one dimension: summed from `live`, or queried."""
-    if live is None:
-        return _live_counts(column)
-    sums: dict[str | None, tuple[int, int]] = {}
-    for row in live:
-        active, deferred = sums.get(key(row), (0, 0))
-        sums[key(row)] = (active + row.active, deferred + row.deferred)
-    return sums
-
-
-def scope_rows(
-    configs: Sequence[DrainConfig], live: Sequence[LiveCounts] | None = None
-) -> list[CapRow]:
-    """Each route scope with live work or a known cap: active and deferred counts, cap.
-
-    With `live` (from live_work) no query; without, one.
-    """
-    counts = _sum_by(live, lambda r: r.route_scope, "route_scope")
-    scopes = set(counts) | {c.scope for c in configs if c.scope}
-    rows = []
-    for scope in scopes:
-        active, deferred = counts.get(scope, (0, 0))
-        cap = (
-            strictest((c for c in configs if c.scope == scope), lambda c: c.max_active)
-            if scope
-            else None  # NULL-scope rows never count toward a scoped total
-        )
-        rows.append(CapRow(key=scope, active=active, deferred=deferred, cap=cap))
-    return sorted(rows, key=lambda r: (r.key is None, r.key or ""))
+# --- live work: groups, projects (scopes and live_work: routing.selectors) ---------------------
 
 
 def group_rows(
@@ -152,7 +57,7 @@ def group_rows(
 ) -> list[CapRow]:
     """Each project group with live work, against the strictest group cap."""
     cap = strictest(configs, lambda c: c.max_active_per_project_group)
-    counts = _sum_by(live, lambda r: r.project_group, "project_group")
+    counts = live_sums(live, lambda r: r.project_group, "project_group")
     return [
         CapRow(key=group, active=active, deferred=deferred, cap=cap)
         for group, (active, deferred) in sorted(
@@ -169,7 +74,7 @@ def project_rows(
 ) -> list[CapRow]:
     """The busiest projects (most active, then most deferred), against the project cap."""
     cap = strictest(configs, lambda c: c.max_active_per_project)
-    counts = _sum_by(live, lambda r: r.project_key, "project_key")
+    counts = live_sums(live, lambda r: r.project_key, "project_key")
     busiest = sorted(
         ((k, v) for k, v in counts.items() if k is not None),
         key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]),
@@ -181,16 +86,6 @@ def project_rows(
 
 
 # --- deferrals --------------------------------------------------------------------------------
-
-
-def deferred_by_reason() -> list[dict[str, Any]]:
-    """Deferred work items per reason code (n), and the oldest one's created_at (oldest)."""
-    return list(
-        WorkflowWorkItem.objects.filter(status=WorkItemStatus.DEFERRED)
-        .values("reason_code")
-        .annotate(n=Count("id"), oldest=Min("created_at"))
-        .order_by("reason_code")
-    )
 
 
 @dataclass(frozen=True)
@@ -205,13 +100,7 @@ class ReasonRow:
 def reason_rows(*, since: datetime, live: Sequence[LiveCounts]) -> list[ReasonRow]:
     """Per reason code: items deferred now (from `live`), and the deferral decisions
     recorded since `since` (one key-range query)."""
-    now_rows: dict[str | None, tuple[int, datetime | None]] = {}
-    for row in live:
-        if row.deferred:
-            n, oldest = now_rows.get(row.reason_code, (0, None))
-            if oldest is None or (row.oldest_deferred and row.oldest_deferred < oldest):
-                oldest = row.oldest_deferred
-            now_rows[row.reason_code] = (n + row.deferred, oldest)
+    now_rows = deferred_by_reason(live)
     window = {r["reason_code"]: r for r in deferral_events_by_reason(since=since)}
     rows = [
         ReasonRow(
@@ -291,17 +180,6 @@ def oldest_deferred_inbox(*, limit: int = 20) -> list[InboxEvent]:
         .order_by("received_at")
         .defer("data", "metadata")[:limit]
     )
-
-
-def inbox_depth() -> dict[str, dict[str, Any]]:
-    """Open inbox events (pending, deferred) per state, with the oldest receive time."""
-    rows = (
-        InboxEvent.objects.filter(state__in=(InboxState.PENDING, InboxState.DEFERRED))
-        .values("state")
-        .annotate(n=Count("id"), oldest=Min("received_at"))
-        .order_by()
-    )
-    return {r["state"]: r for r in rows}
 
 
 def work_item_runs(item_id: str, *, limit: int = 20) -> list[WorkflowRun]:
@@ -443,7 +321,7 @@ def _live_step(
         account_tool=step.account_tool,
         run_id=run.id,
         work_item_id=run.work_item_id,
-        subject=run.work_item.subject_ref if run.work_item_id else run.id,
+        subject=run.work_item.subject_ref if run.work_item else run.id,
         since=since,
         why=why,
         code=code,
@@ -491,11 +369,11 @@ def waiting_steps(*, limit: int = 50) -> list[LiveStep]:
     if not pending:
         return []
     latest: dict[tuple[str, str], WorkflowEvent] = {}
-    for event in WorkflowEvent.objects.filter(
+    for found in WorkflowEvent.objects.filter(
         workflow_run_id__in={s.workflow_run_id for s in pending},
         event_type="step_waiting",
     ).order_by("workflow_run_id", "-sequence"):
-        latest.setdefault((event.workflow_run_id, event.step_id or ""), event)
+        latest.setdefault((found.workflow_run_id, found.step_id or ""), found)
     rows = []
     for s in pending:
         event = latest.get((s.workflow_run_id, s.step_id))
@@ -514,26 +392,7 @@ def waiting_steps(*, limit: int = 50) -> list[LiveStep]:
     return rows[:limit]
 
 
-# --- inbox by state, throughput, schedules ---------------------------------------------------
-
-# Every state an operator acts on; admitted and skipped grow with history and are not counted.
-INBOX_COUNTED_STATES = (InboxState.PENDING, InboxState.DEFERRED, InboxState.FAILED)
-
-
-def inbox_by_state() -> dict[str, dict[str, Any]]:
-    """Pending, deferred and failed inbox events (the state index), each with its oldest."""
-    rows = (
-        InboxEvent.objects.filter(state__in=INBOX_COUNTED_STATES)
-        .values("state")
-        .annotate(n=Count("id"), oldest=Min("received_at"))
-        .order_by()
-    )
-    found = {r["state"]: r for r in rows}
-    return {
-        state: found.get(state, {"state": state, "n": 0, "oldest": None})
-        for state in INBOX_COUNTED_STATES
-    }
-
+# --- throughput, schedules (inbox by state: routing.selectors) -------------------------------
 
 SUCCESS_RUN_STATUSES = (RunStatus.SUCCEEDED,)
 FAILURE_RUN_STATUSES = (RunStatus.FAILED, RunStatus.TIMED_OUT)

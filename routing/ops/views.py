@@ -1,9 +1,10 @@
 """The /ops pages: what waits and why, which account carries what, what each drain did.
 
 Staff only, in the admin's look (the templates extend `admin/base_site.html` and get
-`admin.site.each_context`). Every page reads through routing.ops.selectors, so its query
-count is fixed whatever the number of rows (tests assert it), and takes `now` once so every
-relative age on a page is measured from the same instant.
+`admin.site.each_context`). Every page reads through routing.ops.selectors and, for what
+it shows as the API and /metrics do, routing.selectors, so its query count is fixed
+whatever the number of rows (tests assert it), and takes `now` once so every relative age
+on a page is measured from the same instant.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ from domain import reasons
 from ledger.admin.base import CappedCountPaginator
 from ledger.capacity import hosts_view
 from ledger.models import WorkflowWorkItem
+from routing import selectors as shared
 from routing.drains import configs as drain_configs
 from routing.drains.retention import DID_SOMETHING, EMPTY, HAS_ERROR, HELD
 from routing.models import DrainRecord, InboxEvent
-from routing.ops import accounts as account_selectors
 from routing.ops import capacity as ops_capacity
 from routing.ops import selectors as sel
 from routing.ops.display import (
@@ -49,6 +50,7 @@ from routing.ops.display import (
     load_chart_svg,
     options_text,
     throughput_svg,
+    timeline_hours,
     timeline_svg,
 )
 
@@ -118,13 +120,13 @@ def overview(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     schedules = drain_configs.scheduled_drains()
     configs = drain_configs.drain_configs(now=now, schedules=schedules)
-    accounts = account_selectors.account_rows(configs)
-    live = sel.live_work()
+    accounts = shared.account_rows(configs)
+    live = shared.live_work()
     drains = list(sel.latest_drains()[:10])
     reasons_now = sel.reason_rows(since=now - timedelta(hours=24), live=live)
-    inbox = sel.inbox_by_state()
+    inbox = shared.inbox_by_state()
     waiting = sel.waiting_steps()
-    hours = account_selectors.timeline_hours(now)
+    hours = timeline_hours(now)
     deferred_items = sum(r.deferred for r in reasons_now)
     overdue = sel.overdue_schedules(now=now)  # the section's and the capacity warning's
     kind = hint_kind(drains, schedules)
@@ -140,7 +142,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "Operations overview",
         "overview",
         now=now,
-        scopes=sel.scope_rows(configs, live),
+        scopes=shared.scope_rows(configs, live),
         groups=sel.group_rows(configs, live),
         projects=sel.project_rows(configs, live),
         accounts=accounts,
@@ -276,9 +278,9 @@ def accounts(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     schedules = drain_configs.scheduled_drains()
     configs = drain_configs.drain_configs(now=now, schedules=schedules)
-    activity = account_selectors.step_activity(now=now)
-    rows = account_selectors.account_rows(configs, activity=activity)
-    hours = account_selectors.timeline_hours(now)
+    activity = shared.step_activity(now=now)
+    rows = shared.account_rows(configs, activity=activity)
+    hours = timeline_hours(now)
     starts: dict[tuple[str, datetime], int] = {}
     for stat in activity:
         if stat["hour"] is not None:
@@ -376,6 +378,7 @@ def schedule_action(
             "next scheduler tick."
         )
     schedule.save(update_fields=["repeats", "next_run"])
+    assert request.user.pk is not None  # staff_required: a signed-in user
     LogEntry.objects.log_actions(
         user_id=request.user.pk,
         queryset=[schedule],

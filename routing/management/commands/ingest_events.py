@@ -114,15 +114,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         path = options["file"]
+        # call_command(stdin=...) may hand a bytes stream (no .buffer)
+        stdin: Any = options.get("stdin") or sys.stdin
         try:
             stream: IO[bytes] = (
-                getattr(
-                    options.get("stdin") or sys.stdin,
-                    "buffer",
-                    options.get("stdin") or sys.stdin,
-                )
-                if path == "-"
-                else open(path, "rb")
+                getattr(stdin, "buffer", stdin) if path == "-" else open(path, "rb")
             )
         except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc.strerror}") from None

@@ -146,6 +146,7 @@ class Command(BaseCommand):
         if item is None:
             raise CommandError(ROUTE_ITEM_NOT_FOUND.format(item_id=item_id))
         invocation = item.invocation
+        value: dict[str, Any]  # JSON values of several shapes
         value = {
             # Upstream's `routes show` answers `item`; `workItem` is loopsweb's name for it.
             "item": work_item_to_dict(item),
@@ -186,11 +187,11 @@ class Command(BaseCommand):
             f"  reason: {wi['lastReason'] or '-'}",
             f"  invocation {invocation.id} ({invocation.template_id})",
         ]
-        if value["workflow"]:
-            lines.append(f"  workflow {item.workflow_id} {item.workflow.name}")  # type: ignore[union-attr]
-        if value["loop"]:
+        if item.workflow:
+            lines.append(f"  workflow {item.workflow_id} {item.workflow.name}")
+        if item.loop:
             lines.append(
-                f"  loop {item.loop_id} {item.loop.status} max_attempts={item.loop.max_attempts}"  # type: ignore[union-attr]
+                f"  loop {item.loop_id} {item.loop.status} max_attempts={item.loop.max_attempts}"
             )
         for run in value["runs"]:
             lines.append(

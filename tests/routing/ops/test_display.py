@@ -10,7 +10,6 @@ import pytest
 from ledger.ids import new_id
 from ledger.selectors import id_floor
 from routing.drains.configs import drain_config, strictest
-from routing.ops.accounts import RATE_LIMIT_MARK
 from routing.ops.display import (
     LoadBar,
     deferral_snapshot,
@@ -19,6 +18,7 @@ from routing.ops.display import (
     timeline_svg,
     utc_text,
 )
+from routing.selectors import RATE_LIMIT_MARK
 
 NOW = datetime(2026, 11, 29, 16, 40, 3, tzinfo=UTC)
 

@@ -1,10 +1,19 @@
-"""Account rows for /ops/accounts/, the API and /metrics: running and reserved load,
-`--max-per-profile`, cooldowns, step outcomes over time windows, the hourly timeline.
+"""Reads shared by the JSON API, the /ops pages and /metrics, so the three agree:
+
+- account rows: running and reserved load, `--max-per-profile`, cooldowns, the registry,
+  token usage, step outcomes over time windows (/ops/accounts/, /api/v1/accounts, /metrics);
+- live work per route scope against its cap (the /ops overview, /metrics), from one pass
+  over the live rows that the overview also sums per group, project and reason;
+- deferred work items per reason code (the /ops overview, /metrics);
+- inbox depth: pending, deferred and failed events per state (the /ops overview, /metrics).
+
+Each aggregates in SQL over an index-bounded scan (see routing.ops.selectors), so a
+page's or a scrape's query count stays flat as the ledger grows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,6 +23,7 @@ from django.db.models import (
     Count,
     DateTimeField,
     F,
+    Min,
     Q,
     Sum,
     When,
@@ -22,8 +32,12 @@ from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from ledger.models import (
+    ACTIVE_WORK_ITEM_STATUSES,
     AccountCooldown,
+    StepStatus,
     WorkflowStepRun,
+    WorkflowWorkItem,
+    WorkItemStatus,
 )
 from ledger.runner import RATE_LIMIT_NOTE
 from ledger.selectors import (
@@ -33,7 +47,9 @@ from ledger.selectors import (
     created_since,
 )
 from routing.drains.configs import Cap, DrainConfig, strictest
-from routing.ops.selectors import FAILED_STEP_STATUSES
+from routing.models import InboxEvent, InboxState
+
+FAILED_STEP_STATUSES = (StepStatus.FAILED, StepStatus.TIMED_OUT)
 
 # Step runs are created at admission and start later (a verifier waits for its worker, a step
 # waits for a cooling or full account; cooldowns are capped at an hour, steps at their
@@ -272,7 +288,149 @@ def account_usage(*, now: datetime) -> dict[str, tuple[UsageTotals, UsageTotals]
     return {r["account_profile"]: (totals(r, "5"), totals(r, "")) for r in rows}
 
 
-def timeline_hours(now: datetime) -> list[datetime]:
-    """The 24 UTC hour buckets ending with the current one, oldest first."""
-    current = now.replace(minute=0, second=0, microsecond=0)
-    return [current - timedelta(hours=23 - i) for i in range(24)]
+# --- live work per route scope ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CapRow:
+    key: str | None
+    active: int
+    deferred: int
+    cap: Cap | None
+
+    @property
+    def full(self) -> bool:
+        return self.cap is not None and self.active >= self.cap.limit
+
+
+_LIVE = (*ACTIVE_WORK_ITEM_STATUSES, WorkItemStatus.DEFERRED)
+
+
+@dataclass(frozen=True)
+class LiveCounts:
+    """Live work (active and deferred items) counted per (scope, project, group, reason)."""
+
+    route_scope: str | None
+    project_key: str | None
+    project_group: str | None
+    reason_code: str | None
+    active: int
+    deferred: int
+    oldest_deferred: datetime | None
+
+
+def live_work() -> list[LiveCounts]:
+    """One pass over the live rows (status index), counted per every dimension the overview
+    shows. The scope, group, project and reason tables are sums of these rows in Python: one
+    read of the deferred backlog instead of four (each read is a row look-up per item)."""
+    rows = (
+        WorkflowWorkItem.objects.filter(status__in=_LIVE)
+        .values("route_scope", "project_key", "project_group", "reason_code")
+        .annotate(
+            active=Count("id", filter=Q(status__in=ACTIVE_WORK_ITEM_STATUSES)),
+            deferred=Count("id", filter=Q(status=WorkItemStatus.DEFERRED)),
+            oldest_deferred=Min("created_at", filter=Q(status=WorkItemStatus.DEFERRED)),
+        )
+        .order_by()
+    )
+    return [LiveCounts(**row) for row in rows]
+
+
+def _live_counts(column: str) -> dict[str | None, tuple[int, int]]:
+    # One dimension only (for callers that need just one table, like /metrics).
+    rows = (
+        WorkflowWorkItem.objects.filter(status__in=_LIVE)
+        .values_list(column)
+        .annotate(
+            active=Count("id", filter=Q(status__in=ACTIVE_WORK_ITEM_STATUSES)),
+            deferred=Count("id", filter=Q(status=WorkItemStatus.DEFERRED)),
+        )
+        .order_by()
+    )
+    return {key: (active, deferred) for key, active, deferred in rows}
+
+
+def live_sums(
+    live: Iterable[LiveCounts] | None,
+    key: Callable[[LiveCounts], str | None],
+    column: str,
+) -> dict[str | None, tuple[int, int]]:
+    """Active and deferred per value of one dimension: summed from `live`, or queried."""
+    if live is None:
+        return _live_counts(column)
+    sums: dict[str | None, tuple[int, int]] = {}
+    for row in live:
+        active, deferred = sums.get(key(row), (0, 0))
+        sums[key(row)] = (active + row.active, deferred + row.deferred)
+    return sums
+
+
+def scope_rows(
+    configs: Sequence[DrainConfig], live: Sequence[LiveCounts] | None = None
+) -> list[CapRow]:
+    """Each route scope with live work or a known cap: active and deferred counts, cap.
+
+    With `live` (from live_work) no query; without, one.
+    """
+    counts = live_sums(live, lambda r: r.route_scope, "route_scope")
+    scopes = set(counts) | {c.scope for c in configs if c.scope}
+    rows = []
+    for scope in scopes:
+        active, deferred = counts.get(scope, (0, 0))
+        cap = (
+            strictest((c for c in configs if c.scope == scope), lambda c: c.max_active)
+            if scope
+            else None  # NULL-scope rows never count toward a scoped total
+        )
+        rows.append(CapRow(key=scope, active=active, deferred=deferred, cap=cap))
+    return sorted(rows, key=lambda r: (r.key is None, r.key or ""))
+
+
+# --- deferred work items per reason -----------------------------------------------------------
+
+
+def deferred_by_reason(
+    live: Sequence[LiveCounts] | None = None,
+) -> dict[str | None, tuple[int, datetime | None]]:
+    """Deferred work items per reason code: (how many, the oldest one's created_at).
+
+    With `live` (from live_work) summed from it, no query; without, one GROUP BY over the
+    deferred rows, in reason-code order."""
+    if live is None:
+        return {
+            row["reason_code"]: (row["n"], row["oldest"])
+            for row in WorkflowWorkItem.objects.filter(status=WorkItemStatus.DEFERRED)
+            .values("reason_code")
+            .annotate(n=Count("id"), oldest=Min("created_at"))
+            .order_by("reason_code")
+        }
+    now_rows: dict[str | None, tuple[int, datetime | None]] = {}
+    for row in live:
+        if row.deferred:
+            n, oldest = now_rows.get(row.reason_code, (0, None))
+            if oldest is None or (row.oldest_deferred and row.oldest_deferred < oldest):
+                oldest = row.oldest_deferred
+            now_rows[row.reason_code] = (n + row.deferred, oldest)
+    return now_rows
+
+
+# --- inbox depth ------------------------------------------------------------------------------
+
+# Every state an operator acts on: waiting to be routed (pending, deferred), or failed and
+# needing a look. Routed history (admitted, skipped) only grows and is not counted.
+INBOX_COUNTED_STATES = (InboxState.PENDING, InboxState.DEFERRED, InboxState.FAILED)
+
+
+def inbox_by_state() -> dict[str, dict[str, Any]]:
+    """Pending, deferred and failed inbox events (the state index), each with its oldest."""
+    rows = (
+        InboxEvent.objects.filter(state__in=INBOX_COUNTED_STATES)
+        .values("state")
+        .annotate(n=Count("id"), oldest=Min("received_at"))
+        .order_by()
+    )
+    found = {r["state"]: r for r in rows}
+    return {
+        state: found.get(state, {"state": state, "n": 0, "oldest": None})
+        for state in INBOX_COUNTED_STATES
+    }
