@@ -46,6 +46,7 @@ ENV_READERS = {
     "env_str",
     "env_bool",
     "env_int",
+    "env_bounded",
     "env_list",
     "_exit_codes",
     "_passthrough",

@@ -173,6 +173,7 @@ def test_host_report_registers_roots_and_found_providers(settings) -> None:  # t
         ("LOOPSWEB_HOST_NAME", "a b", "LOOPSWEB_HOST_NAME must be"),
     ],
 )
+@pytest.mark.slow
 def test_host_settings_are_bounded(name: str, value: str, message: str) -> None:
     env = {**os.environ, name: value, "DEBUG": "1"}
     done = subprocess.run(
