@@ -271,7 +271,7 @@ def test_the_key_is_nowhere_in_the_database_the_pages_the_api_or_the_logs(
     for path in (
         "/ops/",
         "/ops/accounts/",
-        f"/ops/deferrals/{run.work_item_id}/",
+        f"/ops/items/{run.work_item_id}/",
         "/admin/ledger/account/",
         "/admin/ledger/account/acct-a/change/",
         f"/admin/ledger/workflowrun/{run.id}/change/",
