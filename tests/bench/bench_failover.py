@@ -16,7 +16,6 @@ Target: under 45 s (issue 26).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,32 +28,6 @@ REPS = harness.scaled(3, 1)
 PROVIDERS = ("codex", "claude", "opencode")
 KEY_A, KEY_B = "bench-key-acct-a", "bench-key-acct-b"
 TARGET_SECONDS = 45.0
-
-
-def _start_cluster(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"],
-            cwd=harness.ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 def _one(provider: str, rep: int, work: Path, projects: Path) -> tuple[float, str]:
@@ -148,7 +121,7 @@ def run(db: harness.BenchDatabase) -> None:
         },
     )
     log = db.workdir / "qcluster.log"
-    cluster = _start_cluster(env, log)
+    cluster = harness.start_qcluster(env, log)
     rows, worst = [], 0.0
     try:
         for provider in PROVIDERS:
@@ -180,7 +153,7 @@ def run(db: harness.BenchDatabase) -> None:
         )
         raise
     finally:
-        _stop(cluster)
+        harness.stop_process_group(cluster)
     report.table(
         "first 429 → first request with the other account's key (s)",
         ["provider", "runs", "median", "max", "run status"],

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -57,39 +56,7 @@ def _start_host(
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
     )
-    with (base / "qcluster.log").open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"],
-            cwd=harness.ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def _wait(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}")
+    return harness.start_qcluster(env, (base / "qcluster.log"))
 
 
 class _Connections:
@@ -151,7 +118,7 @@ def _one(
     names = [f"h{hosts}-{n}" for n in range(1, hosts + 1)]
     procs = [_start_host(work, name, root, records) for name in names]
     try:
-        _wait(
+        harness.wait_for(
             lambda: set(Host.objects.values_list("name", flat=True)) >= set(names),
             timeout=120,
             what=f"{hosts} host(s) to register",
@@ -182,7 +149,7 @@ def _one(
             )
             assert result.kind == CREATED, result.kind
             ids.append(result.run.id)
-        _wait(
+        harness.wait_for(
             lambda: (
                 not WorkflowRun.objects.filter(
                     id__in=ids, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]
@@ -198,7 +165,7 @@ def _one(
     finally:
         conns.stop()
         for proc in procs:
-            _stop(proc)
+            harness.stop_process_group(proc)
     rows = WorkflowRun.objects.filter(id__in=ids)
     failed = rows.exclude(status=RunStatus.SUCCEEDED).count()
     split = Counter(rows.values_list("host", flat=True))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -45,39 +44,7 @@ def _start_cluster(records: Path, log: Path) -> subprocess.Popen[bytes]:
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
     )
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"],
-            cwd=harness.ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def _wait(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}")
+    return harness.start_qcluster(env, log)
 
 
 def _floor(n: int) -> list[float]:
@@ -89,7 +56,7 @@ def _floor(n: int) -> list[float]:
         task_id = async_task("time.time", cluster="loopsweb-runs")
         sent[task_id] = time.time()
         time.sleep(PACE)
-    done = _wait(
+    done = harness.wait_for(
         lambda: (
             (
                 rows := dict(
@@ -130,7 +97,7 @@ def _admissions(
         admitted[result.run.id] = time.time()  # committed: the run is queued
         assert result.kind == CREATED, result.kind
         time.sleep(PACE)
-    _wait(
+    harness.wait_for(
         lambda: (
             not WorkflowRun.objects.filter(
                 status__in=[RunStatus.QUEUED, RunStatus.RUNNING]
@@ -188,7 +155,7 @@ def run(db: harness.BenchDatabase) -> None:
         )
         raise
     finally:
-        _stop(cluster)
+        harness.stop_process_group(cluster)
     ms = [v * 1000 for v in latencies]
     step_ms = [v * 1000 for v in to_step]
     floor_ms = [v * 1000 for v in floor]

@@ -513,3 +513,45 @@ def run_child(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess
         text=True,
         timeout=timeout,
     )
+
+
+# --- clusters the run benchmarks start ------------------------------------------------------
+
+
+def start_qcluster(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`manage.py qcluster` in its own session with `env`, its output in `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop_process_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, up to a minute for a clean stop, then SIGKILL whatever of the group is left."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> Any:
+    """The first truthy value of `condition()`, polled every 0.2 s; SystemExit after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise SystemExit(f"timed out waiting for {what}")
