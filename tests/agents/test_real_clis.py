@@ -28,7 +28,11 @@ from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
 from tests.agents.running import Finished, run_agent
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db,
+    pytest.mark.xdist_group("agent_clis"),
+]
 
 PROVIDERS = ("codex", "claude", "opencode")
 KEY_VARIABLE = "STANDIN_API_KEY"

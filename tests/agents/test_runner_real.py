@@ -40,7 +40,11 @@ from tests.ledger.runner_helpers import (
     steps_of,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db,
+    pytest.mark.xdist_group("agent_clis"),
+]
 
 PROVIDERS = ("codex", "claude", "opencode")
 KEY_A, KEY_B = "key-of-acct-a-0123", "key-of-acct-b-4567"

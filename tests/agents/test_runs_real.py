@@ -30,7 +30,11 @@ from tests.processes import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.xdist_group("agent_clis"),
+]
 
 PROVIDERS = ("codex", "claude", "opencode")
 KEYS = {"acct-a": "key-of-acct-a-0123", "acct-b": "key-of-acct-b-4567"}

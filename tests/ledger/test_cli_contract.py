@@ -30,7 +30,7 @@ HELP_ARGV = {
 }
 
 # One worker runs the module: its npm cache directory is shared, filled once per module.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_contract")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("agent_clis")]
 
 
 @pytest.fixture(scope="module")
