@@ -56,8 +56,14 @@ def test_two_run_clusters_share_twenty_runs_and_run_each_exactly_once(
         FAKE_AGENT_SLEEP="1",
         FAKE_AGENT_RECORD_DIR=str(records),
     )
+    # Two machines: each run cluster with its own host name (one run cluster per host
+    # name; a second cluster under the same name would be taken for that host restarted).
     clusters = [
-        start_qcluster(env, tmp_path / f"machine-{n}.log", cluster="loopsweb-runs")
+        start_qcluster(
+            {**env, "LOOPSWEB_HOST_NAME": f"machine-{n}"},
+            tmp_path / f"machine-{n}.log",
+            cluster="loopsweb-runs",
+        )
         for n in (1, 2)
     ]
     try:
