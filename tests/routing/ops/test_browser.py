@@ -103,17 +103,30 @@ def follow(driver: Any, element: Any) -> None:
     """Click a link or submit button and wait until the next page has loaded.
 
     A click returns as soon as the event is dispatched; without the wait the next read can
-    still see the old page (or its URL), which made the login step flaky.
+    still see the old page (or its URL), which made the login step flaky. The old page is
+    marked with a window property and the wait is for a loaded document without it. Waiting
+    on the old element going stale instead failed in Chrome 156, which answers a read of a
+    node from an unloading page with "Node with given id does not belong to the document"
+    rather than a stale-element error; reads that fail mid-navigation count as not loaded.
     """
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    old_page = driver.find_element(By.TAG_NAME, "html")
+    driver.execute_script("window.__loopswebOldPage = true;")
     element.click()
-    wait = WebDriverWait(driver, 60)
-    wait.until(expected_conditions.staleness_of(old_page))
-    wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+    def next_page_loaded(d: Any) -> bool:
+        try:
+            return bool(
+                d.execute_script(
+                    "return window.__loopswebOldPage === undefined"
+                    " && document.readyState === 'complete';"
+                )
+            )
+        except WebDriverException:
+            return False
+
+    WebDriverWait(driver, 60).until(next_page_loaded)
 
 
 def test_an_operator_walks_the_ops_pages_in_chromium(
