@@ -10,11 +10,27 @@ A drain (and anything else that retries work later) must tell apart:
 succeed, and `writes_refused` the subset after which no write can succeed for now (a full
 disk, a read-only database): a drain stops at either instead of failing every remaining
 candidate in turn. Only an error that does not pass is the row's own.
+
+`retry_passing` is how a writer that holds work in flight (the runner, a drain's record)
+waits out a passing error: the same write again, with a growing pause, for a bounded time.
+Each write is one transaction, rolled back whole when it fails, so trying it again is safe.
 """
 
 from __future__ import annotations
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RETRYING = (
+    "{what}: the database did not take it ({error}); trying again in {pause:.1f} s"
+)
 
 # SQLSTATE classes and codes (PostgreSQL) of errors that can pass.
 _PASSING_CLASSES = ("08", "40", "53", "57")  # connection, rollback, resources, operator
@@ -94,3 +110,47 @@ def database_damaged(exc: BaseException) -> bool:
     return isinstance(exc, DatabaseError) and any(
         text in str(exc).lower() for text in _SQLITE_DAMAGED
     )
+
+
+def first_line(exc: BaseException) -> str:
+    """The error's first line (psycopg adds context lines), or its type when it is empty."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def drop_connection() -> None:
+    """Forget a connection that may be broken; Django opens a new one on the next query."""
+    try:
+        connection.close()
+    except DatabaseError:
+        pass  # already broken: Django forgets it either way
+
+
+def retry_passing(
+    write: Callable[[], T],
+    *,
+    seconds: float,
+    what: str,
+    passes: Callable[[BaseException], bool] = error_passes,
+) -> T:
+    """`write()`, tried again while it fails with an error that `passes`, for up to
+    `seconds`; each retry logs one warning naming `what`. The last error is raised when the
+    time is up, and any other error at once. A lost connection is dropped before the next
+    try (outside a transaction only: inside one, the caller's block must end first)."""
+    deadline = time.monotonic() + seconds
+    pause = 0.25
+    while True:
+        try:
+            return write()
+        except DatabaseError as exc:
+            left = deadline - time.monotonic()
+            if not passes(exc) or left <= 0 or connection.in_atomic_block:
+                raise
+            if connection_lost(exc):
+                drop_connection()
+            pause = min(pause, left)
+            logger.warning(
+                RETRYING.format(what=what, error=first_line(exc), pause=pause)
+            )
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)

@@ -3,8 +3,8 @@
 `run_workflow_run(run_id)` is what the django-q2 task and `manage.py run_workflow` call:
 
 1. Claim the `queued` run (conditional update; a second delivery returns "not-claimed").
-2. Order the steps by `dependsOn`, ties (and steps without dependencies) by sequence. An
-   unknown dependency or a cycle fails the run before anything starts.
+2. Order the steps by `dependsOn`, ties by sequence (domain.steps). An unknown dependency
+   or a cycle fails the run before anything starts.
 3. Isolation, before the first step: a run whose agent steps ask for a worktree
    (`worktreeMode` auto on a git work tree, or required) gets its own `git worktree` on a
    new branch (ledger.worktrees), recorded on the run before it is made; every step works
@@ -12,13 +12,12 @@
    LOOPSWEB_PROJECT_ROOTS, or a worktree git cannot make fails the run before any step.
    The worktree is removed when the run succeeds and kept (then pruned) when it does not.
 3b. Per step: started under the admission lock with an account re-check, by the transaction
-   that finished the step before it (`step_complete`: one transaction per step boundary),
-   or for the first step, and one whose account was not free then, by `step_start`. While
-   the step's account is
-   at its `maxPerProfile` cap or cooling down: as a django-q2 task, park the run and hand
-   its task back to the queue with a delay (the worker is free meanwhile; the next delivery
-   resumes after the steps already done, in the worktree the run already has); inline
-   (`manage.py run_workflow`), wait and retry, renewing the lease. An agent
+   that finished the step before it (`step_complete`: one transaction per step boundary), or
+   for the first step, and one whose account was not free then, by `step_start`. While the
+   step's account is at its `maxPerProfile` cap or cooling down: as a django-q2 task, park
+   the run and hand its task back to the queue with a delay (the worker is free meanwhile;
+   the next delivery resumes after the steps already done, in the worktree the run already
+   has); inline (`manage.py run_workflow`), wait and retry, renewing the lease. An agent
    step's directory is checked against the project roots again (a root may be gone since
    admission) and a generated step passes the sandbox preflight again, against the worktree
    the run actually has.
@@ -28,16 +27,22 @@
    group (SIGTERM, then SIGKILL after LOOPSWEB_KILL_GRACE_SECONDS), renew the run lease
    about three times per lease.
 5. Record the step (exit code, pid, duration, tails, and the token usage its agent printed
-   in machine-readable output, ledger.usage). An agent step that reports a provider
-   rate limit puts its account in cooldown; when its run was admitted with a pool and
-   another member is free, the step moves there and runs again (at most
-   LOOPSWEB_RATE_LIMIT_MOVES times, ledger.services.failover). A failed or timed-out step ends the run: the
-   remaining steps are skipped (runs are sequential and fail fast) and the run is
-   `failed` / `timed_out`; all steps succeeded → `succeeded`. The last step's record and
-   the run's end are one transaction, as are a step's record and the next step's start.
-   When a step's process exits, anything it left running in its group is killed.
+   in machine-readable output, ledger.usage). An agent step that reports a provider rate
+   limit puts its account in cooldown; when its run was admitted with a pool and another
+   member is free, the step moves there and runs again (at most LOOPSWEB_RATE_LIMIT_MOVES
+   times, ledger.services.failover). A failed or timed-out step ends the run: the remaining
+   steps are skipped (runs are sequential and fail fast) and the run is `failed` /
+   `timed_out`; all steps succeeded → `succeeded`. The last step's record and the run's end
+   are one transaction, as are a step's record and the next step's start. When a step's
+   process exits, anything it left running in its group is killed.
 6. If the lease is lost (the run was cancelled, or recovered after a stall), the process
    group is killed and nothing more is written.
+7. A database error that passes (ledger.dberrors: a full disk, a read-only or locked
+   database, a lost connection) never fails the run: each ledger write is tried again, with
+   a growing pause, for up to one lease (LOOPSWEB_RUN_LEASE_SECONDS), and the run goes on
+   where it was once the database takes it. When the database stays away longer, the
+   runner stops with `database-unavailable` and writes nothing more: the run is left as it
+   was, and its expired lease is recovered like that of any worker that went away.
 
 Nothing here holds a transaction across a process or a sleep: on SQLite every transaction
 holds the database write lock, and admissions must not wait on an agent.
@@ -49,20 +54,29 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from domain.errors import ApplicationError, ValidationError
+from domain.errors import ValidationError
 from domain.sandbox import WORKTREE_REQUIRED, step_isolation
+from domain.steps import PlanError, execution_order
 from ledger import services
 from ledger.agent_step import (
     StepWatch,
     step_limits,
     step_outcome,
     task_deadline,
+)
+from ledger.dberrors import (
+    connection_lost,
+    drop_connection,
+    error_passes,
+    first_line,
+    retry_passing,
 )
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
 from ledger.processes import ProcessResult, run_process
@@ -92,16 +106,15 @@ from ledger.worktrees import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NOT_CLAIMED = "not-claimed"
 NOT_DUE = "not-due"
 LOST = "lease-lost"
 HANDED_BACK = "handed-back"
+DB_UNAVAILABLE = "database-unavailable"
 
 STEP_KIND_UNKNOWN = "unknown step kind: {kind}"
-STEP_DEPENDS_UNKNOWN = "step {step_id} depends on unknown step {dependency}"
-STEP_SPEC_MISSING = "step {step_id} is not in the workflow spec"
-STEPS_CYCLE = "dependency cycle among steps: {steps}"
 RATE_LIMIT_NOTE = "; provider rate limit: {snippet}"
 SKIP_AFTER_FAILURE = "not run: step {step_id} {status}"
 RUN_STEP_FAILED = "step {step_id} {status}: {error}"
@@ -109,43 +122,18 @@ RUN_FAILED_BEFORE_START = "workflow cannot run: {error}"
 RUNNER_CRASHED = "runner error: {error}"
 RUNNER_STOPPED = "runner stopped before the run finished"
 COOLDOWN_REASON = "{provider} rate limit on step {step_id} of run {run_id}: {snippet}"
+RUN_LEFT_AS_IT_WAS = (
+    "run {run_id} stopped: the database did not take its writes for {seconds} s ({error});"
+    " the run is left as it was, and its lease is recovered once it expires"
+)
 
 
-class PlanError(ApplicationError):
-    """The run's steps cannot be ordered (unknown dependency, cycle, missing spec)."""
-
-
-def execution_order(
-    steps: Sequence[tuple[str, int]], specs: Mapping[str, Mapping[str, Any]]
-) -> list[str]:
-    """Step ids in run order: dependencies first, ties by sequence (pure; Kahn's algorithm)."""
-    sequence = dict(steps)
-    deps: dict[str, set[str]] = {}
-    for step_id, _ in steps:
-        if step_id not in specs:
-            raise PlanError(STEP_SPEC_MISSING.format(step_id=step_id))
-        raw = specs[step_id].get("dependsOn") or []
-        if isinstance(raw, str):
-            raw = [raw]
-        for dependency in raw:
-            if dependency not in sequence:
-                raise PlanError(
-                    STEP_DEPENDS_UNKNOWN.format(step_id=step_id, dependency=dependency)
-                )
-        deps[step_id] = set(raw)  # a step naming itself never becomes ready: a cycle
-    order: list[str] = []
-    placed: set[str] = set()
-    while len(order) < len(steps):
-        ready = [s for s in deps if s not in placed and deps[s] <= placed]
-        if not ready:
-            stuck = sorted(
-                (s for s in deps if s not in placed), key=sequence.__getitem__
-            )
-            raise PlanError(STEPS_CYCLE.format(steps=", ".join(stuck)))
-        nxt = min(ready, key=sequence.__getitem__)
-        order.append(nxt)
-        placed.add(nxt)
-    return order
+def write_ledger(what: str, write: Callable[[], T]) -> T:
+    """One ledger write of the runner, waiting out an error that passes (module docstring,
+    7): the same write again for up to one lease, then the error."""
+    return retry_passing(
+        write, seconds=float(settings.LOOPSWEB_RUN_LEASE_SECONDS), what=what
+    )
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -189,8 +177,12 @@ class _RunExecution:
     def keep_alive(self) -> bool:
         try:
             return services.run_lease_renew(run_id=self.run.id, worker=self.worker)
-        except DatabaseError:
-            logger.exception("lease renewal of run %s failed", self.run.id)
+        except DatabaseError as exc:
+            logger.warning(
+                "lease renewal of run %s failed: %s", self.run.id, first_line(exc)
+            )
+            if connection_lost(exc):
+                drop_connection()  # the next write opens a new one
             return True
 
     def execute(self) -> str:
@@ -264,12 +256,15 @@ class _RunExecution:
         end: services.RunEnd | None = None,
     ) -> services.StepStart | None:
         try:
-            return services.step_complete(
-                step_run_id=step.id,
-                worker=self.worker,
-                result=result,
-                start_next=start_next,
-                end=end,
+            return write_ledger(
+                f"run {self.run.id}: the end of step {step.step_id}",
+                lambda: services.step_complete(
+                    step_run_id=step.id,
+                    worker=self.worker,
+                    result=result,
+                    start_next=start_next,
+                    end=end,
+                ),
             )
         except services.LedgerError:
             if result is not None:
@@ -283,7 +278,12 @@ class _RunExecution:
     def _finalize(self, status: str, error: str | None) -> str:
         self.save_work(None)
         try:
-            services.run_finalize(run_id=self.run.id, status=status, error=error)
+            write_ledger(
+                f"run {self.run.id}: its end ({status})",
+                lambda: services.run_finalize(
+                    run_id=self.run.id, status=status, error=error
+                ),
+            )
         except services.LedgerError:
             raise _LeaseLost() from None
         if status == RunStatus.SUCCEEDED:
@@ -308,8 +308,11 @@ class _RunExecution:
                 branch=self.run.worktree_branch,
             )
         path, branch = str(worktree_dir(self.run.id)), worktree_branch(self.run.id)
-        if not services.run_worktree_record(
-            run_id=self.run.id, worker=self.worker, path=path, branch=branch
+        if not write_ledger(
+            f"run {self.run.id}: its worktree",
+            lambda: services.run_worktree_record(
+                run_id=self.run.id, worker=self.worker, path=path, branch=branch
+            ),
         ):
             raise _LeaseLost()
         try:
@@ -374,7 +377,12 @@ class _RunExecution:
         next_renewal = time.monotonic() + self.keep_alive_every
         while True:
             try:
-                outcome = services.step_start(step_run_id=step.id, worker=self.worker)
+                outcome = write_ledger(
+                    f"run {self.run.id}: the start of step {step.step_id}",
+                    lambda: services.step_start(
+                        step_run_id=step.id, worker=self.worker
+                    ),
+                )
             except services.LedgerError:
                 raise _LeaseLost() from None
             if outcome.started:
@@ -419,8 +427,13 @@ class _RunExecution:
                 return result, False
             step = start.step_run
             self._complete(step, result)
-            moved = services.step_move_after_rate_limit(
-                step_run_id=step.id, reason=self.rate_limited
+            moved = write_ledger(
+                f"run {self.run.id}: the move of step {step.step_id}",
+                partial(
+                    services.step_move_after_rate_limit,
+                    step_run_id=step.id,
+                    reason=self.rate_limited,
+                ),
             )
             if moved is None:
                 return result, True
@@ -436,13 +449,20 @@ class _RunExecution:
     def _park(self, delay: float) -> None:
         """Free this worker: the run's task comes back in `delay` seconds (see run_park)."""
         assert self.hand_back is not None
+        hand_back = self.hand_back
         resume_at = timezone.now() + timedelta(seconds=delay)
-        with transaction.atomic():
-            if not services.run_park(
-                run_id=self.run.id, worker=self.worker, resume_at=resume_at
-            ):
-                raise _LeaseLost()
-            self.hand_back(self.run.id, delay)
+
+        def park() -> bool:
+            with transaction.atomic():
+                if not services.run_park(
+                    run_id=self.run.id, worker=self.worker, resume_at=resume_at
+                ):
+                    return False
+                hand_back(self.run.id, delay)
+                return True
+
+        if not write_ledger(f"run {self.run.id}: its hand-back", park):
+            raise _LeaseLost()
         raise _HandedBack()
 
     def _run_step(
@@ -487,8 +507,9 @@ class _RunExecution:
                 idle_timeout_seconds=idle_ms / 1000 if idle_ms else None,
                 tail_bytes=int(settings.LOOPSWEB_OUTPUT_TAIL_BYTES),
                 grace_seconds=float(settings.LOOPSWEB_KILL_GRACE_SECONDS),
-                on_spawn=lambda pid: services.step_process_record(
-                    step_run_id=step.id, pid=pid
+                on_spawn=lambda pid: write_ledger(
+                    f"run {self.run.id}: the process of step {step.step_id}",
+                    lambda: services.step_process_record(step_run_id=step.id, pid=pid),
                 ),
                 keep_alive=self.keep_alive,
                 keep_alive_every=self.keep_alive_every,
@@ -539,17 +560,21 @@ class _RunExecution:
         if step.account_profile:
             # Recorded before the step is finished, so no other step can start on the
             # account in between and hit the same limit.
-            services.account_cooldown_record(
-                profile=step.account_profile,
-                tool=step.account_tool or provider,
-                until=signal_seen.until,
-                reason=COOLDOWN_REASON.format(
-                    provider=provider,
-                    step_id=step.step_id,
-                    run_id=self.run.id,
-                    snippet=signal_seen.snippet,
+            profile = step.account_profile
+            write_ledger(
+                f"run {self.run.id}: the cooldown of account {profile}",
+                lambda: services.account_cooldown_record(
+                    profile=profile,
+                    tool=step.account_tool or provider,
+                    until=signal_seen.until,
+                    reason=COOLDOWN_REASON.format(
+                        provider=provider,
+                        step_id=step.step_id,
+                        run_id=self.run.id,
+                        snippet=signal_seen.snippet,
+                    ),
+                    step_run=step,
                 ),
-                step_run=step,
             )
         return RATE_LIMIT_NOTE.format(snippet=signal_seen.snippet)
 
@@ -584,18 +609,32 @@ def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
     """
     started = time.monotonic()
     worker = services.worker_identity()
-    run = services.run_claim(run_id=run_id, worker=worker)
-    if run is None and (
-        WorkflowRun.objects.filter(
-            pk=run_id, status=RunStatus.QUEUED, scheduled_for__gt=timezone.now()
-        ).exists()
-    ):
-        logger.info(
-            "workflow run %s not claimed (its retry backoff has not ended)", run_id
+    try:
+        run = write_ledger(
+            f"run {run_id}: its claim",
+            lambda: services.run_claim(run_id=run_id, worker=worker),
         )
-        return NOT_DUE
-    if run is None and hand_back is not None:
-        run = services.run_resume(run_id=run_id, worker=worker)
+        if run is None and (
+            WorkflowRun.objects.filter(
+                pk=run_id, status=RunStatus.QUEUED, scheduled_for__gt=timezone.now()
+            ).exists()
+        ):
+            logger.info(
+                "workflow run %s not claimed (its retry backoff has not ended)", run_id
+            )
+            return NOT_DUE
+        if run is None and hand_back is not None:
+            run = write_ledger(
+                f"run {run_id}: its resumption",
+                lambda: services.run_resume(run_id=run_id, worker=worker),
+            )
+    except DatabaseError as exc:
+        if not error_passes(exc):
+            raise
+        _left_as_it_was(
+            run_id, exc
+        )  # not claimed: handed out again (runs_queued_stale)
+        return DB_UNAVAILABLE
     if run is None:
         logger.info("workflow run %s not claimed (not queued)", run_id)
         return NOT_CLAIMED
@@ -619,19 +658,43 @@ def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
             "workflow run %s was taken from this worker (now %s)", run_id, current
         )
         return LOST
-    except (Exception, KeyboardInterrupt, SystemExit) as exc:
-        # A bug, a database outage or the worker being stopped (SIGTERM/SIGINT in
-        # `manage.py run_workflow`): the step's process group is already gone (run_process
-        # kills it on the way out), so fail the run now rather than waiting for its lease.
-        logger.exception("workflow run %s stopped unexpectedly", run_id)
+    except DatabaseError as exc:
+        if not error_passes(exc):
+            _fail_stopped_run(execution, exc)
+            raise
+        # The database stayed away for a whole lease: nothing more can be written now.
         execution.save_work(None)
-        error = (
-            RUNNER_STOPPED
-            if isinstance(exc, KeyboardInterrupt | SystemExit)
-            else RUNNER_CRASHED.format(error=exc)
-        )
-        try:
-            services.run_finalize(run_id=run_id, status=RunStatus.FAILED, error=error)
-        except Exception:
-            logger.exception("could not fail workflow run %s; recovery will", run_id)
+        _left_as_it_was(run_id, exc)
+        return DB_UNAVAILABLE
+    except (Exception, KeyboardInterrupt, SystemExit) as exc:
+        _fail_stopped_run(execution, exc)
         raise
+
+
+def _left_as_it_was(run_id: str, exc: BaseException) -> None:
+    logger.error(
+        RUN_LEFT_AS_IT_WAS.format(
+            run_id=run_id,
+            seconds=settings.LOOPSWEB_RUN_LEASE_SECONDS,
+            error=first_line(exc),
+        )
+    )
+
+
+def _fail_stopped_run(execution: _RunExecution, exc: BaseException) -> None:
+    """Fail a run whose runner stopped: a bug, a database error that does not pass, or the
+    worker being stopped (SIGTERM/SIGINT in `manage.py run_workflow`). The step's process
+    group is already gone (run_process kills it on the way out), so the run is failed now
+    rather than when its lease expires."""
+    run_id = execution.run.id
+    logger.exception("workflow run %s stopped unexpectedly", run_id)
+    execution.save_work(None)
+    error = (
+        RUNNER_STOPPED
+        if isinstance(exc, KeyboardInterrupt | SystemExit)
+        else RUNNER_CRASHED.format(error=exc)
+    )
+    try:
+        services.run_finalize(run_id=run_id, status=RunStatus.FAILED, error=error)
+    except Exception:
+        logger.exception("could not fail workflow run %s; recovery will", run_id)

@@ -4,7 +4,11 @@
 file itself is damaged ("database disk image is malformed", "file is not a database") ends
 the process with one line naming the file and what to do, exit 1, whether it surfaces in the
 command's own thread or in another one (runserver serves from a thread, under the
-autoreloader). Any other error is left as it was.
+autoreloader). A database error that passes (ledger.dberrors: a full disk, a read-only or
+locked database, a lost connection, a server out of connections) that a command did not handle
+itself is one line too: what the database said, that the transaction it was in was rolled
+back, and to run it again once the database takes writes; exit 1. Any other error is left as
+it was.
 """
 
 from __future__ import annotations
@@ -45,6 +49,20 @@ def corrupt_database_message(exc: BaseException) -> str | None:
     return None
 
 
+PASSING = (
+    "loopsweb: the database did not take the command ({error}); the transaction it was "
+    "in was rolled back. Run it again once the database takes writes (free space, make "
+    "it writable, or wait for the server)"
+)
+
+
+def passing_error_message(exc: BaseException) -> str | None:
+    """The one line for a database error that passes, else None."""
+    from ledger.dberrors import error_passes, first_line
+
+    return PASSING.format(error=first_line(exc)) if error_passes(exc) else None
+
+
 def _sqlite_file() -> str:
     from django.conf import settings
 
@@ -76,7 +94,7 @@ def run_command(argv: list[str]) -> None:
     try:
         execute_from_command_line(argv)
     except Exception as exc:
-        message = corrupt_database_message(exc)
+        message = corrupt_database_message(exc) or passing_error_message(exc)
         if message is None:
             raise
         sys.stderr.write(message + "\n")

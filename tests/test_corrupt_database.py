@@ -17,7 +17,7 @@ import pytest
 
 from tests.processes import ROOT, free_port, terminal_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sqlite]
 
 
 def _env(data_dir: Path) -> dict[str, str]:

@@ -13,13 +13,18 @@ dropped us):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 
-from ledger.dberrors import connection_lost, database_damaged, writes_refused
+from ledger.dberrors import (
+    connection_lost,
+    database_damaged,
+    first_line,
+    retry_passing,
+    writes_refused,
+)
 from routing.drains.report import DrainReport
 from routing.models import DrainRecord
 
@@ -57,22 +62,10 @@ def lost_connection_error(exc: BaseException) -> str | None:
     if isinstance(exc, ConnectionLost):
         exc = exc.error
     if isinstance(exc, DatabaseError) and connection_lost(exc):
-        return LOST.format(error=_first_line(exc))
+        return LOST.format(error=first_line(exc))
     if isinstance(exc, DatabaseError) and writes_refused(exc):
-        return REFUSED.format(error=_first_line(exc))
+        return REFUSED.format(error=first_line(exc))
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _drop_connection() -> None:
-    try:
-        connection.close()
-    except DatabaseError:
-        pass  # already broken: Django forgets it either way
 
 
 def record_when_database_back(
@@ -80,24 +73,17 @@ def record_when_database_back(
 ) -> None:
     """Store the drain record, waiting for the database when its connection is lost."""
     wait = settings.LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS
-    deadline = time.monotonic() + wait
-    pause = 0.25
-    while True:
-        try:
-            report.record_id = record(report).id
-            return
-        except DatabaseError as exc:
-            if writes_refused(exc):
-                report.record_error = NOT_WRITABLE.format(error=_first_line(exc))
-                return
-            if not connection_lost(exc):
-                raise
-            _drop_connection()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                report.record_error = NOT_STORED.format(
-                    seconds=wait, error=_first_line(exc)
-                )
-                return
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, 2.0)
+    try:
+        report.record_id = retry_passing(
+            lambda: record(report).id,
+            seconds=wait,
+            what="the drain record",
+            passes=lambda exc: connection_lost(exc) and not writes_refused(exc),
+        )
+    except DatabaseError as exc:
+        if writes_refused(exc):
+            report.record_error = NOT_WRITABLE.format(error=first_line(exc))
+        elif connection_lost(exc):
+            report.record_error = NOT_STORED.format(seconds=wait, error=first_line(exc))
+        else:
+            raise

@@ -15,7 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ledger.models import RunStatus, WorkflowRun
-from ledger.runner import LOST, NOT_CLAIMED, run_workflow_run
+from ledger.runner import DB_UNAVAILABLE, LOST, NOT_CLAIMED, run_workflow_run
 from ledger.services import RUN_NOT_FOUND, RUN_NOT_QUEUED
 
 
@@ -40,6 +40,9 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, _exit_on_signal)
         signal.signal(signal.SIGINT, _exit_on_signal)
         outcome = run_workflow_run(run_id)
+        if outcome == DB_UNAVAILABLE:
+            # Said in the log (ledger.runner._left_as_it_was); nothing more can be read now.
+            raise CommandError(f"run {run_id} stopped: the database is unavailable")
         if outcome == NOT_CLAIMED:
             raise CommandError(RUN_NOT_QUEUED.format(run_id=run_id, status="claimed"))
         run = WorkflowRun.objects.get(pk=run_id)

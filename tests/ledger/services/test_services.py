@@ -18,6 +18,7 @@ from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
 from domain.errors import ValidationError
+from domain.steps import PlanError, execution_order
 from ledger import services, tasks
 from ledger.models import (
     AccountCooldown,
@@ -26,7 +27,6 @@ from ledger.models import (
     WorkflowRun,
     WorkItemStatus,
 )
-from ledger.runner import PlanError, execution_order
 from routing.admission import CREATED, DEDUPED
 from routing.drains.schedules import SCHEDULES
 from routing.models import InboxEvent, InboxState

@@ -1,0 +1,200 @@
+"""A database error that passes never fails a run (issue 28, the runner's part): while the
+database refuses the runner's writes (SQLite locked by another writer, PostgreSQL read-only
+and the runner's connection dropped), the runner tries the same write again, and the run
+goes on where it was once the database takes it. Real `manage.py run_workflow` processes
+against the test database; the step is a real process that waits for the test's signal.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
+from tests.ledger.runner_helpers import (
+    admit_workflow,
+    command_step,
+    process_alive,
+    spawn_runner,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+WAIT_FOR_FILE = (
+    "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)"
+)
+RETRY_LINE = "the database did not take it"
+
+
+def _run_waiting_for(go: Path) -> WorkflowRun:
+    return admit_workflow(
+        [
+            command_step("first", sys.executable, "-c", WAIT_FOR_FILE, str(go)),
+            command_step("second", sys.executable, "-c", "pass", depends_on=["first"]),
+        ]
+    )
+
+
+def _first_step(run: WorkflowRun) -> WorkflowStepRun:
+    return WorkflowStepRun.objects.get(workflow_run=run, step_id="first")
+
+
+def _statuses(run: WorkflowRun) -> tuple[str, dict[str, str]]:
+    run.refresh_from_db()
+    steps = dict(
+        WorkflowStepRun.objects.filter(workflow_run=run).values_list(
+            "step_id", "status"
+        )
+    )
+    return run.status, steps
+
+
+def _finish(runner: subprocess.Popen[str]) -> tuple[str, str]:
+    try:
+        return runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+
+
+def _refused_then_taken(
+    tmp_path: Path,
+    refusing: Callable[[], AbstractContextManager[None]],
+    extra_env: dict[str, str],
+) -> None:
+    go = tmp_path / "go"
+    run = _run_waiting_for(go)
+    runner = spawn_runner(
+        run.id, extra_env={"LOOPSWEB_RUN_LEASE_SECONDS": "60", **extra_env}
+    )
+    try:
+        step = wait_for(
+            lambda: (
+                (s := _first_step(run)).pid and s.status == StepStatus.RUNNING and s
+            ),
+            what="the first step running",
+        )
+        with refusing():
+            go.touch()  # the step ends; its record is the write the database refuses
+            wait_for(lambda: not process_alive(step.pid), what="the step's exit")
+            time.sleep(2.5)  # several refused tries
+            # The run is as it was: nothing failed, nothing skipped.
+            assert _statuses(run) == (
+                RunStatus.RUNNING,
+                {"first": StepStatus.RUNNING, "second": StepStatus.PENDING},
+            )
+            assert runner.poll() is None
+        stdout, stderr = _finish(runner)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 0, stderr
+    assert RETRY_LINE in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+    assert f"run {run.id} succeeded" in stdout
+    assert _statuses(run) == (
+        RunStatus.SUCCEEDED,
+        {"first": StepStatus.SUCCEEDED, "second": StepStatus.SUCCEEDED},
+    )
+
+
+@pytest.mark.sqlite
+def test_a_locked_sqlite_database_delays_the_run_and_fails_nothing(
+    tmp_path: Path,
+) -> None:
+    @contextmanager
+    def another_writer() -> Iterator[None]:
+        holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+    # The runner gives up on the lock after 1 s (instead of 20) and tries again.
+    _refused_then_taken(tmp_path, another_writer, {"SQLITE_BUSY_TIMEOUT": "1"})
+
+
+@pytest.mark.postgres
+def test_a_read_only_postgresql_database_delays_the_run_and_fails_nothing(
+    tmp_path: Path,
+) -> None:
+    name = connection.settings_dict["NAME"]
+
+    def drop_other_sessions() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                [name],
+            )
+
+    @contextmanager
+    def read_only() -> Iterator[None]:
+        # New sessions are read-only; the runner's is dropped, so its next is one of them.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'
+            )
+        drop_other_sessions()
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f'ALTER DATABASE "{name}" RESET default_transaction_read_only'
+                )
+            drop_other_sessions()  # its read-only session goes; the next one writes
+
+    _refused_then_taken(tmp_path, read_only, {})
+
+
+@pytest.mark.sqlite
+def test_a_database_away_for_a_whole_lease_leaves_the_run_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """The runner stops, says why in one line and writes nothing: the run stays running
+    with its steps as they were, for lease recovery (no "runner error" failure)."""
+    go = tmp_path / "go"
+    run = _run_waiting_for(go)
+    runner = spawn_runner(
+        run.id,
+        extra_env={"LOOPSWEB_RUN_LEASE_SECONDS": "2", "SQLITE_BUSY_TIMEOUT": "1"},
+    )
+    holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    try:
+        step = wait_for(
+            lambda: (
+                (s := _first_step(run)).pid and s.status == StepStatus.RUNNING and s
+            ),
+            what="the first step running",
+        )
+        holder.execute("BEGIN EXCLUSIVE")
+        go.touch()
+        stdout, stderr = _finish(runner)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        if runner.poll() is None:
+            runner.kill()
+    assert not process_alive(step.pid)
+    assert runner.returncode == 1, stderr
+    assert RETRY_LINE in stderr, stderr
+    assert "the run is left as it was" in stderr, stderr
+    assert "the database is unavailable" in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+    assert _statuses(run) == (
+        RunStatus.RUNNING,
+        {"first": StepStatus.RUNNING, "second": StepStatus.PENDING},
+    )
+    assert WorkflowRun.objects.get(pk=run.id).error is None
