@@ -48,7 +48,6 @@ def terminal_env(data_dir: Path, **extra: str) -> dict[str, str]:
     env.update(
         LOOPSWEB_DATA_DIR=str(data_dir),
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        PYTHONDONTWRITEBYTECODE="1",
         **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
     )
     env.update(extra)

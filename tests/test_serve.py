@@ -237,7 +237,6 @@ def _clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
         LOOPSWEB_DATA_DIR=str(data_dir),
         PY=sys.executable,
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        PYTHONDONTWRITEBYTECODE="1",
     )
     env.update(extra)
     return env

@@ -101,8 +101,10 @@ def test_a_429_account_cools_until_its_reset_and_the_step_moves_and_succeeds(
     stand_in.modes[KEY_A] = "429"
     # codex cools for the backoff (60 s: it prints no reset); claude waits Retry-After once
     # before it gives up; opencode is stopped as soon as its log names the limit. Each
-    # reset lies far enough ahead that /ops/accounts/ still shows the account cooling.
-    stand_in.retry_after = {"codex": 2, "claude": 20, "opencode": 30}[provider]
+    # reset lies far enough ahead that /ops/accounts/ still shows the account cooling once
+    # the step has run again on acct-b, even on a loaded machine (opencode's move and second
+    # run took 40 s once, past a 30 s reset).
+    stand_in.retry_after = {"codex": 2, "claude": 30, "opencode": 120}[provider]
     clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
     clis.register_account(provider, "acct-b", stand_in, tmp_path, key=KEY_B)
     project = git_project(tmp_path / "project")

@@ -264,7 +264,6 @@ def spawn_runner(run_id: str, *, extra_env: dict[str, str]) -> subprocess.Popen[
     env = dict(os.environ)
     env.update(
         DATABASE_URL=child_database_url(),
-        PYTHONDONTWRITEBYTECODE="1",
         **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
     )
     env.update(extra_env)  # may name another binary for a provider

@@ -42,7 +42,6 @@ def _env(tmp_path: Path) -> dict[str, str]:
     }
     env.update(
         DATABASE_URL=child_database_url(),
-        PYTHONDONTWRITEBYTECODE="1",
         PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         LOOPSWEB_CODEX_BIN=str(STANDIN),
         LOOPSWEB_CLAUDE_BIN=str(STANDIN),

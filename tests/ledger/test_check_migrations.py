@@ -67,7 +67,6 @@ def run(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
         **os.environ,
         "DATABASE_URL": f"sqlite:///{tree / 'var' / 'check.sqlite3'}",
         "LOOPSWEB_DATA_DIR": str(tree / "var"),
-        "PYTHONDONTWRITEBYTECODE": "1",
     }
     # cwd is the copy: `python manage.py` puts it first on sys.path, ahead of the real tree.
     return subprocess.run(

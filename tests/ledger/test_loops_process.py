@@ -56,7 +56,6 @@ def _manage(*argv: str) -> subprocess.CompletedProcess[str]:
     env.update(
         DATABASE_URL=child_database_url(),
         LOOPSWEB_TESTING="1",
-        PYTHONDONTWRITEBYTECODE="1",
         LOOPSWEB_KILL_GRACE_SECONDS="0",
     )
     return subprocess.run(

@@ -189,7 +189,6 @@ def test_the_drain_command_one_at_a_time_admits_and_dedupes_every_event_once() -
         **os.environ,
         "DATABASE_URL": child_database_url(),
         "LOOPSWEB_DRAIN_BATCH_SIZE": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
     }
     args = [
         sys.executable,

@@ -29,7 +29,7 @@ def _ingest(
     *args: str, stdin: object = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
     child = dict(os.environ)
-    child.update(DATABASE_URL=child_database_url(), PYTHONDONTWRITEBYTECODE="1", **env)
+    child.update(DATABASE_URL=child_database_url(), **env)
     return subprocess.run(
         [sys.executable, "manage.py", "ingest_events", *args],
         cwd=ROOT,

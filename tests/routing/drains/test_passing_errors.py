@@ -88,7 +88,6 @@ def test_a_full_disk_stops_the_drain_and_fails_no_event(
         **os.environ,
         "DATABASE_URL": f"sqlite:///{database}",
         "LOOPSWEB_DATA_DIR": str(small_disk / "data"),
-        "PYTHONDONTWRITEBYTECODE": "1",
     }
     env.pop("SQLITE_TEST_NAME", None)
     assert _manage("migrate", "--noinput", "-v0", env=env).returncode == 0
