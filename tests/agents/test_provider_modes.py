@@ -12,7 +12,8 @@ import pytest
 
 from tests.agents.provider import ProviderStandIn
 
-pytestmark = pytest.mark.slow
+# No database here: one suite (SQLite's) runs it, not again on PostgreSQL.
+pytestmark = [pytest.mark.slow, pytest.mark.sqlite]
 
 BODY = json.dumps(
     {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}

@@ -29,8 +29,13 @@ HELP_ARGV = {
     "opencode": ["run", "--help"],
 }
 
-# One worker runs the module: its npm cache directory is shared, filled once per module.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("agent_clis")]
+# One worker runs the module: its npm cache directory is shared, filled once per module. The
+# module reads no database, so it runs in one suite (SQLite's), not again on PostgreSQL.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.sqlite,
+    pytest.mark.xdist_group("agent_clis"),
+]
 
 
 @pytest.fixture(scope="module")
