@@ -597,10 +597,11 @@ def _step_result(
 def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
     """Claim and execute one queued run; returns its final status.
 
-    Returns `not-due` for a retry whose backoff has not ended (nothing written),
-    `not-claimed` when the run was not queued (a second delivery, a cancelled run)
-    and `lease-lost` when the run was taken away mid-way (cancelled or recovered); neither
-    writes anything further. An unexpected error fails the run (best effort) and re-raises.
+    Returns `not-due` for a retry whose backoff has not ended (nothing written), `not-claimed`
+    when the run was not queued (a second delivery, a cancelled run), `lease-lost` when it
+    was taken away mid-way (cancelled or recovered), `database-unavailable` when a write
+    failed for a whole lease (module docstring, 7); none writes anything further. Any other
+    error fails the run (best effort) and re-raises.
 
     With `hand_back` (the django-q2 task), a step that must wait for its account does not
     wait here: the run is parked and its task enqueued again with a delay (`handed-back`),
@@ -631,9 +632,8 @@ def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
     except DatabaseError as exc:
         if not error_passes(exc):
             raise
-        _left_as_it_was(
-            run_id, exc
-        )  # not claimed: handed out again (runs_queued_stale)
+        # Not claimed: the run is still queued, and recovery hands it out again.
+        _left_as_it_was(run_id, exc)
         return DB_UNAVAILABLE
     if run is None:
         logger.info("workflow run %s not claimed (not queued)", run_id)
