@@ -1,7 +1,7 @@
 """A command whose write the database does not take: one clear line, exit 1 (issue 28, 2).
 
 Real `manage.py` processes on a real migrated SQLite file while another connection holds
-its write lock (`BEGIN EXCLUSIVE`), with the busy timeout at 1 ms so the lock is met at
+its write lock (`BEGIN EXCLUSIVE`), with the busy timeout at 1 s so the lock is met at
 once. A database error that passes and that a command does not handle itself ends it with
 one line saying so and that the transaction was rolled back; before, each printed a
 traceback ending in `database is locked`. Nothing is written, and once the lock is gone

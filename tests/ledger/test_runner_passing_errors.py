@@ -1,8 +1,10 @@
 """A database error that passes never fails a run (issue 28, the runner's part): while the
 database refuses the runner's writes (SQLite locked by another writer, PostgreSQL read-only
 and the runner's connection dropped), the runner tries the same write again, and the run
-goes on where it was once the database takes it. Real `manage.py run_workflow` processes
-against the test database; the step is a real process that waits for the test's signal.
+goes on where it was once the database takes it; a database away for a whole lease stops
+the runner and leaves the run as it was. Both on both backends, with real `manage.py
+run_workflow` processes against the test database; the step is a real process that waits
+for the test's signal.
 """
 
 from __future__ import annotations
@@ -59,31 +61,80 @@ def _statuses(run: WorkflowRun) -> tuple[str, dict[str, str]]:
 
 
 def _finish(runner: subprocess.Popen[str]) -> tuple[str, str]:
+    return runner.communicate(timeout=120)
+
+
+@contextmanager
+def _sqlite_writer_holds_the_lock() -> Iterator[None]:
+    holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
     try:
-        return runner.communicate(timeout=120)
+        yield
     finally:
-        if runner.poll() is None:
-            runner.kill()
+        holder.execute("ROLLBACK")
+        holder.close()
 
 
-def _refused_then_taken(
-    tmp_path: Path,
-    refusing: Callable[[], AbstractContextManager[None]],
-    extra_env: dict[str, str],
+def _drop_other_postgresql_sessions() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            [connection.settings_dict["NAME"]],
+        )
+
+
+@contextmanager
+def _postgresql_read_only() -> Iterator[None]:
+    # New sessions are read-only; the runner's is dropped, so its next is one of them.
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'
+        )
+    _drop_other_postgresql_sessions()
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f'ALTER DATABASE "{name}" RESET default_transaction_read_only'
+            )
+        _drop_other_postgresql_sessions()  # its read-only session goes; the next writes
+
+
+Refusing = tuple[Callable[[], AbstractContextManager[None]], dict[str, str]]
+
+
+@pytest.fixture
+def refusing() -> Refusing:
+    """How this backend refuses the runner's writes, and the runner's extra environment:
+    SQLite locked by another writer (the runner gives up on the lock after 1 s instead of
+    20 s, and tries again); PostgreSQL read-only, with the runner's connection dropped."""
+    if connection.vendor == "sqlite":
+        return _sqlite_writer_holds_the_lock, {"SQLITE_BUSY_TIMEOUT": "1"}
+    return _postgresql_read_only, {}
+
+
+def _wait_for_the_first_step(run: WorkflowRun) -> WorkflowStepRun:
+    return wait_for(
+        lambda: (s := _first_step(run)).pid and s.status == StepStatus.RUNNING and s,
+        what="the first step running",
+    )
+
+
+def test_a_database_that_refuses_writes_delays_the_run_and_fails_nothing(
+    tmp_path: Path, refusing: Refusing
 ) -> None:
+    refused, extra_env = refusing
     go = tmp_path / "go"
     run = _run_waiting_for(go)
     runner = spawn_runner(
         run.id, extra_env={"LOOPSWEB_RUN_LEASE_SECONDS": "60", **extra_env}
     )
     try:
-        step = wait_for(
-            lambda: (
-                (s := _first_step(run)).pid and s.status == StepStatus.RUNNING and s
-            ),
-            what="the first step running",
-        )
-        with refusing():
+        step = _wait_for_the_first_step(run)
+        with refused():
             go.touch()  # the step ends; its record is the write the database refuses
             wait_for(lambda: not process_alive(step.pid), what="the step's exit")
             time.sleep(2.5)  # several refused tries
@@ -107,84 +158,23 @@ def _refused_then_taken(
     )
 
 
-@pytest.mark.sqlite
-def test_a_locked_sqlite_database_delays_the_run_and_fails_nothing(
-    tmp_path: Path,
-) -> None:
-    @contextmanager
-    def another_writer() -> Iterator[None]:
-        holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
-        holder.execute("BEGIN EXCLUSIVE")
-        try:
-            yield
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
-
-    # The runner gives up on the lock after 1 s (instead of 20) and tries again.
-    _refused_then_taken(tmp_path, another_writer, {"SQLITE_BUSY_TIMEOUT": "1"})
-
-
-@pytest.mark.postgres
-def test_a_read_only_postgresql_database_delays_the_run_and_fails_nothing(
-    tmp_path: Path,
-) -> None:
-    name = connection.settings_dict["NAME"]
-
-    def drop_other_sessions() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = %s AND pid <> pg_backend_pid()",
-                [name],
-            )
-
-    @contextmanager
-    def read_only() -> Iterator[None]:
-        # New sessions are read-only; the runner's is dropped, so its next is one of them.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'
-            )
-        drop_other_sessions()
-        try:
-            yield
-        finally:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f'ALTER DATABASE "{name}" RESET default_transaction_read_only'
-                )
-            drop_other_sessions()  # its read-only session goes; the next one writes
-
-    _refused_then_taken(tmp_path, read_only, {})
-
-
-@pytest.mark.sqlite
 def test_a_database_away_for_a_whole_lease_leaves_the_run_as_it_was(
-    tmp_path: Path,
+    tmp_path: Path, refusing: Refusing
 ) -> None:
     """The runner stops, says why in one line and writes nothing: the run stays running
     with its steps as they were, for lease recovery (no "runner error" failure)."""
+    refused, extra_env = refusing
     go = tmp_path / "go"
     run = _run_waiting_for(go)
     runner = spawn_runner(
-        run.id,
-        extra_env={"LOOPSWEB_RUN_LEASE_SECONDS": "2", "SQLITE_BUSY_TIMEOUT": "1"},
+        run.id, extra_env={"LOOPSWEB_RUN_LEASE_SECONDS": "2", **extra_env}
     )
-    holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
     try:
-        step = wait_for(
-            lambda: (
-                (s := _first_step(run)).pid and s.status == StepStatus.RUNNING and s
-            ),
-            what="the first step running",
-        )
-        holder.execute("BEGIN EXCLUSIVE")
-        go.touch()
-        stdout, stderr = _finish(runner)
+        step = _wait_for_the_first_step(run)
+        with refused():
+            go.touch()
+            stdout, stderr = _finish(runner)
     finally:
-        holder.execute("ROLLBACK")
-        holder.close()
         if runner.poll() is None:
             runner.kill()
     assert not process_alive(step.pid)
