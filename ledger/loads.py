@@ -21,7 +21,8 @@ account order so two of them cannot deadlock.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
@@ -209,9 +210,30 @@ def _drift(
     return found
 
 
-def account_load_drift() -> list[Drift]:
-    """Accounts whose kept counts differ from a recount of the rows (read only)."""
+@contextmanager
+def _one_snapshot() -> Iterator[None]:
+    """Several reads that see one state of the ledger while other processes write.
+
+    SQLite: the IMMEDIATE transaction holds the write lock, so nothing commits meanwhile.
+    PostgreSQL: READ COMMITTED gives each statement its own snapshot, so the kept counts read
+    before a commit and the rows read after it would differ with no drift; REPEATABLE READ
+    gives the whole transaction the first statement's snapshot. Only an outermost transaction
+    can set its level; a nested one already sees what its outer transaction sees.
+    """
+    outermost = not connection.in_atomic_block
     with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
+                )
+        yield
+
+
+def account_load_drift() -> list[Drift]:
+    """Accounts whose kept counts differ from a recount of the rows (read only, one snapshot:
+    safe while clusters run)."""
+    with _one_snapshot():
         return _drift(read_account_loads(), recount_account_loads())
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from hypothesis import strategies as st
 
 from ledger import services
 from ledger.loads import (
+    _drift,
+    _one_snapshot,
     account_load_drift,
     read_account_loads,
     recount_account_loads,
@@ -340,6 +343,39 @@ def test_repair_sets_drifted_counts_back_to_the_rows() -> None:
     assert repair_account_loads() == drift
     assert account_load_drift() == []
     assert_account_counts_match_rows()
+
+
+def _admit_from_another_connection() -> None:
+    """Admit one run reserving acctA and commit it, from a thread with its own connection."""
+    from django.db import connection
+
+    def admit() -> None:
+        try:
+            _admit(["acctA"], False)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=admit)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+@pytest.mark.postgres  # SQLite's IMMEDIATE transaction keeps the other writer out meanwhile
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_between_the_two_reads_is_no_drift_inside_one_snapshot() -> None:
+    # Without a snapshot, READ COMMITTED shows the commit to the second read only.
+    kept = read_account_loads()
+    _admit_from_another_connection()
+    assert recount_account_loads() != kept
+    # One snapshot: both reads see the state before the commit.
+    with _one_snapshot():
+        kept = read_account_loads()
+        _admit_from_another_connection()
+        assert recount_account_loads() == kept
+        assert _drift(kept, recount_account_loads()) == []
+    assert account_load_drift() == []
+    assert read_account_loads() == ({}, {"acctA": 2})
 
 
 def _command(*args: str) -> subprocess.CompletedProcess[str]:
