@@ -211,7 +211,7 @@ def _drift(
 
 
 @contextmanager
-def _one_snapshot() -> Iterator[None]:
+def read_snapshot() -> Iterator[None]:
     """Several reads that see one state of the ledger while other processes write.
 
     SQLite: the IMMEDIATE transaction holds the write lock, so nothing commits meanwhile.
@@ -233,7 +233,7 @@ def _one_snapshot() -> Iterator[None]:
 def account_load_drift() -> list[Drift]:
     """Accounts whose kept counts differ from a recount of the rows (read only, one snapshot:
     safe while clusters run)."""
-    with _one_snapshot():
+    with read_snapshot():
         return _drift(read_account_loads(), recount_account_loads())
 
 

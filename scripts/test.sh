@@ -2,7 +2,7 @@
 # `make test`: the whole suite on SQLite, then on PostgreSQL, each in parallel (pytest-xdist).
 # PostgreSQL: PG_TEST_URL when given (.ci/run starts one), else a throwaway server started here.
 # TEST_BACKENDS: which suites to run ("sqlite postgresql" by default; `make test-fast`: sqlite).
-# TEST_WORKERS: xdist workers per suite (default 3: most slow tests wait on subprocesses, so a
+# TEST_WORKERS: xdist workers per suite (default 4: most slow tests wait on subprocesses, so a
 # 2-core machine keeps busy with more workers than cores; 0 runs in this process, no xdist).
 # Each worker has its own test database: pytest-django suffixes the test database's name with
 # the worker id (test.sqlite3_gw0, test_loopsweb_gw0, ...).
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 TEST_BACKENDS=${TEST_BACKENDS:-sqlite postgresql}
-TEST_WORKERS=${TEST_WORKERS:-3}
+TEST_WORKERS=${TEST_WORKERS:-4}
 for backend in $TEST_BACKENDS; do
   case "$backend" in sqlite | postgresql) ;; *)
     echo "test: TEST_BACKENDS names sqlite and/or postgresql, got '$backend'" >&2; exit 2 ;;
@@ -19,9 +19,10 @@ done
 [ -n "${TEST_BACKENDS// /}" ] || { echo "test: TEST_BACKENDS is empty" >&2; exit 2; }
 [[ "$TEST_WORKERS" =~ ^[0-9]+$ ]] || { echo "test: TEST_WORKERS must be a number, got '$TEST_WORKERS'" >&2; exit 2; }
 parallel=()
-# Tests that share one expensive module fixture carry an xdist_group: loadgroup keeps each group
-# on one worker and spreads the rest test by test.
-[ "$TEST_WORKERS" -gt 0 ] && parallel=(-n "$TEST_WORKERS" --dist loadgroup)
+# Tests that must not run beside each other carry an xdist_group: loadgroup keeps each group on
+# one worker and spreads the rest test by test, in the order tests/conftest.py sorts them
+# (groups first; --no-loadscope-reorder keeps that order rather than xdist's largest-first).
+[ "$TEST_WORKERS" -gt 0 ] && parallel=(-n "$TEST_WORKERS" --dist loadgroup --no-loadscope-reorder)
 
 # The ops browser test drives Debian's Chromium through its ChromeDriver (never a downloaded
 # browser). Install them when missing and we can (as root); otherwise that test says how.

@@ -176,11 +176,39 @@ def pytest_runtest_teardown(
 def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """On xdist workers, slow tests first: the long ones start early instead of ending the run
-    on one busy worker while the others idle. Every worker sorts its identical collection the
-    same way; xdist hands out the `xdist_group`s (largest first) before single tests."""
+    """On xdist workers: the `xdist_group`s first (in GROUP_ORDER), then the other slow tests,
+    then the rest, so the long ones start early instead of ending the run on one busy worker
+    while the others idle. Every worker sorts its identical collection the same way, and
+    scripts/test.sh passes `--no-loadscope-reorder`, so xdist hands the work out in this order:
+    one group to each worker first, the single tests after."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+        items.sort(key=_schedule_key)  # stable: collection order within each rank
+
+
+# The xdist groups, longest first as measured on the 2-core machine (a group whose worker
+# picks it up last ends the run): the hosts' minutes of lease and heartbeat waits (PostgreSQL
+# only), the whole installations, the real CLIs through the runner and the others, the
+# capacity run, the upgrade copies.
+GROUP_ORDER = (
+    "hosts",
+    "installation",
+    "agent_clis_runner",
+    "agent_clis",
+    "installation_capacity",
+    "upgrade",
+)
+
+
+def _schedule_key(item: pytest.Item) -> tuple[int, bool]:
+    group = item.get_closest_marker("xdist_group")
+    if group is None:
+        return len(GROUP_ORDER), item.get_closest_marker("slow") is None
+    name = group.args[0]
+    if name not in GROUP_ORDER:
+        raise pytest.UsageError(
+            f"{item.nodeid}: xdist_group {name!r} is not in tests/conftest.py GROUP_ORDER"
+        )
+    return GROUP_ORDER.index(name), False
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]

@@ -42,6 +42,9 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
     pytest.mark.postgres,
+    # The longest tests of the PostgreSQL suite (a dead host takes minutes): one worker runs
+    # them from the start, beside the other groups (tests/conftest.py, GROUP_ORDER).
+    pytest.mark.xdist_group("hosts"),
 ]
 
 

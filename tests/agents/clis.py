@@ -16,6 +16,7 @@ the key read from an environment variable the account's env file sets:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -54,30 +55,34 @@ def install_clis(who: str) -> Path:
         pytest.skip(reason)
     prefix = cache_dir()
     bin_dir = prefix / "node_modules" / ".bin"
-    if not all((bin_dir / name).exists() for _, _, name in CLI_PACKAGES.values()):
-        prefix.mkdir(parents=True, exist_ok=True)
-        print(f"installing {len(CLI_PACKAGES)} agent CLIs from npm into {prefix} ...")
-        done = subprocess.run(
-            [
-                npm,
-                "install",
-                "--prefix",
-                str(prefix),
-                "--no-audit",
-                "--no-fund",
-                "--loglevel",
-                "error",
-                *(
-                    f"{package}@{version}"
-                    for package, version, _ in CLI_PACKAGES.values()
-                ),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert done.returncode == 0, f"npm install failed:\n{done.stderr[-4000:]}"
+    prefix.mkdir(parents=True, exist_ok=True)
+    # xdist workers install side by side: one installs, the others wait for it and find it.
+    with open(prefix / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not all((bin_dir / name).exists() for _, _, name in CLI_PACKAGES.values()):
+            _npm_install(npm, prefix)
     return bin_dir
+
+
+def _npm_install(npm: str, prefix: Path) -> None:
+    print(f"installing {len(CLI_PACKAGES)} agent CLIs from npm into {prefix} ...")
+    done = subprocess.run(
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(prefix),
+            "--no-audit",
+            "--no-fund",
+            "--loglevel",
+            "error",
+            *(f"{package}@{version}" for package, version, _ in CLI_PACKAGES.values()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, f"npm install failed:\n{done.stderr[-4000:]}"
 
 
 def write_env_file(path: Path, values: dict[str, str]) -> Path:

@@ -43,7 +43,8 @@ from tests.ledger.runner_helpers import (
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db,
-    pytest.mark.xdist_group("agent_clis"),
+    # One real CLI at a time per group; this file's timed runs beside the other CLI tests.
+    pytest.mark.xdist_group("agent_clis_runner"),
 ]
 
 PROVIDERS = ("codex", "claude", "opencode")
@@ -214,7 +215,9 @@ def test_a_slow_answer_is_in_the_step_run_while_the_step_still_runs(
     tmp_path: Path,
 ) -> None:
     stand_in.mode = "slow"
-    stand_in.slow_seconds = 20
+    # Each CLI prints its tool call's events before the final message streams, and the
+    # runner flushes every second: the stored output shows within the 6 s of streaming.
+    stand_in.slow_seconds = 6
     clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
     project = git_project(tmp_path / "project")
     run = _route(project, provider, auth_profile="acct-a")
