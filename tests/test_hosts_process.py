@@ -232,7 +232,13 @@ def test_a_killed_hosts_fetched_run_runs_elsewhere_within_two_minutes(
     samples: list[tuple[float, int, int]] = []
     try:
         _registered("host-a")
-        opts = {"max_active": cap, "auth_profile": "acct-1", "max_attempts": 2}
+        # The retry waits 1 s, not the default minute: the retry is not what this test times.
+        opts = {
+            "max_active": cap,
+            "auth_profile": "acct-1",
+            "max_attempts": 2,
+            "retry_backoff": 1,
+        }
         held = _route(project, 1, **opts)
         fetched = _route(project, 2, **opts)
         # A runs the first (its one worker) and has fetched the second from its queue.
