@@ -181,8 +181,11 @@ def pytest_collection_modifyitems(
     while the others idle. Every worker sorts its identical collection the same way, and
     scripts/test.sh passes `--no-loadscope-reorder`, so xdist hands the work out in this order:
     one group to each worker first, the single tests after."""
+    keys = {item.nodeid: _schedule_key(item) for item in items}  # every group is listed
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=_schedule_key)  # stable: collection order within each rank
+        items.sort(
+            key=lambda item: keys[item.nodeid]
+        )  # stable: collection order per rank
 
 
 # The xdist groups, longest first as measured on the 2-core machine (a group whose worker

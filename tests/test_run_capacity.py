@@ -32,7 +32,7 @@ from tests.processes import (
     wait_until,
 )
 
-# A whole installation (web server, both clusters) on its own xdist worker: its agents sleep
+# A whole installation (web server, both clusters) in its own xdist group: its agents sleep
 # through most of its minute, so it runs beside the other installations' group, not in it.
 pytestmark = [
     pytest.mark.django_db(transaction=True),
