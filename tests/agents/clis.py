@@ -35,6 +35,21 @@ CLI_PACKAGES = {
     "opencode": ("opencode-ai", "1.18.33", "opencode"),
 }
 STUB_MODEL = "stub-model"
+REAL_CLIS = tuple(CLI_PACKAGES)
+
+
+def on_each_cli(*rows: tuple[Any, ...] | str) -> list[Any]:
+    """Parameters of a real-CLI test: each row (a provider, or a provider and more values) runs
+    on SQLite; only codex's rows run on PostgreSQL too. What a CLI does (its flags, its output,
+    its 429) is the same over either database, and what the ledger records of it is one code
+    path for every CLI, so the PostgreSQL suite proves the ledger side once, with the CLI that
+    costs the least CPU (opencode costs about 5 s of CPU a run on the 2-core machine)."""
+    params = []
+    for row in rows:
+        values = (row,) if isinstance(row, str) else row
+        marks = () if values[0] == "codex" else (pytest.mark.sqlite,)
+        params.append(pytest.param(*values, marks=marks))
+    return params
 
 
 def cache_dir() -> Path:

@@ -34,7 +34,7 @@ pytestmark = [
     pytest.mark.xdist_group("agent_clis"),
 ]
 
-PROVIDERS = ("codex", "claude", "opencode")
+PROVIDERS = clis.on_each_cli(*clis.REAL_CLIS)
 KEY_VARIABLE = "STANDIN_API_KEY"
 PROMPT = "Write the file agent-output.txt in the working directory."
 
@@ -232,7 +232,7 @@ def test_account_check_says_what_is_wrong(
     from django.core.management.base import CommandError
 
     settings.LOOPSWEB_PROVIDER_BINARIES = {  # type: ignore[attr-defined]
-        p: str(cli_bin / clis.CLI_PACKAGES[p][2]) for p in PROVIDERS
+        p: str(cli_bin / clis.CLI_PACKAGES[p][2]) for p in clis.REAL_CLIS
     }
     _register("claude", "claude-nologin", stand_in, tmp_path, key=None)
     with pytest.raises(CommandError, match="not logged in"):

@@ -47,7 +47,7 @@ pytestmark = [
     pytest.mark.xdist_group("agent_clis_runner"),
 ]
 
-PROVIDERS = ("codex", "claude", "opencode")
+PROVIDERS = clis.on_each_cli(*clis.REAL_CLIS)
 KEY_A, KEY_B = "key-of-acct-a-0123", "key-of-acct-b-4567"
 
 
@@ -101,11 +101,12 @@ def test_a_429_account_cools_until_its_reset_and_the_step_moves_and_succeeds(
 ) -> None:
     stand_in.modes[KEY_A] = "429"
     # codex cools for the backoff (60 s: it prints no reset); claude waits Retry-After once
-    # before it gives up; opencode is stopped as soon as its log names the limit. Each
-    # reset lies far enough ahead that /ops/accounts/ still shows the account cooling once
-    # the step has run again on acct-b, even on a loaded machine (opencode's move and second
-    # run took 40 s once, past a 30 s reset).
-    stand_in.retry_after = {"codex": 2, "claude": 30, "opencode": 120}[provider]
+    # before it gives up, so its reset is also this test's wait; opencode is stopped as soon
+    # as its log names the limit. Each reset lies far enough ahead that /ops/accounts/ still
+    # shows the account cooling once the step has run again on acct-b, even on a loaded
+    # machine (claude's second run takes about 4 s; opencode's move and second run took 40 s
+    # once, past a 30 s reset).
+    stand_in.retry_after = {"codex": 2, "claude": 15, "opencode": 120}[provider]
     clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
     clis.register_account(provider, "acct-b", stand_in, tmp_path, key=KEY_B)
     project = git_project(tmp_path / "project")
@@ -172,11 +173,11 @@ def test_a_hang_fails_at_the_idle_timeout_naming_it_with_the_output_seen(
 
 @pytest.mark.parametrize(
     ("provider", "message"),
-    [
+    clis.on_each_cli(
         ("codex", "Incorrect API key provided"),
         ("opencode", "Incorrect API key provided"),
         ("claude", "Not logged in"),
-    ],
+    ),
 )
 def test_a_login_failure_fails_the_step_with_the_clis_own_message(
     provider: str,

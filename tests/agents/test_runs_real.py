@@ -36,7 +36,7 @@ pytestmark = [
     pytest.mark.xdist_group("agent_clis"),
 ]
 
-PROVIDERS = ("codex", "claude", "opencode")
+PROVIDERS = clis.on_each_cli(*clis.REAL_CLIS)
 KEYS = {"acct-a": "key-of-acct-a-0123", "acct-b": "key-of-acct-b-4567"}
 
 
