@@ -3,12 +3,13 @@ tests/agents/test_real_clis.py runs the CLIs with it."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ledger.providers import agent_invocation
+from ledger.providers import agent_invocation, in_git_work_tree
 from ledger.services.accounts import account_add
 from tests.agents import clis
 
@@ -41,9 +42,15 @@ def test_codex_outside_a_git_tree_skips_the_check_and_bounds_its_custom_provider
 ) -> None:
     home = clis.codex_home(tmp_path / "codex", "http://127.0.0.1:9", "K")
     account_add(name="cx", provider="codex", env={"CODEX_HOME": str(home)})
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    argv = _invocation("codex", plain, "workspace-write", "cx").argv
+    # Outside any work tree: a directory of its own under the system's temporary directory,
+    # not under the suite's base directory, which is also the tests' project root (a PostgreSQL
+    # run once found a `.git` above tmp_path here; what made it is not yet found).
+    plain = Path(tempfile.mkdtemp(prefix="loopsweb-plain-"))
+    try:
+        assert not in_git_work_tree(str(plain)), plain
+        argv = _invocation("codex", plain, "workspace-write", "cx").argv
+    finally:
+        plain.rmdir()
     assert argv[1:5] == ["exec", "--json", "--sandbox", "workspace-write"]
     assert "--skip-git-repo-check" in argv
     assert "check_for_update_on_startup=false" in argv
