@@ -563,12 +563,20 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
 ) -> None:  # type: ignore[no-untyped-def]
     """The drain and the requeue both write the item and its inbox rows. Both take the
     admission lock first, so on PostgreSQL they queue instead of deadlocking (without it on
-    the requeue side, this deadlocked). One at a time, so the slowed `admit` is the drain's."""
+    the requeue side, this deadlocked). One at a time, so the slowed `admit` is the drain's.
+
+    The threads are made to overlap: the drain, inside its transaction and holding the lock,
+    waits until the requeue is seen waiting for that lock (PostgreSQL: its advisory lock
+    request not granted; SQLite: its BEGIN IMMEDIATE, the database write lock), and the
+    requeue gets the lock only after the drain's admission returned."""
+    import sys
     import time
 
     settings.LOOPSWEB_DRAIN_BATCH_SIZE = 1
 
+    from ledger.lock import ADMISSION_KEY, ADVISORY_NAMESPACE
     from ledger.services import work_item_requeue
+    from ledger.services import work_items as work_items_module
     from routing.drains import run as drains
 
     ingest(todos_event("t1"))
@@ -584,13 +592,36 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
     InboxEvent.objects.filter(event_id="evt-t1-again").update(
         state="deferred", work_item=item, reason_code="route_cap", last_reason="held"
     )
+    hang = 120.0  # seconds: only a hang takes this long
+    order: list[str] = []
+    order_lock = threading.Lock()
+
+    def happened(what: str) -> None:
+        with order_lock:
+            order.append(what)
+
+    drain_holds_lock = threading.Event()
+    requeue_seen_waiting = threading.Event()
     real_admit = drains.admit
+    real_lock = work_items_module.admission_lock
 
-    def slow_admit(*args, **kwargs):  # type: ignore[no-untyped-def]
-        time.sleep(0.8)  # the requeue starts while the drain is inside its transaction
-        return real_admit(*args, **kwargs)
+    def held_admit(*args, **kwargs):  # type: ignore[no-untyped-def]
+        # Inside the drain's transaction, after its admission_lock().
+        if drain_holds_lock.is_set():  # only the first admission waits
+            return real_admit(*args, **kwargs)
+        happened("drain holds the lock")
+        drain_holds_lock.set()
+        assert requeue_seen_waiting.wait(hang), "the requeue never waited for the lock"
+        result = real_admit(*args, **kwargs)
+        happened("drain admitted")
+        return result
 
-    monkeypatch.setattr(drains, "admit", slow_admit)
+    def requeue_lock(*args, **kwargs):  # type: ignore[no-untyped-def]
+        real_lock(*args, **kwargs)
+        happened("requeue got the lock")
+
+    monkeypatch.setattr(drains, "admit", held_admit)
+    monkeypatch.setattr(work_items_module, "admission_lock", requeue_lock)
     outcome: dict[str, object] = {}
 
     def run(name: str, call) -> None:  # type: ignore[no-untyped-def]
@@ -602,23 +633,57 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
             connection.close()
 
     def requeue() -> object:
-        time.sleep(0.3)
+        assert drain_holds_lock.wait(hang), "the drain never reached its admission"
         return work_item_requeue(item_id=item.pk, reason="operator requeue")
 
-    threads = [
-        threading.Thread(target=run, args=("drain", lambda: drain("todos-task"))),
-        threading.Thread(target=run, args=("requeue", requeue)),
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    drainer = threading.Thread(target=run, args=("drain", lambda: drain("todos-task")))
+    requeuer = threading.Thread(target=run, args=("requeue", requeue))
+    drainer.start()
+    requeuer.start()
+
+    def requeue_waits_for_the_lock() -> bool:
+        frame = sys._current_frames().get(requeuer.ident or -1)
+        names = set()
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back
+        if connection.vendor == "postgresql":
+            if "requeue_lock" not in names:
+                return False
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND NOT granted AND classid = %s AND objid = %s",
+                    [ADVISORY_NAMESPACE, ADMISSION_KEY],
+                )
+                return bool(cursor.fetchone()[0])
+        # SQLite: the admission lock is the write lock BEGIN IMMEDIATE takes.
+        return "_start_transaction_under_autocommit" in names and (
+            "work_item_requeue" in names
+        )
+
+    deadline = time.monotonic() + hang
+    while not requeue_waits_for_the_lock():
+        assert requeuer.is_alive(), outcome.get("requeue")
+        assert time.monotonic() < deadline, "the requeue never waited for the lock"
+        time.sleep(0.05)
+    happened("requeue waits for the lock")
+    requeue_seen_waiting.set()
+    for thread in (drainer, requeuer):
+        thread.join(hang)
+        assert not thread.is_alive(), "deadlocked"
     from ledger.services import LedgerError
 
+    assert order == [
+        "drain holds the lock",
+        "requeue waits for the lock",
+        "drain admitted",
+        "requeue got the lock",
+    ], order
     assert not isinstance(outcome["drain"], BaseException), outcome["drain"]
     assert outcome["drain"].counts["fatal"] == 0
-    # Whichever went first, the other saw its result: a requeue refused because the drain
-    # re-admitted the item is an answer, not a failure; a database error would be one.
+    # The requeue saw the drain's result: a requeue refused because the drain re-admitted
+    # the item is an answer, not a failure; a database error would be one.
     requeued = outcome["requeue"]
     assert not isinstance(requeued, BaseException) or (
         isinstance(requeued, LedgerError) and "not requeueable" in str(requeued)
