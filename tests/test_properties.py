@@ -186,8 +186,9 @@ def test_no_command_line_ends_in_a_traceback_or_a_partial_write(
     argv = data.draw(command_lines(paths))
     inbox_ingest(enumerate([generic_event(), todos_event()], start=1))
     before = _row_counts()
+    out, err = io.StringIO(), io.StringIO()
     try:
-        call_command(*argv, stdout=io.StringIO(), stderr=io.StringIO())
+        call_command(*argv, stdout=out, stderr=err)
     except CommandError as exc:
         # A drain that ran and then failed (an item error, a refused evidence directory)
         # writes its outcome and record; any other refusal leaves every table as it was.
@@ -196,6 +197,13 @@ def test_no_command_line_ends_in_a_traceback_or_a_partial_write(
         )
         if not ran:
             assert _changed(before, _row_counts()) == set(), (argv, str(exc))
+        return
+    # It ran: it said what it did, with no traceback, and a dry run wrote nothing.
+    said = out.getvalue() + err.getvalue()
+    assert said.strip(), (argv, "a command that ran printed nothing")
+    assert "Traceback" not in said, (argv, said)
+    if "--dry-run" in argv:
+        assert _changed(before, _row_counts()) == set(), (argv, said)
 
 
 # --- HTTP: the API, the ops pages, the admin lists --------------------------------------------------
