@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import CHILD_TEST_ENV
+from tests.waiting import wait_for as wait_until  # the suite's one polling helper
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_AGENT = ROOT / "scripts" / "fake-agent"
@@ -182,16 +183,6 @@ def manage(
     if check:
         assert done.returncode == 0, f"manage.py {args[0]}: {done.stderr}"
     return done
-
-
-def wait_until(condition: Any, *, timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def http(

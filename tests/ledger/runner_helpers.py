@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from ledger.models import (
 )
 from ledger.services import work_item_admit
 from routing.admission import CREATED, RouteResult, route_event, route_options
+from tests.waiting import wait_for as wait_for  # the suite's one polling helper
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_AGENT = ROOT / "scripts" / "fake-agent"
@@ -276,18 +277,6 @@ def spawn_runner(run_id: str, *, extra_env: dict[str, str]) -> subprocess.Popen[
         text=True,
         start_new_session=True,
     )
-
-
-def wait_for(
-    condition: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition"
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def process_alive(pid: int) -> bool:
