@@ -1,5 +1,8 @@
 """Start an agent the way the runner does (the adapter's argv, env and cwd; no shell; its own
-process group) and collect its output, optionally stopping it early."""
+process group) and collect its output, optionally stopping it early.
+
+The timeout is a hang deadline (tests/waiting.py scales it): a run that reaches it is
+reported as `timed_out`, and no test asserts how long a run took (tests/bench/ measures)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ledger.providers import Invocation
+from tests.waiting import hang_deadline
 
 
 @dataclass
@@ -19,18 +23,19 @@ class Finished:
     exit_code: int | None
     stdout: str
     stderr: str
-    seconds: float
-    stopped: bool
+    stopped: bool  # by `stop_when` or the timeout; `exit_code` is None then
+    timed_out: bool  # the hang deadline was reached
+    ended_at: float  # time.time() once the process had ended (to order against others' clocks)
 
 
 def run_agent(
     invocation: Invocation,
     *,
-    timeout: float = 120,
+    timeout: float = 180,
     stop_when: Callable[[str, str], bool] | None = None,
 ) -> Finished:
-    """Run to the end (or `timeout`), or until `stop_when(stdout, stderr)` says so."""
-    started = time.monotonic()
+    """Run to the end (or `timeout` s, scaled), or until `stop_when(stdout, stderr)` says so."""
+    deadline = time.monotonic() + hang_deadline(timeout)
     proc = subprocess.Popen(
         invocation.argv,
         cwd=invocation.cwd,
@@ -57,11 +62,11 @@ def run_agent(
     ]
     for thread in threads:
         thread.start()
-    stopped = False
+    stopped = timed_out = False
     try:
         while proc.poll() is None:
-            if time.monotonic() - started > timeout:
-                stopped = True
+            if time.monotonic() > deadline:
+                stopped = timed_out = True
                 break
             changed.wait(0.2)
             changed.clear()
@@ -72,6 +77,7 @@ def run_agent(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        ended_at = time.time()
         for thread in threads:
             thread.join(5)
         invocation.remove_files()
@@ -79,6 +85,7 @@ def run_agent(
         exit_code=None if stopped else proc.returncode,
         stdout="".join(out),
         stderr="".join(err),
-        seconds=time.monotonic() - started,
         stopped=stopped,
+        timed_out=timed_out,
+        ended_at=ended_at,
     )
