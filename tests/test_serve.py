@@ -538,7 +538,6 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
     cluster = _serve(env, tmp_path / "cluster.log", "cluster")
     runs = None
     try:
-        wait_for = time.monotonic()
         status, body = wait_until(
             lambda: (
                 (lambda r: r if r[0] == 503 else None)(_health(base))
@@ -548,7 +547,6 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
             timeout=120,
             what="/healthz 503 without a run cluster",
         )
-        assert time.monotonic() - wait_for < 120
         assert body["status"] == "unhealthy"
         assert body["clusters"]["loopsweb"]["status"] == "ok"
         assert body["clusters"]["loopsweb-runs"]["status"] == "not reporting"
@@ -600,6 +598,8 @@ def _browse_admin_and_ops(
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
+    from tests.routing.ops.test_browser import visit, wait_until_shown
+
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never download
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
@@ -612,14 +612,18 @@ def _browse_admin_and_ops(
     driver.set_page_load_timeout(60)
     try:
         driver.set_window_size(1400, 1000)
-        driver.get(f"{base}/admin/login/?next=/admin/")
+        visit(driver, f"{base}/admin/login/?next=/admin/", "input[name=username]")
         driver.find_element(By.NAME, "username").send_keys(STAFF_USER)
         driver.find_element(By.NAME, "password").send_keys(STAFF_PASSWORD)
         driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-        wait_until(
-            lambda: driver.current_url.rstrip("/").endswith("/admin"),
-            timeout=30,
-            what="the admin index after login",
+        wait_until_shown(
+            driver,
+            "the admin index after login",
+            lambda d: (
+                d.current_url.rstrip("/").endswith("/admin")
+                and d.execute_script("return document.readyState") == "complete"
+                and d.find_elements(By.ID, "header")
+            ),
         )
         assert driver.execute_script("return window.innerWidth") == 1400
         # the admin's stylesheet applied: its header has the admin's colours, not none
@@ -631,7 +635,7 @@ def _browse_admin_and_ops(
             "return Array.from(document.querySelectorAll('link[rel=stylesheet]'))"
             ".map(l => l.href)"
         )
-        driver.get(f"{base}/ops/")
+        visit(driver, f"{base}/ops/", "#refresh")
         assert "Operations" in driver.title, driver.title
         assets += driver.execute_script(
             "return Array.from(document.scripts).filter(s => s.src).map(s => s.src)"

@@ -8,6 +8,10 @@ Chromium comes from Debian (`chromium`, `chromium-driver`; `.ci/run` installs th
 is downloaded at run time (Selenium Manager is kept offline and never needed: both paths are
 given). A missing browser fails the test, so CI cannot pass without having run it; set
 LOOPSWEB_SKIP_BROWSER=1 to skip it on a machine without Chromium.
+
+Every navigation (`visit`, `follow`) and every click waits for what the page shows next (its
+mark: an element, or a state), with a hang deadline (tests/waiting.py); nothing is read from
+a page before its mark is there, and nothing sleeps.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ledger.models import Account, WorkflowStepRun
 from routing.models import DrainRecord
 from tests.routing.helpers import generic_event
 from tests.routing.ops import seed as ops_seed
+from tests.waiting import hang_deadline, wait_for
 
 # transaction=True: the live server thread reads what the test wrote, so it must be committed.
 pytestmark = [
@@ -75,7 +80,7 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     driver = webdriver.Chrome(
         options=options, service=Service(executable_path=CHROMEDRIVER)
     )
-    driver.set_page_load_timeout(60)
+    driver.set_page_load_timeout(hang_deadline(120))
     try:
         yield driver
     finally:
@@ -99,34 +104,89 @@ def text_of(driver: Any, css: str) -> str:
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
 
 
-def follow(driver: Any, element: Any) -> None:
-    """Click a link or submit button and wait until the next page has loaded.
-
-    A click returns as soon as the event is dispatched; without the wait the next read can
-    still see the old page (or its URL), which made the login step flaky. The old page is
-    marked with a window property and the wait is for a loaded document without it. Waiting
-    on the old element going stale instead failed in Chrome 156, which answers a read of a
-    node from an unloading page with "Node with given id does not belong to the document"
-    rather than a stale-element error; reads that fail mid-navigation count as not loaded.
-    """
+def _page(driver: Any) -> str:
+    """Where the browser is and what it shows, for a failure message."""
     from selenium.common.exceptions import WebDriverException
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    driver.execute_script("window.__loopswebOldPage = true;")
-    element.click()
+    try:
+        text = driver.execute_script(
+            "return document.body ? document.body.innerText : '(no body)'"
+        )
+        return f"{driver.current_url} ({driver.title!r}): {str(text)[:1500]!r}"
+    except WebDriverException as exc:
+        return f"(the page cannot be read: {exc.msg})"
 
-    def next_page_loaded(d: Any) -> bool:
+
+def wait_until_shown(driver: Any, what: str, shown: Any) -> Any:
+    """Wait for `shown(driver)` to be truthy and return it; reads that fail while a page is
+    loading or unloading count as not shown. The failure names `what` and the page."""
+    from selenium.common.exceptions import WebDriverException
+
+    def check() -> Any:
         try:
-            return bool(
-                d.execute_script(
-                    "return window.__loopswebOldPage === undefined"
-                    " && document.readyState === 'complete';"
-                )
-            )
+            return shown(driver)
         except WebDriverException:
             return False
 
-    WebDriverWait(driver, 60).until(next_page_loaded)
+    try:
+        return wait_for(check, timeout=120, interval=0.1, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the browser is at {_page(driver)}") from None
+
+
+def wait_for_mark(driver: Any, css: str) -> Any:
+    """The loaded page's `css` element (document complete and the element present)."""
+    from selenium.webdriver.common.by import By
+
+    def marked(d: Any) -> Any:
+        if d.execute_script("return document.readyState") != "complete":
+            return False
+        found = d.find_elements(By.CSS_SELECTOR, css)
+        return found[0] if found else False
+
+    return wait_until_shown(driver, f"a loaded page with {css}", marked)
+
+
+def visit(driver: Any, url: str, mark: str) -> Any:
+    """Open `url` and wait for its mark (a CSS selector); the marked element."""
+    driver.get(url)
+    return wait_for_mark(driver, mark)
+
+
+def follow(driver: Any, element: Any, mark: str) -> Any:
+    """Click a link or submit button, wait until the next page has loaded and shows its mark
+    (a CSS selector); the marked element.
+
+    A click returns as soon as the event is dispatched; without the wait the next read can
+    still see the old page (or its URL), which made the login step flaky. The old page is
+    marked with a window property and the wait is for a loaded document without it, then for
+    the mark. Waiting on the old element going stale instead failed in Chrome 156, which
+    answers a read of a node from an unloading page with "Node with given id does not belong
+    to the document" rather than a stale-element error; reads that fail mid-navigation count
+    as not loaded.
+    """
+    driver.execute_script("window.__loopswebOldPage = true;")
+    element.click()
+    wait_until_shown(
+        driver,
+        "the next page to load",
+        lambda d: d.execute_script(
+            "return window.__loopswebOldPage === undefined"
+            " && document.readyState === 'complete';"
+        ),
+    )
+    return wait_for_mark(driver, mark)
+
+
+def sign_in(driver: Any, base: str, next_path: str, mark: str) -> None:
+    """The admin login page, then `next_path` with its mark."""
+    from selenium.webdriver.common.by import By
+
+    visit(driver, f"{base}/admin/login/?next={next_path}", "input[name=username]")
+    driver.find_element(By.NAME, "username").send_keys("operator")
+    driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+    follow(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"), mark)
+    assert driver.current_url == f"{base}{next_path}", _page(driver)
 
 
 def test_an_operator_walks_the_ops_pages_in_chromium(
@@ -154,11 +214,13 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     ).update(usage_input_tokens=18540, usage_output_tokens=311, usage_cost_usd=0.042)
 
     # Sign in through the admin login, which sends the operator back to /ops/.
-    browser.get(f"{live_server.url}/ops/")
+    visit(browser, f"{live_server.url}/ops/", "input[name=username]")
     assert "/admin/login/" in browser.current_url
     browser.find_element(By.NAME, "username").send_keys("operator")
     browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-    follow(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    follow(
+        browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"), "#drains"
+    )
     assert browser.current_url == f"{live_server.url}/ops/"
 
     # Overview: caps per scope, account load, cooldowns, deferral reasons, last drains.
@@ -173,7 +235,7 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     screenshot(browser, "01-overview")
 
     # The admin index links here.
-    browser.get(f"{live_server.url}/admin/")
+    visit(browser, f"{live_server.url}/admin/", "#operations-module a")
     links = browser.find_elements(By.CSS_SELECTOR, "#operations-module a")
     assert {a.text.lower() for a in links} >= {
         "operations",
@@ -183,7 +245,7 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
         "drains",
     }
     screenshot(browser, "02-admin-index")
-    follow(browser, next(a for a in links if a.text == "Deferrals"))
+    follow(browser, next(a for a in links if a.text == "Deferrals"), "#inbox")
 
     # Deferrals: grouped, then one item's history.
     assert text_of(browser, "#content h1") == "Deferrals"
@@ -192,15 +254,19 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     assert "/srv/p0" in text_of(browser, "#groups")
     assert "held by pre-check" in text_of(browser, "#inbox")
     screenshot(browser, "03-deferrals")
-    browser.get(f"{live_server.url}/ops/deferrals/?project_key=/srv/history")
-    follow(browser, browser.find_element(By.CSS_SELECTOR, "#items tbody a"))
+    visit(
+        browser,
+        f"{live_server.url}/ops/deferrals/?project_key=/srv/history",
+        "#items tbody a",
+    )
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "#items tbody a"), "#history")
     rows = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")
     assert len(rows) == 3
     assert "route scope active: 1 / 1" in rows[0].text and "route_cap" in rows[0].text
     screenshot(browser, "04-deferral-history")
 
     # Accounts: the table, and both SVG charts laid out with a bar and cells per account.
-    follow(browser, browser.find_element(By.LINK_TEXT, "Accounts"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "Accounts"), "svg.timeline")
     assert text_of(browser, "#content h1") == "Accounts"
     assert "acct-00" in text_of(browser, "#table")
     # One read of the rendered table (no element handles kept across reads).
@@ -234,7 +300,7 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     screenshot(browser, "05-accounts")
 
     # Drains: the list, then one drain's per-item results.
-    follow(browser, browser.find_element(By.LINK_TEXT, "Drains"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "Drains"), "#drains")
     assert text_of(browser, "#content h1") == "Drains"
     screenshot(browser, "06-drains")
     record = DrainRecord.objects.get(pk=report.record_id)
@@ -243,6 +309,7 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
         browser.find_element(
             By.CSS_SELECTOR, f"#drains a[href='/ops/drains/{record.id}/']"
         ),
+        "#results",
     )
     results = browser.find_elements(By.CSS_SELECTOR, "#results tbody tr")
     assert len(results) == record.considered == 4
@@ -404,10 +471,7 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
     seeded = seed_console()
     done = seeded["done"]
 
-    browser.get(f"{live_server.url}/admin/login/?next=/ops/")
-    browser.find_element(By.NAME, "username").send_keys("operator")
-    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-    follow(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    sign_in(browser, live_server.url, "/ops/", "#refresh")
     # The navigation sidebar collapsed, as an operator working at 1400 px keeps it.
     browser.execute_script(
         "localStorage.setItem('django.admin.navSidebarIsOpen', 'false')"
@@ -415,7 +479,7 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
 
     # Overview: the live sections, then pause the auto-refresh (kept across pages).
     browser.set_window_size(1400, 1000)
-    browser.get(f"{live_server.url}/ops/")
+    visit(browser, f"{live_server.url}/ops/", "#inbox")
     assert "Running now (" in text_of(browser, "#running")
     assert "acct-01" in text_of(browser, "#waiting")
     assert "failed" in text_of(browser, "#inbox")
@@ -423,6 +487,7 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
     toggle = browser.find_element(By.ID, "refresh-toggle")
     assert toggle.text == "Pause"
     toggle.click()
+    wait_for_mark(browser, "#refresh[data-paused='1']")
     assert toggle.text == "Resume" and text_of(browser, "#refresh-state") == "paused"
     fits(browser, "overview")
     screenshot(browser, "11-overview-1400")
@@ -435,7 +500,8 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
     ]
     for path, name in pages:
         browser.set_window_size(1400, 1000)
-        browser.get(f"{live_server.url}{path}")
+        # The page's script has run once it says whether it is paused.
+        visit(browser, f"{live_server.url}{path}", "#refresh[data-paused]")
         assert (
             browser.find_element(By.ID, "refresh").get_attribute("data-paused") == "1"
         )
@@ -445,7 +511,7 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
         "href"
     )
     browser.set_window_size(1400, 1000)
-    browser.get(drain)
+    visit(browser, drain, "#results")
     fits(browser, "drain")
     screenshot(browser, "16-drain-1400")
 
@@ -456,7 +522,7 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
         ("/admin/routing/inboxevent/", INBOX_COLUMNS, "18-inbox-1400"),
     ):
         browser.set_window_size(1400, 1000)
-        browser.get(f"{live_server.url}{path}")
+        visit(browser, f"{live_server.url}{path}", "#result_list")
         assert "shifted" not in (
             browser.find_element(By.ID, "main").get_attribute("class") or ""
         ), "the navigation sidebar should be collapsed"
@@ -473,7 +539,8 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
 
     # The work-item page: title, state sentence, runs with steps, actions as buttons.
     browser.set_window_size(1400, 1000)
-    browser.get(f"{live_server.url}/admin/ledger/workflowworkitem/{done.id}/change/")
+    item_page = f"{live_server.url}/admin/ledger/workflowworkitem/{done.id}/change/"
+    visit(browser, item_page, "#item-actions input[type=submit]")
     assert "Make the flaky login test deterministic" in text_of(browser, "#content h1")
     assert "succeeded: run …" in text_of(browser, ".field-state_text")
     steps = browser.find_elements(By.CSS_SELECTOR, "#item-runs tr.step-row")
@@ -488,10 +555,14 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
     screenshot(browser, "19-work-item-1400")
 
     # A button opens the action's confirmation page; confirming writes the audit trail.
-    follow(browser, buttons[0])
+    follow(browser, buttons[0], "[name=reason]")
     browser.find_element(By.NAME, "reason").send_keys("flaky again")
-    follow(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
-    browser.get(f"{live_server.url}/admin/ledger/workflowworkitem/{done.id}/change/")
+    follow(
+        browser,
+        browser.find_element(By.CSS_SELECTOR, "input[type=submit]"),
+        "#content",
+    )
+    visit(browser, item_page, "#item-history")
     history = text_of(browser, "#item-history")
     assert "operator" in history and "Requeue work items: flaky again" in history
     screenshot(browser, "20-work-item-after-requeue-1400")
@@ -513,10 +584,7 @@ def test_a_first_visit_fits_1400_px_and_the_run_and_item_pages_read_well(
 
     get_user_model().objects.create_superuser("operator", "op@example.com", PASSWORD)
     done = seed_console()["done"]
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
-    browser.find_element(By.NAME, "username").send_keys("operator")
-    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-    follow(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    sign_in(browser, live_server.url, "/admin/", "#operations-module")
     browser.execute_script("localStorage.clear()")
 
     for path, columns, name in (
@@ -528,7 +596,7 @@ def test_a_first_visit_fits_1400_px_and_the_run_and_item_pages_read_well(
         ("/admin/ledger/account/", ACCOUNT_COLUMNS, "22-accounts-admin-first-1400"),
     ):
         browser.set_window_size(1400, 1000)
-        browser.get(f"{live_server.url}{path}")
+        visit(browser, f"{live_server.url}{path}", "#result_list")
         assert "shifted" not in (
             browser.find_element(By.ID, "main").get_attribute("class") or ""
         ), "a first visit at 1400 px starts with the sidebar closed"
@@ -544,7 +612,11 @@ def test_a_first_visit_fits_1400_px_and_the_run_and_item_pages_read_well(
     run = WorkflowRun.objects.get(pk=done.workflow_run_id)
     WorkflowRun.objects.filter(pk=run.pk).update(duration_ms=166_800)
     browser.set_window_size(1400, 1000)
-    browser.get(f"{live_server.url}/admin/ledger/workflowrun/{run.pk}/change/")
+    visit(
+        browser,
+        f"{live_server.url}/admin/ledger/workflowrun/{run.pk}/change/",
+        "#step_runs-group",
+    )
     labels = [
         label.text.strip().rstrip(":").lower()
         for label in browser.find_elements(
@@ -564,7 +636,7 @@ def test_a_first_visit_fits_1400_px_and_the_run_and_item_pages_read_well(
     screenshot(browser, "23-run-1400")
 
     # The item page lives at /ops/items/<id>/ (the old address redirects).
-    browser.get(f"{live_server.url}/ops/deferrals/{done.id}/")
+    visit(browser, f"{live_server.url}/ops/deferrals/{done.id}/", "#accounts")
     assert browser.current_url == f"{live_server.url}/ops/items/{done.id}/"
     assert "Deferrals" not in text_of(browser, ".breadcrumbs")
     runs = text_of(browser, "#runs")
@@ -574,13 +646,22 @@ def test_a_first_visit_fits_1400_px_and_the_run_and_item_pages_read_well(
     screenshot(browser, "24-item-1400")
 
     # The cancel box: empty, the default reason as its placeholder.
-    browser.get(f"{live_server.url}/admin/ledger/workflowrun/")
+    visit(
+        browser,
+        f"{live_server.url}/admin/ledger/workflowrun/",
+        "#result_list input.action-select",
+    )
     browser.find_element(By.CSS_SELECTOR, "#result_list input.action-select").click()
+    wait_for_mark(browser, "#result_list input.action-select:checked")
     browser.find_element(
         By.CSS_SELECTOR, "select[name=action] option[value=cancel_runs]"
     ).click()
-    follow(browser, browser.find_element(By.CSS_SELECTOR, "button[name=index]"))
-    box = browser.find_element(By.NAME, "reason")
+    wait_for_mark(browser, "select[name=action] option[value=cancel_runs]:checked")
+    box = follow(
+        browser,
+        browser.find_element(By.CSS_SELECTOR, "button[name=index]"),
+        "[name=reason]",
+    )
     assert box.get_attribute("value") == ""
     assert box.get_attribute("placeholder")
     fits(browser, "cancel confirmation")
