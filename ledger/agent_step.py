@@ -14,6 +14,11 @@ calls").
   is still retrying stops it at once.
 - `step_outcome`: status and error of a finished process; an agent's error is its own
   message with the exit code after it (`ledger.agent_output.agent_error`).
+- No secret in the ledger: `StepWatch.run` runs the step's process and hands on its result
+  with the step's secrets (`Invocation.secrets`: its account's env file values, variables
+  whose names look secret; ledger.redaction) replaced by `[redacted:NAME]`, and the live
+  flushes and the live rate-limit check see the output redacted the same way. The tails,
+  the error, the rate-limit snippet (cooldown reason, events) are all built from that.
 
 No transaction here; `StepWatch.flush` is one autocommit statement.
 """
@@ -21,6 +26,8 @@ No transaction here; `StepWatch.flush` is one autocommit statement.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -30,8 +37,10 @@ from django.utils import timezone
 from ledger import services
 from ledger.agent_output import agent_error, live_rate_limit, summarize_output
 from ledger.models import StepStatus
-from ledger.processes import ProcessResult
+from ledger.processes import ProcessResult, run_process
+from ledger.providers import Invocation
 from ledger.ratelimit import RateLimitSignal
+from ledger.redaction import Redactor
 
 logger = logging.getLogger(__name__)
 
@@ -85,19 +94,73 @@ def task_deadline(started: float) -> float:
 
 
 class StepWatch:
-    """Callbacks for `run_process` while one step runs."""
+    """Callbacks for `run_process` while one step runs; `run` wires them in."""
 
-    def __init__(self, step_run_id: str, provider: str | None, *, is_agent: bool):
+    def __init__(
+        self,
+        step_run_id: str,
+        provider: str | None,
+        *,
+        is_agent: bool,
+        secrets: Redactor | None = None,
+    ):
         self.step_run_id = step_run_id
         self.provider = provider
         self.is_agent = is_agent
+        self.secrets = secrets or Redactor()
         self.signal: RateLimitSignal | None = None
         self.flushes = 0
+
+    def run(
+        self,
+        *,
+        invocation: Invocation,
+        timeout_seconds: float | None,
+        idle_timeout_seconds: float | None,
+        tail_bytes: int,
+        grace_seconds: float,
+        on_spawn: Callable[[int], None],
+        keep_alive: Callable[[], bool],
+        keep_alive_every: float,
+        deadline: float | None = None,
+        output_every: float = 5.0,
+    ) -> ProcessResult:
+        """`run_process` with this watch's `flush` and `stop_when`; the result with the
+        invocation's secrets redacted (module docstring), before anything records it."""
+        self.secrets = invocation.secrets
+        result = run_process(
+            invocation=invocation,
+            timeout_seconds=timeout_seconds,
+            idle_timeout_seconds=idle_timeout_seconds,
+            tail_bytes=tail_bytes,
+            grace_seconds=grace_seconds,
+            on_spawn=on_spawn,
+            keep_alive=keep_alive,
+            keep_alive_every=keep_alive_every,
+            deadline=deadline,
+            on_output=self.flush,
+            output_every=output_every,
+            stop_when=self.stop_when,
+        )
+        return self.redacted(result)
+
+    def redacted(self, result: ProcessResult) -> ProcessResult:
+        """`result` with the step's secrets replaced by markers (ledger.redaction)."""
+        if not self.secrets:
+            return result
+        return replace(
+            result,
+            stdout=self.secrets.redact(result.stdout),
+            stderr=self.secrets.redact(result.stderr),
+            spawn_error=self.secrets.redact_optional(result.spawn_error),
+        )
 
     def flush(self, stdout: str, stderr: str) -> None:
         try:
             services.step_output_record(
-                step_run_id=self.step_run_id, stdout=stdout, stderr=stderr
+                step_run_id=self.step_run_id,
+                stdout=self.secrets.redact(stdout),
+                stderr=self.secrets.redact(stderr),
             )
             self.flushes += 1
         except DatabaseError:  # the output is written again when the step ends
@@ -108,8 +171,8 @@ class StepWatch:
         try:
             services.step_output_record(
                 step_run_id=self.step_run_id,
-                stdout=stdout,
-                stderr=stderr,
+                stdout=self.secrets.redact(stdout),
+                stderr=self.secrets.redact(stderr),
                 running_only=False,
             )
         except DatabaseError:
@@ -118,7 +181,12 @@ class StepWatch:
     def stop_when(self, stdout: str, stderr: str) -> str | None:
         if not self.is_agent:
             return None
-        self.signal = live_rate_limit(self.provider, stdout, stderr, now=timezone.now())
+        self.signal = live_rate_limit(
+            self.provider,
+            self.secrets.redact(stdout),
+            self.secrets.redact(stderr),
+            now=timezone.now(),
+        )
         return STOP_RATE_LIMIT if self.signal is not None else None
 
 

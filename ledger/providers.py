@@ -14,6 +14,9 @@ brings its own environment (`account_environment`), for example
 `CODEX_HOME=/srv/agents/acctA/codex`: that variable is what the CLI reads to find its login;
 and, for an API-key login, its env file (`Account.env_file`, read when the step starts by
 `ledger.envfile.read_env_file`: 0600, owned by the worker's user, or the step fails).
+The env file's values, and the step environment's variables whose names look secret, travel
+on the `Invocation` as `secrets`: the runner redacts them from the step's output and error
+before it stores them (ledger.redaction).
 An unregistered name only reaches codewith (`--profile`) and aicopilot
 (`AICOPILOT_PROFILE`); the other CLIs then use the worker's own login.
 
@@ -84,6 +87,7 @@ from django.conf import settings
 from domain.errors import ApplicationError
 from domain.pool import valid_profile_name
 from ledger.envfile import EnvFileError, read_env_file, reserved_variable
+from ledger.redaction import Redactor
 from ledger.selectors import RegisteredAccount, account_registry
 
 PROVIDER_UNKNOWN = "unknown agent provider: {provider}"
@@ -193,13 +197,16 @@ ADAPTERS: dict[str, Adapter] = {
 
 @dataclass
 class Invocation:
-    """What the runner executes: argv (never through a shell), cwd, env, files to delete."""
+    """What the runner executes: argv (never through a shell), cwd, env, files to delete,
+    and the secrets to redact from its output (ledger.redaction)."""
 
     argv: list[str]
     cwd: str | None
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # holds the account's key: never in a repr
     cleanup: list[Path] = field(default_factory=list)
     provider: str | None = None
+    # The step's secret values, redacted from what it prints before anything stores it.
+    secrets: Redactor = field(default_factory=Redactor, repr=False)
 
     def remove_files(self) -> None:
         for path in self.cleanup:
@@ -234,20 +241,28 @@ def account_environment(
     (`--env-file`), read now; {} for an unregistered name. `registry` saves the query when
     the caller read the row. An env file that cannot be used raises ProviderError.
     """
+    own, from_file = account_variables(profile, registry=registry)
+    return {**own, **from_file}
+
+
+def account_variables(
+    profile: str | None, *, registry: Mapping[str, RegisteredAccount] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """`account_environment` in two parts: (the account's registered variables, the
+    variables of its env file); every value of the second is a secret (ledger.redaction)."""
     if not profile:
-        return {}
+        return {}, {}
     rows = registry if registry is not None else account_registry([profile])
     row = rows.get(profile)
     if row is None:
-        return {}
-    env = dict(row.env)
+        return {}, {}
     env_file = getattr(row, "env_file", None)
-    if env_file:
-        try:
-            env.update(read_env_file(env_file))
-        except EnvFileError as exc:
-            raise ProviderError(f"account {profile}: {exc}") from None
-    return env
+    if not env_file:
+        return dict(row.env), {}
+    try:
+        return dict(row.env), read_env_file(env_file)
+    except EnvFileError as exc:
+        raise ProviderError(f"account {profile}: {exc}") from None
 
 
 def max_retries() -> int:
@@ -423,7 +438,8 @@ def agent_invocation(
         argv += [adapter.sandbox_flag, sandbox]
     if adapter.profile_flag and profile:
         argv += [adapter.profile_flag, profile]
-    account_env = account_environment(profile, tool, registry=registry)
+    own_env, file_env = account_variables(profile, registry=registry)
+    account_env = {**own_env, **file_env}
     headless_args, provider_env = headless_options(
         provider,
         sandbox=sandbox if isinstance(sandbox, str) else None,
@@ -453,14 +469,16 @@ def agent_invocation(
         argv += [adapter.prompt_file_flag, str(path)]
     else:
         argv += ["--", prompt]
+    env = child_environment(
+        env_extra, account_env=account_env, provider_env=provider_env
+    )
     return Invocation(
         argv=argv,
         cwd=cwd,
-        env=child_environment(
-            env_extra, account_env=account_env, provider_env=provider_env
-        ),
+        env=env,
         cleanup=cleanup,
         provider=provider,
+        secrets=Redactor.for_environment(file_env, env),
     )
 
 
@@ -491,12 +509,11 @@ def command_invocation(
         argv = ["/bin/sh", "-c", command, *args]
     else:
         argv = [command, *args]
+    child = child_environment(
+        {"LOOPSWEB_RUN_ID": run_id, "LOOPSWEB_STEP_ID": step_id, **env}
+    )
     return Invocation(
-        argv=argv,
-        cwd=cwd,
-        env=child_environment(
-            {"LOOPSWEB_RUN_ID": run_id, "LOOPSWEB_STEP_ID": step_id, **env}
-        ),
+        argv=argv, cwd=cwd, env=child, secrets=Redactor.for_environment({}, child)
     )
 
 

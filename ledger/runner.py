@@ -79,7 +79,7 @@ from ledger.dberrors import (
     retry_passing,
 )
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
-from ledger.processes import ProcessResult, run_process
+from ledger.processes import ProcessResult
 from ledger.projects import (
     REQUIRED_NOT_GIT,
     is_git_work_tree,
@@ -501,7 +501,7 @@ class _RunExecution:
         provider = invocation.provider
         watch = StepWatch(step.id, provider, is_agent=is_agent)
         try:
-            result = run_process(
+            result = watch.run(  # redacts the step's secrets (ledger.agent_step)
                 invocation=invocation,
                 timeout_seconds=timeout_ms / 1000 if timeout_ms else None,
                 idle_timeout_seconds=idle_ms / 1000 if idle_ms else None,
@@ -514,9 +514,7 @@ class _RunExecution:
                 keep_alive=self.keep_alive,
                 keep_alive_every=self.keep_alive_every,
                 deadline=self.deadline,
-                on_output=watch.flush,
                 output_every=float(settings.LOOPSWEB_OUTPUT_FLUSH_SECONDS),
-                stop_when=watch.stop_when,
             )
         finally:
             invocation.remove_files()

@@ -58,6 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ledger.processes",
             "ledger.projects",
             "ledger.ratelimit",
+            "ledger.redaction",
             "ledger.usage",
         ),
     ),

@@ -16,7 +16,9 @@ Rules:
 6. `account_self_test` runs the CLI's cheapest self-test with the account's environment:
    `--version`, then a login probe (codex `login status`, or the variable its custom
    provider's `env_key` names; claude `auth status`; opencode `auth list`, or the variables
-   its configured providers read), and says what is wrong.
+   its configured providers read), and says what is wrong; what it prints has the
+   account's secrets redacted (ledger.redaction: its env file's values, variables whose
+   names look secret).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from django.db import transaction
 
 from domain.pool import PROFILE_NAME_INVALID, valid_profile_name
 from ledger.agent_output import strip_ansi
-from ledger.envfile import EnvFileError, check_env_file, read_env_file
+from ledger.envfile import EnvFileError, read_env_file
 from ledger.models import Account
 from ledger.providers import (
     ADAPTERS,
@@ -44,6 +46,7 @@ from ledger.providers import (
     headless_options,
     reserved_variable,
 )
+from ledger.redaction import Redactor
 from ledger.services.common import LedgerError
 
 ACCOUNT_EXISTS = "account {name} already exists"
@@ -232,13 +235,15 @@ class SelfTest:
     provider: str
     ok: bool = True
     lines: list[str] = field(default_factory=list)
+    # What the CLI prints may echo the account's key: redacted (ledger.redaction).
+    secrets: Redactor = field(default_factory=Redactor, repr=False)
 
     def problem(self, text: str) -> None:
         self.ok = False
-        self.lines.append(f"PROBLEM: {text}")
+        self.lines.append(f"PROBLEM: {self.secrets.redact(text)}")
 
     def fine(self, text: str) -> None:
-        self.lines.append(f"ok: {text}")
+        self.lines.append(f"ok: {self.secrets.redact(text)}")
 
 
 def _run(
@@ -370,10 +375,11 @@ def account_self_test(*, name: str) -> SelfTest:
     if not row.enabled:
         test.problem("the account is disabled (never assigned)")
     env = {str(k): str(v) for k, v in (row.env_json or {}).items()}
+    file_env: dict[str, str] = {}
     if row.env_file:
         try:
-            check_env_file(row.env_file)
-            env.update(read_env_file(row.env_file))
+            file_env = read_env_file(row.env_file)
+            env.update(file_env)
             test.fine(f"env file {row.env_file} is readable (0600, yours)")
         except EnvFileError as exc:
             test.problem(str(exc))
@@ -394,6 +400,7 @@ def account_self_test(*, name: str) -> SelfTest:
         account_env=env,
         provider_env=provider_env,
     )
+    test.secrets = Redactor.for_environment(file_env, child)
     code, text, _ = _run([binary, "--version"], child, cwd)
     if code == 0:
         test.fine(f"{binary} --version: {text}")
