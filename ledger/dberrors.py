@@ -154,3 +154,13 @@ def retry_passing(
             )
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
+
+
+def write_ledger(what: str, write: Callable[[], T]) -> T:
+    """One ledger write of the runner, waiting out an error that passes (ledger.runner,
+    module docstring 7): the same write again for up to one lease, then the error."""
+    from django.conf import settings
+
+    return retry_passing(
+        write, seconds=float(settings.LOOPSWEB_RUN_LEASE_SECONDS), what=what
+    )

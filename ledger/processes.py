@@ -1,8 +1,10 @@
 """Process supervision: a step runs as its own process group, and nothing of it outlives
 the step unrecorded.
 
-- `run_process`: `Popen(argv, start_new_session=True)`, so the step and everything it spawns
-  is one process group; bounded stdout/stderr tails; `timeoutMs` and `idleTimeoutMs`
+- `run_process`: the step runs under the step guard (ledger.stepguard, its own process
+  group, a child subreaper), so everything it spawns stays below the guard, even a process
+  that calls `setsid`, and is ended when the step ends (the count is `ProcessResult.ended`);
+  bounded stdout/stderr tails; `timeoutMs` and `idleTimeoutMs`
   enforced by killing the group (SIGTERM, then SIGKILL after the grace period); the run's
   lease renewed through `keep_alive` about three times per lease; when the step's process
   exits, anything it left running in its group is killed.
@@ -16,10 +18,12 @@ No database writes here: the runner records what happened through the services (
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +36,9 @@ from ledger.models import WorkflowStepRun
 from ledger.providers import Invocation
 
 STEP_SPAWN_FAILED = "step could not be started: {error}"
+STEP_GUARD = str(Path(__file__).with_name("stepguard.py"))
+# With no grace, the guard still gets this long to kill what left its group (stepguard, 5).
+_GUARD_SWEEP_SECONDS = 0.2
 
 # How long output pipes may stay open after the step's process exited (a grandchild holding
 # them) before the rest of the group is killed.
@@ -78,6 +85,7 @@ class ProcessResult:
     lost: bool = False
     stopped: str | None = None  # why `stop_when` stopped the step
     spawn_error: str | None = None
+    ended: int = 0  # processes the step left that the guard ended (ledger.stepguard)
 
 
 def kill_process_group(proc: subprocess.Popen[bytes], grace_seconds: float) -> None:
@@ -87,7 +95,7 @@ def kill_process_group(proc: subprocess.Popen[bytes], grace_seconds: float) -> N
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + grace_seconds
+    deadline = time.monotonic() + max(grace_seconds, _GUARD_SWEEP_SECONDS)
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
@@ -124,9 +132,10 @@ def run_process(
     arrived (at most every `_STOP_CHECK_SECONDS`), returns a reason to stop the step now.
     """
     started = time.monotonic()
+    report_read, report_write = os.pipe()
     try:
         proc = subprocess.Popen(
-            invocation.argv,
+            guarded_argv(report_write, grace_seconds, invocation.argv),
             cwd=invocation.cwd,
             env=invocation.env,
             stdin=subprocess.DEVNULL,
@@ -134,17 +143,13 @@ def run_process(
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            pass_fds=(report_write,),
         )
     except (OSError, ValueError) as exc:
-        return ProcessResult(
-            pid=None,
-            exit_code=None,
-            signal_name=None,
-            stdout="",
-            stderr="",
-            duration_ms=0,
-            spawn_error=STEP_SPAWN_FAILED.format(error=exc),
-        )
+        os.close(report_read)
+        return _not_started(STEP_SPAWN_FAILED.format(error=exc))
+    finally:
+        os.close(report_write)
     out, err = _Tail(tail_bytes), _Tail(tail_bytes)
     timeout: str | None = None
     lost = False
@@ -226,6 +231,9 @@ def run_process(
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
         pass
+    report = _guard_report(report_read)
+    if "spawnError" in report:
+        return _not_started(STEP_SPAWN_FAILED.format(error=report["spawnError"]))
     return ProcessResult(
         pid=proc.pid,
         exit_code=code if code >= 0 else None,
@@ -236,6 +244,44 @@ def run_process(
         timeout=timeout,
         lost=lost,
         stopped=stopped,
+        ended=int(report.get("ended") or 0),
+    )
+
+
+def guarded_argv(report_fd: int, grace_seconds: float, argv: list[str]) -> list[str]:
+    """`argv` run under the step guard (ledger.stepguard), which reports on `report_fd`."""
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        STEP_GUARD,
+        str(report_fd),
+        str(grace_seconds),
+        "--",
+        *argv,
+    ]
+
+
+def _guard_report(fd: int) -> dict[str, object]:
+    """What the guard wrote on its report pipe (it has exited: the read cannot block)."""
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            raw = handle.read(65536)
+        found = json.loads(raw.splitlines()[-1]) if raw.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _not_started(error: str) -> ProcessResult:
+    return ProcessResult(
+        pid=None,
+        exit_code=None,
+        signal_name=None,
+        stdout="",
+        stderr="",
+        duration_ms=0,
+        spawn_error=error,
     )
 
 

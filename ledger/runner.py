@@ -62,7 +62,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from domain.errors import ValidationError
-from domain.sandbox import WORKTREE_REQUIRED, step_isolation
+from domain.sandbox import step_isolation
 from domain.steps import PlanError, execution_order
 from ledger import services
 from ledger.agent_step import (
@@ -76,13 +76,11 @@ from ledger.dberrors import (
     drop_connection,
     error_passes,
     first_line,
-    retry_passing,
+    write_ledger,
 )
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
 from ledger.processes import ProcessResult
 from ledger.projects import (
-    REQUIRED_NOT_GIT,
-    is_git_work_tree,
     project_dir_check,
 )
 from ledger.providers import (
@@ -92,18 +90,9 @@ from ledger.providers import (
     rate_limit_exit_codes,
 )
 from ledger.ratelimit import RateLimitSignal, detect_rate_limit
+from ledger.run_worktree import RunWorktree, WorktreeLeaseLost
 from ledger.usage import Usage, parse_usage
-from ledger.worktrees import (
-    COMMIT_MESSAGE,
-    Worktree,
-    WorktreeError,
-    worktree_branch,
-    worktree_commit,
-    worktree_create,
-    worktree_dir,
-    worktree_project,
-    worktree_remove,
-)
+from ledger.worktrees import Worktree, WorktreeError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -126,14 +115,6 @@ RUN_LEFT_AS_IT_WAS = (
     "run {run_id} stopped: the database did not take its writes for {seconds} s ({error});"
     " the run is left as it was, and its lease is recovered once it expires"
 )
-
-
-def write_ledger(what: str, write: Callable[[], T]) -> T:
-    """One ledger write of the runner, waiting out an error that passes (module docstring,
-    7): the same write again for up to one lease, then the error."""
-    return retry_passing(
-        write, seconds=float(settings.LOOPSWEB_RUN_LEASE_SECONDS), what=what
-    )
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -162,7 +143,6 @@ class _RunExecution:
     ) -> None:
         self.run = run
         self.deadline = deadline  # the task's (ledger.agent_step.task_deadline)
-        self.saved = False  # the worktree's work is committed
         self.worker = worker
         self.hand_back = hand_back
         lease = float(settings.LOOPSWEB_RUN_LEASE_SECONDS)
@@ -170,7 +150,7 @@ class _RunExecution:
         self.keep_alive_every = max(0.05, lease / 3)
         self.poll_seconds = float(settings.LOOPSWEB_STEP_START_POLL_SECONDS)
         self.rate_limited: str | None = None  # the last attempt's rate-limit snippet
-        self.worktree: Worktree | None = None
+        self.work = RunWorktree(run, worker)
 
     # Renewal: any False is final; a database hiccup is not (the lease may still hold, and
     # if it does not, recovery cleans up).
@@ -198,7 +178,7 @@ class _RunExecution:
         by_id = {step.step_id: step for step in steps}
         try:
             order = execution_order([(s.step_id, s.sequence) for s in steps], specs)
-            self.worktree = self._prepare_worktree(list(specs.values()))
+            self._prepare_worktree(list(specs.values()))
         except (PlanError, ValidationError, WorktreeError) as exc:
             return self._finalize(
                 RunStatus.FAILED, RUN_FAILED_BEFORE_START.format(error=exc)
@@ -292,72 +272,21 @@ class _RunExecution:
 
     def _prepare_worktree(self, specs: list[Mapping[str, Any]]) -> Worktree | None:
         """The run's own worktree when its agent steps ask for one (module docstring, 3)."""
-        wanted = worktree_project(specs)
-        if wanted is None:
-            return None
-        project = project_dir_check(wanted[0])
-        if not is_git_work_tree(project):
-            if wanted[1] == WORKTREE_REQUIRED:
-                raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
-            return None  # auto: the project directory, under the provider's own sandbox
-        if self.run.worktree_path and self.run.worktree_branch:
-            # A resumed run (handed back while a step waited): the worktree it already has.
-            return Worktree(
-                project=project,
-                path=self.run.worktree_path,
-                branch=self.run.worktree_branch,
-            )
-        path, branch = str(worktree_dir(self.run.id)), worktree_branch(self.run.id)
-        if not write_ledger(
-            f"run {self.run.id}: its worktree",
-            lambda: services.run_worktree_record(
-                run_id=self.run.id, worker=self.worker, path=path, branch=branch
-            ),
-        ):
-            raise _LeaseLost()
         try:
-            return worktree_create(project=project, run_id=self.run.id)
-        except WorktreeError:
-            # Nothing was left behind (worktree_create cleaned up): forget the record too.
-            services.run_worktree_record(
-                run_id=self.run.id, worker=self.worker, path=None, branch=None
-            )
-            raise
+            return self.work.prepare(specs)
+        except WorktreeLeaseLost:
+            raise _LeaseLost() from None
+
+    @property
+    def worktree(self) -> Worktree | None:
+        return self.work.worktree
 
     def save_work(self, step_id: str | None) -> None:
-        """Commit what the agents left uncommitted on the run's branch and record the
-        branch's head and diffstat (ledger.worktrees.worktree_commit); once per run, best
-        effort: a git failure is logged and the worktree is kept as it is."""
-        if self.worktree is None or self.saved:
-            return
-        self.saved = True
-        message = COMMIT_MESSAGE.format(
-            run_id=self.run.id,
-            step_id=step_id or "-",
-            item=self.run.work_item_id or "-",
-        )
-        try:
-            commit = worktree_commit(self.worktree, message=message)
-            services.run_commit_record(
-                run_id=self.run.id, head=commit.head, diffstat=commit.diffstat
-            )
-        except (WorktreeError, OSError, DatabaseError):
-            logger.exception("could not commit the work of run %s", self.run.id)
+        """Commit what the agents left on the run's branch (ledger.run_worktree)."""
+        self.work.save(step_id)
 
     def _remove_worktree(self) -> None:
-        # After success only; a failed run's worktree is kept for the operator and pruned
-        # later (ledger.worktrees.worktrees_prune), which also retries a removal that failed.
-        if self.worktree is None:
-            return
-        try:
-            worktree_remove(
-                project=self.worktree.project,
-                path=self.worktree.path,
-                branch=self.worktree.branch,
-            )
-            services.run_worktree_removed(run_id=self.run.id)
-        except (WorktreeError, OSError):
-            logger.exception("could not remove the worktree of run %s", self.run.id)
+        self.work.remove()
 
     def _isolated_target(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         """An agent step's target as it runs: checked again, and moved into the worktree."""
@@ -589,6 +518,7 @@ def _step_result(
         stderr=result.stderr,
         error=error,
         usage=usage,
+        processes_ended=result.ended if result.pid is not None else None,
     )
 
 

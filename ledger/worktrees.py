@@ -1,26 +1,37 @@
 """Per-run git worktrees: every step of a run works in its own checkout of the project.
 
-1. `worktree_create`: `git worktree add -b loopsweb/run-<run id> <dir>/<run id> HEAD` from
-   the project, under LOOPSWEB_WORKTREE_DIR (default `<data dir>/worktrees`, mode 0700).
-   A failure raises WorktreeError (`worktree preparation failed: ...`, upstream's wording)
-   after removing whatever the attempt made: the directory, git's record of it, the branch.
-   An existing directory or branch of that name is an error and is never touched.
-2. `worktree_remove`: `git worktree remove --force`, then `git branch -d`, which keeps a
-   branch that carries commits not merged into the project's HEAD (the agent's work is not
-   thrown away with its checkout). Without the project, the directory is deleted directly.
-2b. `worktree_commit`: at the end of every run in a worktree (before it is removed or kept
-   for pruning), what the agent left uncommitted is committed on the run's branch (author
-   loopsweb, a message naming the run, the item and the step), so removing the worktree
-   never throws work away; it returns the branch, its head and the diffstat against the
-   commit the run started from (empty: the run changed nothing).
+The agent is untrusted and can write everything in its worktree, `.git` included, and the
+repository's config a linked worktree shares; every git command here therefore goes
+through ledger.git (no discovery, no config that runs a program, no filter) on git dirs
+loopsweb chose itself, never the ones the worktree names (docs/isolation.md).
+
+1. `worktree_create`: the project's repository is resolved by git (`rev-parse`) and must
+   lie inside LOOPSWEB_PROJECT_ROOTS (`project_repository`: a `.git` file may name one
+   anywhere); then `git worktree add --no-checkout -b loopsweb/run-<run id> <dir>/<run id>
+   HEAD` under LOOPSWEB_WORKTREE_DIR (default `<data dir>/worktrees`, mode 0700), the
+   worktree's `.git` checked to name `<common dir>/worktrees/<run id>`, its files written
+   by loopsweb (ledger.worktree_files) and its index set (`read-tree`). A failure raises
+   WorktreeError (`worktree preparation failed: ...`, upstream's wording) after removing
+   whatever the attempt made. An existing directory or branch of that name is an error
+   and is never touched.
+2. `worktree_remove`: the directory is deleted (never following a symlink), `git worktree
+   prune` forgets it, and the branch is deleted only when the project's HEAD contains it
+   (as `git branch -d`: the agent's work is not thrown away with its checkout).
+2b. `worktree_commit`: at the end of every run in a worktree, what the agent left is
+   committed on the run's branch with plumbing (ledger.worktree_files.snapshot_tree,
+   `commit-tree`, `update-ref` from the branch's head): only `refs/heads/loopsweb/run-<id>`
+   moves; the project's branches, index and files never change. When the worktree's `.git`
+   no longer names the run's git dir, or the commit cannot be made, nothing is committed
+   anywhere and WorktreeError says why (the runner keeps the worktree and records it).
+   Returns the branch, its head and the diffstat against the commit the run started from
+   (empty: the run changed nothing).
 3. `worktrees_prune` (the periodic task and `manage.py prune_worktrees`): worktrees of
    succeeded runs whose removal did not happen, and of failed, timed-out or cancelled runs
    LOOPSWEB_WORKTREE_KEEP_SECONDS after they finished (kept that long for an operator).
+   A worktree whose work could not be committed is never pruned: it is the only copy.
 
-git runs with `-c core.hooksPath=/dev/null` (no project hook runs in the worker), an
-environment of PATH, HOME and `LC_ALL=C`, no terminal prompt, and a timeout. Adding and
-removing hold an exclusive lock on `<dir>/.lock`, so concurrent runs of one project never
-race on the repository's worktree records.
+Adding and removing hold an exclusive lock on `<dir>/.lock`, so concurrent runs of one
+project never race on the repository's worktree records.
 """
 
 from __future__ import annotations
@@ -29,7 +40,8 @@ import fcntl
 import logging
 import os
 import shutil
-import subprocess
+import stat
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,7 +56,18 @@ from django.utils import timezone
 from domain.errors import ApplicationError
 from domain.sandbox import WORKTREE_AUTO, WORKTREE_REQUIRED
 from ledger import services
+from ledger.git import (
+    GitError,
+    GitResult,
+    Repository,
+    git_error_line,
+    repository_at,
+    resolve_commit,
+    run_git,
+)
 from ledger.models import TERMINAL_RUN_STATUSES, RunStatus, WorkflowRun
+from ledger.projects import project_roots
+from ledger.worktree_files import checkout_files, snapshot_tree
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +75,14 @@ WORKTREE_FAILED = "worktree preparation failed: {error}"
 WORKTREE_EXISTS = "{path} already exists"
 BRANCH_EXISTS = "branch {branch} already exists in {project}"
 OUTSIDE_WORKTREE_DIR = "{path} is not inside LOOPSWEB_WORKTREE_DIR"
-GIT_TIMEOUT_SECONDS = 120
+REPOSITORY_OUTSIDE = (
+    "project {path}: its git repository {git_dir} lies outside LOOPSWEB_PROJECT_ROOTS"
+)
+NO_COMMIT = "project {path} has no commit to start from (its HEAD names none)"
+TAMPERED = "{path} no longer names the run's git dir {git_dir} (changed by the agent?)"
+BRANCH_GONE = "the run's branch {branch} is gone"
+COMMIT_FAILED = "the commit could not be made: {error}"
+NOT_COMMITTED = "work not committed: {reason}; the agent's files are kept in {path}"
 
 
 class WorktreeError(ApplicationError):
@@ -64,6 +94,9 @@ class Worktree:
     project: str
     path: str
     branch: str
+    common_dir: (
+        str  # the project repository's (ledger.git.Repository), checked in roots
+    )
 
     def translate(self, cwd: str) -> str:
         """`cwd` inside the project, as the same place inside this worktree (else as is)."""
@@ -106,43 +139,28 @@ def worktree_project(steps: Sequence[Mapping[str, Any]]) -> tuple[str, str] | No
     return wanted[0]["cwd"], mode
 
 
-def _git_env() -> dict[str, str]:
-    env = {name: os.environ[name] for name in ("PATH", "HOME") if name in os.environ}
-    env.update(LC_ALL="C", GIT_TERMINAL_PROMPT="0")
-    return env
-
-
-def _git(project: str, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [
-        settings.LOOPSWEB_GIT_BIN,
-        "-C",
-        project,
-        "-c",
-        "core.hooksPath=/dev/null",
-        *args,
-    ]
+def project_repository(project: str) -> Repository:
+    """The project's repository, as git resolves it, when its git dirs lie inside
+    LOOPSWEB_PROJECT_ROOTS (a `.git` file may name a repository anywhere); else
+    WorktreeError. Checked again each time a run's worktree is made or resumed."""
     try:
-        return subprocess.run(
-            argv,
-            env=_git_env(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=GIT_TIMEOUT_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
+        repo = repository_at(project)
+    except GitError as exc:
         raise WorktreeError(WORKTREE_FAILED.format(error=exc)) from None
+    roots = project_roots()
+    for where in (repo.git_dir, repo.common_dir):
+        if not any(Path(where).is_relative_to(root) for root in roots):
+            raise WorktreeError(
+                WORKTREE_FAILED.format(
+                    error=REPOSITORY_OUTSIDE.format(path=project, git_dir=where)
+                )
+            )
+    return repo
 
 
-def _git_error(result: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in (result.stderr or "").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else f"git exited with code {result.returncode}"
-
-
-def _branch_exists(project: str, branch: str) -> bool:
-    result = _git(project, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}")
-    return result.returncode == 0
+def _admin_dir(common_dir: str, run_id: str) -> str:
+    """git's record of the run's worktree: `<common dir>/worktrees/<run id>`."""
+    return os.path.join(common_dir, "worktrees", run_id)
 
 
 @contextmanager
@@ -157,44 +175,124 @@ def _locked() -> Iterator[Path]:
         os.close(fd)  # closing releases the lock
 
 
-def _discard(project: str, path: Path, branch: str | None) -> None:
+def _branch_head(common_dir: str, branch: str) -> str | None:
+    return resolve_commit(common_dir, f"refs/heads/{branch}")
+
+
+def _discard(common_dir: str, path: Path, branch: str | None, head: str | None) -> None:
     """Remove what a failed `worktree add` may have made (best effort, never raises)."""
     try:
         if path.exists():
             shutil.rmtree(path, ignore_errors=True)
-        if os.path.isdir(project):
-            _git(project, "worktree", "prune")
-            if branch and _branch_exists(project, branch):
-                _git(project, "branch", "-D", branch)
+        _git(common_dir, "worktree", "prune")
+        if branch and head:
+            _git(common_dir, "update-ref", "-d", f"refs/heads/{branch}", head)
     except WorktreeError:
         logger.exception("could not clean up worktree %s", path)
 
 
+def _git(git_dir: str, *args: str) -> GitResult:
+    """A git command on a repository directory of loopsweb's own choosing (ledger.git)."""
+    try:
+        return run_git(*args, git_dir=git_dir, cwd=git_dir, check=False)
+    except GitError as exc:
+        raise WorktreeError(WORKTREE_FAILED.format(error=exc)) from None
+
+
 def worktree_create(*, project: str, run_id: str) -> Worktree:
-    """A new worktree of `project` (its HEAD) on a new branch named after the run."""
+    """A new worktree of `project` (its HEAD) on a new branch named after the run: git
+    records it (`worktree add --no-checkout`), loopsweb writes its files
+    (ledger.worktree_files) and its index (`read-tree`)."""
+    repo = project_repository(project)
     path, branch = worktree_dir(run_id), worktree_branch(run_id)
+    head = resolve_commit(repo.git_dir, "HEAD")
+    if head is None:
+        raise WorktreeError(
+            WORKTREE_FAILED.format(error=NO_COMMIT.format(path=project))
+        )
     with _locked():
         if path.exists():
             raise WorktreeError(
                 WORKTREE_FAILED.format(error=WORKTREE_EXISTS.format(path=path))
             )
-        if _branch_exists(project, branch):
+        if _branch_head(repo.common_dir, branch) is not None:
             raise WorktreeError(
                 WORKTREE_FAILED.format(
                     error=BRANCH_EXISTS.format(branch=branch, project=project)
                 )
             )
+        worktree = Worktree(
+            project=project, path=str(path), branch=branch, common_dir=repo.common_dir
+        )
         try:
-            result = _git(
-                project, "worktree", "add", "--quiet", "-b", branch, str(path), "HEAD"
+            added = _git(
+                repo.common_dir,
+                "worktree",
+                "add",
+                "--quiet",
+                "--no-checkout",
+                "-b",
+                branch,
+                str(path),
+                head,
             )
-            if result.returncode != 0:
-                raise WorktreeError(WORKTREE_FAILED.format(error=_git_error(result)))
-        except WorktreeError:
+            if added.returncode != 0:
+                raise WorktreeError(WORKTREE_FAILED.format(error=git_error_line(added)))
+            problem = worktree_tampered(worktree)
+            if problem is not None:
+                raise WorktreeError(WORKTREE_FAILED.format(error=problem))
+            checkout_files(common_dir=repo.common_dir, rev=head, dest=str(path))
+            _index_at(worktree, head)
+        except (WorktreeError, GitError, OSError) as exc:
             # The branch did not exist before this attempt, so deleting it is ours to do.
-            _discard(project, path, branch)
-            raise
-    return Worktree(project=project, path=str(path), branch=branch)
+            _discard(
+                repo.common_dir, path, branch, _branch_head(repo.common_dir, branch)
+            )
+            if isinstance(exc, WorktreeError):
+                raise
+            raise WorktreeError(WORKTREE_FAILED.format(error=exc)) from None
+    return worktree
+
+
+def worktree_resume(*, project: str, path: str, branch: str, run_id: str) -> Worktree:
+    """The worktree a resumed run already has, its repository checked again."""
+    repo = project_repository(project)
+    return Worktree(
+        project=project, path=path, branch=branch, common_dir=repo.common_dir
+    )
+
+
+def worktree_tampered(worktree: Worktree) -> str | None:
+    """Why the worktree's `.git` no longer names the git dir loopsweb made for the run
+    (`<common dir>/worktrees/<run id>`), or None when it still does."""
+    dot_git = os.path.join(worktree.path, ".git")
+    admin = _admin_dir(worktree.common_dir, Path(worktree.path).name)
+    try:
+        info = os.lstat(dot_git)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 4096:
+            return TAMPERED.format(path=dot_git, git_dir=admin)
+        text = Path(dot_git).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return TAMPERED.format(path=dot_git, git_dir=admin)
+    named = text.removeprefix("gitdir:").strip() if text.startswith("gitdir:") else ""
+    if not named or os.path.realpath(
+        os.path.join(worktree.path, named)
+    ) != os.path.realpath(admin):
+        return TAMPERED.format(path=dot_git, git_dir=admin)
+    return None
+
+
+def _index_at(worktree: Worktree, commit: str) -> None:
+    """The worktree's own index as `commit` (`read-tree`, no file touched), so the agent's
+    `git status` shows only what changed since."""
+    admin = _admin_dir(worktree.common_dir, Path(worktree.path).name)
+    run_git(
+        "read-tree",
+        commit,
+        git_dir=worktree.common_dir,
+        cwd=worktree.common_dir,
+        extra_env={"GIT_INDEX_FILE": os.path.join(admin, "index")},
+    )
 
 
 def worktree_remove(*, project: str | None, path: str, branch: str | None) -> None:
@@ -203,16 +301,25 @@ def worktree_remove(*, project: str | None, path: str, branch: str | None) -> No
     base = Path(os.path.realpath(worktree_base()))
     if not Path(os.path.realpath(target)).is_relative_to(base):
         raise WorktreeError(OUTSIDE_WORKTREE_DIR.format(path=path))
+    repo = None
+    if project and os.path.isdir(project):
+        repo = project_repository(project)
     with _locked():
-        repo = project if project and os.path.isdir(project) else None
-        if repo is not None and target.exists():
-            _git(repo, "worktree", "remove", "--force", str(target))
-        if target.exists():
+        if target.is_symlink():
+            target.unlink()
+        elif target.exists():
             shutil.rmtree(target)
-        if repo is not None:
-            _git(repo, "worktree", "prune")
-            if branch and _branch_exists(repo, branch):
-                _git(repo, "branch", "-d", branch)
+        if repo is None:
+            return
+        _git(repo.common_dir, "worktree", "prune")
+        head = _branch_head(repo.common_dir, branch) if branch else None
+        project_head = resolve_commit(repo.git_dir, "HEAD")
+        if branch and head and project_head:
+            merged = _git(
+                repo.common_dir, "merge-base", "--is-ancestor", head, project_head
+            )
+            if merged.returncode == 0:
+                _git(repo.common_dir, "update-ref", "-d", f"refs/heads/{branch}", head)
 
 
 COMMIT_AUTHOR = "loopsweb"
@@ -231,48 +338,98 @@ class WorktreeCommit:
     committed: bool  # a commit was made for uncommitted changes
 
 
-def _checked(result: subprocess.CompletedProcess[str]) -> str:
-    if result.returncode != 0:
-        raise WorktreeError(WORKTREE_FAILED.format(error=_git_error(result)))
-    return result.stdout.strip()
-
-
 def worktree_commit(worktree: Worktree, *, message: str) -> WorktreeCommit:
-    """Commit everything the agent left in `worktree` (not ignored) on its branch."""
-    path = worktree.path
-    _checked(_git(path, "add", "--all"))
-    staged = _git(path, "diff", "--cached", "--quiet")
-    committed = staged.returncode == 1
-    if committed:
-        _checked(
-            _git(
-                path,
-                "-c",
-                f"user.name={COMMIT_AUTHOR}",
-                "-c",
-                f"user.email={COMMIT_EMAIL}",
-                "-c",
-                "commit.gpgsign=false",
-                "commit",
-                "--quiet",
-                "--no-verify",
-                "--author",
-                f"{COMMIT_AUTHOR} <{COMMIT_EMAIL}>",
-                "-m",
-                message,
+    """Commit everything the agent left in `worktree` (not ignored) on its branch, and
+    only there (module docstring, 2b). WorktreeError when the worktree's `.git` was
+    tampered with or the commit cannot be made: then nothing is committed anywhere."""
+    problem = worktree_tampered(worktree)
+    if problem is not None:
+        raise WorktreeError(problem)
+    common = worktree.common_dir
+    try:
+        parent = _branch_head(common, worktree.branch)
+        if parent is None:
+            raise WorktreeError(BRANCH_GONE.format(branch=worktree.branch))
+        with tempfile.TemporaryDirectory(prefix="loopsweb-commit-") as scratch:
+            tree = snapshot_tree(
+                common_dir=common,
+                work_tree=worktree.path,
+                parent=parent,
+                scratch=Path(scratch),
             )
+        head = parent
+        committed = (
+            tree
+            != run_git(
+                "rev-parse", f"{parent}^{{tree}}", git_dir=common, cwd=common
+            ).text
         )
-    elif staged.returncode != 0:
-        _checked(staged)
-    head = _checked(_git(path, "rev-parse", "HEAD"))
-    # The fork point: where the project's HEAD was when the run's worktree was made.
-    base = _checked(_git(worktree.project, "merge-base", "HEAD", head))
-    stat = _checked(_git(path, "diff", "--stat", base, head)) if base != head else ""
-    if len(stat) > DIFFSTAT_CHARS:
-        stat = stat[: DIFFSTAT_CHARS - 1] + "…"
+        if committed:
+            head = run_git(
+                "commit-tree",
+                "--no-gpg-sign",
+                tree,
+                "-p",
+                parent,
+                "-F",
+                "-",
+                git_dir=common,
+                cwd=common,
+                stdin=message.encode(),
+                extra_env=_identity(),
+            ).text
+            run_git(
+                "update-ref",
+                "-m",
+                "loopsweb: the run's work",
+                f"refs/heads/{worktree.branch}",
+                head,
+                parent,
+                git_dir=common,
+                cwd=common,
+            )
+            _index_at(worktree, head)
+        stat_text = _diffstat(worktree, head)
+    except GitError as exc:
+        raise WorktreeError(COMMIT_FAILED.format(error=exc)) from None
     return WorktreeCommit(
-        branch=worktree.branch, head=head, diffstat=stat, committed=committed
+        branch=worktree.branch, head=head, diffstat=stat_text, committed=committed
     )
+
+
+def _identity() -> dict[str, str]:
+    return {
+        "GIT_AUTHOR_NAME": COMMIT_AUTHOR,
+        "GIT_AUTHOR_EMAIL": COMMIT_EMAIL,
+        "GIT_COMMITTER_NAME": COMMIT_AUTHOR,
+        "GIT_COMMITTER_EMAIL": COMMIT_EMAIL,
+    }
+
+
+def _diffstat(worktree: Worktree, head: str) -> str:
+    """The diffstat of the run's branch against its fork point: where the project's HEAD
+    was when the run's worktree was made."""
+    common = worktree.common_dir
+    project_head = resolve_commit(project_repository(worktree.project).git_dir, "HEAD")
+    if project_head is None:
+        return ""
+    base = run_git("merge-base", project_head, head, git_dir=common, cwd=common).text
+    if base == head:
+        return ""
+    stat_text = run_git(
+        "diff",
+        "--stat",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--no-color",
+        base,
+        head,
+        git_dir=common,
+        cwd=common,
+    ).text
+    if len(stat_text) > DIFFSTAT_CHARS:
+        stat_text = stat_text[: DIFFSTAT_CHARS - 1] + "…"
+    return stat_text
 
 
 @dataclass(frozen=True)
@@ -306,6 +463,7 @@ def worktrees_due(*, now: datetime, keep_seconds: int) -> Any:
             worktree_path__isnull=False,
             worktree_removed_at__isnull=True,
             status__in=TERMINAL_RUN_STATUSES,
+            commit_error__isnull=True,
         )
         .filter(
             Q(worktree_host=settings.LOOPSWEB_HOST_NAME) | Q(worktree_host__isnull=True)
@@ -363,18 +521,24 @@ def worktrees_prune(
 
 
 def _orphan_repository(path: Path) -> str | None:
-    """The repository a leftover worktree directory belongs to (its `.git` file names the
-    repository's `.git/worktrees/<name>`), or None."""
+    """The project a leftover worktree directory belongs to (its `.git` file names the
+    repository's `.git/worktrees/<name>`) when that lies inside the project roots, or None
+    (then only the directory is removed: the file is the agent's to write)."""
+    dot_git = path / ".git"
     try:
-        text = (path / ".git").read_text(encoding="utf-8", errors="replace")
+        if not stat.S_ISREG(os.lstat(dot_git).st_mode):
+            return None
+        text = dot_git.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
     if not text.startswith("gitdir:"):
         return None
-    gitdir = Path(text.removeprefix("gitdir:").strip())
+    gitdir = Path(os.path.realpath(text.removeprefix("gitdir:").strip()))
     if gitdir.parent.name != "worktrees" or gitdir.parent.parent.name != ".git":
         return None
     repo = gitdir.parent.parent.parent
+    if not any(repo.is_relative_to(root) for root in project_roots()):
+        return None
     return str(repo) if repo.is_dir() else None
 
 

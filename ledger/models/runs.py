@@ -74,6 +74,9 @@ class WorkflowRun(TimestampedModel):
     # where the run started ("" : no changes).
     commit_head = models.CharField(max_length=64, null=True, blank=True)
     commit_diffstat = models.TextField(null=True, blank=True)
+    # loopsweb (0012): why the work was not committed and where it is kept (the worktree,
+    # never pruned then); NULL when it was committed or the run had no worktree.
+    commit_error = models.TextField(null=True, blank=True)
     # loopsweb (0011): the host that runs (ran) the run, the host its worktree is on (only
     # that host's prune removes it), and why no host takes it yet (since when): a run no
     # live host serves fails after LOOPSWEB_NO_HOST_GRACE_SECONDS with that reason.
@@ -153,6 +156,9 @@ class WorkflowStepRun(TimestampedModel):
     usage_output_tokens = models.BigIntegerField(null=True, blank=True)
     usage_cached_tokens = models.BigIntegerField(null=True, blank=True)
     usage_cost_usd = models.FloatField(null=True, blank=True)
+    # loopsweb (0012): processes the step left running that the step guard ended when it
+    # ended (ledger.stepguard); NULL for a step that ran no process.
+    processes_ended = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_step_runs"

@@ -69,6 +69,7 @@ from ledger.services.recovery import (
 from ledger.services.runs import (
     run_cancel,
     run_claim,
+    run_commit_failed,
     run_commit_record,
     run_finalize,
     run_lease_renew,
@@ -128,6 +129,7 @@ __all__ = [
     "loop_status_change",
     "run_cancel",
     "run_claim",
+    "run_commit_failed",
     "run_commit_record",
     "run_finalize",
     "run_lease_renew",

@@ -209,8 +209,13 @@ def run_worktree_removed(*, run_id: str, now: datetime | None = None) -> None:
 def run_commit_record(*, run_id: str, head: str, diffstat: str) -> None:
     """Record what a run left on its branch (`ledger.worktrees.worktree_commit`)."""
     WorkflowRun.objects.filter(pk=run_id).update(
-        commit_head=head, commit_diffstat=clean_text(diffstat) or ""
+        commit_head=head, commit_diffstat=clean_text(diffstat) or "", commit_error=None
     )
+
+
+def run_commit_failed(*, run_id: str, error: str) -> None:
+    """Record why a run's work was not committed and where it is kept (the worktree)."""
+    WorkflowRun.objects.filter(pk=run_id).update(commit_error=clean_text(error))
 
 
 def run_finalize(

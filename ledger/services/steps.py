@@ -76,6 +76,7 @@ class StepResult:
     stderr: str | None = None
     error: str | None = None
     usage: Usage | None = None
+    processes_ended: int | None = None  # left running, ended by the step guard
 
 
 @dataclass(frozen=True)
@@ -383,6 +384,7 @@ def _finish_locked(
     step.usage_output_tokens = usage.output_tokens if usage else None
     step.usage_cached_tokens = usage.cached_tokens if usage else None
     step.usage_cost_usd = usage.cost_usd if usage else None
+    step.processes_ended = result.processes_ended
     step.save()
     append_event(
         run.id,
@@ -392,6 +394,7 @@ def _finish_locked(
             "exitCode": result.exit_code,
             "durationMs": step.duration_ms,
             **({"error": step.error} if step.error else {}),
+            **({"processesEnded": n} if (n := result.processes_ended) else {}),
         },
     )
 

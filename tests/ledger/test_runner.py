@@ -62,7 +62,9 @@ def test_an_admitted_route_runs_worker_then_verifier_on_their_accounts_and_casca
     for record in records:
         step = steps[record["step"]]
         assert step.status == StepStatus.SUCCEEDED
-        assert step.exit_code == 0 and step.pid == record["pid"]
+        # The step's pid leads its process group: the step guard (ledger.stepguard), the
+        # agent's parent.
+        assert step.exit_code == 0 and step.pid == record["pgid"] != record["pid"]
         assert step.duration_ms is not None and step.started_at and step.finished_at
         assert "FAKE_AGENT_ARGV" in step.stdout
         # Attribution: the account the ledger records is the account the agent ran on.

@@ -1,0 +1,139 @@
+"""A run's worktree through its life (ledger.runner, module docstring 3): made or resumed
+before the first step, the agents' work committed at the end, removed after success.
+
+The commit may be refused (the worktree's `.git` no longer names the run's git dir) or fail;
+then the worktree is kept on disk whatever the run's outcome, never pruned, and the run
+records why and where the work is (`WorkflowRun.commit_error`, shown on `/ops/`, the run's
+admin page and the API). docs/isolation.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.db import DatabaseError
+
+from domain.errors import ValidationError
+from domain.sandbox import WORKTREE_REQUIRED
+from ledger import services
+from ledger.dberrors import write_ledger
+from ledger.models import WorkflowRun
+from ledger.projects import REQUIRED_NOT_GIT, is_git_work_tree, project_dir_check
+from ledger.worktrees import (
+    COMMIT_MESSAGE,
+    NOT_COMMITTED,
+    Worktree,
+    WorktreeError,
+    worktree_branch,
+    worktree_commit,
+    worktree_create,
+    worktree_dir,
+    worktree_project,
+    worktree_remove,
+    worktree_resume,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class WorktreeLeaseLost(Exception):
+    """The run stopped being this worker's while its worktree was being recorded."""
+
+
+class RunWorktree:
+    """The worktree of one run's execution in this worker (None: the run has none)."""
+
+    def __init__(self, run: WorkflowRun, worker: str) -> None:
+        self.run = run
+        self.worker = worker
+        self.worktree: Worktree | None = None
+        self.saved = False  # the commit was tried (once per execution)
+        self.kept = False  # the work is not committed: the worktree stays
+
+    def prepare(self, specs: Sequence[Mapping[str, Any]]) -> Worktree | None:
+        """The run's own worktree when its agent steps ask for one."""
+        wanted = worktree_project(specs)
+        if wanted is None:
+            return None
+        project = project_dir_check(wanted[0])
+        if not is_git_work_tree(project):
+            if wanted[1] == WORKTREE_REQUIRED:
+                raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
+            return None  # auto: the project directory, under the provider's own sandbox
+        run = self.run
+        if run.worktree_path and run.worktree_branch:
+            # A resumed run (handed back while a step waited): the worktree it already has.
+            self.worktree = worktree_resume(
+                project=project,
+                path=run.worktree_path,
+                branch=run.worktree_branch,
+                run_id=run.id,
+            )
+            return self.worktree
+        path, branch = str(worktree_dir(run.id)), worktree_branch(run.id)
+        if not write_ledger(
+            f"run {run.id}: its worktree",
+            lambda: services.run_worktree_record(
+                run_id=run.id, worker=self.worker, path=path, branch=branch
+            ),
+        ):
+            raise WorktreeLeaseLost()
+        try:
+            self.worktree = worktree_create(project=project, run_id=run.id)
+        except WorktreeError:
+            # Nothing was left behind (worktree_create cleaned up): forget the record too.
+            services.run_worktree_record(
+                run_id=run.id, worker=self.worker, path=None, branch=None
+            )
+            raise
+        return self.worktree
+
+    def save(self, step_id: str | None) -> None:
+        """Commit what the agents left on the run's branch and record its head and
+        diffstat; once per execution. When that cannot be done, the worktree is kept and
+        the run records why (module docstring)."""
+        if self.worktree is None or self.saved:
+            return
+        self.saved = True
+        run, worktree = self.run, self.worktree
+        message = COMMIT_MESSAGE.format(
+            run_id=run.id, step_id=step_id or "-", item=run.work_item_id or "-"
+        )
+        try:
+            commit = worktree_commit(worktree, message=message)
+        except (WorktreeError, OSError) as exc:
+            self.kept = True
+            reason = NOT_COMMITTED.format(reason=exc, path=worktree.path)
+            logger.warning("run %s: %s", run.id, reason)
+            self._record(
+                lambda: services.run_commit_failed(run_id=run.id, error=reason)
+            )
+            return
+        self._record(
+            lambda: services.run_commit_record(
+                run_id=run.id, head=commit.head, diffstat=commit.diffstat
+            )
+        )
+
+    def _record(self, write: Any) -> None:
+        try:
+            write_ledger(f"run {self.run.id}: its commit", write)
+        except DatabaseError:
+            logger.exception("could not record the commit of run %s", self.run.id)
+
+    def remove(self) -> None:
+        """After success only, and only when the work is committed; a failed run's worktree
+        is kept for the operator and pruned later (ledger.worktrees.worktrees_prune)."""
+        if self.worktree is None or self.kept:
+            return
+        try:
+            worktree_remove(
+                project=self.worktree.project,
+                path=self.worktree.path,
+                branch=self.worktree.branch,
+            )
+            services.run_worktree_removed(run_id=self.run.id)
+        except (WorktreeError, OSError):
+            logger.exception("could not remove the worktree of run %s", self.run.id)
