@@ -436,14 +436,34 @@ def test_the_work_item_list_shows_the_operators_columns(admin_client) -> None:  
 def test_the_work_item_list_reads_accounts_for_the_page_in_one_query(
     admin_client, django_assert_max_num_queries
 ) -> None:  # type: ignore[no-untyped-def]
+    def listed(response, projects: list[str]) -> None:  # type: ignore[no-untyped-def]
+        assert response.status_code == 200, response.status_code
+        html = response.content.decode()
+        assert html.count('class="action-select"') == len(projects), html
+        titles = re.findall(
+            r'<td class="field-project_cell"><span title="([^"]+)">', html
+        )
+        assert sorted(titles) == sorted(projects)
+        # The accounts the one query read: the pool's on each admitted item's row (the
+        # pool's caps defer the rest, which hold no account).
+        accounts = re.findall(r'<td class="field-accounts_cell">([^<]*)</td>', html)
+        admitted = WorkflowWorkItem.objects.filter(status="admitted").count()
+        assert admitted >= 1 and len(accounts) == len(projects), accounts
+        shown = [set(cell.split(", ")) for cell in accounts if cell != "-"]
+        assert shown == [{"x", "y"}] * admitted, accounts
+
     for i in range(3):
         route(event=generic_event(project=f"/srv/p{i}"), auth_profile_pool="x,y")
     with django_assert_max_num_queries(12) as few:
-        admin_client.get(ITEMS)
+        response = admin_client.get(ITEMS)
+    listed(response, [f"/srv/p{i}" for i in range(3)])
     for i in range(12):
         route(event=generic_event(project=f"/srv/q{i}"), auth_profile_pool="x,y")
     with django_assert_max_num_queries(len(few.captured_queries)):
-        admin_client.get(ITEMS)
+        response = admin_client.get(ITEMS)
+    listed(
+        response, [f"/srv/{p}{i}" for p, n in (("p", 3), ("q", 12)) for i in range(n)]
+    )
 
 
 def test_the_item_page_is_an_operators_page(admin_client) -> None:  # type: ignore[no-untyped-def]
