@@ -12,10 +12,11 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import IO
 
 import pytest
 from django.db import connection
@@ -62,6 +63,40 @@ def _statuses(run: WorkflowRun) -> tuple[str, dict[str, str]]:
 
 def _finish(runner: subprocess.Popen[str]) -> tuple[str, str]:
     return runner.communicate(timeout=120)
+
+
+class _Output:
+    """A process's stdout and stderr, read while it runs (the test waits on its lines)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self._proc = proc
+        self._text: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._pump, args=(name, stream), daemon=True)
+            for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _pump(self, name: str, stream: IO[str] | None) -> None:
+        assert stream is not None
+        for line in stream:
+            with self._lock:
+                self._text[name].append(line)
+
+    def stderr(self) -> str:
+        with self._lock:
+            return "".join(self._text["stderr"])
+
+    def finish(self) -> tuple[str, str]:
+        """(stdout, stderr) once the process ended and both pipes are read to the end."""
+        self._proc.wait(timeout=120)
+        for thread in self._threads:
+            thread.join(timeout=120)
+            assert not thread.is_alive(), "the runner's output never ended"
+        with self._lock:
+            return "".join(self._text["stdout"]), "".join(self._text["stderr"])
 
 
 @contextmanager
@@ -132,19 +167,24 @@ def test_a_database_that_refuses_writes_delays_the_run_and_fails_nothing(
     runner = spawn_runner(
         run.id, extra_env={"LOOPSWEB_RUN_LEASE_SECONDS": "60", **extra_env}
     )
+    output = _Output(runner)
     try:
         step = _wait_for_the_first_step(run)
         with refused():
             go.touch()  # the step ends; its record is the write the database refuses
             wait_for(lambda: not process_alive(step.pid), what="the step's exit")
-            time.sleep(2.5)  # several refused tries
+            # Refused, and refused again: each try is a line of the runner's.
+            wait_for(
+                lambda: output.stderr().count(RETRY_LINE) >= 2,
+                what="two refused tries in the runner's output",
+            )
             # The run is as it was: nothing failed, nothing skipped.
             assert _statuses(run) == (
                 RunStatus.RUNNING,
                 {"first": StepStatus.RUNNING, "second": StepStatus.PENDING},
             )
             assert runner.poll() is None
-        stdout, stderr = _finish(runner)
+        stdout, stderr = output.finish()
     finally:
         if runner.poll() is None:
             runner.kill()
