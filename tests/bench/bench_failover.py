@@ -15,9 +15,9 @@ Target: under 45 s (issue 26).
 Before it, the 429 detection alone (issue 37; the figure tests/agents/test_real_clis.py no
 longer asserts): each CLI run once per repetition in this process the way the runner starts
 it (the adapter's argv and environment, tests/agents/running.py) on a 429 account, and the
-time from the stand-in's first 429 to the 429 being known: codex and claude exiting after
-their bounded retries, opencode stopped as soon as its log names the limit
-(`live_rate_limit`). Target: under 30 s, opencode's Retry-After here (its own retry).
+time from the stand-in's first 429 to the 429 being known, as the runner knows it: the CLI
+stopped as soon as its output names the limit (`live_rate_limit`: codex's JSON error line,
+opencode's log), or its exit after its bounded retries (claude, which prints nothing before). Target: under 30 s, opencode's Retry-After here (its own retry).
 """
 
 from __future__ import annotations
@@ -86,9 +86,8 @@ def _detect(provider: str, rep: int, work: Path) -> tuple[float, float, bool]:
             return live_rate_limit(provider, stdout, stderr, now=now) is not None
 
         started = time.time()
-        done = run_agent(
-            invocation, stop_when=limited if provider == "opencode" else None
-        )
+        # As the runner does (ledger/agent_step.py): stopped once its output names the limit.
+        done = run_agent(invocation, stop_when=limited)
         now = datetime.now(UTC)
         if done.stopped:
             signal = live_rate_limit(provider, done.stdout, done.stderr, now=now)
@@ -208,15 +207,15 @@ def run(db: harness.BenchDatabase) -> None:
                 [
                     provider,
                     len(runs),
-                    round(harness.median(after_429), 1),
-                    round(max(after_429), 1),
-                    round(harness.median([r[1] for r in runs]), 1),
+                    round(harness.median(after_429), 2),
+                    round(max(after_429), 2),
+                    round(harness.median([r[1] for r in runs]), 2),
                     sum(1 for r in runs if r[2]),
                 ]
             )
             report.figure(
                 f"{provider}: first 429 → 429 detected, max",
-                round(max(after_429), 1),
+                round(max(after_429), 2),
                 "s",
                 f"< {DETECT_TARGET_SECONDS:.0f} s",
                 max(after_429) < DETECT_TARGET_SECONDS and all(r[2] for r in runs),
@@ -286,8 +285,8 @@ def run(db: harness.BenchDatabase) -> None:
         "Real CLIs against the stand-in on loopback; LOOPSWEB_AGENT_MAX_RETRIES 1 (the "
         "default); the run cluster polls its broker every 0.5 s; the moved step starts at "
         "once (the other account is free). The detection runs: each CLI alone in the "
-        "benchmark's process, the first 429 to the CLI's exit (codex, claude) or to its stop "
-        "once its log names the limit (opencode); timed on the stand-in's clock."
+        "benchmark's process, stopped as the runner stops it once its output names the limit "
+        "(or exiting by itself: claude); from the stand-in's first 429, on one clock."
     )
     report.finish()
 
