@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.agents.provider import ProviderStandIn
+from tests.waiting import hang_deadline
 
 # No database here: one suite (SQLite's) runs it, not again on PostgreSQL.
 pytestmark = [pytest.mark.slow, pytest.mark.sqlite]
@@ -38,19 +39,19 @@ def test_slow_streams_deltas_for_its_seconds_and_hang_never_answers() -> None:
     server.start()
     try:
         started = time.monotonic()
-        response = _post(server, "slow", timeout=10)
+        response = _post(server, "slow", timeout=hang_deadline(120))
         assert response.status == 200
         first = response.readline()
         body = first + response.read()
-        elapsed = time.monotonic() - started
-        assert 1.5 <= elapsed < 8
+        # It streamed for its seconds (at least) and then ended by itself.
+        assert time.monotonic() - started >= 1.5
         assert body.count(b'"content": "thinking') >= 3
         assert b"[DONE]" in body
         with pytest.raises((socket.timeout, TimeoutError)):
             _post(server, "hung", timeout=1.5)
         assert [r.mode for r in server.requests] == ["slow", "hang"]
         assert [r.key for r in server.requests] == ["slow", "hung"]
-        response = _post(server, "other", timeout=5)
+        response = _post(server, "other", timeout=hang_deadline(120))
         assert response.status == 200 and b"[DONE]" in response.read()
     finally:
         server.stop()

@@ -22,6 +22,7 @@ from tests.ledger.runner_helpers import (
     install_fake_agent,
     steps_of,
 )
+from tests.waiting import hang_deadline
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -49,11 +50,10 @@ def test_an_agent_step_without_limits_gets_the_settings_idle_timeout(
     agent: FakeAgent, tmp_path: Path, settings: Any
 ) -> None:
     settings.LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS = 1
-    agent.env(sleep="30")  # prints its argv, then nothing
+    # It prints its argv, then nothing; by itself it would end after a hang deadline.
+    agent.env(sleep=str(round(hang_deadline(120))))
     run = _route(tmp_path)
-    started = time.monotonic()
     assert run_workflow_run(run.id) == RunStatus.TIMED_OUT
-    assert time.monotonic() - started < 15
     worker = steps_of(run)["worker"]
     assert worker.error.startswith("step produced no output for 1000 ms (idle timeout)")
     # The last thing it printed, and its output so far.
@@ -98,11 +98,10 @@ def test_a_run_about_to_reach_q_timeout_stops_its_step_and_says_so(
     agent.env(sleep="60", tick="0.2")
     run = _route(tmp_path)
     handed: list[tuple[str, float]] = []
-    started = time.monotonic()
-    # As the django-q2 task calls it (with hand_back): the task's deadline applies.
+    # As the django-q2 task calls it (with hand_back): the task's deadline applies, and the
+    # step (60 s of ticks by itself) is stopped at it.
     status = run_workflow_run(run.id, hand_back=lambda r, d: handed.append((r, d)))
     assert status == RunStatus.TIMED_OUT
-    assert time.monotonic() - started < 10
     run.refresh_from_db()
     worker = steps_of(run)["worker"]
     assert worker.status == StepStatus.TIMED_OUT
