@@ -8,9 +8,11 @@ import io
 import json
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -179,13 +181,100 @@ def _a_file(tmp: Path) -> str:
     return str(path)
 
 
-@pytest.mark.skipif(os.getuid() == 0, reason="root writes through any mode")
-def test_an_unwritable_evidence_directory_is_refused(tmp_path: Path) -> None:
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    ingest(generic_event())
-    report = drain(evidence_dir=str(locked))
-    assert "is not writable" in report.error and report.counts["created"] == 0
+# The drain's evidence check (`evidence_dir_prepare`), in a process of its own: exit 3 and
+# the refusal's message when it refuses the directory.
+_EVIDENCE_CHECK = (
+    "import sys, django\n"
+    "django.setup()\n"
+    "from domain.errors import ValidationError\n"
+    "from routing.drains.report import evidence_dir_prepare\n"
+    "try:\n"
+    "    evidence_dir_prepare(sys.argv[1])\n"
+    "except ValidationError as exc:\n"
+    "    print(exc)\n"
+    "    sys.exit(3)\n"
+    "print('writable')\n"
+)
+# How this machine can run a program that file modes bind, when the suite runs as root (as
+# CI does): as nobody, or else as root without its capabilities (no CAP_DAC_OVERRIDE: the
+# mode bits bind uid 0 too), where the interpreter is out of nobody's reach (under /root).
+_UNPRIVILEGED = (
+    ("runuser", "-u", "nobody", "--"),
+    ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+    ("setpriv", "--inh-caps=-all", "--bounding-set=-all"),
+)
+
+
+def _evidence_check(prefix: tuple[str, ...], directory: Path) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.setdefault("DJANGO_SETTINGS_MODULE", "loopsweb.settings")
+    done = subprocess.run(
+        [*prefix, sys.executable, "-c", _EVIDENCE_CHECK, str(directory)],
+        cwd=directory.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done.returncode, (done.stdout.strip() or done.stderr.strip())
+
+
+def _unprivileged(scratch: Path) -> tuple[str, ...] | None:
+    """The first way in `_UNPRIVILEGED` that runs the check here (it takes a directory
+    anyone may write); None when none does."""
+    probe = scratch / "anyone-writes"
+    probe.mkdir()
+    probe.chmod(0o777)
+    try:
+        for prefix in _UNPRIVILEGED:
+            if shutil.which(prefix[0]) is None:
+                continue
+            code, _ = _evidence_check(prefix, probe)
+            if code == 0:
+                return prefix
+    finally:
+        probe.rmdir()
+    return None
+
+
+@pytest.mark.slow  # as root, the check runs in processes of its own
+def test_an_unwritable_evidence_directory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under a directory everyone can enter (tmp_path's parents may be private to root).
+    scratch = Path(tempfile.mkdtemp(prefix="loopsweb-evidence-"))
+    scratch.chmod(0o755)
+    locked = scratch / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)  # nobody may write it, its owner neither (without privilege)
+    try:
+        if os.getuid() == 0:
+            # Root writes through any mode: the drain's check runs unprivileged instead.
+            from domain.errors import ValidationError
+            from routing.drains import run as drains
+
+            prefix = _unprivileged(scratch)
+            if prefix is None:
+                pytest.skip(
+                    "running as root, and neither runuser nor setpriv can run this "
+                    "interpreter unprivileged here (as nobody or without capabilities)"
+                )
+
+            def prepare_unprivileged(directory: str) -> None:
+                code, said = _evidence_check(prefix, Path(directory))
+                if code == 3:
+                    raise ValidationError(said)
+                assert code == 0, said
+
+            monkeypatch.setattr(drains, "evidence_dir_prepare", prepare_unprivileged)
+        ingest(generic_event())
+        report = drain(evidence_dir=str(locked))
+        assert "is not writable" in report.error and report.counts["created"] == 0
+        assert str(locked) in report.error
+        assert not InboxEvent.objects.exclude(state="pending").exists()
+    finally:
+        locked.chmod(0o755)
+        shutil.rmtree(scratch)
 
 
 # --- #11 scanExhausted, #12 dry runs and the fatal message ----------------------------------------
