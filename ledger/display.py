@@ -36,8 +36,11 @@ NO_CHANGES = "no changes: the run left the project as it was"
 
 def commit_text(run: WorkflowRun) -> str:
     """What a run left on its branch (ledger.worktrees.worktree_commit): the branch, its
-    head, the diffstat's summary line and the command that checks it out; `-` before the
-    run ended or when it had no worktree."""
+    head, the diffstat's summary line and the command that checks it out; why the work was
+    not committed and where it is kept, when it was not; `-` before the run ended or when it
+    had no worktree."""
+    if run.worktree_path and run.commit_error:
+        return run.commit_error
     if not run.worktree_path or run.commit_head is None:
         return "-"
     if not run.commit_diffstat:

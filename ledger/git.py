@@ -14,8 +14,10 @@ is started by `run_git` below, and nothing else in the product calls git
    overrides, on its command line (which wins over every config file and include), each
    setting that names a program or a hook: `core.fsmonitor`, `core.hooksPath`,
    `core.sshCommand`, `core.askPass`, `core.pager`, `core.editor`, `sequence.editor`,
-   `credential.helper`, `diff.external`, `core.alternateRefsCommand`, signing; no transport
-   may run (`protocol.allow=never`), no automatic gc or maintenance, no replace refs.
+   `credential.helper`, `core.alternateRefsCommand`, signing; no transport may run
+   (`protocol.allow=never`), no automatic gc or maintenance, no replace refs. A command
+   that can show a diff gets `--no-ext-diff --no-textconv` (`diff.external` and textconv
+   drivers have no value that turns them off).
 3. **No filter.** Filter drivers (`filter.<name>.clean/smudge/process`) are chosen by an
    attribute file in the tree and defined in config the agent can write, and no switch turns
    them all off. So loopsweb never asks git to read or write work-tree files through them:
@@ -50,7 +52,6 @@ SAFE_CONFIG: tuple[tuple[str, str], ...] = (
     ("core.editor", "false"),
     ("sequence.editor", "false"),
     ("credential.helper", ""),
-    ("diff.external", ""),
     ("core.alternateRefsCommand", ""),
     ("core.untrackedCache", "false"),
     ("core.excludesFile", os.devnull),
@@ -128,7 +129,7 @@ def run_git(
     argv = [settings.LOOPSWEB_GIT_BIN, "--no-pager"]
     for name, value in SAFE_CONFIG:
         argv += ["-c", f"{name}={value}"]
-    argv += list(args)
+    argv += _no_diff_programs(args)
     try:
         done = subprocess.run(
             argv,
@@ -154,6 +155,18 @@ def run_git(
             GIT_FAILED.format(command=_name(args), error=git_error_line(result))
         )
     return result
+
+
+DIFF_COMMANDS = frozenset(
+    {"diff", "log", "show", "diff-tree", "diff-index", "diff-files"}
+)
+
+
+def _no_diff_programs(args: tuple[str, ...]) -> list[str]:
+    """`args` with `--no-ext-diff --no-textconv` after a diff-showing command's name."""
+    if args and args[0] in DIFF_COMMANDS:
+        return [args[0], "--no-ext-diff", "--no-textconv", *args[1:]]
+    return list(args)
 
 
 def _name(args: tuple[str, ...]) -> str:

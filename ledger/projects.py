@@ -9,6 +9,12 @@ The project is then the top level of the git work tree that path belongs to, loo
 upwards no further than the root, else the real path itself. With no root configured every
 project is refused, with a message naming the setting.
 
+A git project's repository must lie inside the roots too (`repository_dirs`): a `.git`
+FILE can name a repository anywhere (an earlier agent in a non-git project could plant one),
+and a worktree of it would hand the agent a checkout of that repository. Admission refuses
+such a project; the runner checks again, with git's own answer, when it makes the run's
+worktree (ledger.worktrees.project_repository).
+
 Admission checks with `project_path_admit` (`project_path_resolve` against every registered
 host's roots, ledger.hosts; before anything is written); the runner checks
 again with `project_dir_check` when a step starts, since a root may be gone by then, and
@@ -40,6 +46,9 @@ PATH_NUL = "project path contains a NUL byte"
 PATH_UNRESOLVABLE = "project path {path!r} cannot be resolved: {error}"
 PATH_OUTSIDE = "project path {path} resolves to {real}, outside LOOPSWEB_PROJECT_ROOTS"
 DIR_MISSING = "project directory does not exist: {path}"
+REPOSITORY_OUTSIDE_ROOTS = (
+    "project {path}: its git repository {git_dir} lies outside LOOPSWEB_PROJECT_ROOTS"
+)
 REQUIRED_NOT_GIT = (
     "worktreeMode=required but projectPath is not an existing git repository: {path}"
 )
@@ -114,7 +123,7 @@ def project_path_admit(path: str | None) -> tuple[str, bool]:
     roots = admission_roots()
     if roots is None:
         project = project_path_resolve(path)
-        return project, is_git_work_tree(project)
+        return project, _git_inside(project, project_roots())
     real_roots = [os.path.realpath(root) for root in roots]
     try:
         project = project_path_resolve(path, roots=real_roots)
@@ -126,7 +135,47 @@ def project_path_admit(path: str | None) -> tuple[str, bool]:
         raise
     if not os.path.isdir(project):
         return project, True
-    return project, is_git_work_tree(project)
+    return project, _git_inside(project, real_roots)
+
+
+def _git_inside(project: str, roots: Sequence[str]) -> bool:
+    """Whether `project` is a git work tree; ProjectPathError when its repository lies
+    outside `roots` (module docstring)."""
+    if not is_git_work_tree(project):
+        return False
+    for where in repository_dirs(project):
+        if _inside(where, roots) is None:
+            raise ProjectPathError(
+                REPOSITORY_OUTSIDE_ROOTS.format(path=project, git_dir=where)
+            )
+    return True
+
+
+def repository_dirs(project: str) -> tuple[str, ...]:
+    """The git dirs of the work tree at `project`, real paths, as git finds them: `.git`
+    itself when it is a directory, else the `gitdir:` its file names; then the common dir
+    that one's `commondir` file names (a linked worktree's). An unreadable `.git` gives
+    what was found so far (git refuses it in the runner)."""
+    dot_git = os.path.join(project, ".git")
+    try:
+        if os.path.isdir(dot_git):
+            git_dir = os.path.realpath(dot_git)
+        else:
+            with open(dot_git, encoding="utf-8", errors="replace") as handle:
+                text = handle.read(4096)
+            if not text.startswith("gitdir:"):
+                return ()
+            named = text.removeprefix("gitdir:").strip()
+            git_dir = os.path.realpath(os.path.join(project, named))
+        found = [git_dir]
+        common = os.path.join(git_dir, "commondir")
+        if os.path.isfile(common):
+            with open(common, encoding="utf-8", errors="replace") as handle:
+                named = handle.read(4096).strip()
+            found.append(os.path.realpath(os.path.join(git_dir, named)))
+    except OSError:
+        return ()
+    return tuple(found)
 
 
 def project_dir_check(path: str | None, roots: Sequence[str] | None = None) -> str:

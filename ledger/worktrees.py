@@ -419,8 +419,6 @@ def _diffstat(worktree: Worktree, head: str) -> str:
     stat_text = run_git(
         "diff",
         "--stat",
-        "--no-ext-diff",
-        "--no-textconv",
         "--no-color",
         base,
         head,

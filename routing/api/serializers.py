@@ -109,6 +109,8 @@ class StepDict(TypedDict):
     exitCode: int | None
     durationMs: int | None
     error: str | None
+    # Processes the step left running that the step guard ended (ledger.stepguard).
+    processesEnded: int | None
 
 
 class RunDict(TypedDict):
@@ -124,6 +126,13 @@ class RunDict(TypedDict):
     finishedAt: str | None
     durationMs: int | None
     error: str | None
+    # Where the run worked and what it left (ledger.worktrees): the worktree and branch, the
+    # branch's head after the run's commit, and, when the work could not be committed, why
+    # and where it is kept.
+    worktreePath: str | None
+    branch: str | None
+    commitHead: str | None
+    workNotCommitted: str | None
     steps: list[StepDict]
 
 
@@ -194,6 +203,7 @@ def step_to_dict(step: WorkflowStepRun) -> StepDict:
         exitCode=step.exit_code,
         durationMs=step.duration_ms,
         error=step.error,
+        processesEnded=step.processes_ended,
     )
 
 
@@ -219,6 +229,10 @@ def run_to_dict(run: WorkflowRun, *, attempt: int | None = None) -> RunDict:
         finishedAt=iso(run.finished_at),
         durationMs=run.duration_ms,
         error=run.error,
+        worktreePath=run.worktree_path,
+        branch=run.worktree_branch,
+        commitHead=run.commit_head,
+        workNotCommitted=run.commit_error,
         steps=[step_to_dict(s) for s in run.step_runs.all()],
     )
 

@@ -208,6 +208,7 @@ def work_item_runs(item_id: str, *, limit: int = 20) -> list[WorkflowRun]:
             "worktree_removed_at",
             "commit_head",
             "commit_diffstat",
+            "commit_error",
         )[:limit]
     )
 
@@ -232,6 +233,7 @@ def work_item_steps(runs: list[WorkflowRun]) -> dict[str, list[WorkflowStepRun]]
             "started_at",
             "finished_at",
             "duration_ms",
+            "processes_ended",
         )
     ):
         steps[step.workflow_run_id].append(step)
