@@ -16,20 +16,10 @@ from ledger import services
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
 from ledger.runner import run_workflow_run
 from routing.admission import CREATED, route_event, route_options
-from tests.ledger.runner_helpers import (
-    FakeAgent,
-    git_project,
-    install_fake_agent,
-    steps_of,
-)
+from tests.ledger.runner_helpers import FakeAgent, git_project, steps_of
 from tests.waiting import hang_deadline
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
-
-
-@pytest.fixture
-def agent(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeAgent:
-    return install_fake_agent(settings, monkeypatch, tmp_path)
 
 
 def _route(project: Path, **raw: Any) -> WorkflowRun:
