@@ -15,7 +15,13 @@ from pathlib import Path
 from django.conf import settings
 
 from tests.ledger.runner_helpers import child_database_url
-from tests.processes import ROOT, start_qcluster, stop_process_group, terminal_env
+from tests.processes import (
+    MANAGE_PY,
+    scratch_cwd,
+    start_qcluster,
+    stop_process_group,
+    terminal_env,
+)
 
 
 @dataclass
@@ -44,11 +50,14 @@ class SimHost:
             f"mount --bind {shlex.quote(str(src))} {shlex.quote(str(dst))}"
             for src, dst in self.binds.items()
         )
-        command = f"{mounts} && exec {shlex.quote(sys.executable)} manage.py qcluster"
+        command = (
+            f"{mounts} && exec {shlex.quote(sys.executable)} "
+            f"{shlex.quote(MANAGE_PY)} qcluster"
+        )
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 ["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
-                cwd=ROOT,
+                cwd=scratch_cwd(),
                 env={**self.env, "Q_CLUSTER_NAME": "loopsweb-runs"},
                 stdout=out,
                 stderr=subprocess.STDOUT,

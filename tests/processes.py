@@ -3,13 +3,16 @@ management commands, and read what they did."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -18,12 +21,13 @@ from http.cookiejar import CookieJar
 from pathlib import Path
 from typing import Any
 
+from ledger.providers import PROVIDERS
 from tests.conftest import CHILD_TEST_ENV
 from tests.waiting import wait_for as wait_until  # the suite's one polling helper
 
 ROOT = Path(__file__).resolve().parent.parent
+MANAGE_PY = str(ROOT / "manage.py")
 FAKE_AGENT = ROOT / "scripts" / "fake-agent"
-PROVIDERS = ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
 # What a fresh terminal does not have: the suite's own configuration.
 SUITE_ONLY = {
     "DATABASE_URL",
@@ -35,6 +39,20 @@ SUITE_ONLY = {
     "Q_CLUSTER_NAME",
     "DJANGO_SETTINGS_MODULE",
 }
+
+
+_scratch: Path | None = None
+
+
+def scratch_cwd() -> Path:
+    """The working directory of the processes tests start: a temporary directory of this
+    test process, never the checkout (a relative path, an agent's file, or a project that
+    defaults to the working directory would land in the checkout). Removed at exit."""
+    global _scratch
+    if _scratch is None or not _scratch.is_dir():
+        _scratch = Path(tempfile.mkdtemp(prefix="loopsweb-test-cwd-"))
+        atexit.register(shutil.rmtree, _scratch, True)
+    return _scratch
 
 
 def free_port() -> int:
@@ -115,8 +133,8 @@ def start_make_run(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """scripts/run.sh (what `make run` runs), output to `log`, in its own session."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            ["bash", "scripts/run.sh"],
-            cwd=ROOT,
+            ["bash", str(ROOT / "scripts" / "run.sh")],  # it runs from the checkout
+            cwd=scratch_cwd(),
             env={**env, "PY": sys.executable},
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -146,8 +164,8 @@ def start_qcluster(
         env = {**env, "Q_CLUSTER_NAME": cluster}
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"],
-            cwd=ROOT,
+            [sys.executable, MANAGE_PY, "qcluster"],
+            cwd=scratch_cwd(),
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -170,18 +188,28 @@ def stop_process_group(proc: subprocess.Popen[bytes], timeout: float = 60) -> No
 
 
 def manage(
-    env: dict[str, str], *args: str, check: bool = True
+    env: dict[str, str],
+    *args: str,
+    check: bool = True,
+    timeout: float = 120,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """`manage.py ARGS` with `env`, in `scratch_cwd()`, `input` on its stdin; its output
+    captured as text. `check`: assert that it exited 0, naming the command and its output."""
     done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
+        [sys.executable, MANAGE_PY, *args],
+        cwd=scratch_cwd(),
         env=env,
+        input=input,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     if check:
-        assert done.returncode == 0, f"manage.py {args[0]}: {done.stderr}"
+        assert done.returncode == 0, (
+            f"manage.py {' '.join(args[:2])}: exit {done.returncode}\n"
+            f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
     return done
 
 

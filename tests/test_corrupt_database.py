@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.processes import ROOT, free_port, terminal_env
+from tests.processes import free_port, manage, terminal_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.sqlite]
 
@@ -30,24 +29,10 @@ def _env(data_dir: Path) -> dict[str, str]:
     return env
 
 
-def _manage(
-    env: dict[str, str], *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def _damaged(tmp_path: Path, *, keep_header: bool) -> tuple[dict[str, str], Path]:
     data_dir = tmp_path / "data"
     env = _env(data_dir)
-    done = _manage(env, "migrate", "--noinput", "-v0")
-    assert done.returncode == 0, done.stderr
+    manage(env, "migrate", "--noinput", "-v0")
     db = data_dir / "loopsweb.sqlite3"
     size = db.stat().st_size
     garbage = random.Random(28).randbytes(size)
@@ -83,14 +68,8 @@ def test_a_command_on_a_damaged_file_says_so_in_one_line(
     tmp_path: Path, keep_header: bool, argv: list[str]
 ) -> None:
     env, db = _damaged(tmp_path, keep_header=keep_header)
-    done = subprocess.run(
-        [sys.executable, "manage.py", *argv],
-        cwd=ROOT,
-        env=env,
-        input='{"id": "e1", "type": "t", "source": "s"}\n',
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = manage(
+        env, *argv, check=False, input='{"id": "e1", "type": "t", "source": "s"}\n'
     )
     _one_clear_line(done, db)
 
@@ -103,14 +82,13 @@ def test_runserver_on_a_damaged_file_stops_with_one_line(
     argv = ["runserver", f"127.0.0.1:{free_port()}"]
     if not reload:
         argv.append("--noreload")
-    done = _manage(env, *argv, timeout=90)  # main: keeps running, no exit
+    done = manage(env, *argv, check=False, timeout=90)  # main: keeps running, no exit
     _one_clear_line(done, db)
 
 
 def test_a_healthy_file_is_untouched(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     env = _env(data_dir)
-    assert _manage(env, "migrate", "--noinput", "-v0").returncode == 0
-    done = _manage(env, "routes", "list")
-    assert done.returncode == 0, done.stderr
+    manage(env, "migrate", "--noinput", "-v0")
+    manage(env, "routes", "list")
     assert os.path.getsize(data_dir / "loopsweb.sqlite3") > 0

@@ -28,14 +28,15 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.providers import PROVIDERS
 from ledger.services import work_item_admit
 from routing.admission import CREATED, RouteResult, route_event, route_options
+from tests.processes import MANAGE_PY, scratch_cwd
 from tests.waiting import wait_for as wait_for  # the suite's one polling helper
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_AGENT = ROOT / "scripts" / "fake-agent"
 VENV_BIN = Path(sys.executable).parent
-PROVIDERS = ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
 
 _seq = itertools.count(1)
 
@@ -269,8 +270,8 @@ def spawn_runner(run_id: str, *, extra_env: dict[str, str]) -> subprocess.Popen[
     )
     env.update(extra_env)  # may name another binary for a provider
     return subprocess.Popen(
-        [sys.executable, "manage.py", "run_workflow", run_id],
-        cwd=ROOT,
+        [sys.executable, MANAGE_PY, "run_workflow", run_id],
+        cwd=scratch_cwd(),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

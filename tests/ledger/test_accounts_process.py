@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from ledger.models import (
     WorkflowStepRun,
 )
 from tests.ledger.runner_helpers import ROOT, VENV_BIN, child_database_url, git_project
+from tests.processes import manage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -54,19 +53,6 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, f"{args}: {done.stdout}\n{done.stderr}"
-    return done
-
-
 def _records(tmp_path: Path) -> list[dict[str, Any]]:
     return [
         json.loads(p.read_text()) for p in sorted((tmp_path / "records").glob("*.json"))
@@ -80,7 +66,7 @@ def _setup(
     homes = {name: tmp_path / "logins" / name for name in ("acctA", "acctB")}
     for name, home in homes.items():
         home.mkdir(parents=True)
-        _manage(
+        manage(
             env,
             "account",
             "add",
@@ -108,7 +94,7 @@ def _setup(
         for n in range(events)
     ]
     (tmp_path / "events.jsonl").write_text("\n".join(lines) + "\n")
-    _manage(env, "ingest_events", str(tmp_path / "events.jsonl"))
+    manage(env, "ingest_events", str(tmp_path / "events.jsonl"))
     return env, homes
 
 
@@ -117,7 +103,7 @@ def test_drains_over_a_registered_pool_run_each_step_with_its_accounts_login(
     tmp_path: Path, provider: str, admin_client: Any
 ) -> None:
     env, homes = _setup(tmp_path, provider, events=4)
-    drained = _manage(
+    drained = manage(
         env,
         "drain",
         "generic",
@@ -128,12 +114,13 @@ def test_drains_over_a_registered_pool_run_each_step_with_its_accounts_login(
         "--max-dispatch",
         "4",
         "--json",
+        timeout=180,
     )
     assert json.loads(drained.stdout)["created"] == 4, drained.stdout
     runs = list(WorkflowRun.objects.order_by("pk"))
     assert len(runs) == 4
     for run in runs:
-        _manage(env, "run_workflow", run.id)
+        manage(env, "run_workflow", run.id, timeout=180)
 
     records = _records(tmp_path)
     assert len(records) == 8  # worker + verifier of four runs, each a real process
@@ -166,7 +153,7 @@ def test_a_rate_limited_step_runs_again_on_the_other_account(
     tmp_path: Path,
 ) -> None:
     env, homes = _setup(tmp_path, "codex", events=1)
-    _manage(
+    manage(
         env,
         "drain",
         "generic",
@@ -175,6 +162,7 @@ def test_a_rate_limited_step_runs_again_on_the_other_account(
         "--auth-profile-pool",
         "acctA,acctB",
         "--json",
+        timeout=180,
     )
     run = WorkflowRun.objects.get()
     limited = WorkflowStepRun.objects.get(
@@ -183,7 +171,7 @@ def test_a_rate_limited_step_runs_again_on_the_other_account(
     other = ({"acctA", "acctB"} - {limited}).pop()
     (homes[limited] / "rate-limited").write_text("")
 
-    _manage(env, "run_workflow", run.id)
+    manage(env, "run_workflow", run.id, timeout=180)
 
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +23,6 @@ from ledger.models import (
 from ledger.selectors import account_load
 from routing.admission import CREATED, route_event, route_options
 from tests.ledger.runner_helpers import (
-    ROOT,
     VENV_BIN,
     admit_workflow,
     agent_step,
@@ -35,6 +32,7 @@ from tests.ledger.runner_helpers import (
     spawn_runner,
     wait_for,
 )
+from tests.processes import manage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -51,21 +49,14 @@ def _child_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def _manage(*argv: str) -> subprocess.CompletedProcess[str]:
+def _manage_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         DATABASE_URL=child_database_url(),
         LOOPSWEB_TESTING="1",
         LOOPSWEB_KILL_GRACE_SECONDS="0",
     )
-    return subprocess.run(
-        [sys.executable, "manage.py", *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return env
 
 
 def _running_step(run: WorkflowRun) -> WorkflowStepRun | None:
@@ -91,8 +82,7 @@ def test_the_loop_command_stops_a_running_run_cleanly(
         agent_pid = step.pid
         assert account_load().total() == {"acctA": 1}
 
-        done = _manage("loop", action, str(run.loop_id), "--json")
-        assert done.returncode == 0, done.stderr
+        done = manage(_manage_env(), "loop", action, str(run.loop_id), "--json")
         report = json.loads(done.stdout)
         assert report["cancelledRuns"] == [run.id] and report["killedPids"] == [
             agent_pid

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.processes import manage
+
 pytestmark = pytest.mark.slow
 
 
-def _manage(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _production_env(tmp_path: Path, **env: str) -> dict[str, str]:
     base = {
         k: v
         for k, v in os.environ.items()
@@ -36,18 +35,15 @@ def _manage(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProce
         }
     )
     base.update(env)
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=base,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return base
 
 
 def test_check_deploy_passes_with_production_settings(tmp_path: Path) -> None:
-    result = _manage(tmp_path, "check", "--deploy", "--fail-level", "WARNING")
+    result = manage(
+        _production_env(tmp_path),
+        *("check", "--deploy", "--fail-level", "WARNING"),
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout
 
@@ -55,8 +51,10 @@ def test_check_deploy_passes_with_production_settings(tmp_path: Path) -> None:
 def test_check_deploy_warns_when_https_is_off(tmp_path: Path) -> None:
     # The test above could pass vacuously if --deploy checked nothing: with HTTPS off the
     # same command must fail on the insecure cookie, HSTS and redirect settings.
-    result = _manage(
-        tmp_path, "check", "--deploy", "--fail-level", "WARNING", LOOPSWEB_HTTPS="0"
+    result = manage(
+        _production_env(tmp_path, LOOPSWEB_HTTPS="0"),
+        *("check", "--deploy", "--fail-level", "WARNING"),
+        check=False,
     )
     assert result.returncode != 0
     for check in ("security.W004", "security.W008", "security.W012", "security.W016"):

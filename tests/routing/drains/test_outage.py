@@ -18,10 +18,10 @@ import psycopg
 import pytest
 
 from tests.pgserver import PrivateServer
+from tests.processes import MANAGE_PY, manage, scratch_cwd
 from tests.routing.helpers import generic_event
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[3]
 EVENTS = 600
 
 
@@ -44,20 +44,9 @@ def _env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def _manage(url: str, tmp_path: Path, *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=_env(url, tmp_path),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-
-
 def _prepared(server: PrivateServer, tmp_path: Path, name: str) -> str:
     url = server.create_database(name)
-    _manage(url, tmp_path, "migrate", "--noinput", "-v0")
+    manage(_env(url, tmp_path), "migrate", "--noinput", "-v0", timeout=300)
     events = tmp_path / f"{name}.jsonl"
     events.write_text(
         "".join(
@@ -65,7 +54,7 @@ def _prepared(server: PrivateServer, tmp_path: Path, name: str) -> str:
             for i in range(EVENTS)
         )
     )
-    _manage(url, tmp_path, "ingest_events", str(events))
+    manage(_env(url, tmp_path), "ingest_events", str(events), timeout=300)
     return url
 
 
@@ -83,14 +72,14 @@ def _drain_until_some_admitted(
     proc = subprocess.Popen(
         [
             sys.executable,
-            "manage.py",
+            MANAGE_PY,
             "drain",
             "generic",
             "--max-dispatch",
             str(EVENTS),
             "--json",
         ],
-        cwd=ROOT,
+        cwd=scratch_cwd(),
         env=_env(url, tmp_path, **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -175,22 +164,15 @@ def test_the_api_answers_a_json_503_while_the_database_is_down(
     from tests.processes import free_port, wait_for_http
 
     url = server.create_database("outage_api")
-    _manage(url, tmp_path, "migrate", "--noinput", "-v0")
-    created = subprocess.run(
-        [sys.executable, "manage.py", "api_token", "create", "dash", "--scope", "read"],
-        cwd=ROOT,
-        env=_env(url, tmp_path),
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    env = _env(url, tmp_path)
+    manage(env, "migrate", "--noinput", "-v0", timeout=300)
+    created = manage(env, "api_token", "create", "dash", "--scope", "read")
     token = next(w for w in created.stdout.split() if w.startswith("lw_"))
     port = free_port()
     web = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=ROOT,
-        env=_env(url, tmp_path),
+        [sys.executable, MANAGE_PY, "runserver", "--noreload", f"127.0.0.1:{port}"],
+        cwd=scratch_cwd(),
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -10,7 +10,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,21 +20,10 @@ from django.db import connection
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
 from tests.ledger.runner_helpers import child_database_url
+from tests.processes import manage
 from tests.routing.helpers import generic_event
 
-ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
-
-
-def _manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
 
 
 @pytest.fixture
@@ -90,17 +78,24 @@ def test_a_full_disk_stops_the_drain_and_fails_no_event(
         "LOOPSWEB_DATA_DIR": str(small_disk / "data"),
     }
     env.pop("SQLITE_TEST_NAME", None)
-    assert _manage("migrate", "--noinput", "-v0", env=env).returncode == 0
+    manage(env, "migrate", "--noinput", "-v0", timeout=180)
     events = tmp_path / "events.jsonl"
     events.write_text("\n".join(json.dumps(generic_event()) for _ in range(40)) + "\n")
-    ingested = _manage("ingest_events", str(events), env=env)
-    assert ingested.returncode == 0, ingested.stderr
+    manage(env, "ingest_events", str(events), timeout=180)
     with sqlite3.connect(database) as db:  # no WAL room left to write into
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     filler = _fill(small_disk)
 
-    drained = _manage(
-        "drain", "generic", "--max-dispatch", "40", "--max-active", "100", env=env
+    drained = manage(
+        env,
+        "drain",
+        "generic",
+        "--max-dispatch",
+        "40",
+        "--max-active",
+        "100",
+        check=False,
+        timeout=180,
     )
     assert drained.returncode == 1, drained.stdout
     assert "Traceback" not in drained.stderr, drained.stderr
@@ -109,10 +104,16 @@ def test_a_full_disk_stops_the_drain_and_fails_no_event(
     assert _states(database) == {"pending": 40}  # not one event failed
 
     filler.unlink()  # space again: every event routes
-    again = _manage(
-        "drain", "generic", "--max-dispatch", "40", "--max-active", "100", env=env
+    manage(
+        env,
+        "drain",
+        "generic",
+        "--max-dispatch",
+        "40",
+        "--max-active",
+        "100",
+        timeout=180,
     )
-    assert again.returncode == 0, again.stderr
     assert _states(database) == {"admitted": 40}
 
 
@@ -127,7 +128,9 @@ def test_a_read_only_database_stops_the_drain_and_fails_no_event() -> None:
             f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'
         )
     try:
-        drained = _manage("drain", "generic", "--max-dispatch", "5", env=env)
+        drained = manage(
+            env, "drain", "generic", "--max-dispatch", "5", check=False, timeout=180
+        )
     finally:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -137,8 +140,7 @@ def test_a_read_only_database_stops_the_drain_and_fails_no_event() -> None:
     assert "Traceback" not in drained.stderr, drained.stderr
     assert "database refuses writes" in drained.stderr, drained.stderr
     assert set(InboxEvent.objects.values_list("state", flat=True)) == {"pending"}
-    again = _manage("drain", "generic", "--max-dispatch", "5", env=env)
-    assert again.returncode == 0, again.stderr
+    manage(env, "drain", "generic", "--max-dispatch", "5", timeout=180)
     assert set(InboxEvent.objects.values_list("state", flat=True)) == {"admitted"}
 
 
@@ -155,12 +157,14 @@ def test_too_many_connections_is_one_line_and_touches_nothing() -> None:
         url = child_database_url().replace(
             "postgres://postgres@", f"postgres://{role}@"
         )
-        drained = _manage(
+        drained = manage(
+            {**os.environ, "DATABASE_URL": url},
             "drain",
             "generic",
             "--max-dispatch",
             "3",
-            env={**os.environ, "DATABASE_URL": url},
+            check=False,
+            timeout=180,
         )
     finally:
         with connection.cursor() as cursor:
