@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 import sys
 import threading
 import time
@@ -225,3 +226,75 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # ty
     terminalreporter.write_line(
         f"loopsweb suite on {connection.vendor}: {passed} passed, {failed} failed, {skipped} skipped"
     )
+
+
+# --- the checkout stays as it was -------------------------------------------------------------
+
+_CHECKOUT = Path(__file__).resolve().parent.parent
+# `git status --porcelain` of the checkout at session start (None: not a git checkout).
+_STATUS_AT_START = pytest.StashKey[set[str] | None]()
+
+
+def _checkout_status() -> set[str] | None:
+    """The paths `git status --porcelain` lists (every untracked file by name); None when
+    the checkout is not a git work tree or git cannot say."""
+    try:
+        done = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all", "-z"],
+            cwd=_CHECKOUT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    paths: set[str] = set()
+    entries = iter(done.stdout.split("\0"))
+    for entry in entries:
+        if not entry:
+            continue
+        paths.add(entry[3:])
+        if entry[0] in "RC":  # a rename or copy: its source path follows
+            next(entries, None)
+    return paths
+
+
+def _controls_the_session(config: pytest.Config) -> bool:
+    """The xdist controller, or the one process of a run without xdist (not a worker)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _controls_the_session(session.config):
+        session.config.stash[_STATUS_AT_START] = _checkout_status()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a file shows in `git status` that did not at its start: a test
+    (or a process it started) wrote into the checkout."""
+    if not _controls_the_session(session.config):
+        return
+    before = session.config.stash.get(_STATUS_AT_START, None)
+    if before is None:
+        return  # not a git checkout: nothing to compare
+    after = _checkout_status()
+    if after is None:
+        return
+    new = sorted(after - before)
+    if not new:
+        return
+    message = (
+        "the test run changed the checkout: these files show in `git status` and did not "
+        "at its start (a test or a process it started wrote there; start it in a temporary "
+        f"directory): {', '.join(new)}"
+    )
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write("\n")
+        reporter.write_line(message, red=True, bold=True)
+    else:
+        print(message, file=sys.stderr)
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
