@@ -97,7 +97,7 @@ def _hosts_read_anew() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _fast_password_hasher(settings) -> None:  # type: ignore[no-untyped-def]
+def _fast_password_hasher(settings) -> None:
     # Password hashing is not what these tests are about; MD5 keeps user fixtures cheap.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
@@ -215,7 +215,7 @@ def _schedule_key(item: pytest.Item) -> tuple[int, bool]:
     return GROUP_ORDER.index(name), False
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     from django.db import connection
 
     passed = len(terminalreporter.stats.get("passed", []))

@@ -9,7 +9,7 @@ from django.test import Client
 pytestmark = pytest.mark.django_db
 
 
-def _login(client: Client, password: str, **extra: str):  # type: ignore[no-untyped-def]
+def _login(client: Client, password: str, **extra: str):
     return client.post(
         "/admin/login/" + extra.pop("query", ""),
         {"username": "admin", "password": password, **extra},
@@ -18,7 +18,7 @@ def _login(client: Client, password: str, **extra: str):  # type: ignore[no-unty
 
 def test_repeated_wrong_passwords_lock_the_login_out_even_with_the_right_one(
     admin_user, settings
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     limit = settings.AXES_FAILURE_LIMIT
     client = Client()
     for _ in range(limit - 1):
@@ -36,7 +36,7 @@ def test_repeated_wrong_passwords_lock_the_login_out_even_with_the_right_one(
 
 def test_a_right_password_before_the_limit_signs_in_and_resets_the_count(
     admin_user, settings
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     client = Client()
     for _ in range(settings.AXES_FAILURE_LIMIT - 1):
         _login(client, "wrong")
@@ -46,7 +46,7 @@ def test_a_right_password_before_the_limit_signs_in_and_resets_the_count(
         assert _login(client, "wrong").status_code == 200
 
 
-def test_the_default_limits_come_from_the_environment(settings) -> None:  # type: ignore[no-untyped-def]
+def test_the_default_limits_come_from_the_environment(settings) -> None:
     assert settings.AXES_ENABLED is True
     assert settings.AXES_FAILURE_LIMIT == 5
     assert settings.AXES_COOLOFF_TIME == 0.25  # 15 minutes, in hours
@@ -57,7 +57,7 @@ def test_the_default_limits_come_from_the_environment(settings) -> None:  # type
 @pytest.mark.parametrize("next_url", ["https://evil.example/", "//evil.example/x", ""])
 def test_a_login_with_an_unsafe_or_empty_next_lands_on_the_admin_index(
     admin_user, next_url: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     client = Client()
     response = _login(client, "password", next=next_url)
     assert response.status_code == 302

@@ -14,11 +14,11 @@ from django.test import Client
 pytestmark = pytest.mark.django_db
 
 
-def _login(client: Client, username: str, password: str):  # type: ignore[no-untyped-def]
+def _login(client: Client, username: str, password: str):
     return client.post("/admin/login/", {"username": username, "password": password})
 
 
-def test_failures_across_usernames_lock_the_address_out(admin_user, settings) -> None:  # type: ignore[no-untyped-def]
+def test_failures_across_usernames_lock_the_address_out(admin_user, settings) -> None:
     assert settings.AXES_FAILURE_LIMIT == 5
     assert settings.LOOPSWEB_LOGIN_IP_FAILURE_LIMIT == 30
     settings.LOOPSWEB_LOGIN_IP_FAILURE_LIMIT = 12
@@ -42,7 +42,7 @@ def test_failures_across_usernames_lock_the_address_out(admin_user, settings) ->
 
 def test_below_the_address_limit_the_per_username_rule_still_applies(
     admin_user, settings
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     client = Client(REMOTE_ADDR="10.3.3.3")
     for _ in range(4):
         assert _login(client, "admin", "wrong").status_code == 200
@@ -51,7 +51,7 @@ def test_below_the_address_limit_the_per_username_rule_still_applies(
     assert _login(client, "someone-else", "wrong").status_code == 200
 
 
-def test_a_success_does_not_reset_the_address_count(admin_user, settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_success_does_not_reset_the_address_count(admin_user, settings) -> None:
     settings.LOOPSWEB_LOGIN_IP_FAILURE_LIMIT = 6
     client = Client(REMOTE_ADDR="10.4.4.4")
     for n in range(5):

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
         "/ops/",
     ],
 )
-def test_a_nul_in_the_path_is_a_404_never_a_500(admin_client, path: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_nul_in_the_path_is_a_404_never_a_500(admin_client, path: str) -> None:
     if "%00" not in path:
         path += "%00"
     response = admin_client.get(path)
@@ -44,13 +44,13 @@ NUL_QUERIES = [
 @pytest.mark.parametrize("url", NUL_QUERIES)
 def test_a_nul_in_a_query_parameter_is_a_400_never_a_500(
     admin_client, url: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     response = admin_client.get(url)
     assert response.status_code == 400
     assert "NUL" in response.json()["error"]
 
 
-def test_a_nul_in_a_form_field_is_a_400_and_signs_nobody_in(client, admin_user) -> None:  # type: ignore[no-untyped-def]
+def test_a_nul_in_a_form_field_is_a_400_and_signs_nobody_in(client, admin_user) -> None:
     response = client.post(
         "/admin/login/", {"username": "admin\x00", "password": "password"}
     )

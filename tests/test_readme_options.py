@@ -70,7 +70,7 @@ def test_no_help_text_says_pool_routing_needs_codewith(command: str) -> None:
     assert "needs codewith" not in helps
 
 
-def test_drain_help_and_readme_say_one_item_unless_max_dispatch(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_drain_help_and_readme_say_one_item_unless_max_dispatch(capsys) -> None:
     with pytest.raises(SystemExit):
         call_command("drain", "--help")
     help_text = " ".join(capsys.readouterr().out.split())

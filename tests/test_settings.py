@@ -125,7 +125,7 @@ def test_the_running_configuration_is_utc_with_the_orm_broker_and_no_catch_up() 
         assert db["TEST"]["NAME"] and db["TEST"]["NAME"] != ":memory:"
 
 
-def _settings_json(tmp_path: Path, prelude: str = "", **env: str) -> dict:  # type: ignore[type-arg]
+def _settings_json(tmp_path: Path, prelude: str = "", **env: str) -> dict:
     code = (
         prelude
         + "import json, django; django.setup(); from django.conf import settings as s; "

@@ -51,7 +51,7 @@ def run_agent(
     err: list[str] = []
     changed = threading.Event()
 
-    def pump(stream, into: list[str]) -> None:  # type: ignore[no-untyped-def]
+    def pump(stream, into: list[str]) -> None:
         for line in stream:
             into.append(line)
             changed.set()

@@ -14,7 +14,7 @@ from ledger.services.accounts import account_add
 from tests.agents import clis
 
 
-def _invocation(provider: str, cwd: Path, sandbox: str, profile: str | None = None):  # type: ignore[no-untyped-def]
+def _invocation(provider: str, cwd: Path, sandbox: str, profile: str | None = None):
     return agent_invocation(
         target={
             "provider": provider,

@@ -49,7 +49,7 @@ def _seed() -> WorkflowWorkItem:
 @pytest.mark.parametrize("model", LEDGER_MODELS, ids=lambda m: m.__name__)
 def test_every_ledger_changelist_and_change_page_renders_for_staff(
     admin_client, model
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     _seed()
     opts = model._meta
     response = admin_client.get(
@@ -66,7 +66,7 @@ def test_every_ledger_changelist_and_change_page_renders_for_staff(
 @pytest.mark.parametrize("model", LEDGER_MODELS, ids=lambda m: m.__name__)
 def test_ledger_history_cannot_be_added_or_deleted_from_the_admin(
     admin_client, model
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     opts = model._meta
     assert (
         admin_client.get(
@@ -76,7 +76,7 @@ def test_ledger_history_cannot_be_added_or_deleted_from_the_admin(
     )
 
 
-def test_work_items_filter_by_status_scope_group_and_account(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_work_items_filter_by_status_scope_group_and_account(admin_client) -> None:
     item = _seed()
     other = make_work_item(route_scope="drain-b", status="deferred")
     url = reverse("admin:ledger_workflowworkitem_changelist")
@@ -90,6 +90,6 @@ def test_work_items_filter_by_status_scope_group_and_account(admin_client) -> No
         assert expected.id in body and absent.id not in body, query
 
 
-def test_anonymous_users_are_sent_to_the_login_page(client) -> None:  # type: ignore[no-untyped-def]
+def test_anonymous_users_are_sent_to_the_login_page(client) -> None:
     response = client.get(reverse("admin:ledger_workflowworkitem_changelist"))
     assert response.status_code == 302 and "/admin/login/" in response["Location"]

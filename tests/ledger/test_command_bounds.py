@@ -48,7 +48,7 @@ def test_a_numeric_option_past_its_bound_is_one_clear_error(
 
 
 @pytest.mark.slow
-def test_prune_worktrees_with_a_huge_keep_is_one_line_and_exit_2(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_prune_worktrees_with_a_huge_keep_is_one_line_and_exit_2(tmp_path) -> None:
     done = subprocess.run(
         [sys.executable, "manage.py", "prune_worktrees", "--keep-seconds", HUGE],
         cwd=ROOT,

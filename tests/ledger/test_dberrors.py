@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def own_connection() -> Iterator:  # type: ignore[type-arg]
+def own_connection() -> Iterator:
     """A second connection to the test database, ours to break."""
     conn = connections.create_connection("default")
     try:
@@ -25,7 +25,7 @@ def own_connection() -> Iterator:  # type: ignore[type-arg]
             pass
 
 
-def _error(conn, *statements: str) -> DatabaseError:  # type: ignore[no-untyped-def]
+def _error(conn, *statements: str) -> DatabaseError:
     with pytest.raises(DatabaseError) as caught:
         with conn.cursor() as cursor:
             for sql in statements:
@@ -34,7 +34,7 @@ def _error(conn, *statements: str) -> DatabaseError:  # type: ignore[no-untyped-
 
 
 @pytest.mark.postgres
-def test_a_value_too_large_for_an_index_never_passes(own_connection) -> None:  # type: ignore[no-untyped-def]
+def test_a_value_too_large_for_an_index_never_passes(own_connection) -> None:
     exc = _error(
         own_connection,
         "CREATE TEMP TABLE t (v text)",
@@ -48,13 +48,13 @@ def test_a_value_too_large_for_an_index_never_passes(own_connection) -> None:  #
 @pytest.mark.postgres
 def test_a_statement_timeout_passes_without_losing_the_connection(
     own_connection,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     exc = _error(own_connection, "SET statement_timeout = 10", "SELECT pg_sleep(2)")
     assert error_passes(exc) and not connection_lost(exc)
 
 
 @pytest.mark.postgres
-def test_a_terminated_session_is_a_lost_connection(own_connection) -> None:  # type: ignore[no-untyped-def]
+def test_a_terminated_session_is_a_lost_connection(own_connection) -> None:
     exc = _error(own_connection, "SELECT pg_terminate_backend(pg_backend_pid())")
     assert connection_lost(exc) and error_passes(exc)
     again = _error(own_connection, "SELECT 1")
@@ -65,7 +65,7 @@ def test_a_terminated_session_is_a_lost_connection(own_connection) -> None:  # t
 @pytest.mark.django_db(
     transaction=True
 )  # the test's own transaction would hold the lock
-def test_sqlite_busy_passes_and_a_missing_table_does_not(own_connection) -> None:  # type: ignore[no-untyped-def]
+def test_sqlite_busy_passes_and_a_missing_table_does_not(own_connection) -> None:
     missing = _error(own_connection, "SELECT * FROM no_such_table")
     assert not error_passes(missing) and not connection_lost(missing)
     other = connections.create_connection("default")

@@ -156,7 +156,7 @@ def test_a_parked_run_goes_back_only_to_the_host_of_its_worktree() -> None:
     )
 
 
-def test_host_report_registers_roots_and_found_providers(settings) -> None:  # type: ignore[no-untyped-def]
+def test_host_report_registers_roots_and_found_providers(settings) -> None:
     settings.LOOPSWEB_PROJECT_ROOTS = ("/srv",)
     host_report(workers=3, providers=["codewith"])
     host = Host.objects.get(name=settings.LOOPSWEB_HOST_NAME)
@@ -189,7 +189,7 @@ def test_host_settings_are_bounded(name: str, value: str, message: str) -> None:
 
 def test_the_hosts_page_shows_each_host_and_the_runs_no_host_serves(
     admin_client, django_user_model
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
     from django.urls import reverse
@@ -218,7 +218,7 @@ def test_the_hosts_page_shows_each_host_and_the_runs_no_host_serves(
 
 def test_a_restarted_host_queues_again_what_its_killed_cluster_had_fetched(
     settings,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from ledger.queue import host_queue_release_fetched
 
     me = settings.LOOPSWEB_HOST_NAME

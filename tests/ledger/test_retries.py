@@ -162,14 +162,14 @@ def test_the_backoff_is_respected_and_doubles_up_to_the_cap(
     assert schedule.next_run == second.scheduled_for
     assert schedule.schedule_type == Schedule.ONCE
     # Not before: a delivery before the backoff ended claims nothing and writes nothing.
-    early = second.scheduled_for - timedelta(seconds=1)  # type: ignore[operator]
+    early = second.scheduled_for - timedelta(seconds=1)
     assert services.run_claim(run_id=second.id, worker="w:1", now=early) is None
     assert run_workflow_run(second.id) == NOT_DUE
     second.refresh_from_db()
     assert second.status == RunStatus.QUEUED and second.started_at is None
     # At the due time it runs; the second failure doubles the delay (120 s), capped at 100 s.
     assert services.run_claim(run_id=second.id, worker="w:1", now=second.scheduled_for)
-    second_end = second.scheduled_for + timedelta(seconds=2)  # type: ignore[operator]
+    second_end = second.scheduled_for + timedelta(seconds=2)
     services.run_finalize(
         run_id=second.id, status=RunStatus.TIMED_OUT, error="slow", now=second_end
     )

@@ -18,7 +18,7 @@ def run(*args: str) -> str:
     return out.getvalue()
 
 
-def test_a_lost_generated_password_is_reset_and_printed_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_lost_generated_password_is_reset_and_printed_once(monkeypatch) -> None:
     monkeypatch.delenv("LOOPSWEB_ADMIN_USER", raising=False)
     monkeypatch.delenv("LOOPSWEB_ADMIN_PASSWORD", raising=False)
     first = run().split("password ")[1].split(" ")[0]
@@ -28,7 +28,7 @@ def test_a_lost_generated_password_is_reset_and_printed_once(monkeypatch) -> Non
     assert new != first and user.check_password(new) and not user.check_password(first)
 
 
-def test_reset_takes_the_password_from_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_reset_takes_the_password_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("LOOPSWEB_ADMIN_USER", "ops")
     monkeypatch.setenv("LOOPSWEB_ADMIN_PASSWORD", "first-password")
     run()
@@ -39,7 +39,7 @@ def test_reset_takes_the_password_from_the_environment(monkeypatch) -> None:  # 
     )
 
 
-def test_reset_refuses_an_unknown_user_and_changes_nothing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_reset_refuses_an_unknown_user_and_changes_nothing(monkeypatch) -> None:
     monkeypatch.setenv("LOOPSWEB_ADMIN_USER", "nobody")
     with pytest.raises(CommandError, match="no staff user 'nobody'"):
         run("--reset-password")

@@ -124,7 +124,7 @@ def test_the_event_can_come_from_stdin() -> None:
         (["--event-json", "x" * (1024 * 1024 + 10)], "larger than"),
     ],
 )
-def test_bad_input_is_one_clear_error_and_writes_nothing(args, message) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_is_one_clear_error_and_writes_nothing(args, message) -> None:
     with pytest.raises(CommandError, match=message.replace("(", r"\(")):
         call_command("route_event", "generic", *args, stdout=io.StringIO())
     assert (

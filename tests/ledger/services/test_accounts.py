@@ -130,7 +130,7 @@ def test_the_command_as_a_process_adds_lists_and_refuses_secrets() -> None:
 
 
 @pytest.mark.django_db
-def test_the_admin_lists_adds_and_refuses_a_secret(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_the_admin_lists_adds_and_refuses_a_secret(admin_client) -> None:
     Account.objects.create(
         name="acctA", provider="codex", env_json={"CODEX_HOME": "/srv/a"}
     )

@@ -25,7 +25,7 @@ from tests.routing.helpers import generic_event, route, todos_event
 pytestmark = pytest.mark.django_db
 
 
-def _finish(result, status: str = "succeeded") -> None:  # type: ignore[no-untyped-def]
+def _finish(result, status: str = "succeeded") -> None:
     WorkflowWorkItem.objects.filter(pk=result.work_item.pk).update(status=status)
     WorkflowRun.objects.filter(pk=result.run.pk).update(status=status)
     WorkflowStepRun.objects.filter(workflow_run=result.run).update(status="succeeded")
@@ -398,7 +398,7 @@ def test_dry_run_reports_the_real_decision_and_writes_nothing() -> None:
         ),
     ],
 )
-def test_bad_options_raise_a_clear_error(raw, message) -> None:  # type: ignore[no-untyped-def]
+def test_bad_options_raise_a_clear_error(raw, message) -> None:
     with pytest.raises(ValidationError, match=message.replace("(", r"\(")):
         route(**raw)
     assert WorkflowWorkItem.objects.count() == 0

@@ -29,7 +29,7 @@ def test_a_wrong_method_with_a_valid_token_is_a_json_405_not_a_csrf_page(
     assert "GET" in response["Allow"]
 
 
-def test_a_wrong_method_from_a_staff_session_is_a_json_405(admin_user) -> None:  # type: ignore[no-untyped-def]
+def test_a_wrong_method_from_a_staff_session_is_a_json_405(admin_user) -> None:
     client = Client(enforce_csrf_checks=True)
     client.force_login(admin_user)
     response = client.delete("/api/v1/work-items")
@@ -56,8 +56,8 @@ def test_an_unknown_page_elsewhere_keeps_django_s_404() -> None:
     assert response["Content-Type"].startswith("text/html")
 
 
-def _raise(exc: Exception):  # type: ignore[no-untyped-def]
-    def view(*args, **kwargs):  # type: ignore[no-untyped-def]
+def _raise(exc: Exception):
+    def view(*args, **kwargs):
         raise exc
 
     return view

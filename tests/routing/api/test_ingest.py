@@ -96,7 +96,7 @@ def test_malformed_bodies_are_400_json_errors_and_store_nothing(
 
 def test_depth_counts_the_envelope_not_the_batch_array(
     client: Client, token: str, settings
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     settings.LOOPSWEB_MAX_JSON_DEPTH = 4
     event = {
         "id": "d",
@@ -111,7 +111,7 @@ def test_depth_counts_the_envelope_not_the_batch_array(
     assert post_events(client, token, [deeper]).status_code == 400
 
 
-def test_size_limits_are_413(client: Client, token: str, settings) -> None:  # type: ignore[no-untyped-def]
+def test_size_limits_are_413(client: Client, token: str, settings) -> None:
     settings.LOOPSWEB_MAX_EVENT_BYTES = 2048
     settings.LOOPSWEB_API_MAX_EVENTS = 3
     before = row_counts()
@@ -129,7 +129,7 @@ def test_size_limits_are_413(client: Client, token: str, settings) -> None:  # t
 
 def test_a_body_longer_than_its_content_length_claims_is_cut_at_the_limit(
     token: str, settings
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     # A client that lies about (or omits) Content-Length is judged on the bytes read.
     from django.test import RequestFactory
 

@@ -127,7 +127,7 @@ def test_list_shows_the_expiry_and_the_expired_state() -> None:
     assert "expired" in line
 
 
-def test_the_admin_lists_tokens_with_expiry_last_use_and_state(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_the_admin_lists_tokens_with_expiry_last_use_and_state(admin_client) -> None:
     token = _create("shown", "--scope", "read", "--expires", "90d")
     _create("gone", "--scope", "read", "--expires", "1d")
     ApiToken.objects.filter(name="gone").update(

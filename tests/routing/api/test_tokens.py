@@ -96,7 +96,7 @@ def test_list_json_shows_usage_and_revocation(client: Client) -> None:
 
 
 def test_tokens_of_other_shapes_are_refused_without_a_query(
-    django_assert_num_queries,  # type: ignore[no-untyped-def]
+    django_assert_num_queries,
 ) -> None:
     with django_assert_num_queries(0):
         assert api_token_authenticate("not-ours") is None

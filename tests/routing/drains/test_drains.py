@@ -34,7 +34,7 @@ def ingest(*events: dict) -> None:
     inbox_ingest(enumerate(events, start=1))
 
 
-def drain(kind: str = "generic", **raw):  # type: ignore[no-untyped-def]
+def drain(kind: str = "generic", **raw):
     return drain_run(options=drain_options(kind, raw), env={})
 
 
@@ -136,7 +136,7 @@ def test_a_dry_run_changes_no_row_and_reports_the_decisions_a_real_drain_then_ma
     assert row_counts() == before
     real = drain(**options)
 
-    def summary(report):  # type: ignore[no-untyped-def]
+    def summary(report):
         return [
             (r["kind"], r.get("reasonCode"), r.get("accountProfiles"))
             for r in report.results
@@ -215,7 +215,7 @@ def test_the_drain_command_prints_compact_json() -> None:
         (["--source", "command"], "--source command needs --source-command"),
     ],
 )
-def test_bad_drain_options_are_refused_before_anything_runs(args, message) -> None:  # type: ignore[no-untyped-def]
+def test_bad_drain_options_are_refused_before_anything_runs(args, message) -> None:
     with pytest.raises(CommandError, match=message):
         call_command("drain", "generic", *args, stdout=io.StringIO())
     assert DrainRecord.objects.count() == 0
@@ -270,7 +270,7 @@ def test_a_source_command_supplies_tasks_in_the_todos_ready_shape(
 @pytest.mark.slow
 def test_a_hanging_or_flooding_source_command_fails_the_drain_cleanly(
     tmp_path: Path, settings
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     slow = _source_script(tmp_path, "import time; time.sleep(30)")
     report = drain(
         "todos-task", source="command", source_command=slow, source_timeout=1
@@ -286,7 +286,7 @@ def test_a_hanging_or_flooding_source_command_fails_the_drain_cleanly(
 
 def test_a_schedule_runs_a_drain_when_the_scheduler_fires_with_its_name_as_scope(
     monkeypatch,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from django_q.brokers import get_broker
     from django_q.conf import Conf
     from django_q.models import Schedule
@@ -561,7 +561,7 @@ def test_the_inbox_scan_is_light_and_envelopes_load_in_one_query() -> None:
 @pytest.mark.slow
 def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
     monkeypatch, settings
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """The drain and the requeue both write the item and its inbox rows. Both take the
     admission lock first, so on PostgreSQL they queue instead of deadlocking (without it on
     the requeue side, this deadlocked). One at a time, so the slowed `admit` is the drain's.
@@ -605,7 +605,7 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
     real_admit = drains.admit
     real_lock = work_items_module.admission_lock
 
-    def held_admit(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def held_admit(*args, **kwargs):
         # Inside the drain's transaction, after its admission_lock().
         if drain_holds_lock.is_set():  # only the first admission waits
             return real_admit(*args, **kwargs)
@@ -616,7 +616,7 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
         happened("drain admitted")
         return result
 
-    def requeue_lock(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def requeue_lock(*args, **kwargs):
         real_lock(*args, **kwargs)
         happened("requeue got the lock")
 
@@ -624,7 +624,7 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
     monkeypatch.setattr(work_items_module, "admission_lock", requeue_lock)
     outcome: dict[str, object] = {}
 
-    def run(name: str, call) -> None:  # type: ignore[no-untyped-def]
+    def run(name: str, call) -> None:
         try:
             outcome[name] = call()
         except BaseException as exc:  # noqa: BLE001 - surfaced below
@@ -708,14 +708,14 @@ def test_a_failure_never_overwrites_what_another_drain_recorded() -> None:
     assert InboxEvent.objects.get().state == "failed"  # its own scan: recorded
 
 
-def test_a_passing_database_error_leaves_the_row_open(monkeypatch, settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_passing_database_error_leaves_the_row_open(monkeypatch, settings) -> None:
     from django.db import OperationalError
 
     from routing.drains import run as drains
 
     settings.LOOPSWEB_DRAIN_BATCH_SIZE = 1  # one at a time: `admit` is the admission
 
-    def locked(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def locked(*args, **kwargs):
         raise OperationalError("database is locked")
 
     monkeypatch.setattr(drains, "admit", locked)

@@ -36,7 +36,7 @@ def ingest(*events: dict) -> None:
     inbox_ingest(enumerate(events, start=1))
 
 
-def drain(kind: str = "generic", **raw):  # type: ignore[no-untyped-def]
+def drain(kind: str = "generic", **raw):
     return drain_run(options=drain_options(kind, raw), env={})
 
 
@@ -91,7 +91,7 @@ NINES = "9" * 5000
         (["--max-active-per-project", "1" + "0" * 30], "must be at most 100000"),
     ],
 )
-def test_every_numeric_drain_option_has_an_upper_bound(args, message) -> None:  # type: ignore[no-untyped-def]
+def test_every_numeric_drain_option_has_an_upper_bound(args, message) -> None:
     ingest(generic_event())
     before = row_counts()
     with pytest.raises(CommandError, match=message):
@@ -150,7 +150,7 @@ def test_an_existing_evidence_directory_keeps_its_mode(tmp_path: Path) -> None:
 )
 def test_a_bad_evidence_directory_is_refused_before_anything_is_admitted(
     tmp_path: Path, make, message: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     ingest(generic_event(), generic_event())
     path = make(tmp_path)
     with pytest.raises(CommandError, match=message):

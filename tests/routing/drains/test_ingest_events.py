@@ -88,7 +88,7 @@ def test_dry_run_classifies_without_storing(tmp_path: Path) -> None:
     assert InboxEvent.objects.count() == 0
 
 
-def test_an_oversized_envelope_is_invalid(tmp_path: Path, settings) -> None:  # type: ignore[no-untyped-def]
+def test_an_oversized_envelope_is_invalid(tmp_path: Path, settings) -> None:
     settings.LOOPSWEB_MAX_EVENT_BYTES = 2048
     path = tmp_path / "big.jsonl"
     path.write_text(

@@ -57,15 +57,15 @@ def parse(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     return samples
 
 
-def value(samples: dict, name: str, **labels: str) -> float:  # type: ignore[type-arg]
+def value(samples: dict, name: str, **labels: str) -> float:
     return samples[(name, frozenset(labels.items()))]
 
 
 @pytest.fixture
-def scrape(client: Client):  # type: ignore[no-untyped-def]
+def scrape(client: Client):
     _, token = make_token("metrics")
 
-    def get() -> dict:  # type: ignore[type-arg]
+    def get() -> dict:
         response = client.get("/metrics", **bearer(token))
         assert response.status_code == 200
         assert response["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
@@ -74,7 +74,7 @@ def scrape(client: Client):  # type: ignore[no-untyped-def]
     return get
 
 
-def test_an_empty_ledger_exposes_zeroes_for_every_fixed_series(scrape) -> None:  # type: ignore[no-untyped-def]
+def test_an_empty_ledger_exposes_zeroes_for_every_fixed_series(scrape) -> None:
     samples = scrape()
     assert value(samples, "loopsweb_oldest_deferred_age_seconds") == 0
     for state in ("pending", "deferred", "failed"):
@@ -89,7 +89,7 @@ def test_an_empty_ledger_exposes_zeroes_for_every_fixed_series(scrape) -> None: 
 
 
 def test_metrics_report_scopes_caps_accounts_cooldowns_deferrals_drains_and_inbox(
-    scrape,  # type: ignore[no-untyped-def]
+    scrape,
 ) -> None:
     now = timezone.now()
     make_work_item(status="admitted", route_scope="nightly")
@@ -177,7 +177,7 @@ def test_metrics_report_scopes_caps_accounts_cooldowns_deferrals_drains_and_inbo
     assert ("loopsweb_inbox_events", frozenset({("state", "admitted")})) not in s
 
 
-def test_label_values_are_escaped(scrape) -> None:  # type: ignore[no-untyped-def]
+def test_label_values_are_escaped(scrape) -> None:
     nasty = 'we"ird\\scope\nname'
     make_work_item(status="admitted", route_scope=nasty)
     assert escape_label(nasty) == 'we\\"ird\\\\scope\\nname'

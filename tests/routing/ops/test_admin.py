@@ -48,20 +48,20 @@ def statuses(items: list[WorkflowWorkItem]) -> list[str]:
     return [WorkflowWorkItem.objects.get(pk=i.pk).status for i in items]
 
 
-def post_action(client, url: str, action: str, ids: list[str], **extra: str):  # type: ignore[no-untyped-def]
+def post_action(client, url: str, action: str, ids: list[str], **extra: str):
     return client.post(
         url, {"action": action, "_selected_action": ids, **extra}, follow=True
     )
 
 
-def messages_of(response) -> list[str]:  # type: ignore[no-untyped-def]
+def messages_of(response) -> list[str]:
     return [str(m) for m in response.context["messages"]]
 
 
 # --- requeue ----------------------------------------------------------------------------------
 
 
-def test_requeue_confirms_with_the_count_and_requires_a_reason(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_requeue_confirms_with_the_count_and_requires_a_reason(admin_client) -> None:
     items = cancelled(2)
     ids = [i.id for i in items]
     page = post_action(admin_client, ITEMS, "requeue_items", ids)
@@ -92,7 +92,7 @@ def test_requeue_confirms_with_the_count_and_requires_a_reason(admin_client) -> 
         )
 
 
-def test_requeue_reports_the_items_it_refused(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_requeue_reports_the_items_it_refused(admin_client) -> None:
     (done,) = cancelled(1)
     (waiting,) = ops_seed.deferred_items(1)
     response = post_action(
@@ -110,7 +110,7 @@ def test_requeue_reports_the_items_it_refused(admin_client) -> None:  # type: ig
     assert statuses([done, waiting]) == ["queued", "deferred"]
 
 
-def test_requeue_reopens_the_inbox_event_for_the_next_drain(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_requeue_reopens_the_inbox_event_for_the_next_drain(admin_client) -> None:
     inbox_ingest(enumerate([generic_event(project="/srv/inbox")], start=1))
     drain_run(options=drain_options("generic", {}), env={})
     item = WorkflowWorkItem.objects.get()
@@ -129,7 +129,7 @@ def test_requeue_reopens_the_inbox_event_for_the_next_drain(admin_client) -> Non
 
 def test_cancel_cancels_waiting_items_and_the_run_of_an_admitted_one(
     admin_client,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     waiting = ops_seed.deferred_items(2)
     holder = WorkflowWorkItem.objects.get(status="admitted")
     page = post_action(
@@ -150,7 +150,7 @@ def test_cancel_cancels_waiting_items_and_the_run_of_an_admitted_one(
     assert WorkflowRun.objects.get(work_item_id=holder.id).status == "cancelled"
 
 
-def test_dead_letter_parks_waiting_items_and_refuses_active_ones(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_dead_letter_parks_waiting_items_and_refuses_active_ones(admin_client) -> None:
     (waiting,) = ops_seed.deferred_items(1)
     holder = WorkflowWorkItem.objects.get(status="admitted")
     response = post_action(
@@ -171,7 +171,7 @@ def test_dead_letter_parks_waiting_items_and_refuses_active_ones(admin_client) -
 # --- runs -------------------------------------------------------------------------------------
 
 
-def test_retry_requeues_the_item_of_a_failed_run(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_retry_requeues_the_item_of_a_failed_run(admin_client) -> None:
     failed, running = admitted(2)
     run_finalize(run_id=failed.workflow_run_id, status="failed", error="exit 1")
     assert statuses([failed]) == ["failed"]
@@ -192,7 +192,7 @@ def test_retry_requeues_the_item_of_a_failed_run(admin_client) -> None:  # type:
     assert failed.last_reason == f"retry of workflow run {ids[0]}"
 
 
-def test_cancel_runs_cancels_the_run_and_its_item(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_cancel_runs_cancels_the_run_and_its_item(admin_client) -> None:
     (item,) = admitted(1)
     response = post_action(
         admin_client,
@@ -210,7 +210,7 @@ def test_cancel_runs_cancels_the_run_and_its_item(admin_client) -> None:  # type
 # --- who may act, and how much ----------------------------------------------------------------
 
 
-def test_staff_who_may_only_view_get_no_actions(client, django_user_model) -> None:  # type: ignore[no-untyped-def]
+def test_staff_who_may_only_view_get_no_actions(client, django_user_model) -> None:
     (item,) = cancelled(1)
     viewer = django_user_model.objects.create_user(
         "viewer", password="pw", is_staff=True
@@ -225,7 +225,7 @@ def test_staff_who_may_only_view_get_no_actions(client, django_user_model) -> No
     assert statuses([item]) == ["cancelled"]
 
 
-def test_an_action_over_too_many_rows_is_refused(admin_client, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_action_over_too_many_rows_is_refused(admin_client, monkeypatch) -> None:
     monkeypatch.setattr(ledger_admin, "MAX_ACTION_ROWS", 1)
     items = cancelled(2)
     response = post_action(
@@ -245,7 +245,7 @@ def test_an_action_over_too_many_rows_is_refused(admin_client, monkeypatch) -> N
 # --- filters, search, links -------------------------------------------------------------------
 
 
-def test_work_items_filter_by_every_dimension(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_work_items_filter_by_every_dimension(admin_client) -> None:
     now = timezone.now()
     with time_machine.travel(now - timedelta(days=8), tick=False):
         old = make_work_item(
@@ -294,7 +294,7 @@ def test_work_items_filter_by_every_dimension(admin_client) -> None:  # type: ig
         assert choice in sidebar, choice
 
 
-def test_work_items_search_by_id_subject_and_idempotency_key(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_work_items_search_by_id_subject_and_idempotency_key(admin_client) -> None:
     a = make_work_item(
         subject_ref="fix-login-bug", idempotency_key="generic-event:ci:one"
     )
@@ -308,7 +308,7 @@ def test_work_items_search_by_id_subject_and_idempotency_key(admin_client) -> No
         assert shown.id in html and hidden.id not in html, term
 
 
-def test_related_rows_link_item_invocation_run_and_step_runs(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_related_rows_link_item_invocation_run_and_step_runs(admin_client) -> None:
     (item,) = admitted(1)
     other = admitted(1)[0]
     run = WorkflowRun.objects.get(pk=item.workflow_run_id)
@@ -341,7 +341,7 @@ def test_related_rows_link_item_invocation_run_and_step_runs(admin_client) -> No
     assert f"{ITEMS}?invocation={item.invocation_id}" in invocation
 
 
-def test_changelists_never_count_the_whole_table(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_changelists_never_count_the_whole_table(admin_client) -> None:
     admitted(2)
     for name in ("workflowworkitem", "workflowrun", "workflowsteprun", "workflowevent"):
         with CaptureQueriesContext(connection) as ctx:

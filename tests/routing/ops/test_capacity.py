@@ -21,7 +21,7 @@ from tests.ledger.runner_helpers import admit_workflow, agent_step
 pytestmark = pytest.mark.django_db
 
 
-def _page(admin_client) -> str:  # type: ignore[no-untyped-def]
+def _page(admin_client) -> str:
     response = admin_client.get(reverse("ops:overview"))
     assert response.status_code == 200
     return response.content.decode()
@@ -59,7 +59,7 @@ def test_busy_and_total_per_cluster_from_worker_reports_and_held_runs(
 
 def test_overview_warns_with_no_run_cluster_caps_over_workers_and_overdue_schedules(
     admin_client,
-    settings,  # type: ignore[no-untyped-def]
+    settings,
 ) -> None:
     settings.LOOPSWEB_RUN_WORKERS = 8
     call_command(
@@ -110,7 +110,7 @@ def test_overview_warns_with_no_run_cluster_caps_over_workers_and_overdue_schedu
 
 def test_overview_shows_runs_waiting_more_than_two_minutes(
     admin_client,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
 ) -> None:
     fresh = admit_workflow([agent_step("worker", cwd=tmp_path, profile=None)])
     old = admit_workflow([agent_step("worker", cwd=tmp_path, profile=None)])

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db
 INBOX = reverse("admin:routing_inboxevent_changelist")
 
 
-def body(client, url: str, **params: str) -> str:  # type: ignore[no-untyped-def]
+def body(client, url: str, **params: str) -> str:
     response = client.get(url, params)
     assert response.status_code == 200, response.status_code
     return response.content.decode()
@@ -47,7 +47,7 @@ def section(html: str, id_: str) -> str:
 
 def test_every_operator_action_writes_a_log_entry_and_names_the_user(
     admin_client, admin_user
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     (item,) = admitted(1)
     run_id = item.workflow_run_id
     post_action(
@@ -99,7 +99,7 @@ def test_every_operator_action_writes_a_log_entry_and_names_the_user(
 
 def test_a_run_retry_is_logged_on_the_run_and_shown_on_its_items_page(
     admin_client,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     (item,) = admitted(1)
     run_finalize(run_id=item.workflow_run_id, status="failed", error="boom")
     post_action(admin_client, RUNS, "retry_runs", [item.workflow_run_id], confirm="yes")
@@ -114,7 +114,7 @@ def test_a_run_retry_is_logged_on_the_run_and_shown_on_its_items_page(
     assert "Retry workflow runs" in html.split('id="item-history"')[1]
 
 
-def test_a_refused_action_writes_no_log_entry(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_a_refused_action_writes_no_log_entry(admin_client) -> None:
     (item,) = admitted(1)  # admitted: not requeueable
     response = post_action(
         admin_client, ITEMS, "requeue_items", [item.id], confirm="yes", reason="x"
@@ -135,7 +135,7 @@ def failed_event() -> InboxEvent:
     return InboxEvent.objects.get(pk=row.pk)
 
 
-def test_inbox_events_filter_by_state_and_search_by_event_id(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_inbox_events_filter_by_state_and_search_by_event_id(admin_client) -> None:
     row = failed_event()
     inbox_ingest(enumerate([generic_event()], start=1))
     failed = body(admin_client, INBOX, state="failed")
@@ -148,7 +148,7 @@ def test_inbox_events_filter_by_state_and_search_by_event_id(admin_client) -> No
 
 def test_a_failed_event_is_retried_with_a_reason_and_the_next_drain_routes_it(
     admin_client,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from routing.drains import drain_options, drain_run
 
     row = failed_event()
@@ -173,7 +173,7 @@ def test_a_failed_event_is_retried_with_a_reason_and_the_next_drain_routes_it(
 
 def test_discard_settles_an_event_as_skipped_and_refuses_admitted_ones(
     admin_client,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     row = failed_event()
     blank = post_action(admin_client, INBOX, "discard_events", [row.pk], confirm="yes")
     assert "A reason is required" in blank.content.decode()
@@ -191,7 +191,7 @@ def test_discard_settles_an_event_as_skipped_and_refuses_admitted_ones(
     assert LogEntry.objects.count() == 1
 
 
-def test_an_inbox_event_links_to_the_drain_that_last_recorded_it(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_an_inbox_event_links_to_the_drain_that_last_recorded_it(admin_client) -> None:
     (report,) = ops_seed.drains(1, inbox_events=2)
     held = InboxEvent.objects.get(state="deferred")
     response = admin_client.get(reverse("ops:inbox-last-drain", args=[held.pk]))
@@ -228,7 +228,7 @@ def test_empty_drain_records_older_than_the_retention_are_pruned() -> None:
     assert prune_empty_drains()["deleted"] == 0  # a second delivery changes nothing
 
 
-def test_prune_drains_command_previews_and_takes_days(settings) -> None:  # type: ignore[no-untyped-def]
+def test_prune_drains_command_previews_and_takes_days(settings) -> None:
     drain_record(days_ago=3)
     out = io.StringIO()
     call_command("prune_drains", "--days", "2", "--dry-run", "--json", stdout=out)
@@ -249,7 +249,7 @@ def test_the_prune_schedule_is_built_in() -> None:
     assert schedule.minutes == 60
 
 
-def test_drain_records_filter_by_what_they_did(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_drain_records_filter_by_what_they_did(admin_client) -> None:
     empty = drain_record(days_ago=0.1)
     busy = drain_record(days_ago=0.2, considered=2, created=2)
     error = drain_record(days_ago=0.3, error="boom")
@@ -275,7 +275,7 @@ def test_drain_records_filter_by_what_they_did(admin_client) -> None:  # type: i
 
 def test_a_schedule_is_paused_resumed_and_run_now_with_a_log_entry(
     admin_client,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     call_command(
         "schedule_drain", "hourly", "generic", "--every", "60m", stdout=io.StringIO()
     )
@@ -315,7 +315,7 @@ def test_a_schedule_is_paused_resumed_and_run_now_with_a_log_entry(
 
 def test_schedule_actions_need_the_change_schedule_permission(
     client, django_user_model
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     call_command(
         "schedule_drain", "h", "generic", "--every", "5m", stdout=io.StringIO()
     )
@@ -336,7 +336,7 @@ def test_schedule_actions_need_the_change_schedule_permission(
 
 def test_the_overview_shows_what_runs_now_and_what_waits_for_an_account(
     admin_client,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     ops_seed.account_history(1)  # acct-00 runs a worker step
     waiting = ops_seed.waiting_step("acct-00")
     html = body(admin_client, reverse("ops:overview"))
@@ -350,7 +350,7 @@ def test_the_overview_shows_what_runs_now_and_what_waits_for_an_account(
 
 def test_the_overview_never_says_nothing_waits_beside_deferred_inbox_events(
     admin_client,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     ops_seed.drains(1, inbox_events=3)  # one admitted, two inbox events held
     WorkflowWorkItem.objects.update(status="succeeded")
     html = body(admin_client, reverse("ops:overview"))
@@ -363,7 +363,7 @@ def test_the_overview_never_says_nothing_waits_beside_deferred_inbox_events(
     assert "Nothing is waiting" in calm
 
 
-def test_hints_name_the_route_kind_this_installation_drains(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_hints_name_the_route_kind_this_installation_drains(admin_client) -> None:
     from routing.drains import drain_options, drain_run
 
     inbox_ingest(enumerate([todos_event()], start=1))
@@ -375,7 +375,7 @@ def test_hints_name_the_route_kind_this_installation_drains(admin_client) -> Non
 
 def test_the_overview_counts_failed_inbox_events_and_overdue_schedules(
     admin_client,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     failed_event()
     call_command(
         "schedule_drain", "late", "generic", "--every", "5m", stdout=io.StringIO()
@@ -389,7 +389,7 @@ def test_the_overview_counts_failed_inbox_events_and_overdue_schedules(
     assert "Overdue schedules (1)" in inbox and "<code>late</code>" in inbox
 
 
-def test_the_throughput_chart_counts_runs_finished_per_hour(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_the_throughput_chart_counts_runs_finished_per_hour(admin_client) -> None:
     now = timezone.now()
     for status in ("succeeded", "succeeded", "failed"):
         make_run(status=status, finished_at=now - timedelta(minutes=5))
@@ -403,7 +403,7 @@ def test_the_throughput_chart_counts_runs_finished_per_hour(admin_client) -> Non
 # --- the work-item list and page -------------------------------------------------------------
 
 
-def test_the_work_item_list_shows_the_operators_columns(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_the_work_item_list_shows_the_operators_columns(admin_client) -> None:
     result = route(
         "todos-task",
         event=todos_event("T-1", title="Fix the login page"),
@@ -435,8 +435,8 @@ def test_the_work_item_list_shows_the_operators_columns(admin_client) -> None:  
 
 def test_the_work_item_list_reads_accounts_for_the_page_in_one_query(
     admin_client, django_assert_max_num_queries
-) -> None:  # type: ignore[no-untyped-def]
-    def listed(response, projects: list[str]) -> None:  # type: ignore[no-untyped-def]
+) -> None:
+    def listed(response, projects: list[str]) -> None:
         assert response.status_code == 200, response.status_code
         html = response.content.decode()
         assert html.count('class="action-select"') == len(projects), html
@@ -466,7 +466,7 @@ def test_the_work_item_list_reads_accounts_for_the_page_in_one_query(
     )
 
 
-def test_the_item_page_is_an_operators_page(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_the_item_page_is_an_operators_page(admin_client) -> None:
     result = route(
         "todos-task",
         event=todos_event("T-9", title="Ship it", description="Make the build green"),
@@ -511,7 +511,7 @@ def test_the_item_page_is_an_operators_page(admin_client) -> None:  # type: igno
     assert 'value="cancel_items"' not in actions
 
 
-def test_the_item_page_buttons_open_the_confirmation_page(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_the_item_page_buttons_open_the_confirmation_page(admin_client) -> None:
     (item,) = admitted(1)
     response = admin_client.post(
         ITEMS, {"action": "cancel_items", "_selected_action": [item.id]}
@@ -521,7 +521,7 @@ def test_the_item_page_buttons_open_the_confirmation_page(admin_client) -> None:
     )
 
 
-def test_a_step_waiting_is_read_from_its_event(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_a_step_waiting_is_read_from_its_event(admin_client) -> None:
     step = ops_seed.waiting_step("acct-w")
     assert step.status == StepStatus.PENDING
     event = WorkflowEvent.objects.get(
@@ -530,7 +530,7 @@ def test_a_step_waiting_is_read_from_its_event(admin_client) -> None:  # type: i
     assert event.payload_json["code"] == "cooldown"
 
 
-def test_step_start_waits_and_the_overview_lists_it(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_step_start_waits_and_the_overview_lists_it(admin_client) -> None:
     # the real path: step_start refuses a cooling account and writes step_waiting
     item = make_work_item(status="running")
     run = make_run(
@@ -556,7 +556,7 @@ def test_step_start_waits_and_the_overview_lists_it(admin_client) -> None:  # ty
     assert "acct-c" in waits and "worker" in waits
 
 
-def test_loop_actions_are_logged_too(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_loop_actions_are_logged_too(admin_client) -> None:
     (item,) = admitted(1)
     url = reverse("admin:ledger_loop_changelist")
     post_action(admin_client, url, "pause_loops", [item.loop_id], confirm="yes")

@@ -34,7 +34,7 @@ NOW = datetime(2026, 11, 29, 16, 40, 3, tzinfo=UTC)
         (-timedelta(minutes=12, seconds=1), "in 12 min"),
     ],
 )
-def test_relative_ages_read_like_a_person_would_say_them(delta, text) -> None:  # type: ignore[no-untyped-def]
+def test_relative_ages_read_like_a_person_would_say_them(delta, text) -> None:
     assert relative_age(NOW - delta, NOW) == text
 
 

@@ -173,7 +173,7 @@ def test_health_command_prints_the_same_and_exits_nonzero_when_unhealthy() -> No
 
 
 @pytest.mark.slow
-def test_health_command_when_the_database_does_not_answer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_health_command_when_the_database_does_not_answer(tmp_path) -> None:
     # A real process on a PostgreSQL port nobody listens on: no database to answer.
     env = {
         **os.environ,
@@ -196,7 +196,7 @@ def test_health_command_when_the_database_does_not_answer(tmp_path) -> None:  # 
     assert "127.0.0.1" not in done.stdout  # the error text is logged, not reported
 
 
-def test_a_plain_http_probe_is_not_redirected_when_https_is_on(settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_plain_http_probe_is_not_redirected_when_https_is_on(settings) -> None:
     # Behind TLS, a load balancer probes the backend port over plain HTTP: /healthz answers
     # there, every other page still redirects to HTTPS.
     settings.SECURE_SSL_REDIRECT = True

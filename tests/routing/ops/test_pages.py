@@ -32,7 +32,7 @@ ALL_PAGES = [
 MAX_QUERIES = 20
 
 
-def body(client, url: str, **query: str) -> str:  # type: ignore[no-untyped-def]
+def body(client, url: str, **query: str) -> str:
     response = client.get(url, query)
     assert response.status_code == 200, response.content[:2000]
     return response.content.decode()
@@ -42,7 +42,7 @@ def body(client, url: str, **query: str) -> str:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize(("name", "args"), ALL_PAGES)
-def test_anonymous_users_are_sent_to_the_admin_login(client, name, args) -> None:  # type: ignore[no-untyped-def]
+def test_anonymous_users_are_sent_to_the_admin_login(client, name, args) -> None:
     url = reverse(name, args=args)
     response = client.get(url)
     assert response.status_code == 302
@@ -52,25 +52,25 @@ def test_anonymous_users_are_sent_to_the_admin_login(client, name, args) -> None
 @pytest.mark.parametrize(("name", "args"), ALL_PAGES)
 def test_signed_in_users_who_are_not_staff_are_forbidden(
     client, django_user_model, name, args
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     client.force_login(django_user_model.objects.create_user("visitor", password="pw"))
     assert client.get(reverse(name, args=args)).status_code == 403
 
 
 def test_staff_without_model_permissions_may_read_the_pages(
     client, django_user_model
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
     client.force_login(staff)
     assert client.get(reverse("ops:overview")).status_code == 200
 
 
-def test_unknown_item_and_drain_ids_are_404(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_item_and_drain_ids_are_404(admin_client) -> None:
     assert admin_client.get(reverse("ops:work-item", args=["nope"])).status_code == 404
     assert admin_client.get(reverse("ops:drain", args=["nope"])).status_code == 404
 
 
-def test_the_admin_index_links_every_ops_page(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_the_admin_index_links_every_ops_page(admin_client) -> None:
     html = body(admin_client, reverse("admin:index"))
     assert 'id="operations-module"' in html and ">Operations</a>" in html
     for name in LIST_PAGES:
@@ -79,7 +79,7 @@ def test_the_admin_index_links_every_ops_page(admin_client) -> None:  # type: ig
     assert reverse("admin:ledger_workflowworkitem_changelist") in html
 
 
-def test_pages_use_the_admin_look(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_pages_use_the_admin_look(admin_client) -> None:
     html = body(admin_client, reverse("ops:overview"))
     assert "Django administration" in html  # admin/base_site.html's branding
     assert 'class="breadcrumbs"' in html and "Operations overview" in html
@@ -89,7 +89,7 @@ def test_pages_use_the_admin_look(admin_client) -> None:  # type: ignore[no-unty
 # --- empty states -----------------------------------------------------------------------------
 
 
-def test_every_page_says_what_to_do_on_an_empty_ledger(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_every_page_says_what_to_do_on_an_empty_ledger(admin_client) -> None:
     overview = body(admin_client, reverse("ops:overview"))
     assert "No drains yet" in overview
     assert "python manage.py drain generic" in overview
@@ -111,13 +111,13 @@ def test_every_page_says_what_to_do_on_an_empty_ledger(admin_client) -> None:  #
     assert "No drains yet" in drains and "No scheduled drain" in drains
 
 
-def test_an_item_that_never_waited_says_so(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_an_item_that_never_waited_says_so(admin_client) -> None:
     item = ops_seed.deferred_items(0) or WorkflowWorkItem.objects.get()
     html = body(admin_client, reverse("ops:work-item", args=[item.id]))
     assert "This item was never deferred" in html
 
 
-def test_a_drain_that_considered_nothing_says_what_to_do(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_a_drain_that_considered_nothing_says_what_to_do(admin_client) -> None:
     (report,) = ops_seed.drains(1)
     html = body(admin_client, reverse("ops:drain", args=[report.record_id]))
     assert "This drain considered no item" in html
@@ -127,7 +127,7 @@ def test_a_drain_that_considered_nothing_says_what_to_do(admin_client) -> None: 
 # --- overview ---------------------------------------------------------------------------------
 
 
-def test_overview_shows_caps_load_cooldowns_deferrals_and_drains(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_overview_shows_caps_load_cooldowns_deferrals_and_drains(admin_client) -> None:
     ops_seed.deferred_items(2)
     ops_seed.drains(1, inbox_events=3)
     ops_seed.account_history(1)
@@ -179,7 +179,7 @@ def test_overview_shows_caps_load_cooldowns_deferrals_and_drains(admin_client) -
 # --- deferrals --------------------------------------------------------------------------------
 
 
-def test_deferrals_are_grouped_by_reason_scope_and_project(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_deferrals_are_grouped_by_reason_scope_and_project(admin_client) -> None:
     first, second = ops_seed.deferred_items(2)
     html = body(admin_client, reverse("ops:deferrals"))
     groups = html.split('id="groups"')[1].split("</section>")[0]
@@ -196,7 +196,7 @@ def test_deferrals_are_grouped_by_reason_scope_and_project(admin_client) -> None
     assert reverse("ops:work-item", args=[first.id]) not in items
 
 
-def test_deferred_inbox_events_are_listed_with_their_reason(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_deferred_inbox_events_are_listed_with_their_reason(admin_client) -> None:
     ops_seed.drains(1, inbox_events=3)
     html = body(admin_client, reverse("ops:deferrals"))
     inbox = html.split('id="inbox"')[1].split("</section>")[0]
@@ -204,7 +204,7 @@ def test_deferred_inbox_events_are_listed_with_their_reason(admin_client) -> Non
     assert inbox.count("held by pre-check") == 2
 
 
-def test_an_items_history_shows_what_each_deferral_saw_yesterday(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_an_items_history_shows_what_each_deferral_saw_yesterday(admin_client) -> None:
     now = timezone.now()
     envelope = generic_event(project="/srv/history", group="g-history")
     with time_machine.travel(now - timedelta(days=1), tick=False):
@@ -227,7 +227,7 @@ def test_an_items_history_shows_what_each_deferral_saw_yesterday(admin_client) -
 # --- accounts ---------------------------------------------------------------------------------
 
 
-def test_accounts_show_load_history_rate_limits_and_charts(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_accounts_show_load_history_rate_limits_and_charts(admin_client) -> None:
     ops_seed.account_history(2)
     html = body(admin_client, reverse("ops:accounts"))
     table = html.split('id="table"')[1].split("</section>")[0]
@@ -256,7 +256,7 @@ def test_accounts_show_load_history_rate_limits_and_charts(admin_client) -> None
 # --- drains -----------------------------------------------------------------------------------
 
 
-def test_drains_list_their_counts_and_link_each_drain(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_drains_list_their_counts_and_link_each_drain(admin_client) -> None:
     reports = ops_seed.drains(2, inbox_events=3)
     html = body(admin_client, reverse("ops:drains"))
     table = html.split('id="drains"')[1].split("</section>")[0]
@@ -275,7 +275,7 @@ def test_drains_list_their_counts_and_link_each_drain(admin_client) -> None:  # 
     ]
 
 
-def test_drains_are_paginated(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_drains_are_paginated(admin_client) -> None:
     ops_seed.drains(51)
     first = body(admin_client, reverse("ops:drains"))
     assert "page 1 of 2" in first and "?page=2" in first
@@ -284,7 +284,7 @@ def test_drains_are_paginated(admin_client) -> None:  # type: ignore[no-untyped-
     assert "<code>nightly-50</code>" not in second.split('id="drains"')[1]
 
 
-def test_a_drain_page_shows_each_items_result(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_a_drain_page_shows_each_items_result(admin_client) -> None:
     (report,) = ops_seed.drains(1, inbox_events=3)
     html = body(admin_client, reverse("ops:drain", args=[report.record_id]))
     results = html.split('id="results"')[1].split("</section>")[0]
@@ -305,14 +305,14 @@ def test_a_drain_page_shows_each_items_result(admin_client) -> None:  # type: ig
 # --- query counts -----------------------------------------------------------------------------
 
 
-def _count(client, url: str) -> int:  # type: ignore[no-untyped-def]
+def _count(client, url: str) -> int:
     with CaptureQueriesContext(connection) as ctx:
         assert client.get(url).status_code == 200
     return len(ctx.captured_queries)
 
 
 @pytest.mark.slow  # over a second of CPU: left out of make test-fast
-def test_query_counts_stay_the_same_from_2_to_30_rows(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_query_counts_stay_the_same_from_2_to_30_rows(admin_client) -> None:
     """Every page and changelist: same count with 2 rows of everything and with 30."""
     history = generic_event(project="/srv/history")
 
@@ -354,7 +354,7 @@ def test_query_counts_stay_the_same_from_2_to_30_rows(admin_client) -> None:  # 
 @pytest.mark.parametrize("name", LIST_PAGES)
 def test_each_page_renders_within_the_query_budget(
     admin_client, django_assert_max_num_queries, name
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     ops_seed.deferred_items(3)
     ops_seed.drains(2, inbox_events=3)
     ops_seed.account_history(3)
@@ -364,7 +364,7 @@ def test_each_page_renders_within_the_query_budget(
 
 def test_the_overview_with_every_section_shown_stays_within_the_budget(
     admin_client,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """Every section of /ops/ has something to show (deferrals, drains, accounts with
     history, a step waiting for a cooling account, a drain schedule that is overdue, run
     workers): the page still sends at most MAX_QUERIES, the same count as with more rows.
