@@ -8,7 +8,6 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from tests.processes import (
     stop_make_run,
     wait_for_http,
 )
+from tests.waiting import wait_for
 
 # A whole installation (web server, both clusters): one at a time, on one xdist worker.
 pytestmark = [
@@ -82,15 +82,17 @@ def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
         assert "created=1" in done.stdout or '"created": 1' in done.stdout, done.stdout
 
         database = sqlite3.connect(data / "loopsweb.sqlite3", timeout=20)
-        deadline = time.monotonic() + 120
-        status = None
-        while time.monotonic() < deadline:
-            status = database.execute(
+
+        def finished() -> str | None:
+            (status,) = database.execute(
                 "SELECT status FROM workflow_work_items WHERE subject_ref = 'DEMO-1'"
-            ).fetchone()[0]
-            if status in ("succeeded", "failed", "cancelled"):
-                break
-            time.sleep(0.5)
+            ).fetchone()
+            return status if status in ("succeeded", "failed", "cancelled") else None
+
+        try:
+            status = wait_for(finished, timeout=180, interval=0.5, what="DEMO-1")
+        except AssertionError as timed_out:
+            status = str(timed_out)  # not finished: the state of things is raised below
         steps = database.execute(
             "SELECT step_id, account_profile, status, exit_code FROM workflow_step_runs "
             "ORDER BY sequence"

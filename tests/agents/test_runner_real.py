@@ -39,6 +39,7 @@ from tests.ledger.runner_helpers import (
     spawn_runner,
     steps_of,
 )
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -232,15 +233,19 @@ def test_a_slow_answer_is_in_the_step_run_while_the_step_still_runs(
         },
     )
     try:
-        deadline = time.monotonic() + 90
-        seen = None
-        while time.monotonic() < deadline and proc.poll() is None:
+
+        def output_while_running() -> WorkflowStepRun | None:
+            assert proc.poll() is None, "the runner ended before any output was seen"
             worker = WorkflowStepRun.objects.get(workflow_run=run, step_id="worker")
-            if worker.status == StepStatus.RUNNING and (worker.stdout or worker.stderr):
-                seen = worker
-                break
-            time.sleep(0.5)
-        assert seen is not None, "no output reached the step run while it ran"
+            running = worker.status == StepStatus.RUNNING
+            return worker if running and (worker.stdout or worker.stderr) else None
+
+        wait_for(
+            output_while_running,
+            timeout=120,
+            interval=0.5,
+            what="output to reach the step run while it runs",
+        )
         page = _staff_page("/ops/")
         assert "live-output" in page
         proc.wait(timeout=120)
