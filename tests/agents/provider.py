@@ -9,7 +9,8 @@ events the way the CLIs ask for them:
 
 Every answer follows one script: while the conversation holds no tool result yet and the
 request offers the CLI's file tool, answer with ONE tool call that writes `file_name` (content
-`file_content`) in the working directory (codex `exec_command` with `cmd`, claude `Write`
+`file_content`) in the working directory (codex `exec_command` with `cmd`, after
+`tool_command` when one is set; claude `Write`
 with an absolute `file_path`, opencode `write` with an absolute `filePath`; the working
 directory is read from the system prompt's "Working directory:" line); otherwise answer
 with a final text message. Each answer carries usage (`input_tokens`, `output_tokens`,
@@ -67,6 +68,8 @@ class ProviderStandIn:
     cached_tokens: int = 0
     file_name: str = "agent-output.txt"
     file_content: str = "written by the agent\n"
+    # codex only: a shell command its tool call runs first (a hostile agent's, say).
+    tool_command: str | None = None
     final_text: str = "Done: the file is written."
     retry_after: int = 2
     slow_seconds: float = 4.0
@@ -367,6 +370,8 @@ class _Handler(BaseHTTPRequestHandler):
                 f"printf %s {shlex.quote(self.owner.file_content)} > "
                 f"{shlex.quote(self.owner.file_name)}"
             )
+            if self.owner.tool_command:
+                cmd = f"{self.owner.tool_command}; {cmd}"
             item = {
                 "type": "function_call",
                 "id": "fc_standin",

@@ -78,9 +78,12 @@ def drain_and_run(
     *,
     env_extra: dict[str, str] | None = None,
     timeout: float = 240,
+    removed: bool = True,
+    drain_args: tuple[str, ...] = (),
 ) -> WorkflowRun:
     """Register acct-a and acct-b, ingest a task, drain it over the pool in a `manage.py
-    drain` process, and wait for the run cluster to finish the run."""
+    drain` process, and wait for the run cluster to finish the run (and, with `removed`,
+    to remove the worktree of a run that succeeded)."""
     for name, key in KEYS.items():
         clis.register_account(provider, name, stand_in, tmp_path, key=key)
     project = git_project(tmp_path / "project")
@@ -101,6 +104,7 @@ def drain_and_run(
             "--max-active",
             "2",
             "--json",
+            *drain_args,
         )
         assert '"created": 1' in done.stdout, done.stdout
 
@@ -111,15 +115,16 @@ def drain_and_run(
             ).first()
 
         run = wait_until(finished, timeout=timeout, what=f"the {provider} run to end")
-        # The worktree goes after the run's end is recorded.
-        wait_until(
-            lambda: (
-                WorkflowRun.objects.get(pk=run.id).worktree_removed_at is not None
-                or run.status != RunStatus.SUCCEEDED
-            ),
-            timeout=30,
-            what="the worktree to be removed",
-        )
+        if removed:
+            # The worktree goes after the run's end is recorded.
+            wait_until(
+                lambda: (
+                    WorkflowRun.objects.get(pk=run.id).worktree_removed_at is not None
+                    or run.status != RunStatus.SUCCEEDED
+                ),
+                timeout=30,
+                what="the worktree to be removed",
+            )
     finally:
         stop_process_group(cluster)
     run.refresh_from_db()
