@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from tests.processes import (
     stop_make_run,
     wait_for_http,
 )
+from tests.waiting import wait_for
 
 # A whole installation (web server, both clusters): one at a time, on one xdist worker.
 pytestmark = [
@@ -118,14 +119,17 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
         assert answer["results"][0]["kind"] == "created", answer
         item_id = answer["results"][0]["workItemId"]
         database = tmp_path / "loopsweb.sqlite3"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def ended() -> bool:
             row = _run_row(database, item_id)
             # The runner records the worktree's removal just after the run's end.
-            if row and row[0] not in ("queued", "running"):
-                if row[0] != "succeeded" or row[4] is not None:
-                    break
-            time.sleep(0.3)
+            if not row or row[0] in ("queued", "running"):
+                return False
+            return row[0] != "succeeded" or row[4] is not None
+
+        # Not ended by the deadline: the row's status and error say where it stands.
+        with contextlib.suppress(AssertionError):
+            wait_for(ended, timeout=180, interval=0.3, what="the demo run to end")
         status, run_id, worktree, branch, removed_at, error = _run_row(
             database, item_id
         )
@@ -138,10 +142,12 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
     assert proc.returncode != -signal.SIGKILL, "make run did not stop on Ctrl-C"
     output = log.read_text()
     marker = f"LOOPSWEB_DATA_DIR={tmp_path}"
-    deadline = time.monotonic() + 20
-    while _processes_with_env(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _processes_with_env(marker), "a process of make run outlived Ctrl-C"
+    wait_for(
+        lambda: not _processes_with_env(marker),
+        timeout=120,
+        interval=0.2,
+        what="no process of make run left after Ctrl-C",
+    )
     assert "created staff user 'operator'" in output
     assert f"demo project root {tmp_path / 'projects'}" in output
     assert (tmp_path / "loopsweb.sqlite3").exists()
