@@ -244,7 +244,7 @@ def run_process(
         timeout=timeout,
         lost=lost,
         stopped=stopped,
-        ended=int(report.get("ended") or 0),
+        ended=_count(report.get("ended")),
     )
 
 
@@ -271,6 +271,10 @@ def _guard_report(fd: int) -> dict[str, object]:
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
 
 
 def _not_started(error: str) -> ProcessResult:

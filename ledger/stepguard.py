@@ -79,7 +79,7 @@ def _signal(pid: int, number: int) -> bool:
 
 def _reap() -> list[tuple[int, int]]:
     """(pid, status) of every child that has ended, without waiting."""
-    ended = []
+    ended: list[tuple[int, int]] = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
