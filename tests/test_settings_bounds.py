@@ -9,12 +9,12 @@ from __future__ import annotations
 import ast
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from domain.bounds import BOUNDS
+from tests.processes import manage
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ROOT / "loopsweb" / "settings.py"
@@ -46,14 +46,7 @@ def _check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         and not k.startswith("Q_")
     }
     base.update(LOOPSWEB_DATA_DIR=str(tmp_path), SECRET_KEY="x" * 50, **env)
-    return subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=base,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage(base, "check", check=False)
 
 
 def test_every_numeric_setting_has_a_row_in_the_bounds_table() -> None:

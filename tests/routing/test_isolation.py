@@ -9,8 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,8 @@ from ledger.projects import PATH_EMPTY, ROOTS_UNSET
 from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
-from tests.ledger.runner_helpers import ROOT, child_database_url, git_project
+from tests.ledger.runner_helpers import child_database_url, git_project
+from tests.processes import manage
 from tests.routing.api.helpers import make_token, post_events, row_counts
 from tests.routing.helpers import generic_event, todos_event
 
@@ -127,28 +126,21 @@ def test_route_event_as_a_process_exits_non_zero_and_writes_nothing(
     tmp_path: Path,
 ) -> None:
     env = {**os.environ, "DATABASE_URL": child_database_url(), "LOOPSWEB_TESTING": "1"}
-    outside = subprocess.run(
-        [sys.executable, "manage.py", "route_event", "generic"],
-        input=json.dumps(_envelope("/etc")),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    outside = manage(
+        env, "route_event", "generic", input=json.dumps(_envelope("/etc")), check=False
     )
     assert outside.returncode != 0
     assert f"project path /etc resolves to /etc, {OUTSIDE}" in outside.stderr
     _nothing_routed()
     # The same command with a project inside a root is admitted.
     (tmp_path / "proj").mkdir()
-    inside = subprocess.run(
-        [sys.executable, "manage.py", "route_event", "generic", "--json"],
+    inside = manage(
+        env,
+        "route_event",
+        "generic",
+        "--json",
         input=json.dumps(_envelope(str(tmp_path / "proj"))),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        check=False,
     )
     assert inside.returncode == 0, inside.stderr
     assert json.loads(inside.stdout)["kind"] == "created"

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
@@ -11,10 +10,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from ledger.models import WorkflowInvocation, WorkflowWorkItem
+from tests.processes import manage
 from tests.routing.helpers import generic_event, todos_event
 
 pytestmark = pytest.mark.django_db
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str, stdin: str | None = None) -> dict:
@@ -153,13 +152,7 @@ def test_the_command_exits_non_zero_with_one_line_for_an_unknown_kind_and_bad_js
         ["route_event", "bogus", "--event-json", "{}"],
         ["route_event", "generic", "--event-json", "{"],
     ):
-        proc = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = manage(dict(os.environ), *args, check=False, timeout=60)
         assert proc.returncode != 0
         assert proc.stderr.strip() and len(proc.stderr.strip().splitlines()) <= 3, (
             proc.stderr

@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 from datetime import timedelta
 from typing import Any
 
@@ -17,7 +15,8 @@ from django.utils import timezone
 
 from ledger import services
 from ledger.models import RunStatus, WorkflowWorkItem, WorkItemStatus
-from tests.ledger.runner_helpers import ROOT, child_database_url
+from tests.ledger.runner_helpers import child_database_url
+from tests.processes import manage
 from tests.routing.helpers import generic_event, route
 
 pytestmark = pytest.mark.django_db
@@ -119,20 +118,8 @@ def test_invocations_lists_newest_first() -> None:
 def test_routes_runs_as_a_process_and_refuses_a_requeue_without_reason() -> None:
     (item,) = _items(1)
     env = {**os.environ, "DATABASE_URL": child_database_url(), "LOOPSWEB_TESTING": "1"}
-
-    def manage(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", "routes", *argv],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    refused = manage("requeue", item.id)
+    refused = manage(env, "routes", "requeue", item.id, check=False)
     assert refused.returncode != 0
     assert "routes requeue requires --reason <text>" in refused.stderr
-    listed = manage("list", "--status", "admitted", "--json")
-    assert listed.returncode == 0, listed.stderr
+    listed = manage(env, "routes", "list", "--status", "admitted", "--json")
     assert [r["id"] for r in json.loads(listed.stdout)] == [item.id]

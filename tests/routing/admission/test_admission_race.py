@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 
 from ledger.selectors import account_load, active_counts
+from tests.processes import scratch_cwd
 from tests.routing.admission.race_worker import CAPS, PROJECTS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,7 +33,8 @@ def _database_url() -> str:
 
 
 def test_eight_concurrent_routers_never_exceed_any_cap() -> None:
-    env = {**os.environ, "DATABASE_URL": _database_url()}
+    # PYTHONPATH: `-m tests...` imports from the checkout while the cwd is elsewhere.
+    env = {**os.environ, "DATABASE_URL": _database_url(), "PYTHONPATH": str(ROOT)}
     workers = [
         subprocess.Popen(
             [
@@ -43,7 +45,7 @@ def test_eight_concurrent_routers_never_exceed_any_cap() -> None:
                 "25",
                 "7",
             ],
-            cwd=ROOT,
+            cwd=scratch_cwd(),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

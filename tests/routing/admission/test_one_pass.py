@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,7 +26,7 @@ from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
 from tests.account_loads import assert_account_counts_match_rows
 from tests.ledger.runner_helpers import child_database_url
-from tests.processes import ROOT
+from tests.processes import manage
 from tests.routing.helpers import todos_event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -191,8 +189,6 @@ def test_the_drain_command_one_at_a_time_admits_and_dedupes_every_event_once() -
         "LOOPSWEB_DRAIN_BATCH_SIZE": "1",
     }
     args = [
-        sys.executable,
-        "manage.py",
         "drain",
         "todos-task",
         "--json",
@@ -207,11 +203,7 @@ def test_the_drain_command_one_at_a_time_admits_and_dedupes_every_event_once() -
     ]
 
     def drain() -> dict[str, Any]:
-        done = subprocess.run(
-            args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
+        return json.loads(manage(env, *args).stdout)
 
     report = drain()
     assert report["created"] == 6, report

@@ -24,6 +24,7 @@ from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import DrainRecord, InboxEvent
 from routing.tasks import drain as drain_task
+from tests.processes import manage, scratch_cwd
 from tests.routing.api.helpers import row_counts
 from tests.routing.helpers import generic_event
 
@@ -351,10 +352,10 @@ def _ingest_peak_rss_kb(path: Path, data_dir: Path) -> tuple[int, str]:
         "except SystemExit: pass\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); print(out.getvalue())"
     )
-    env = _sqlite_env(data_dir)
+    env = {**_sqlite_env(data_dir), "PYTHONPATH": str(ROOT)}  # imports from another cwd
     result = subprocess.run(
         [sys.executable, "-c", code],
-        cwd=ROOT,
+        cwd=scratch_cwd(),
         env=env,
         capture_output=True,
         text=True,
@@ -369,13 +370,7 @@ def _ingest_peak_rss_kb(path: Path, data_dir: Path) -> tuple[int, str]:
 def test_an_overlong_json_lines_line_is_refused_without_reading_it_whole(
     tmp_path: Path,
 ) -> None:
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
-        cwd=ROOT,
-        env=_sqlite_env(tmp_path / "data"),
-        check=True,
-        timeout=300,
-    )
+    manage(_sqlite_env(tmp_path / "data"), "migrate", "--noinput", "-v0", timeout=300)
     good = json.dumps(generic_event()).encode() + b"\n"
     small = tmp_path / "small.jsonl"
     small.write_bytes(good + b'{"x": "' + b"y" * 2_000_000 + b'"}\n' + good)

@@ -19,7 +19,7 @@ import pytest
 
 from routing.models import InboxEvent
 from tests.ledger.runner_helpers import child_database_url
-from tests.processes import ROOT
+from tests.processes import MANAGE_PY, scratch_cwd
 from tests.routing.helpers import generic_event
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -31,8 +31,8 @@ def _ingest(
     child = dict(os.environ)
     child.update(DATABASE_URL=child_database_url(), **env)
     return subprocess.run(
-        [sys.executable, "manage.py", "ingest_events", *args],
-        cwd=ROOT,
+        [sys.executable, MANAGE_PY, "ingest_events", *args],
+        cwd=scratch_cwd(),
         env=child,
         stdin=stdin,
         capture_output=True,

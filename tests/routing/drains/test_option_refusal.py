@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +19,11 @@ from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import DrainRecord, InboxEvent
 from tests.ledger.runner_helpers import child_database_url
+from tests.processes import manage
 from tests.routing.api.helpers import row_counts
 from tests.routing.helpers import generic_event, todos_event
 
 pytestmark = pytest.mark.django_db
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _inbox() -> list[tuple[str, str, int]]:
@@ -110,22 +108,15 @@ def test_the_drain_command_refuses_a_bad_option_with_exit_1_and_one_line() -> No
     no traceback, and no inbox row touched."""
     inbox_ingest(enumerate([generic_event() for _ in range(3)], start=1))
     inbox = _inbox()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "drain",
-            "generic",
-            "--max-active-scope",
-            "s" * 300,
-            "--max-dispatch",
-            "1",
-        ],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": child_database_url()},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = manage(
+        {**os.environ, "DATABASE_URL": child_database_url()},
+        "drain",
+        "generic",
+        "--max-active-scope",
+        "s" * 300,
+        "--max-dispatch",
+        "1",
+        check=False,
     )
     assert done.returncode == 1, done.stderr
     assert "route scope is longer than 200 characters" in done.stderr

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -19,9 +16,9 @@ from ledger.admin.display import seconds
 from ledger.models import WorkflowRun, WorkflowWorkItem
 from ledger.services import CANCEL_REASON_DEFAULT
 from tests.ledger.runner_helpers import child_database_url
+from tests.processes import manage
 from tests.routing.helpers import route, todos_event
 
-ROOT = Path(__file__).resolve().parents[3]
 RUNS = reverse("admin:ledger_workflowrun_changelist")
 
 
@@ -134,13 +131,5 @@ def test_the_item_page_lives_under_items_and_the_old_address_redirects(
     "argv", [["check"], ["routes", "list"], ["drain", "--help"], ["showmigrations"]]
 )
 def test_no_command_prints_the_axes_banner(argv: list[str]) -> None:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *argv],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": child_database_url()},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = manage({**os.environ, "DATABASE_URL": child_database_url()}, *argv)
     assert "AXES" not in done.stderr and "AXES" not in done.stdout

@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 import uuid
 from datetime import datetime, timedelta
 
@@ -25,7 +23,7 @@ from routing.ops.health.selectors import (
     RUN_CLUSTER_WITHIN,
     health_report,
 )
-from tests.processes import ROOT, free_port
+from tests.processes import free_port, manage
 
 pytestmark = pytest.mark.django_db
 
@@ -180,14 +178,7 @@ def test_health_command_when_the_database_does_not_answer(tmp_path) -> None:
         "DATABASE_URL": f"postgres://loopsweb:pw@127.0.0.1:{free_port()}/none",
         "LOOPSWEB_DATA_DIR": str(tmp_path),
     }
-    done = subprocess.run(
-        [sys.executable, "manage.py", "health", "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = manage(env, "health", "--json", check=False)
     assert done.returncode == 1, done.stderr
     body = json.loads(done.stdout)
     assert body["database"] == "unavailable"
