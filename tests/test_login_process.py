@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import free_port, wait_for_http
+from tests.processes import MANAGE_PY, free_port, manage, scratch_cwd, wait_for_http
 
-ROOT = Path(__file__).resolve().parent.parent
 # A real web server: with the other installations, one at a time, on one xdist worker.
 pytestmark = [
     pytest.mark.sqlite,
@@ -63,17 +62,11 @@ def test_the_real_server_locks_a_login_out_after_the_failure_limit(
         DJANGO_SETTINGS_MODULE="loopsweb.settings",
     )
     for args in (["migrate", "--noinput", "-v0"], ["ensure_staff_user"]):
-        subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            timeout=300,
-        )
+        manage(env, *args, timeout=300)
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=ROOT,
+        [sys.executable, MANAGE_PY, "runserver", "--noreload", f"127.0.0.1:{port}"],
+        cwd=scratch_cwd(),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

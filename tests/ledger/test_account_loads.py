@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,10 +43,10 @@ from ledger.selectors import account_state
 from tests.account_loads import assert_account_counts_match_rows
 from tests.factories import make_spec, make_work_item
 from tests.ledger.runner_helpers import child_database_url
+from tests.processes import manage
 
 pytestmark = pytest.mark.django_db
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = "host:1"
 ACCOUNTS = ("acctA", "acctB", "acctC")
 
@@ -378,14 +376,7 @@ def test_a_commit_between_the_two_reads_is_no_drift_inside_one_snapshot() -> Non
 
 def _command(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, DATABASE_URL=child_database_url(), LOOPSWEB_TESTING="1")
-    return subprocess.run(
-        [sys.executable, "manage.py", "recount_account_loads", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage(env, "recount_account_loads", *args, check=False)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -27,7 +27,7 @@ from ledger.queue import enqueue_run, hosts_release_dead, run_id_of, runs_with_a
 from ledger.services import runs_fail_unserved
 from routing.admission import CREATED, route_event, route_options
 from tests.account_loads import assert_account_counts_match_rows
-from tests.processes import ROOT, generic_event
+from tests.processes import ROOT, generic_event, scratch_cwd
 
 pytestmark = pytest.mark.django_db
 
@@ -175,10 +175,10 @@ def test_host_report_registers_roots_and_found_providers(settings) -> None:
 )
 @pytest.mark.slow
 def test_host_settings_are_bounded(name: str, value: str, message: str) -> None:
-    env = {**os.environ, name: value, "DEBUG": "1"}
+    env = {**os.environ, name: value, "DEBUG": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", "import django; django.setup()"],
-        cwd=ROOT,
+        cwd=scratch_cwd(),
         env={**env, "DJANGO_SETTINGS_MODULE": "loopsweb.settings"},
         capture_output=True,
         text=True,

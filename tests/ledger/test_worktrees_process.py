@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,6 @@ from ledger.models import RunStatus, WorkflowRun
 from ledger.worktrees import worktree_branch, worktree_dir
 from routing.admission import CREATED, route_event, route_options
 from tests.ledger.runner_helpers import (
-    ROOT,
     VENV_BIN,
     child_database_url,
     git,
@@ -26,6 +23,7 @@ from tests.ledger.runner_helpers import (
     spawn_runner,
     steps_of,
 )
+from tests.processes import manage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -151,16 +149,7 @@ def test_a_failed_runs_worktree_is_kept_until_prune_worktrees_removes_it(
 
     def prune(*args: str) -> dict[str, Any]:
         env = {**os.environ, "DATABASE_URL": child_database_url()}
-        done = subprocess.run(
-            [sys.executable, "manage.py", "prune_worktrees", "--json", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
+        return json.loads(manage(env, "prune_worktrees", "--json", *args).stdout)
 
     assert prune()["pruned"] == []  # kept for LOOPSWEB_WORKTREE_KEEP_SECONDS
     assert kept.exists()

@@ -7,14 +7,14 @@ import io
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from ledger.models import Account
-from tests.ledger.runner_helpers import ROOT, child_database_url
+from tests.ledger.runner_helpers import child_database_url
+from tests.processes import manage
 
 
 def _account(*args: str) -> str:
@@ -112,14 +112,7 @@ def test_the_command_as_a_process_adds_lists_and_refuses_secrets() -> None:
     env = dict(os.environ, DATABASE_URL=child_database_url())
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", "account", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return manage(env, "account", *args, check=False)
 
     added = run("add", "acctA", "--provider", "codex", "--env", "CODEX_HOME=/srv/a")
     assert added.returncode == 0, added.stderr
