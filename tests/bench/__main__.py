@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
         print(f"other busy processes: {', '.join(machine['other_busy_processes'])}")
     sys.stdout.flush()
 
-    env = dict(os.environ)
+    env = harness.child_env()  # PYTHONPATH: `-m` imports the project from another cwd
     env[harness.SERVER_URL_ENV] = url
     token = f"handover_{os.getpid()}"
     if "admission" in chosen and "pages" in chosen:
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
             print(f"\n>>> {name} ({module})", flush=True)
             clock = time.monotonic()
             code = subprocess.call(
-                [sys.executable, "-m", module], cwd=harness.ROOT, env=env
+                [sys.executable, "-m", module], cwd=harness.child_cwd(), env=env
             )
             runs.append(
                 {

@@ -380,7 +380,7 @@ def main() -> None:
     for name in PHASES:
         proc = subprocess.run(
             [sys.executable, "-m", "tests.bench.bench_backlog", "--phase", name],
-            cwd=harness.ROOT,
+            cwd=harness.child_cwd(),
             env=harness.child_env(),
             capture_output=True,
             text=True,

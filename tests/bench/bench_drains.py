@@ -119,7 +119,7 @@ def main() -> None:
                 "--config",
                 key,
             ],
-            cwd=harness.ROOT,
+            cwd=harness.child_cwd(),
             env=harness.child_env(),
             capture_output=True,
             text=True,
@@ -235,7 +235,7 @@ def config(key: str) -> None:
         def spawn(*args: str) -> subprocess.Popen[str]:
             return subprocess.Popen(
                 [sys.executable, "-m", "tests.bench.bench_drains", *args],
-                cwd=harness.ROOT,
+                cwd=harness.child_cwd(),
                 env=harness.child_env(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

@@ -253,6 +253,21 @@ def attach() -> None:
     django.setup()
 
 
+_child_cwd: Path | None = None
+
+
+def child_cwd() -> Path:
+    """The working directory of the processes a benchmark starts: a temporary directory,
+    never the checkout (a relative path or an agent's file would land there; see
+    tests.processes.scratch_cwd, which this module cannot import before Django is set up).
+    Removed at exit."""
+    global _child_cwd
+    if _child_cwd is None or not _child_cwd.is_dir():
+        _child_cwd = Path(tempfile.mkdtemp(prefix="loopsweb-bench-cwd-"))
+        atexit.register(shutil.rmtree, _child_cwd, True)
+    return _child_cwd
+
+
 def child_env() -> dict[str, str]:
     """Environment for a child process of a benchmark (it inherits the throwaway DB)."""
     env = dict(os.environ)
@@ -507,7 +522,7 @@ def run_child(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess
     """Run `python -m …` as a child with the benchmark's environment (and database)."""
     return subprocess.run(
         [sys.executable, *argv],
-        cwd=ROOT,
+        cwd=child_cwd(),
         env=child_env(),
         capture_output=True,
         text=True,
@@ -522,8 +537,8 @@ def start_qcluster(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """`manage.py qcluster` in its own session with `env`, its output in `log`."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"],
-            cwd=ROOT,
+            [sys.executable, str(ROOT / "manage.py"), "qcluster"],
+            cwd=child_cwd(),
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
