@@ -18,6 +18,7 @@ from tests.processes import (
     generic_event,
     http,
     manage,
+    scratch_cwd,
     start_make_run,
     stop_make_run,
     terminal_env,
@@ -34,8 +35,13 @@ KEY_CODE = (
 def _settings_of(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", KEY_CODE],
-        cwd=ROOT,
-        env={**env, "DJANGO_SETTINGS_MODULE": "loopsweb.settings"},
+        cwd=scratch_cwd(),
+        # PYTHONPATH: `python -c` imports the project from another cwd
+        env={
+            **env,
+            "DJANGO_SETTINGS_MODULE": "loopsweb.settings",
+            "PYTHONPATH": str(ROOT),
+        },
         capture_output=True,
         text=True,
         timeout=60,

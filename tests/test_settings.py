@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from tests.processes import manage, scratch_cwd
+
 ROOT = Path(__file__).resolve().parent.parent
+# A `python -c` child's settings and imports (the project from another cwd).
+PROJECT_IMPORTS = {
+    "DJANGO_SETTINGS_MODULE": "loopsweb.settings",
+    "PYTHONPATH": str(ROOT),
+}
 
 
 def _load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -32,8 +39,8 @@ def _load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
     code = "import django; django.setup(); from django.conf import settings; print(settings.DATABASES['default']['ENGINE'])"
     return subprocess.run(
         [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**base, "DJANGO_SETTINGS_MODULE": "loopsweb.settings"},
+        cwd=scratch_cwd(),
+        env={**base, **PROJECT_IMPORTS},
         capture_output=True,
         text=True,
         timeout=60,
@@ -142,8 +149,8 @@ def _settings_json(tmp_path: Path, prelude: str = "", **env: str) -> dict:
     base.update({"LOOPSWEB_DATA_DIR": str(tmp_path), "SECRET_KEY": "x" * 50, **env})
     result = subprocess.run(
         [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**base, "DJANGO_SETTINGS_MODULE": "loopsweb.settings"},
+        cwd=scratch_cwd(),
+        env={**base, **PROJECT_IMPORTS},
         capture_output=True,
         text=True,
         timeout=60,
@@ -200,15 +207,7 @@ def test_the_data_directory_is_0700_and_the_database_its_wal_and_shm_0600(
         ["migrate", "--noinput", "-v0"],
         ["api_token", "create", "t1", "--scope", "read"],
     ):
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert result.returncode == 0, result.stderr
+        manage(env, *args)
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     files = sorted(
         p.name for p in data.iterdir() if p.name.startswith("loopsweb.sqlite3")

@@ -93,6 +93,7 @@ def _npm_install(npm: str, prefix: Path) -> None:
             "error",
             *(f"{package}@{version}" for package, version, _ in CLI_PACKAGES.values()),
         ],
+        cwd=prefix,  # never the checkout, like every process a test starts
         capture_output=True,
         text=True,
         timeout=900,

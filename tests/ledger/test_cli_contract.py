@@ -83,6 +83,7 @@ def test_every_flag_the_adapter_passes_is_in_the_clis_help(
     binary = cli_bin / CLI_PACKAGES[provider][2]
     version = subprocess.run(
         [str(binary), "--version"],
+        cwd=tmp_path,  # a CLI's stray file lands here, never in the checkout
         capture_output=True,
         text=True,
         timeout=120,
@@ -91,6 +92,7 @@ def test_every_flag_the_adapter_passes_is_in_the_clis_help(
     assert CLI_PACKAGES[provider][1] in version.stdout + version.stderr
     top = subprocess.run(
         [str(binary), "--help"],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
@@ -98,6 +100,7 @@ def test_every_flag_the_adapter_passes_is_in_the_clis_help(
     )
     help_text = subprocess.run(
         [str(binary), *HELP_ARGV[provider]],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,

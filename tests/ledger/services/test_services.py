@@ -37,6 +37,7 @@ from tests.ledger.runner_helpers import (
     route_generic,
     steps_of,
 )
+from tests.processes import ROOT, scratch_cwd
 
 pytestmark = pytest.mark.django_db
 
@@ -419,8 +420,13 @@ def _runner_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[
     )
     return subprocess.run(
         [sys.executable, "-c", code],
-        cwd=Path(__file__).resolve().parents[3],
-        env={**base, "DJANGO_SETTINGS_MODULE": "loopsweb.settings"},
+        cwd=scratch_cwd(),
+        # PYTHONPATH: `python -c` imports the project from another cwd
+        env={
+            **base,
+            "DJANGO_SETTINGS_MODULE": "loopsweb.settings",
+            "PYTHONPATH": str(ROOT),
+        },
         capture_output=True,
         text=True,
         timeout=60,
