@@ -6,17 +6,15 @@ import contextlib
 import json
 import signal
 import sqlite3
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.processes import (
-    ROOT,
     free_port,
     make_run_env,
+    manage,
     staff_login,
     start_make_run,
     stop_make_run,
@@ -50,22 +48,8 @@ def _processes_with_env(marker: str) -> list[int]:
 
 def _route_demo_event(base: str, env: dict[str, str], project: Path) -> dict:
     """The newcomer path: an ingest token, then one event for the demo project, routed now."""
-    token = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "api_token",
-            "create",
-            "demo",
-            "--scope",
-            "ingest",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
+    token = manage(
+        env, "api_token", "create", "demo", "--scope", "ingest", timeout=60
     ).stdout.strip()
     event = {
         "id": "first-event",

@@ -30,9 +30,17 @@ from typing import Any
 import pytest
 
 from tests.conftest import CHILD_TEST_ENV
-from tests.processes import ROOT, SUITE_ONLY, free_port, manage, wait_until
+from tests.processes import (
+    ROOT,
+    SUITE_ONLY,
+    free_port,
+    manage,
+    scratch_cwd,
+    wait_until,
+)
 
 DEPLOY = ROOT / "deploy"
+SERVE = str(ROOT / "scripts" / "serve.sh")  # it changes into the checkout itself
 UNITS = sorted(
     [*DEPLOY.glob("*.service"), *DEPLOY.glob("*.socket")], key=lambda p: p.name
 )
@@ -148,15 +156,7 @@ def test_env_template_defaults_are_the_code_defaults(tmp_path: Path) -> None:
     }
 
     def settings_with(extra: dict[str, str]) -> dict[str, Any]:
-        done = subprocess.run(
-            [sys.executable, "manage.py", "shell", "-c", dump],
-            cwd=ROOT,
-            env={**base, **extra},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
+        done = manage({**base, **extra}, "shell", "-c", dump)
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     defaults = settings_with({})
@@ -247,8 +247,8 @@ def _serve(
 ) -> subprocess.Popen[bytes]:  # own session: a Ctrl-C goes to its whole group
     with log.open("ab") as out:
         return subprocess.Popen(
-            ["bash", "scripts/serve.sh", *mode],
-            cwd=ROOT,
+            ["bash", SERVE, *mode],
+            cwd=scratch_cwd(),
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -365,8 +365,8 @@ def test_web_alone_serves_on_the_socket_systemd_passes(tmp_path: Path) -> None:
             # the tool passes only what -E names on to the process it starts
             [activate, "-l", f"127.0.0.1:{port}"]
             + [f"-E{name}" for name in env]
-            + ["scripts/serve.sh", "web"],
-            cwd=ROOT,
+            + [SERVE, "web"],
+            cwd=scratch_cwd(),
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -404,8 +404,8 @@ def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
     ):
         for mode in ((), ("web",), ("runs",)):
             done = subprocess.run(
-                ["bash", "scripts/serve.sh", *mode],
-                cwd=ROOT,
+                ["bash", SERVE, *mode],
+                cwd=scratch_cwd(),
                 env=_clean_env(data, **extra),
                 capture_output=True,
                 text=True,
@@ -419,8 +419,8 @@ def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
     assert not database.exists() or database.stat().st_size == 0
     assert not (data / "static").exists()
     bad = subprocess.run(
-        ["bash", "scripts/serve.sh", "everything"],
-        cwd=ROOT,
+        ["bash", SERVE, "everything"],
+        cwd=scratch_cwd(),
         env=_clean_env(data),
         capture_output=True,
         text=True,

@@ -31,6 +31,7 @@ import pytest
 from tests.waiting import hang_deadline, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+MANAGE_PY = str(ROOT / "manage.py")
 FIXTURES = ROOT / "tests" / "fixtures"
 SQLITE_FIXTURE = FIXTURES / "pre_route_scope.sqlite3"
 PG_FIXTURE = FIXTURES / "pre_route_scope.pg.sql"
@@ -243,13 +244,21 @@ def _pg_server_and_prefix() -> tuple[str, str]:
     return url, f"{name}_{worker}_upg" if worker else f"{name}_upg"
 
 
+def scratch_cwd() -> Path:
+    """tests.processes.scratch_cwd(), imported late: tests.processes imports the project's
+    models, and rollback_probe's process imports this module before django.setup()."""
+    from tests.processes import scratch_cwd as cwd
+
+    return cwd()
+
+
 def manage(
     db: Db, *args: str, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
     """Run manage.py against `db` in a fresh process, as an operator would; must succeed."""
     proc = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
+        [sys.executable, MANAGE_PY, *args],
+        cwd=scratch_cwd(),
         env=_env(db),
         capture_output=True,
         text=True,
@@ -266,6 +275,7 @@ def _env(db: Db) -> dict[str, str]:
         **os.environ,
         "DATABASE_URL": db.url,
         "DJANGO_SETTINGS_MODULE": "loopsweb.settings",
+        "PYTHONPATH": str(ROOT),  # `python -c` imports the project from another cwd
     }
 
 
@@ -617,7 +627,7 @@ def test_previous_release_code_reads_and_writes_the_upgraded_ledger_and_null_sco
             "-c",
             "from tests.ledger.test_upgrade import rollback_probe; rollback_probe()",
         ],
-        cwd=ROOT,
+        cwd=scratch_cwd(),
         env=_env(db),
         capture_output=True,
         text=True,
@@ -670,8 +680,8 @@ def test_scope_index_builds_concurrently_while_other_connections_keep_writing(
     holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
     holder.execute("SELECT 1")  # takes the snapshot; touches no ledger table
     migrate = subprocess.Popen(
-        [sys.executable, "manage.py", "migrate", "--noinput", "ledger", "0002"],
-        cwd=ROOT,
+        [sys.executable, MANAGE_PY, "migrate", "--noinput", "ledger", "0002"],
+        cwd=scratch_cwd(),
         env=_env(db),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
