@@ -257,6 +257,7 @@ def guarded_argv(report_fd: int, grace_seconds: float, argv: list[str]) -> list[
         STEP_GUARD,
         str(report_fd),
         str(grace_seconds),
+        str(os.getpid()),
         "--",
         *argv,
     ]

@@ -69,7 +69,6 @@ class RunWorktree:
                 project=project,
                 path=run.worktree_path,
                 branch=run.worktree_branch,
-                run_id=run.id,
             )
             return self.worktree
         path, branch = str(worktree_dir(run.id)), worktree_branch(run.id)

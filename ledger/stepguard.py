@@ -1,6 +1,7 @@
 """The step guard: the parent of every step's process, so nothing the step starts outlives it.
 
-ledger.processes runs each step as `python -I -S stepguard.py REPORT_FD GRACE -- ARGV...`
+ledger.processes runs each step as
+`python -I -S stepguard.py REPORT_FD GRACE RUNNER_PID -- ARGV...`
 (standard library only, no Django). The guard:
 
 1. makes itself a child subreaper (`prctl(PR_SET_CHILD_SUBREAPER)`): a process the step
@@ -91,9 +92,10 @@ def _reap() -> list[tuple[int, int]]:
 
 
 class Guard:
-    def __init__(self, report_fd: int, grace: float) -> None:
+    def __init__(self, report_fd: int, grace: float, runner: int) -> None:
         self.report_fd = report_fd
         self.grace = grace
+        self.runner = runner
         self.ended: set[int] = set()
         self.step: int | None = None
         self.status: int | None = None
@@ -158,7 +160,7 @@ class Guard:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         signal.signal(signal.SIGTERM, self.on_term)
         signal.signal(signal.SIGALRM, self.on_alarm)
-        if os.getppid() == 1:  # the runner was gone before PDEATHSIG was set
+        if os.getppid() != self.runner:  # gone before PDEATHSIG was set
             return 1 << 8
         try:
             child = subprocess.Popen(argv, close_fds=True)
@@ -180,11 +182,11 @@ class Guard:
 
 
 def main(args: list[str]) -> None:
-    if len(args) < 4 or args[2] != "--":
-        sys.stderr.write("usage: stepguard.py REPORT_FD GRACE -- ARGV...\n")
+    if len(args) < 5 or args[3] != "--":
+        sys.stderr.write("usage: stepguard.py REPORT_FD GRACE RUNNER_PID -- ARGV...\n")
         sys.exit(2)
-    guard = Guard(int(args[0]), float(args[1]))
-    status = guard.run(args[3:])
+    guard = Guard(int(args[0]), float(args[1]), int(args[2]))
+    status = guard.run(args[4:])
     os.close(guard.report_fd)
     if os.WIFSIGNALED(status):  # end as the step ended: by the same signal
         number = os.WTERMSIG(status)

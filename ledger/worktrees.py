@@ -254,7 +254,7 @@ def worktree_create(*, project: str, run_id: str) -> Worktree:
     return worktree
 
 
-def worktree_resume(*, project: str, path: str, branch: str, run_id: str) -> Worktree:
+def worktree_resume(*, project: str, path: str, branch: str) -> Worktree:
     """The worktree a resumed run already has, its repository checked again."""
     repo = project_repository(project)
     return Worktree(
@@ -282,7 +282,7 @@ def worktree_tampered(worktree: Worktree) -> str | None:
     return None
 
 
-def _index_at(worktree: Worktree, commit: str) -> None:
+def _index_at(worktree: Worktree, commit: str, *, check: bool = True) -> None:
     """The worktree's own index as `commit` (`read-tree`, no file touched), so the agent's
     `git status` shows only what changed since."""
     admin = _admin_dir(worktree.common_dir, Path(worktree.path).name)
@@ -292,6 +292,7 @@ def _index_at(worktree: Worktree, commit: str) -> None:
         git_dir=worktree.common_dir,
         cwd=worktree.common_dir,
         extra_env={"GIT_INDEX_FILE": os.path.join(admin, "index")},
+        check=check,
     )
 
 
@@ -303,7 +304,12 @@ def worktree_remove(*, project: str | None, path: str, branch: str | None) -> No
         raise WorktreeError(OUTSIDE_WORKTREE_DIR.format(path=path))
     repo = None
     if project and os.path.isdir(project):
-        repo = project_repository(project)
+        try:
+            repo = project_repository(project)
+        except WorktreeError as exc:
+            # The directory goes all the same; git's records of a repository outside the
+            # roots are not loopsweb's to touch.
+            logger.warning("removing %s without git: %s", path, exc)
     with _locked():
         if target.is_symlink():
             target.unlink()
@@ -388,7 +394,8 @@ def worktree_commit(worktree: Worktree, *, message: str) -> WorktreeCommit:
                 git_dir=common,
                 cwd=common,
             )
-            _index_at(worktree, head)
+            # The commit is made; the worktree's index is a convenience for a later step.
+            _index_at(worktree, head, check=False)
         stat_text = _diffstat(worktree, head)
     except GitError as exc:
         raise WorktreeError(COMMIT_FAILED.format(error=exc)) from None
