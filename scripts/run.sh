@@ -47,9 +47,11 @@ clusters=()
 stop() {
   trap - INT TERM EXIT
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  # A qcluster finishes its running tasks on SIGTERM; give each a bounded time, then make
-  # sure nothing of its process group is left behind.
-  for _ in $(seq 1 300); do
+  # A qcluster finishes its running tasks on SIGTERM; give each 30 s of wall time (counted by
+  # the clock, not by loop turns, which a busy machine makes slow), then make sure nothing of
+  # its process group is left behind.
+  local deadline=$((SECONDS + 30))
+  while [ "$SECONDS" -lt "$deadline" ]; do
     alive=0
     for pid in "${clusters[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
     [ "$alive" = 0 ] && break

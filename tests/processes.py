@@ -23,6 +23,7 @@ from typing import Any
 
 from ledger.providers import PROVIDERS
 from tests.conftest import CHILD_TEST_ENV
+from tests.waiting import hang_deadline
 from tests.waiting import wait_for as wait_until  # the suite's one polling helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,7 +151,9 @@ def stop_make_run(proc: subprocess.Popen[bytes]) -> None:
         except ProcessLookupError:
             pass
     try:
-        proc.wait(timeout=90)
+        # run.sh bounds its own stop (30 s for the clusters, then SIGKILL): only a hang
+        # reaches this deadline.
+        proc.wait(timeout=hang_deadline(180))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -57,6 +57,7 @@ class Installation:
     second terminal's environment for `manage.py route_event`."""
 
     def __init__(self, base: Path) -> None:
+        base.mkdir()
         self.base = base
         self.hostile = base / "hostile"
         self.decoy = git_project(base / "decoy")
@@ -116,11 +117,11 @@ class Installation:
         assert git(self.decoy, "diff", "--cached", "--name-only") == ""
 
 
-@pytest.fixture(scope="module")
-def installation(
-    tmp_path_factory: pytest.TempPathFactory, django_db_setup: Any
-) -> Iterator[Installation]:
-    inst = Installation(tmp_path_factory.mktemp("hostile"))
+@pytest.fixture
+def installation(tmp_path: Path) -> Iterator[Installation]:
+    # One cluster per test: a module's cluster would outlive the flush that ends each
+    # test (its host row and queued task with it) while other tests run on the worker.
+    inst = Installation(tmp_path / "installation")
     try:
         yield inst
     finally:
