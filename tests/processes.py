@@ -130,11 +130,28 @@ def staff_login(base: str, next_path: str) -> tuple[urllib.request.OpenerDirecto
     return opener, landed
 
 
+# `argv` with SIGINT back to its default first. A shell cannot trap a signal that was ignored
+# when it started, and a suite started in the background (nohup, `cmd &` in a script, some CI
+# runners) hands its children SIGINT ignored: run.sh's Ctrl-C handler would never run, and its
+# clusters (each in a session of its own) would be left behind when the test gives up.
+INTERRUPTIBLE = (
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])",
+)
+
+
 def start_make_run(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """scripts/run.sh (what `make run` runs), output to `log`, in its own session."""
+    """scripts/run.sh (what `make run` runs), output to `log`, in its own session, with
+    Ctrl-C (SIGINT) as a terminal's (INTERRUPTIBLE)."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            ["bash", str(ROOT / "scripts" / "run.sh")],  # it runs from the checkout
+            [
+                *INTERRUPTIBLE,
+                "bash",
+                str(ROOT / "scripts" / "run.sh"),
+            ],  # from the checkout
             cwd=scratch_cwd(),
             env={**env, "PY": sys.executable},
             stdout=out,
