@@ -310,6 +310,22 @@ def _process_start_time(pid: int) -> datetime | None:
     return datetime.fromtimestamp(seconds, tz=UTC)
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (zombies, ended but not yet reaped by
+    their parent, do not count)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, group = stat[stat.rfind(")") + 2 :].split()[:3]
+        if int(group) == pgid and state != "Z":
+            return True
+    return False
+
+
 def kill_step_process_group(
     step: WorkflowStepRun, *, claimed_by: str | None, grace_seconds: float = 1.0
 ) -> bool:
@@ -333,6 +349,8 @@ def kill_step_process_group(
     # /proc's boot time has one-second resolution: allow two seconds of slack.
     if started is None or started < step.started_at - timedelta(seconds=2):
         return False
+    if not _group_alive(pid):
+        return False  # ended already (its guard saw the runner die), not yet reaped
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
