@@ -195,7 +195,9 @@ def main(args: list[str]) -> None:
     os.close(guard.report_fd)
     if os.WIFSIGNALED(status):  # end as the step ended: by the same signal
         number = os.WTERMSIG(status)
-        signal.signal(number, signal.SIG_DFL)
+        if number not in (signal.SIGKILL, signal.SIGSTOP):  # no handler to reset
+            signal.signal(number, signal.SIG_DFL)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         os.kill(os.getpid(), number)
     sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 

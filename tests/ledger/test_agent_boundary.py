@@ -9,7 +9,9 @@ import ast
 import io
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -317,3 +319,35 @@ def test_worktree_needs_its_repository(tmp_path: Path) -> None:
     )
     with pytest.raises(WorktreeError):
         worktree_commit(wt, message="m")
+
+
+# --- the step guard ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signal_name", ["KILL", "TERM"])
+def test_the_step_guard_ends_as_its_step_ended_by_a_signal(signal_name: str) -> None:
+    # A step killed by SIGKILL (the guard's own kill after the grace, the OOM killer) is
+    # recorded as killed, not as "exit code 1" (a load run found it so: no handler can be
+    # reset for SIGKILL).
+    from ledger.processes import STEP_GUARD
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            STEP_GUARD,
+            "1",
+            "1",
+            str(os.getpid()),
+            "--",
+            "sh",
+            "-c",
+            f"kill -{signal_name} $$",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == -getattr(signal, f"SIG{signal_name}")
+    assert done.stdout.strip() == '{"ended": 0}'
