@@ -267,19 +267,32 @@ def worktree_tampered(worktree: Worktree) -> str | None:
     (`<common dir>/worktrees/<run id>`), or None when it still does."""
     dot_git = os.path.join(worktree.path, ".git")
     admin = _admin_dir(worktree.common_dir, Path(worktree.path).name)
-    try:
-        info = os.lstat(dot_git)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > 4096:
-            return TAMPERED.format(path=dot_git, git_dir=admin)
-        text = Path(dot_git).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return TAMPERED.format(path=dot_git, git_dir=admin)
+    text = _dot_git_file(Path(worktree.path))
     named = text.removeprefix("gitdir:").strip() if text.startswith("gitdir:") else ""
     if not named or os.path.realpath(
         os.path.join(worktree.path, named)
     ) != os.path.realpath(admin):
         return TAMPERED.format(path=dot_git, git_dir=admin)
     return None
+
+
+def _dot_git_file(worktree: Path) -> str:
+    """The text of the `.git` FILE at the top of `worktree`, read from one descriptor opened
+    without following a symlink (the agent may have put anything there); "" for anything
+    else: missing, a directory, a link, a FIFO, over 4 KiB."""
+    try:
+        fd = os.open(worktree / ".git", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 4096:
+            return ""
+        return os.read(fd, 4096).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 def _index_at(worktree: Worktree, commit: str, *, check: bool = True) -> None:
@@ -529,13 +542,7 @@ def _orphan_repository(path: Path) -> str | None:
     """The project a leftover worktree directory belongs to (its `.git` file names the
     repository's `.git/worktrees/<name>`) when that lies inside the project roots, or None
     (then only the directory is removed: the file is the agent's to write)."""
-    dot_git = path / ".git"
-    try:
-        if not stat.S_ISREG(os.lstat(dot_git).st_mode):
-            return None
-        text = dot_git.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
+    text = _dot_git_file(path)
     if not text.startswith("gitdir:"):
         return None
     gitdir = Path(os.path.realpath(text.removeprefix("gitdir:").strip()))

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from ledger.models import RunStatus
-from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
 from tests.agents.test_runs_real import drain_and_run
 
@@ -46,9 +45,6 @@ def _inert_git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.skipif(
-    "codex" not in clis.REAL_CLIS, reason="the real codex CLI is not part of this suite"
-)
 def test_codex_planting_core_fsmonitor_makes_loopsweb_run_nothing(
     cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path
 ) -> None:
