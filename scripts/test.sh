@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite on SQLite, then on PostgreSQL, each in parallel (pytest-xdist).
+# `make test`: the whole suite on SQLite and on PostgreSQL, side by side (TEST_SERIAL=1: one
+# after the other), each in parallel (pytest-xdist).
 # PostgreSQL: PG_TEST_URL when given (.ci/run starts one), else a throwaway server started here.
 # TEST_BACKENDS: which suites to run ("sqlite postgresql" by default; `make test-fast`: sqlite).
 # TEST_WORKERS: xdist workers per suite (default 4: most slow tests wait on subprocesses, so a
@@ -62,15 +63,21 @@ run_suite() {  # $1 = label; the environment selects the database
   return "$rc"
 }
 
-backends_run=()
-if [[ " $TEST_BACKENDS " == *" sqlite "* ]]; then
+sqlite_suite() {
   CHECK_URL="sqlite:///$work/sqlite/check.sqlite3" \
   LOOPSWEB_DATA_DIR="$work/sqlite" DATABASE_URL="sqlite:///$work/sqlite/app.sqlite3" \
     SQLITE_TEST_NAME="$work/sqlite/test.sqlite3" run_suite SQLite "$@"
-  backends_run+=(SQLite)
-fi
+}
+postgresql_suite() {
+  CHECK_URL="${PG_TEST_URL%/*}/$pg_check_db" \
+  LOOPSWEB_DATA_DIR="$work/pg" DATABASE_URL="$PG_TEST_URL" run_suite PostgreSQL "$@"
+}
 
-if [[ " $TEST_BACKENDS " == *" postgresql "* ]]; then
+backends_run=()
+for backend in sqlite postgresql; do
+  [[ " $TEST_BACKENDS " == *" $backend "* ]] && backends_run+=("$backend")
+done
+if [[ " ${backends_run[*]} " == *" postgresql "* ]]; then
   if [ -z "${PG_TEST_URL:-}" ]; then
     # shellcheck source=../.ci/pg.sh
     source .ci/pg.sh
@@ -80,9 +87,27 @@ if [[ " $TEST_BACKENDS " == *" postgresql "* ]]; then
   # check_migrations' scratch database: the test database's name + _check, on the same server.
   pg_check_db="$(basename "${PG_TEST_URL%%\?*}")_check"
   pg_psql -c "DROP DATABASE IF EXISTS \"$pg_check_db\" WITH (FORCE)" -c "CREATE DATABASE \"$pg_check_db\""
-  CHECK_URL="${PG_TEST_URL%/*}/$pg_check_db" \
-  LOOPSWEB_DATA_DIR="$work/pg" DATABASE_URL="$PG_TEST_URL" run_suite PostgreSQL "$@"
-  backends_run+=(PostgreSQL)
+fi
+
+# Both suites side by side (TEST_SERIAL=1: one after the other). Much of each suite's time is
+# waiting (schedules, heartbeats, leases, the CLIs' start-up), so on 2 cores the two together
+# take little more than the longer one. Each line is prefixed with its suite's name.
+if [ "${#backends_run[@]}" = 2 ] && [ "${TEST_SERIAL:-0}" != 1 ]; then
+  pids=()
+  for backend in "${backends_run[@]}"; do
+    ( "${backend}_suite" "$@" 2>&1 | sed -u "s/^/[$backend] /" ) &
+    pids+=("$!")
+  done
+  failed=()
+  for i in 0 1; do
+    wait "${pids[$i]}" || failed+=("${backends_run[$i]}")
+  done
+  if [ "${#failed[@]}" -gt 0 ]; then
+    echo "=== the suite FAILED on ${failed[*]} (see the [${failed[0]}] lines above) ===" >&2
+    exit 1
+  fi
+else
+  for backend in "${backends_run[@]}"; do "${backend}_suite" "$@"; done
 fi
 if [ "${#backends_run[@]}" = 2 ]; then
   echo "=== both suites passed (SQLite and PostgreSQL) ==="
