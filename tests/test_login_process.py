@@ -32,7 +32,9 @@ def _attempt(base: str, password: str) -> tuple[int, str]:
     jar = http.cookiejar.CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
     page = opener.open(f"{base}/admin/login/").read().decode()
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert found is not None, page
+    token = found.group(1)
     form = urllib.parse.urlencode(
         {"csrfmiddlewaretoken": token, "username": "operator", "password": password}
     ).encode()

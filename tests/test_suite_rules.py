@@ -27,12 +27,22 @@ among them) and on ones it must accept. Run over the whole suite as it was befor
 minute on a duration (test_real_clis.py:167 the one that failed); the bounds it leaves
 alone there are a minute or more (`failed_after <= lease + 60` with lease 30, `< 60`,
 `< 120`).
+
+No file under tests/ silences the type checker with a comment: no `# type: ignore` (with or
+without error codes) and no `# mypy:` inline configuration (`ignore-errors`,
+`disable-error-code`). The suite's shared helpers are in mypy's scope (pyproject.toml); a
+test module is not, and an ignore there only hides what a typed helper, an `assert x is not
+None` or a typed fixture (`pytest_django.Settings`, `pytest.CaptureFixture[str]`) says
+plainly. The check reads comments only (the tokenizer's), so a string naming the comment,
+as here, is not one.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -190,7 +200,7 @@ def _own_statements(scope: ast.AST) -> list[ast.AST]:
 def _upper_bounds(compare: ast.Compare) -> list[tuple[ast.AST, ast.AST]]:
     """(measured side, bound side) of each comparison in `compare` that caps its left
     operand (`a < b`, `a <= b`) or its right one (`a > b`, `a >= b`)."""
-    pairs = []
+    pairs: list[tuple[ast.AST, ast.AST]] = []
     operands = [compare.left, *compare.comparators]
     for index, op in enumerate(compare.ops):
         left, right = operands[index], operands[index + 1]
@@ -309,6 +319,62 @@ def test_the_checker_catches_the_old_timing_assertions(body: str) -> None:
 )
 def test_the_checker_accepts_outcomes_orders_and_hang_deadlines(body: str) -> None:
     assert timing_assertions(_one(body)) == [], body
+
+
+# A comment that is (or, after a noqa, holds) the type-ignore marker, with or without error
+# codes, or a `mypy:` inline configuration.
+_SILENCER = re.compile(r"#\s*type\s*:\s*ignore\b|^#\s*mypy\s*:", re.IGNORECASE)
+
+
+def type_check_silencers(source: str, filename: str = "<test>") -> list[str]:
+    """`file:line: comment` of each comment in `source` that silences the type checker."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return [
+        f"{filename}:{token.start[0]}: {token.string}"
+        for token in tokens
+        if token.type == tokenize.COMMENT and _SILENCER.search(token.string)
+    ]
+
+
+def test_no_file_under_tests_silences_the_type_checker() -> None:
+    found = []
+    for path in sorted(p for p in TESTS.rglob("*.py") if p.is_file()):
+        found += type_check_silencers(
+            path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
+        )
+    assert found == [], (
+        "type-checker silencers (type the helper, narrow with `assert x is not None` or "
+        "`isinstance`, annotate the fixture; don't silence it):\n" + "\n".join(found)
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "x = f()  # type: ignore",
+        "x = f()  # type: ignore[union-attr]",
+        "x = f()  #type:ignore[arg-type, attr-defined]",
+        "x = f()  # noqa: E501  # type: ignore[arg-type]",
+        "def f(a, b):  # TYPE: IGNORE",
+        "# mypy: ignore-errors",
+        "# mypy: disable-error-code=union-attr",
+    ],
+)
+def test_the_silencer_check_finds_the_comments(line: str) -> None:
+    assert len(type_check_silencers(line + "\n")) == 1, line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'note = "# type: ignore is refused under tests/"',
+        "x = cast(int, f())  # the value is known to be an int",
+        "# the type: ignored here is a word, not the comment",
+        "# see the mypy docs",
+    ],
+)
+def test_the_silencer_check_leaves_strings_and_other_comments(line: str) -> None:
+    assert type_check_silencers(line + "\n") == [], line
 
 
 def test_only_the_waiting_module_reads_the_time_scale() -> None:

@@ -49,7 +49,7 @@ def hang_deadline(seconds: float = HANG_SECONDS) -> float:
 
 
 def wait_for(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     *,
     timeout: float = HANG_SECONDS,
     interval: float = 0.1,

@@ -155,6 +155,12 @@ class ProviderStandIn:
         }
 
 
+def _list_field(body: dict[str, Any], key: str) -> list[Any]:
+    """`body[key]` when it is a list (a request's input or messages), else []."""
+    value = body.get(key)
+    return value if isinstance(value, list) else []
+
+
 def _sse(event: str | None, data: dict[str, Any] | str) -> bytes:
     body = data if isinstance(data, str) else json.dumps(data)
     head = f"event: {event}\n" if event else ""
@@ -344,7 +350,7 @@ class _Handler(BaseHTTPRequestHandler):
         return {"cwd": cwd, "path": f"{cwd.rstrip('/')}/{self.owner.file_name}"}
 
     def _answer_responses(self, body: dict[str, Any], request: Request) -> None:
-        items = body.get("input") if isinstance(body.get("input"), list) else []
+        items = _list_field(body, "input")
         has_result = any(
             isinstance(i, dict) and i.get("type") == "function_call_output"
             for i in items
@@ -372,7 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
             if self.owner.tool_command:
                 cmd = f"{self.owner.tool_command}; {cmd}"
-            item = {
+            item: dict[str, Any] = {
                 "type": "function_call",
                 "id": "fc_standin",
                 "call_id": "call_standin",
@@ -445,9 +451,7 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _answer_messages(self, body: dict[str, Any], request: Request) -> None:
-        messages = (
-            body.get("messages") if isinstance(body.get("messages"), list) else []
-        )
+        messages = _list_field(body, "messages")
         has_result = any(
             isinstance(m, dict)
             and isinstance(m.get("content"), list)
@@ -552,9 +556,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(_sse("message_stop", {"type": "message_stop"}))
 
     def _answer_chat(self, body: dict[str, Any], request: Request) -> None:
-        messages = (
-            body.get("messages") if isinstance(body.get("messages"), list) else []
-        )
+        messages = _list_field(body, "messages")
         has_result = any(
             isinstance(m, dict) and m.get("role") == "tool" for m in messages
         )

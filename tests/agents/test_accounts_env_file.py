@@ -47,8 +47,8 @@ def test_an_env_file_readable_by_others_is_refused_and_nothing_is_written(
 
 @pytest.mark.django_db
 def test_the_database_holds_the_env_files_path_never_its_value(
-    tmp_path: Path, capsys
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write_env_file(tmp_path / "acct.env", {"OPENAI_API_KEY": SECRET})
     call_command(
         "account",

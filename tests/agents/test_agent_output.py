@@ -100,9 +100,8 @@ def test_the_error_is_the_agents_own_message_with_the_exit_code() -> None:
     assert agent_error("codex", CODEX_429, "", 1) == (
         "exceeded retry limit, last status: 429 Too Many Requests (exit code 1)"
     )
-    assert agent_error("claude", CLAUDE_429, "", 1).startswith(  # type: ignore[union-attr]
-        "API Error: Request rejected (429)"
-    )
+    claude = agent_error("claude", CLAUDE_429, "", 1)
+    assert claude is not None and claude.startswith("API Error: Request rejected (429)")
     assert agent_error("opencode", OPENCODE_ERROR, "", 1) == (
         "Rate limit reached for requests. (exit code 1)"
     )
@@ -120,7 +119,8 @@ def test_live_lines_are_readable() -> None:
     assert "message: Done." in text
     assert "turn done: 2400 tokens in, 80 out" in text
     assert "thread.started" not in text
-    assert summarize_line("claude", CLAUDE_429).startswith("error: API Error")  # type: ignore[union-attr]
+    line = summarize_line("claude", CLAUDE_429)
+    assert line is not None and line.startswith("error: API Error")
     assert summarize_line("opencode", "\x1b[0mplain\x1b[0m") == "plain"
     assert summarize_line("opencode", OPENCODE_ERROR) == (
         "error: Rate limit reached for requests."

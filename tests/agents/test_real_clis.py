@@ -11,11 +11,13 @@ moves is the failover benchmark's figure (tests/bench/bench_failover.py, make be
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from pytest_django import Settings
 
 from ledger.agent_output import (
     agent_error,
@@ -92,10 +94,11 @@ def _run(
     name: str,
     cli_bin: Path,
     tmp_path: Path,
-    settings: object,
-    **kwargs: object,
+    settings: Settings,
+    *,
+    stop_when: Callable[[str, str], bool] | None = None,
 ) -> tuple[Finished, Path]:
-    settings.LOOPSWEB_PROVIDER_BINARIES = {  # type: ignore[attr-defined]
+    settings.LOOPSWEB_PROVIDER_BINARIES = {
         provider: str(cli_bin / clis.CLI_PACKAGES[provider][2])
     }
     repo = clis.git_repo(tmp_path / f"{name}-repo")
@@ -111,7 +114,7 @@ def _run(
         run_id="run-1",
         step_id="worker",
     )
-    return run_agent(invocation, **kwargs), repo  # type: ignore[arg-type]
+    return run_agent(invocation, stop_when=stop_when), repo
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -120,7 +123,7 @@ def test_the_real_cli_writes_the_file_with_the_accounts_key_and_reports_its_usag
     cli_bin: Path,
     stand_in: ProviderStandIn,
     tmp_path: Path,
-    settings: object,
+    settings: Settings,
 ) -> None:
     _register(provider, "acct-a", stand_in, tmp_path, key="key-of-acct-a")
     done, repo = _run(provider, "acct-a", cli_bin, tmp_path, settings)
@@ -151,7 +154,7 @@ def test_a_429_in_the_clis_real_format_is_detected_before_its_reset_with_its_res
     cli_bin: Path,
     stand_in: ProviderStandIn,
     tmp_path: Path,
-    settings: object,
+    settings: Settings,
 ) -> None:
     """codex and claude give up by themselves after their bounded tries and say 429;
     opencode, which would keep retrying, names the limit in its log and is stopped there,
@@ -222,7 +225,7 @@ def test_a_login_failure_gives_the_clis_own_message(
     cli_bin: Path,
     stand_in: ProviderStandIn,
     tmp_path: Path,
-    settings: object,
+    settings: Settings,
 ) -> None:
     if provider == "claude":
         # A config dir with no login: claude fails at once, before any request.
@@ -243,11 +246,15 @@ def test_a_login_failure_gives_the_clis_own_message(
 
 
 def test_account_check_says_what_is_wrong(
-    cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path, settings: object, capsys
-) -> None:  # type: ignore[no-untyped-def]
+    cli_bin: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+    settings: Settings,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from django.core.management.base import CommandError
 
-    settings.LOOPSWEB_PROVIDER_BINARIES = {  # type: ignore[attr-defined]
+    settings.LOOPSWEB_PROVIDER_BINARIES = {
         p: str(cli_bin / clis.CLI_PACKAGES[p][2]) for p in clis.REAL_CLIS
     }
     _register("claude", "claude-nologin", stand_in, tmp_path, key=None)
@@ -266,7 +273,7 @@ def test_account_check_says_what_is_wrong(
 
 
 def test_codex_on_a_subscriptions_usage_limit_names_the_reset_clock_time(
-    cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path, settings: object
+    cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path, settings: Settings
 ) -> None:
     # What ChatGPT's backend answers a subscription at its usage limit; codex prints
     # "... or try again at 4:24 AM." (its clock time, the machine's time zone).

@@ -30,8 +30,9 @@ from ledger.models import (
 )
 from ledger.providers import PROVIDERS
 from ledger.services import work_item_admit
-from routing.admission import CREATED, RouteResult, route_event, route_options
+from routing.admission import RouteResult, route_event, route_options
 from tests.processes import MANAGE_PY, scratch_cwd
+from tests.routing.helpers import CreatedRoute, created_route
 from tests.waiting import wait_for as wait_for  # the suite's one polling helper
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,8 +123,15 @@ def route_generic(
         kind="generic", envelope=event, options=route_options(raw), env={}
     )
     if created:
-        assert result.kind == CREATED and result.run is not None, result.to_dict()
+        created_route(result)
     return result
+
+
+def route_created(
+    project: Path, event_id: str | None = None, **raw: Any
+) -> CreatedRoute:
+    """`route_generic` for an admission that must create its run: the rows it made."""
+    return created_route(route_generic(project, event_id, **raw))
 
 
 def agent_step(

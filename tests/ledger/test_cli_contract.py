@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pytest_django import Settings
 
 from ledger.providers import ADAPTERS, agent_invocation
 from tests.agents.clis import CLI_PACKAGES, install_clis
@@ -59,8 +60,8 @@ def _empty_home(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def _argv(provider: str, binary: Path, prompt: str, settings: object) -> list[str]:
-    settings.LOOPSWEB_PROVIDER_BINARIES = {provider: str(binary)}  # type: ignore[attr-defined]
+def _argv(provider: str, binary: Path, prompt: str, settings: Settings) -> list[str]:
+    settings.LOOPSWEB_PROVIDER_BINARIES = {provider: str(binary)}
     invocation = agent_invocation(
         target={
             "provider": provider,
@@ -78,7 +79,7 @@ def _argv(provider: str, binary: Path, prompt: str, settings: object) -> list[st
 
 @pytest.mark.parametrize("provider", sorted(CLI_PACKAGES))
 def test_every_flag_the_adapter_passes_is_in_the_clis_help(
-    provider: str, cli_bin: Path, tmp_path: Path, settings: object
+    provider: str, cli_bin: Path, tmp_path: Path, settings: Settings
 ) -> None:
     binary = cli_bin / CLI_PACKAGES[provider][2]
     version = subprocess.run(
@@ -132,7 +133,7 @@ def test_every_flag_the_adapter_passes_is_in_the_clis_help(
 
 @pytest.mark.parametrize("provider", sorted(CLI_PACKAGES))
 def test_the_prompt_is_never_read_as_a_flag(
-    provider: str, cli_bin: Path, tmp_path: Path, settings: object
+    provider: str, cli_bin: Path, tmp_path: Path, settings: Settings
 ) -> None:
     package, version, name = CLI_PACKAGES[provider]
     argv = _argv(provider, cli_bin / name, "--version", settings)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.selectors import account_load
-from routing.admission import CREATED, route_event, route_options
 from tests.ledger.runner_helpers import (
     VENV_BIN,
     admit_workflow,
@@ -29,6 +27,7 @@ from tests.ledger.runner_helpers import (
     child_database_url,
     kill_group_quietly,
     process_alive,
+    route_created,
     spawn_runner,
     wait_for,
 )
@@ -108,29 +107,23 @@ def test_retries_run_through_the_runner_process_until_an_attempt_succeeds(
 ) -> None:
     config = tmp_path / "agent.json"
     config.write_text(json.dumps({"steps": {"worker": {"exit": 5}}}))
-    event = {
-        "id": f"evt-retry-{time.time_ns()}",
-        "type": "build.failed",
-        "source": "ci",
-        "data": {"project_path": str(tmp_path), "title": "Fix", "message": "flaky"},
-    }
-    result = route_event(
-        kind="generic",
-        envelope=event,
-        options=route_options(
-            {"auth_profile": "acctA", "max_attempts": "3", "retry_backoff": "0"}
-        ),
-        env={},
+    result = route_created(
+        tmp_path,
+        title="Fix",
+        message="flaky",
+        auth_profile="acctA",
+        max_attempts="3",
+        retry_backoff="0",
     )
-    assert result.kind == CREATED and result.run is not None
-    item_id = result.work_item.id  # type: ignore[union-attr]
+    item_id = result.work_item.id
     env = _child_env(tmp_path, FAKE_AGENT_CONFIG=str(config))
     statuses = []
     for attempt in range(3):
         if attempt == 2:
             config.write_text(json.dumps({}))  # the third attempt's agent succeeds
         run_id = WorkflowWorkItem.objects.get(pk=item_id).workflow_run_id
-        child = spawn_runner(run_id, extra_env=env)  # type: ignore[arg-type]
+        assert run_id is not None
+        child = spawn_runner(run_id, extra_env=env)
         child.communicate(timeout=120)
         statuses.append(WorkflowRun.objects.get(pk=run_id).status)
     assert statuses == [RunStatus.FAILED, RunStatus.FAILED, RunStatus.SUCCEEDED]

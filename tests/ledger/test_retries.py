@@ -24,11 +24,10 @@ from ledger.models import (
 from ledger.runner import NOT_DUE, run_workflow_run
 from ledger.selectors import active_counts
 from routing.admission import (
-    CREATED,
     THROTTLED,
     route_options,
 )
-from tests.ledger.runner_helpers import FakeAgent, route_generic
+from tests.ledger.runner_helpers import FakeAgent, route_created, route_generic
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -43,12 +42,11 @@ def test_a_run_failing_twice_then_succeeding_with_three_attempts_succeeds_once_a
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     agent.configure(steps={"worker": {"exit": 3}})
-    result = route_generic(
+    result = route_created(
         tmp_path, auth_profile="acctA", max_attempts="3", retry_backoff="0"
     )
-    assert result.kind == CREATED and result.run is not None and result.loop is not None
     assert (result.loop.max_attempts, result.loop.retry_delay_ms) == (3, 0)
-    item_id = result.work_item.id  # type: ignore[union-attr]
+    item_id = result.work_item.id
 
     assert run_workflow_run(result.run.id) == RunStatus.FAILED
     item = WorkflowWorkItem.objects.get(pk=item_id)
@@ -59,10 +57,10 @@ def test_a_run_failing_twice_then_succeeding_with_three_attempts_succeeds_once_a
     assert item.workflow_run_id == second.id and second.status == RunStatus.QUEUED
     assert second.loop_id == first.loop_id and second.workflow_id == first.workflow_id
     created = second.events.get(event_type="created").payload_json
+    assert created is not None
     assert created["attempt"] == 2 and created["retryOf"] == first.id
-    assert first.events.get(event_type="retry_scheduled").payload_json[
-        "retryRunId"
-    ] == (second.id)
+    scheduled = first.events.get(event_type="retry_scheduled").payload_json
+    assert scheduled is not None and scheduled["retryRunId"] == second.id
     # The same accounts as the failed attempt.
     assert list(
         second.step_runs.order_by("sequence").values_list("step_id", "account_profile")
@@ -106,11 +104,11 @@ def test_with_two_attempts_the_item_fails_naming_the_last_error(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     agent.configure(steps={"worker": {"exit": 3}})
-    result = route_generic(
+    result = route_created(
         tmp_path, auth_profile="acctA", max_attempts=2, retry_backoff=0
     )
-    item_id = result.work_item.id  # type: ignore[union-attr]
-    assert run_workflow_run(result.run.id) == RunStatus.FAILED  # type: ignore[union-attr]
+    item_id = result.work_item.id
+    assert run_workflow_run(result.run.id) == RunStatus.FAILED
     agent.configure(steps={"worker": {"exit": 4}})
     assert run_workflow_run(_runs(item_id)[1].id) == RunStatus.FAILED
 
@@ -129,10 +127,10 @@ def test_the_default_is_one_attempt_as_upstream(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     agent.configure(steps={"worker": {"exit": 3}})
-    result = route_generic(tmp_path, auth_profile="acctA")
-    assert result.loop.max_attempts == 1  # type: ignore[union-attr]
-    assert run_workflow_run(result.run.id) == RunStatus.FAILED  # type: ignore[union-attr]
-    item = WorkflowWorkItem.objects.get(pk=result.work_item.id)  # type: ignore[union-attr]
+    result = route_created(tmp_path, auth_profile="acctA")
+    assert result.loop.max_attempts == 1
+    assert run_workflow_run(result.run.id) == RunStatus.FAILED
+    item = WorkflowWorkItem.objects.get(pk=result.work_item.id)
     assert item.status == WorkItemStatus.FAILED and item.last_reason == WORKER_FAILED
     assert len(_runs(item.id)) == 1
 
@@ -141,16 +139,15 @@ def test_the_backoff_is_respected_and_doubles_up_to_the_cap(
     agent: FakeAgent, tmp_path: Path, settings: Any
 ) -> None:
     settings.LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = 100
-    result = route_generic(
+    result = route_created(
         tmp_path, auth_profile="acctA", max_attempts=4, retry_backoff="1m"
     )
-    assert result.loop.retry_delay_ms == 60_000  # type: ignore[union-attr]
-    item_id = result.work_item.id  # type: ignore[union-attr]
+    assert result.loop.retry_delay_ms == 60_000
+    item_id = result.work_item.id
     first = result.run
-    assert first is not None
     claimed = services.run_claim(run_id=first.id, worker="w:1")
-    assert claimed is not None
-    first_end = claimed.started_at + timedelta(seconds=5)  # type: ignore[operator]
+    assert claimed is not None and claimed.started_at is not None
+    first_end = claimed.started_at + timedelta(seconds=5)
     services.run_finalize(
         run_id=first.id, status=RunStatus.FAILED, error="boom 1", now=first_end
     )
@@ -185,20 +182,25 @@ def test_the_backoff_is_respected_and_doubles_up_to_the_cap(
 def test_caps_count_a_retrying_item_as_active_while_it_waits(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    caps = {"max_active": "1", "max_active_scope": "nightly"}
-    result = route_generic(
-        tmp_path, auth_profile="acctA", max_attempts=3, retry_backoff="10m", **caps
+    result = route_created(
+        tmp_path,
+        auth_profile="acctA",
+        max_attempts=3,
+        retry_backoff="10m",
+        max_active="1",
+        max_active_scope="nightly",
     )
-    assert result.kind == CREATED and result.run is not None
     run = services.run_claim(run_id=result.run.id, worker="w:1")
     assert run is not None
     services.run_finalize(run_id=run.id, status=RunStatus.FAILED, error="flaky")
-    item = WorkflowWorkItem.objects.get(pk=result.work_item.id)  # type: ignore[union-attr]
+    item = WorkflowWorkItem.objects.get(pk=result.work_item.id)
     assert item.status == WorkItemStatus.ADMITTED  # waiting for its retry
     counts = active_counts(scope="nightly", project_key=None, project_group=None)
     assert counts.scope == 1
 
-    other = route_generic(tmp_path, auth_profile="acctA", **caps)
+    other = route_generic(
+        tmp_path, auth_profile="acctA", max_active="1", max_active_scope="nightly"
+    )
     assert other.kind == THROTTLED
     assert other.reason == "scope nightly active workflow limit reached (1/1)"
     assert (
@@ -207,11 +209,11 @@ def test_caps_count_a_retrying_item_as_active_while_it_waits(
 
 
 def test_a_cancelled_run_is_never_retried(agent: FakeAgent, tmp_path: Path) -> None:
-    result = route_generic(
+    result = route_created(
         tmp_path, auth_profile="acctA", max_attempts=3, retry_backoff=0
     )
-    services.run_cancel(run_id=result.run.id, reason="not wanted")  # type: ignore[union-attr]
-    item = WorkflowWorkItem.objects.get(pk=result.work_item.id)  # type: ignore[union-attr]
+    services.run_cancel(run_id=result.run.id, reason="not wanted")
+    item = WorkflowWorkItem.objects.get(pk=result.work_item.id)
     assert item.status == WorkItemStatus.CANCELLED and len(_runs(item.id)) == 1
 
 
@@ -263,11 +265,11 @@ def test_the_ops_item_page_shows_each_attempt_and_why_it_ended(
     from django.urls import reverse
 
     agent.configure(steps={"worker": {"exit": 3}})
-    result = route_generic(
+    result = route_created(
         tmp_path, auth_profile="acctA", max_attempts=3, retry_backoff="5m"
     )
-    item_id = result.work_item.id  # type: ignore[union-attr]
-    assert run_workflow_run(result.run.id) == RunStatus.FAILED  # type: ignore[union-attr]
+    item_id = result.work_item.id
+    assert run_workflow_run(result.run.id) == RunStatus.FAILED
     page = admin_client.get(reverse("ops:work-item", args=[item_id]))
     assert page.status_code == 200
     body = page.content.decode()
@@ -332,10 +334,10 @@ def test_a_run_whose_lease_expired_is_retried_when_attempts_are_left(
 
     from ledger.tasks import run_workflow
 
-    result = route_generic(
+    result = route_created(
         tmp_path, auth_profile="acctA", max_attempts=2, retry_backoff="1h"
     )
-    run = services.run_claim(run_id=result.run.id, worker="gone-host:1")  # type: ignore[union-attr]
+    run = services.run_claim(run_id=result.run.id, worker="gone-host:1")
     assert run is not None
     later = timezone.now() + timedelta(hours=1)
     (recovered,) = services.runs_recover_expired(now=later)
@@ -406,12 +408,12 @@ def test_a_retry_after_a_rate_limit_starts_on_a_free_pool_member(
     """The retry is admitted on the failed attempt's accounts; the account rules (issue 15's
     failover at step start) then move its step off the account the rate limit left cooling."""
     settings.LOOPSWEB_RATE_LIMIT_MOVES = 0  # the rate limit fails the attempt itself
-    result = route_generic(
+    result = route_created(
         tmp_path, auth_profile_pool="acctA,acctB", max_attempts=2, retry_backoff=0
     )
-    assert result.kind == CREATED and result.run is not None
-    item_id = result.work_item.id  # type: ignore[union-attr]
+    item_id = result.work_item.id
     limited = result.run.step_runs.get(step_id="worker").account_profile
+    assert limited is not None
     other = ({"acctA", "acctB"} - {limited}).pop()
     agent.configure(profiles={limited: {"rate_limit": "HTTP 429 Too Many Requests"}})
 
@@ -427,7 +429,7 @@ def test_a_retry_after_a_rate_limit_starts_on_a_free_pool_member(
         for e in second.events.filter(event_type="step_account_moved")
         if e.step_id == "worker"
     ]
-    assert (move["from"], move["to"]) == (limited, other)
+    assert move is not None and (move["from"], move["to"]) == (limited, other)
     worker_profiles = [r["profile"] for r in agent.records() if r["step"] == "worker"]
     assert worker_profiles == [limited, other]
     item = WorkflowWorkItem.objects.get(pk=item_id)

@@ -1,11 +1,25 @@
-"""Envelopes and option shortcuts for routing tests."""
+"""Envelopes and option shortcuts for routing tests, and the rows of a created route."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
-from routing.admission import RouteOptions, RouteResult, route_event, route_options
+from ledger.models import (
+    Loop,
+    WorkflowInvocation,
+    WorkflowRun,
+    WorkflowSpec,
+    WorkflowWorkItem,
+)
+from routing.admission import (
+    CREATED,
+    RouteOptions,
+    RouteResult,
+    route_event,
+    route_options,
+)
 
 _seq = itertools.count(1)
 
@@ -51,3 +65,28 @@ def route(
     return route_event(
         kind=kind, envelope=event or generic_event(), options=opts(**raw), env=env or {}
     )
+
+
+@dataclass(frozen=True)
+class CreatedRoute:
+    """The rows an admission that created its run made, typed as present (a RouteResult
+    types each of them optional: a throttled or deduped route has none of them)."""
+
+    result: RouteResult
+    work_item: WorkflowWorkItem
+    invocation: WorkflowInvocation
+    workflow: WorkflowSpec
+    loop: Loop
+    run: WorkflowRun
+
+
+def created_route(result: RouteResult) -> CreatedRoute:
+    """`result`'s rows; fails the test, showing the result, unless it created a run."""
+    assert result.kind == CREATED, result.to_dict()
+    item, invocation, spec = result.work_item, result.invocation, result.workflow
+    loop, run = result.loop, result.run
+    assert item is not None and invocation is not None and spec is not None, (
+        result.to_dict()
+    )
+    assert loop is not None and run is not None, result.to_dict()
+    return CreatedRoute(result, item, invocation, spec, loop, run)

@@ -21,16 +21,17 @@ django.setup()
 
 from ledger.models import WorkflowRun, WorkflowStepRun, WorkflowWorkItem  # noqa: E402
 from ledger.selectors import account_load, active_counts  # noqa: E402
-from routing.admission import route_event, route_options  # noqa: E402
+from routing.admission import CREATED, route_event, route_options  # noqa: E402
+from tests.routing.helpers import created_route  # noqa: E402
 
-CAPS = {
+# The caps the check holds the counts to, and the routing options that set them.
+LIMITS = {
     "max_active": 5,
-    "max_active_scope": "race",
     "max_active_per_project": 3,
     "max_active_per_project_group": 4,
-    "auth_profile_pool": "acctA,acctB,acctC",
     "max_per_profile": 2,
 }
+CAPS = {**LIMITS, "max_active_scope": "race", "auth_profile_pool": "acctA,acctB,acctC"}
 PROJECTS = [("/srv/race/p1", "g"), ("/srv/race/p2", "g"), ("/srv/race/p3", None)]
 
 
@@ -38,14 +39,17 @@ def check() -> list[str]:
     found = []
     for project, group in PROJECTS:
         counts = active_counts(scope="race", project_key=project, project_group=group)
-        if counts.scope > CAPS["max_active"]:
+        if counts.scope > LIMITS["max_active"]:
             found.append(f"scope {counts.scope}")
-        if counts.project > CAPS["max_active_per_project"]:
+        if counts.project > LIMITS["max_active_per_project"]:
             found.append(f"project {project} {counts.project}")
-        if group and (counts.project_group or 0) > CAPS["max_active_per_project_group"]:
+        if (
+            group
+            and (counts.project_group or 0) > LIMITS["max_active_per_project_group"]
+        ):
             found.append(f"group {counts.project_group}")
     for account, load in account_load().total().items():
-        if load > CAPS["max_per_profile"]:
+        if load > LIMITS["max_per_profile"]:
             found.append(f"account {account} {load}")
     return found
 
@@ -66,7 +70,8 @@ def main() -> None:
     worker, routes, seed = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     rng = random.Random(seed * 1000 + worker)
     options = route_options(CAPS)
-    tally = {"created": 0, "throttled": 0, "violations": []}
+    tally = {"created": 0, "throttled": 0}
+    violations: list[str] = []
     mine: list[str] = []
     for n in range(routes):
         project, group = rng.choice(PROJECTS)
@@ -76,12 +81,12 @@ def main() -> None:
         event = {"id": f"w{worker}-{n}", "type": "race", "source": "race", "data": data}
         result = route_event(kind="generic", envelope=event, options=options, env={})
         tally[result.kind] = tally.get(result.kind, 0) + 1
-        if result.kind == "created":
-            mine.append(result.work_item.id)
-            tally["violations"] += check()
+        if result.kind == CREATED:
+            mine.append(created_route(result).work_item.id)
+            violations += check()
         if rng.random() < 0.4:
             finish_one(rng, mine)
-    print(json.dumps(tally))
+    print(json.dumps({**tally, "violations": violations}))
 
 
 if __name__ == "__main__":

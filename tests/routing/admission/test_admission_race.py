@@ -13,7 +13,7 @@ from django.db import connection
 
 from ledger.selectors import account_load, active_counts
 from tests.processes import scratch_cwd
-from tests.routing.admission.race_worker import CAPS, PROJECTS
+from tests.routing.admission.race_worker import LIMITS, PROJECTS
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -68,7 +68,7 @@ def test_eight_concurrent_routers_never_exceed_any_cap() -> None:
     for project, group in PROJECTS:
         counts = active_counts(scope="race", project_key=project, project_group=group)
         assert (
-            counts.scope <= CAPS["max_active"]
-            and counts.project <= CAPS["max_active_per_project"]
+            counts.scope <= LIMITS["max_active"]
+            and counts.project <= LIMITS["max_active_per_project"]
         )
-    assert max(account_load().total().values(), default=0) <= CAPS["max_per_profile"]
+    assert max(account_load().total().values(), default=0) <= LIMITS["max_per_profile"]

@@ -13,7 +13,7 @@ from ledger import services
 from ledger.models import RunStatus, WorkflowRun, WorkflowWorkItem, WorkItemStatus
 from ledger.services import LedgerError, work_item_admit
 from routing.drains.inbox import inbox_ingest
-from tests.routing.helpers import generic_event, route
+from tests.routing.helpers import created_route, generic_event, route
 
 pytestmark = pytest.mark.django_db
 
@@ -75,14 +75,14 @@ def test_compact_drain_results_carry_queued_at_source() -> None:
 def test_admitting_an_item_that_is_not_queued_or_deferred_is_refused_as_upstream() -> (
     None
 ):
-    result = route(event=generic_event())
+    result = created_route(route(event=generic_event()))
     item = result.work_item
-    assert item is not None and item.status == WorkItemStatus.ADMITTED
+    assert item.status == WorkItemStatus.ADMITTED
     with pytest.raises(LedgerError) as err:
         work_item_admit(
             item=item,
-            spec=result.workflow,  # type: ignore[arg-type]
-            invocation=result.invocation,  # type: ignore[arg-type]
+            spec=result.workflow,
+            invocation=result.invocation,
             loop_name="again",
             loop_description="again",
             reason="admitted by generic-event route",
