@@ -186,14 +186,17 @@ def test_with_every_member_cooling_the_step_waits_and_ops_shows_why(
     assert claimed is not None
     outcome = services.step_start(step_run_id=steps_of(run)["worker"].id, worker="w")
 
-    assert not outcome.started and outcome.wait_code == "cooldown"
+    # The whole pool cools: the step waits for the earliest end, and says so.
+    assert not outcome.started and outcome.wait_code == "pool_rate_limited"
+    assert outcome.retry_at is not None
     assert _moves(run) == []
     assert account_load_drift() == []
     page = admin_client.get("/ops/").content.decode()
     section = page.split('id="waiting"')[1].split("</section>")[0]
     worker = steps_of(run)["worker"].account_profile
     assert f"<code>{worker}</code>" in section
-    assert f"account {worker} is cooling down until" in section
+    until = timezone.localtime(outcome.retry_at).strftime("%H:%M")
+    assert f"every account of the pool is rate limited until {until}" in section
 
 
 def test_a_registered_claude_pool_is_routed_least_loaded_with_its_cap(

@@ -45,7 +45,7 @@ def test_an_agent_step_without_limits_gets_the_settings_idle_timeout(
     run = _route(tmp_path)
     assert run_workflow_run(run.id) == RunStatus.TIMED_OUT
     worker = steps_of(run)["worker"]
-    assert worker.error.startswith("step produced no output for 1000 ms (idle timeout)")
+    assert worker.error.startswith("no progress for 1 s (idle limit)")
     # The last thing it printed, and its output so far.
     assert "; last output: FAKE_AGENT_ARGV" in worker.error
     assert "FAKE_AGENT_ARGV" in worker.stdout
