@@ -52,6 +52,7 @@ from ledger.agent_output import (
     provider_error,
     summarize_output,
 )
+from ledger.display import seconds
 from ledger.models import StepStatus
 from ledger.processes import ProcessResult, run_process
 from ledger.providers import Invocation
@@ -265,19 +266,6 @@ class StepWatch:
         )
 
 
-def duration_words(ms: int | None) -> str:
-    """A time limit in words: "10 min", "30 s", "1 h 30 min"."""
-    seconds = max(0, round((ms or 0) / 1000))
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    parts = [
-        f"{n} {unit}"
-        for n, unit in ((hours, "h"), (minutes, "min"), (seconds, "s"))
-        if n
-    ]
-    return " ".join(parts) or "0 s"
-
-
 def _last_line(provider: str | None, stdout: str, stderr: str) -> str:
     for text in (stdout, stderr):
         lines = summarize_output(provider, text).splitlines()
@@ -315,7 +303,7 @@ def step_outcome(
                 else NO_PROGRESS
             )
         return StepStatus.TIMED_OUT, STEP_IDLE_TIMED_OUT.format(
-            duration=duration_words(idle_ms)
+            duration=seconds(idle_ms)
         ) + seen
     if result.timeout == "deadline":
         return StepStatus.TIMED_OUT, STEP_TASK_TIMED_OUT.format(

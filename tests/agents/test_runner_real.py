@@ -160,7 +160,7 @@ def test_a_hang_fails_at_the_idle_timeout_naming_it_with_the_output_seen(
     assert worker.status == StepStatus.TIMED_OUT
     # The same words for every CLI, and what it did last: codex started its turn; claude
     # (its init) and opencode (nothing) made no progress at all.
-    assert worker.error.startswith("no progress for 8 s (idle limit); "), worker.error
+    assert worker.error.startswith("no progress for 8.0 s (idle limit); "), worker.error
     if provider == "codex":
         assert worker.error.endswith("; last progress: turn.started event"), (
             worker.error
