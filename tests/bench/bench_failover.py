@@ -284,7 +284,8 @@ def run(db: harness.BenchDatabase) -> None:
         "default); the run cluster polls its broker every 0.5 s; the moved step starts at "
         "once (the other account is free). The detection runs: each CLI alone in the "
         "benchmark's process, stopped as the runner stops it once its output names the limit "
-        "(or exiting by itself: claude); from the stand-in's first 429, on one clock."
+        "(claude also by itself, on a Retry-After it will not wait); from the stand-in's "
+        "first 429, on one clock."
     )
     report.finish()
 
