@@ -25,14 +25,25 @@ Contract:
 4. Rate limits have ONE detector, `ledger.ratelimit.detect_rate_limit`. `rate_limit` runs it
    on a finished step's output; `live_rate_limit` runs it while the agent still runs, on
    the lines that report a failed model call (opencode's `level=ERROR` log lines on stderr,
-   codex's `error` events), so a rate limit is seen seconds after the provider answered 429,
+   codex's `error` events, claude's `api_retry` events with `error_status` 429), so a rate limit is seen seconds after the provider answered 429,
    however long the CLI goes on retrying.
-5. Nothing here raises on bad output.
+5. Progress (`line_progress`): the events of each CLI's JSON stream that show the agent is
+   getting on, a model answer or a tool call (codex `item.*` and `turn.*`; claude
+   `assistant`, `user` and `result`; opencode `step_*`, `tool_use` and `text`). Start-up
+   events, retries and error log lines are not progress. A provider this module does not
+   know has no such events: any output counts for it (`knows_progress`).
+6. Provider errors (`provider_error`): a failed model call the CLI reports while it goes on
+   retrying (opencode's `message="stream error"` log line, codex's `error` event such as
+   `Reconnecting... 2/5`, claude's `system`/`api_retry` event), as one line naming the
+   provider's error; the runner ends a step that reports several in a row with no progress
+   between them.
+7. Nothing here raises on bad output.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection
 from datetime import datetime
 from typing import Any
@@ -42,7 +53,11 @@ from ledger.usage import json_objects
 
 __all__ = [
     "agent_error",
+    "knows_progress",
+    "line_progress",
     "live_rate_limit",
+    "progress_summary",
+    "provider_error",
     "rate_limit",
     "strip_ansi",
     "summarize_line",
@@ -308,19 +323,125 @@ def _failed_call_lines(provider: str | None, stdout: str, stderr: str) -> list[s
                 '{"type":"turn.failed"'
             ):
                 lines.append(line)
+    elif provider == "claude":
+        for line in strip_ansi(stdout or "").splitlines():
+            event = _claude_retry(line)
+            if event is not None and event.get("error_status") == 429:
+                # Its wait before the next try, in words the one detector reads as the reset.
+                delay = event.get("retry_delay_ms")
+                seconds = delay / 1000 if isinstance(delay, int | float) else None
+                lines.append(
+                    f"{line} retry after {seconds:g} seconds" if seconds else line
+                )
     return lines
 
 
 def live_rate_limit(
     provider: str | None, stdout: str, stderr: str, *, now: datetime
 ) -> RateLimitSignal | None:
-    """A rate limit a still-running agent has already hit (contract 4), or None.
-
-    claude prints nothing before its result; bound its retries instead
-    (`CLAUDE_CODE_MAX_RETRIES`, set by the adapter)."""
+    """A rate limit a still-running agent has already hit (contract 4), or None: claude's
+    `api_retry` event with `error_status` 429 comes before it waits for its next try."""
     lines = _failed_call_lines(provider, stdout, stderr)
     if not lines:
         return None
     return detect_rate_limit(
         output="\n".join(lines), exit_code=None, rate_limit_exit_codes=(), now=now
     )
+
+
+# -- progress and provider errors (contracts 5 and 6) -----------------------------------
+
+_TYPE_RE = re.compile(r'^\{\s*"type"\s*:\s*"([^"]{1,64})"')
+# opencode's log line for a failed model call, and the error it names.
+_OPENCODE_STREAM_ERROR = 'message="stream error"'
+_OPENCODE_ERROR_RE = re.compile(r'error\.error="((?:[^"\\]|\\.)*)"')
+
+
+def _is_codex_progress(kind: str) -> bool:
+    return kind.startswith(("item.", "turn."))
+
+
+def _is_claude_progress(kind: str) -> bool:
+    return kind in ("assistant", "user", "result")
+
+
+def _is_opencode_progress(kind: str) -> bool:
+    return kind.startswith("step_") or kind in ("tool_use", "text")
+
+
+_PROGRESS = {
+    "codex": _is_codex_progress,
+    "claude": _is_claude_progress,
+    "opencode": _is_opencode_progress,
+}
+
+
+def knows_progress(provider: str | None) -> bool:
+    """Whether `provider`'s output tells progress apart (contract 5)."""
+    return (provider or "") in _PROGRESS
+
+
+def line_progress(provider: str | None, stream: str, line: str) -> bool:
+    """Whether one line of a step's output shows progress (contract 5). Only the start of
+    the line is read, so a long event (a command's whole output) costs no more."""
+    is_progress = _PROGRESS.get(provider or "")
+    if is_progress is None:
+        return bool(line.strip())
+    if stream != "stdout":
+        return False
+    match = _TYPE_RE.match(line)
+    return bool(match and is_progress(match.group(1)))
+
+
+def progress_summary(provider: str | None, line: str) -> str:
+    """A progress line in words: its `summarize_line`, else its event's type."""
+    summary = summarize_line(provider, line)
+    if summary:
+        return summary
+    match = _TYPE_RE.match(strip_ansi(line).strip())
+    return f"{match.group(1)} event" if match else _short(line, SUMMARY_CHARS)
+
+
+def _json_event(line: str) -> dict[str, Any] | None:
+    try:
+        event = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _claude_retry(line: str) -> dict[str, Any] | None:
+    """claude's `{"type":"system","subtype":"api_retry",...}` event, else None."""
+    if not line.startswith("{") or '"api_retry"' not in line[:200]:
+        return None
+    event = _json_event(line)
+    return event if event and event.get("subtype") == "api_retry" else None
+
+
+def provider_error(provider: str | None, stream: str, line: str) -> str | None:
+    """The provider's error when `line` reports a failed model call the CLI retries
+    (contract 6), else None."""
+    text = strip_ansi(line).strip()
+    try:
+        if provider == "opencode" and stream == "stderr":
+            if _OPENCODE_STREAM_ERROR not in text:
+                return None
+            found = _OPENCODE_ERROR_RE.search(text)
+            return _short(found.group(1) if found else "stream error", ERROR_CHARS)
+        if provider == "codex" and stream == "stdout":
+            if not text.startswith('{"type":"error"'):
+                return None
+            event = _json_event(text)
+            return (
+                _short(event.get("message") or "error", ERROR_CHARS) if event else None
+            )
+        if provider == "claude" and stream == "stdout":
+            event = _claude_retry(text)
+            if event is None:
+                return None
+            status = event.get("error_status")
+            error = event.get("error") or "error"
+            return _short(f"{error} (HTTP {status})" if status else error, ERROR_CHARS)
+    except Exception:  # reading output never fails a step
+        return None
+    return None

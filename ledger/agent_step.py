@@ -12,8 +12,15 @@ calls").
   while there is new output (`ledger.processes.run_process` calls it), and, for an agent,
   `ledger.agent_output.live_rate_limit` on the output so far: a rate limit the agent hit but
   is still retrying stops it at once.
+- Progress, not bytes: for a CLI whose stream tells progress apart (ledger.agent_output,
+  contract 5), the idle limit counts from its last model answer or tool call, so a CLI that
+  only retries or logs errors is idle; the time of the last progress is written with the
+  tails (`progress_at`, shown on /ops/). A CLI that reports LOOPSWEB_STEP_PROVIDER_ERRORS
+  failed model calls in a row with no progress between them (contract 6) is stopped, with
+  the provider's error as the reason.
 - `step_outcome`: status and error of a finished process; an agent's error is its own
-  message with the exit code after it (`ledger.agent_output.agent_error`).
+  message with the exit code after it (`ledger.agent_output.agent_error`). A hang reads the
+  same for every CLI: "no progress for 10 min (idle limit)" and the last progress event.
 - No secret in the ledger: `StepWatch.run` runs the step's process and hands on its result
   with the step's secrets (`Invocation.secrets`: its account's env file values, variables
   whose names look secret; ledger.redaction) replaced by `[redacted:NAME]`, and the live
@@ -28,6 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -35,7 +43,16 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from ledger import services
-from ledger.agent_output import agent_error, live_rate_limit, summarize_output
+from ledger.agent_output import (
+    agent_error,
+    knows_progress,
+    line_progress,
+    live_rate_limit,
+    progress_summary,
+    provider_error,
+    summarize_output,
+)
+from ledger.display import seconds
 from ledger.models import StepStatus
 from ledger.processes import ProcessResult, run_process
 from ledger.providers import Invocation
@@ -45,7 +62,13 @@ from ledger.redaction import Redactor
 logger = logging.getLogger(__name__)
 
 STEP_TIMED_OUT = "step timed out after {ms} ms"
-STEP_IDLE_TIMED_OUT = "step produced no output for {ms} ms (idle timeout)"
+STEP_IDLE_TIMED_OUT = "no progress for {duration} (idle limit)"
+LAST_PROGRESS = "; last progress: {line}"
+NO_PROGRESS = "; no progress since the step started"
+STEP_PROVIDER_ERRORS = (
+    "the provider failed {count} times in a row with no progress between: {error}"
+)
+STOP_PROVIDER_ERRORS = "provider-errors"
 STEP_TASK_TIMED_OUT = (
     "Q_TIMEOUT reached: the run's task may last {seconds} s, so the runner stopped the "
     "step {margin} s before"
@@ -110,6 +133,15 @@ class StepWatch:
         self.secrets = secrets or Redactor()
         self.signal: RateLimitSignal | None = None
         self.flushes = 0
+        self.progress_line: str | None = None  # the last line that showed progress
+        self.progress_at: datetime | None = None
+        self.written_progress_at: datetime | None = None
+        self.errors = 0  # provider errors since the last progress
+        self.last_error: str | None = None
+
+    @property
+    def tracks_progress(self) -> bool:
+        return self.is_agent and knows_progress(self.provider)
 
     def run(
         self,
@@ -141,8 +173,23 @@ class StepWatch:
             on_output=self.flush,
             output_every=output_every,
             stop_when=self.stop_when,
+            on_line=self.line if self.tracks_progress else None,
         )
         return self.redacted(result)
+
+    def line(self, stream: str, text: str) -> bool:
+        """One complete output line (ledger.processes `on_line`): progress, a provider
+        error, or neither."""
+        if line_progress(self.provider, stream, text):
+            self.progress_line = text
+            self.progress_at = timezone.now()
+            self.errors = 0
+            return True
+        error = provider_error(self.provider, stream, text)
+        if error is not None:
+            self.errors += 1
+            self.last_error = error
+        return False
 
     def redacted(self, result: ProcessResult) -> ProcessResult:
         """`result` with the step's secrets replaced by markers (ledger.redaction)."""
@@ -157,11 +204,16 @@ class StepWatch:
 
     def flush(self, stdout: str, stderr: str) -> None:
         try:
+            progress_at = self.progress_at
             services.step_output_record(
                 step_run_id=self.step_run_id,
                 stdout=self.secrets.redact(stdout),
                 stderr=self.secrets.redact(stderr),
+                progress_at=progress_at
+                if progress_at != self.written_progress_at
+                else None,
             )
+            self.written_progress_at = progress_at
             self.flushes += 1
         except DatabaseError:  # the output is written again when the step ends
             logger.exception("could not write the output of step %s", self.step_run_id)
@@ -187,7 +239,31 @@ class StepWatch:
             self.secrets.redact(stderr),
             now=timezone.now(),
         )
-        return STOP_RATE_LIMIT if self.signal is not None else None
+        if self.signal is not None:
+            return STOP_RATE_LIMIT
+        if self.errors >= int(settings.LOOPSWEB_STEP_PROVIDER_ERRORS):
+            return STOP_PROVIDER_ERRORS
+        return None
+
+    def outcome(
+        self, result: ProcessResult, *, timeout_ms: int | None, idle_ms: int | None
+    ) -> tuple[str, str | None]:
+        """`step_outcome` of this step's result, with what this watch saw of its progress."""
+        progress = None
+        if self.tracks_progress:
+            line = self.progress_line
+            if line is not None:
+                progress = progress_summary(self.provider, self.secrets.redact(line))
+        return step_outcome(
+            result,
+            provider=self.provider,
+            is_agent=self.is_agent,
+            timeout_ms=timeout_ms,
+            idle_ms=idle_ms,
+            tracks_progress=self.tracks_progress,
+            last_progress=progress,
+            provider_errors=(self.errors, self.secrets.redact(self.last_error or "")),
+        )
 
 
 def _last_line(provider: str | None, stdout: str, stderr: str) -> str:
@@ -205,8 +281,12 @@ def step_outcome(
     is_agent: bool,
     timeout_ms: int | None,
     idle_ms: int | None,
+    tracks_progress: bool = False,
+    last_progress: str | None = None,
+    provider_errors: tuple[int, str] = (0, ""),
 ) -> tuple[str, str | None]:
-    """(status, error) of a step's finished process."""
+    """(status, error) of a step's finished process. With `tracks_progress`, an idle
+    timeout names `last_progress` (None: there was none) rather than the last output."""
     agent_message = (
         agent_error(provider, result.stdout, result.stderr, result.exit_code)
         if is_agent
@@ -216,13 +296,24 @@ def step_outcome(
     if result.timeout == "total":
         return StepStatus.TIMED_OUT, STEP_TIMED_OUT.format(ms=timeout_ms) + seen
     if result.timeout == "idle":
-        return StepStatus.TIMED_OUT, STEP_IDLE_TIMED_OUT.format(ms=idle_ms) + seen
+        if tracks_progress:
+            seen = (
+                LAST_PROGRESS.format(line=last_progress)
+                if last_progress
+                else NO_PROGRESS
+            )
+        return StepStatus.TIMED_OUT, STEP_IDLE_TIMED_OUT.format(
+            duration=seconds(idle_ms)
+        ) + seen
     if result.timeout == "deadline":
         return StepStatus.TIMED_OUT, STEP_TASK_TIMED_OUT.format(
             seconds=settings.Q_TIMEOUT, margin=int(task_margin_seconds())
         ) + seen
     if result.stopped == STOP_RATE_LIMIT:
         return StepStatus.FAILED, agent_message or STEP_RATE_LIMITED
+    if result.stopped == STOP_PROVIDER_ERRORS:
+        count, error = provider_errors
+        return StepStatus.FAILED, STEP_PROVIDER_ERRORS.format(count=count, error=error)
     if result.signal_name:
         return StepStatus.FAILED, STEP_KILLED.format(name=result.signal_name)
     if result.exit_code != 0:

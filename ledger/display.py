@@ -51,3 +51,19 @@ def commit_text(run: WorkflowRun) -> str:
         f"branch {run.worktree_branch} at {run.commit_head[:12]} ({summary}); "
         f"check it out in the project: git switch {run.worktree_branch}"
     )
+
+
+def seconds(ms: int | None) -> str:
+    """A duration in milliseconds as seconds and minutes: `12.3 s`, `12 min 34 s`,
+    `2 h 5 min` (blank when unknown)."""
+    if ms is None:
+        return ""
+    value = ms / 1000
+    if value < 100:
+        return f"{value:.1f} s"
+    whole = int(round(value))
+    if whole < 3600:
+        minutes, rest = divmod(whole, 60)
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    hours, rest = divmod(whole, 3600)
+    return f"{hours} h {rest // 60} min" if rest // 60 else f"{hours} h"

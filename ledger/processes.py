@@ -46,6 +46,8 @@ _PIPE_DRAIN_SECONDS = 0.5
 _SELECT_SECONDS = 0.1
 _READ_BYTES = 65536
 _STOP_CHECK_SECONDS = 0.5
+# Of a very long output line, `on_line` sees the start (what tells an event's kind).
+_LINE_BYTES = 65536
 
 
 # --- a step's process -------------------------------------------------------------------------
@@ -71,6 +73,28 @@ class _Tail:
         if self.dropped:
             return f"[... {self.dropped} earlier bytes dropped ...]\n{body}"
         return body
+
+
+class _Lines:
+    """Splits a stream's data into complete lines for `on_line(stream, line)`; a line longer
+    than `_LINE_BYTES` is handed on as its start."""
+
+    def __init__(self, stream: str, on_line: Callable[[str, str], bool]) -> None:
+        self.stream = stream
+        self.on_line = on_line
+        self.partial = bytearray()
+
+    def feed(self, data: bytes) -> bool:
+        """True when a line completed by `data` shows progress."""
+        progress = False
+        *complete, rest = data.split(b"\n")
+        for piece in complete:
+            self.partial += piece[: max(0, _LINE_BYTES - len(self.partial))]
+            line = self.partial.decode("utf-8", "replace")
+            self.partial.clear()
+            progress = self.on_line(self.stream, line) or progress
+        self.partial += rest[: max(0, _LINE_BYTES - len(self.partial))]
+        return progress
 
 
 @dataclass(frozen=True)
@@ -120,6 +144,7 @@ def run_process(
     on_output: Callable[[str, str], None] | None = None,
     output_every: float = 5.0,
     stop_when: Callable[[str, str], str | None] | None = None,
+    on_line: Callable[[str, str], bool] | None = None,
 ) -> ProcessResult:
     """Run one step's process to the end; never raises for the process's own failures.
 
@@ -130,6 +155,9 @@ def run_process(
     `output_every` seconds and only when there is output it has not seen, so a step that ends
     within `output_every` is never flushed. `stop_when(stdout, stderr)`, called when new output
     arrived (at most every `_STOP_CHECK_SECONDS`), returns a reason to stop the step now.
+    `on_line(stream, line)` ("stdout" or "stderr") sees each complete line as it arrives and
+    says whether it shows progress; with it, the idle limit counts from the last line that
+    did (an agent that only retries or logs errors is idle), without it from any output.
     """
     started = time.monotonic()
     report_read, report_write = os.pipe()
@@ -157,9 +185,14 @@ def run_process(
         on_spawn(proc.pid)
         selector = selectors.DefaultSelector()
         assert proc.stdout is not None and proc.stderr is not None
+        lines = {
+            id(tail): _Lines(name, on_line)
+            for tail, name in ((out, "stdout"), (err, "stderr"))
+            if on_line is not None
+        }
         selector.register(proc.stdout, selectors.EVENT_READ, out)
         selector.register(proc.stderr, selectors.EVENT_READ, err)
-        last_output = started
+        last_output = last_progress = started
         next_keep_alive = started + keep_alive_every
         next_flush = started + output_every
         next_stop_check = started
@@ -173,6 +206,9 @@ def run_process(
                     if data:
                         key.data.add(data)
                         last_output = time.monotonic()
+                        reader = lines.get(id(key.data))
+                        if reader is None or reader.feed(data):
+                            last_progress = last_output
                     else:
                         selector.unregister(key.fileobj)
             else:
@@ -205,7 +241,7 @@ def run_process(
                 pass
             elif timeout_seconds and now - started >= timeout_seconds:
                 timeout = "total"
-            elif idle_timeout_seconds and now - last_output >= idle_timeout_seconds:
+            elif idle_timeout_seconds and now - last_progress >= idle_timeout_seconds:
                 timeout = "idle"
             elif deadline is not None and now >= deadline:
                 timeout = "deadline"

@@ -68,7 +68,6 @@ from ledger import services
 from ledger.agent_step import (
     StepWatch,
     step_limits,
-    step_outcome,
     task_deadline,
 )
 from ledger.dberrors import (
@@ -126,6 +125,10 @@ class _LeaseLost(Exception):
 
 class _HandedBack(Exception):
     """The run waits for its step's account in the queue, not in this worker."""
+
+
+class _PoolWaitOver(Exception):
+    """Every account of the step's pool stayed rate limited past LOOPSWEB_POOL_WAIT_SECONDS."""
 
 
 # `hand_back(run_id, delay_seconds)`: enqueue the run's task again, due in `delay_seconds`.
@@ -189,10 +192,15 @@ class _RunExecution:
         # free then, is started on its own (waiting, or handing the run back, meanwhile).
         start: services.StepStart | None = None
         for index, step in enumerate(todo):
-            if start is None:
-                start = self._wait_for_start(step)
-            result, recorded = self._run_step_with_moves(start, specs[step.step_id])
             rest = todo[index + 1 :]
+            try:
+                if start is None:
+                    start = self._wait_for_start(step)
+                result, recorded = self._run_step_with_moves(start, specs[step.step_id])
+            except _PoolWaitOver as over:
+                self.save_work(step.step_id)
+                self._complete(step, None, end=self._pool_wait_end(step, str(over)))
+                return RunStatus.FAILED
             if result.status == StepStatus.SUCCEEDED and rest:
                 start = self._complete(step, result, start_next=rest[0].id)
                 if start is not None and not start.started:
@@ -205,6 +213,18 @@ class _RunExecution:
                 self._remove_worktree()
             return end.status
         return self._finalize(RunStatus.SUCCEEDED, None)
+
+    @staticmethod
+    def _pool_wait_end(step: WorkflowStepRun, reason: str) -> services.RunEnd:
+        return services.RunEnd(
+            status=RunStatus.FAILED,
+            error=RUN_STEP_FAILED.format(
+                step_id=step.step_id, status=StepStatus.FAILED, error=reason
+            ),
+            skip_reason=SKIP_AFTER_FAILURE.format(
+                step_id=step.step_id, status=StepStatus.FAILED
+            ),
+        )
 
     @staticmethod
     def _run_end(
@@ -316,6 +336,8 @@ class _RunExecution:
                 raise _LeaseLost() from None
             if outcome.started:
                 return outcome
+            if outcome.wait_code == services.POOL_WAIT_OVER_CODE:
+                raise _PoolWaitOver(outcome.wait_reason)
             # Debug only: the first refusal of each kind is a `step_waiting` event already.
             logger.debug(
                 "run %s step %s waits: %s",
@@ -344,6 +366,10 @@ class _RunExecution:
         to LOOPSWEB_RATE_LIMIT_MOVES moves (ledger.services.failover). Pinned and
         single-account steps never move.
 
+        When no member is free and every one is cooling, the step waits for the earliest
+        cooldown (parked, holding no worker: failover rule 5) and runs again; a wait that is
+        over raises `_PoolWaitOver`.
+
         Returns the last attempt's result and whether it is recorded already (a rate-limited
         attempt that found no member to move to); otherwise the caller records it."""
         moves = 0
@@ -365,7 +391,12 @@ class _RunExecution:
                 ),
             )
             if moved is None:
-                return result, True
+                if services.run_pool(self.run) is None:
+                    return result, True
+                # Every member is busy or cooling: wait for one (parked), then go on.
+                start = self._wait_for_start(step)
+                moves = 0
+                continue
             moves += 1
             logger.info(
                 "run %s step %s rate limited; trying again on %s",
@@ -452,13 +483,7 @@ class _RunExecution:
             raise _LeaseLost()
         if result.spawn_error:
             return _step_result(result, StepStatus.FAILED, error=result.spawn_error)
-        status, error = step_outcome(
-            result,
-            provider=provider,
-            is_agent=is_agent,
-            timeout_ms=timeout_ms,
-            idle_ms=idle_ms,
-        )
+        status, error = watch.outcome(result, timeout_ms=timeout_ms, idle_ms=idle_ms)
         usage = None
         if is_agent and result.timeout is None:
             note = self._record_rate_limit(step, provider, result, watch.signal)

@@ -523,6 +523,12 @@ LOOPSWEB_RATE_LIMIT_MOVES = env_int("LOOPSWEB_RATE_LIMIT_MOVES", 2)
 # the step itself (timeoutMs, idleTimeoutMs) says otherwise: in total, and without output.
 LOOPSWEB_STEP_TIMEOUT_SECONDS = env_int("LOOPSWEB_STEP_TIMEOUT_SECONDS", 3600)
 LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS = env_int("LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS", 600)
+# An agent CLI that reports this many failed model calls in a row, with no model answer or
+# tool call between them, is stopped with the provider's error (ledger.agent_step).
+LOOPSWEB_STEP_PROVIDER_ERRORS = env_int("LOOPSWEB_STEP_PROVIDER_ERRORS", 3)
+# How long a step of a pool-routed run waits when every account of its pool is rate
+# limited (holding no run worker), before its run fails with that reason (ledger.runner).
+LOOPSWEB_POOL_WAIT_SECONDS = env_int("LOOPSWEB_POOL_WAIT_SECONDS", 3600)
 # How often a running step's output tails are written to its step run (only when it printed
 # something new), so /ops/ and the item page show what the agent is doing now.
 LOOPSWEB_OUTPUT_FLUSH_SECONDS = env_int("LOOPSWEB_OUTPUT_FLUSH_SECONDS", 5)

@@ -159,6 +159,8 @@ class WorkflowStepRun(TimestampedModel):
     # loopsweb (0012): processes the step left running that the step guard ended when it
     # ended (ledger.stepguard); NULL for a step that ran no process.
     processes_ended = models.PositiveIntegerField(null=True, blank=True)
+    # When its agent last made progress (a model answer or a tool call; ledger.agent_step).
+    progress_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_step_runs"

@@ -54,7 +54,12 @@ from ledger.services.common import (
     worker_identity,
 )
 from ledger.services.cooldowns import account_cooldown_record
-from ledger.services.failover import step_move_after_rate_limit
+from ledger.services.failover import (
+    POOL_RATE_LIMITED_CODE,
+    POOL_WAIT_OVER_CODE,
+    run_pool,
+    step_move_after_rate_limit,
+)
 from ledger.services.loops import (
     LOOP_ACTIONS,
     LoopChange,
@@ -144,6 +149,9 @@ __all__ = [
     "step_complete",
     "step_finish",
     "step_move_after_rate_limit",
+    "POOL_RATE_LIMITED_CODE",
+    "POOL_WAIT_OVER_CODE",
+    "run_pool",
     "step_output_record",
     "step_process_record",
     "step_skip",

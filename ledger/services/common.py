@@ -80,6 +80,11 @@ RETRY_PENDING_REASON = "attempt failed; retry pending"
 RETRY_PENDING_REASON_WITH_ERROR = "attempt failed; retry pending: {error}"
 WAIT_COOLING = "account {profile} is cooling down until {until}"
 WAIT_AT_CAPACITY = "account {profile} is at capacity ({running}/{limit} running steps)"
+WAIT_POOL_RATE_LIMITED = "every account of the pool is rate limited until {until}"
+POOL_WAIT_OVER = (
+    "every account of the pool was rate limited for {seconds} s "
+    "(LOOPSWEB_POOL_WAIT_SECONDS); the last: {reason}"
+)
 
 # Statuses (docs/upstream.md §2.1).
 REQUEUEABLE_STATUSES = (

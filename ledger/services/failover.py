@@ -14,22 +14,32 @@ Rules:
    `account_profile` (its attribution) and appends a `step_account_moved` event with the
    old and new account, the reason code and the reason.
 
+5. A whole-pool limit waits: when every usable member (enabled, of the route's provider)
+   is cooling, a step start is refused with `pool_rate_limited` until the earliest cooldown
+   ends (`pool_refusal`), and the runner parks the run meanwhile. A wait that would last
+   LOOPSWEB_POOL_WAIT_SECONDS or more from its first such `step_waiting` event is over
+   (`pool_wait_over`): the runner ends the run with that reason.
+
 Step start calls `step_failover` (ledger/services/steps.py); the runner calls
 `step_move_after_rate_limit` after a step reported a rate limit.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
-from ledger.models import StepStatus, WorkflowRun, WorkflowStepRun
+from ledger.models import StepStatus, WorkflowEvent, WorkflowRun, WorkflowStepRun
 from ledger.selectors import RegisteredAccount, account_registry, account_state
 from ledger.services.common import (
+    POOL_WAIT_OVER,
+    WAIT_POOL_RATE_LIMITED,
     append_event,
     lock_step,
     now_or_default,
@@ -39,6 +49,8 @@ from ledger.services.common import (
 
 MOVED_EVENT = "step_account_moved"
 RATE_LIMIT_CODE = "rate_limit"
+POOL_RATE_LIMITED_CODE = "pool_rate_limited"
+POOL_WAIT_OVER_CODE = "pool_wait_over"
 
 
 def run_pool(run: WorkflowRun) -> tuple[str, list[str]] | None:
@@ -135,6 +147,60 @@ def step_failover(
         payload={"from": previous, "to": chosen, "code": code, "reason": reason},
     )
     return chosen
+
+
+def pool_cooling_until(run: WorkflowRun, now: datetime) -> datetime | None:
+    """The earliest end of a cooldown when every usable member of the run's pool is cooling
+    (rule 5), else None (not pool-routed, or some member is not cooling)."""
+    context = run_pool(run)
+    if context is None:
+        return None
+    provider, pool = context
+    cooling = account_state(now=now).cooling
+    registry = account_registry(pool)
+    ends = []
+    for member in pool:
+        account = registry.get(member)
+        if account is not None and (
+            not account.enabled or account.provider != provider
+        ):
+            continue
+        until = cooling.get(member)
+        if until is None:
+            return None
+        ends.append(until)
+    return min(ends) if ends else None
+
+
+def pool_refusal(
+    run: WorkflowRun, step: WorkflowStepRun, until: datetime, now: datetime
+) -> tuple[str, str, datetime | None]:
+    """The refusal of a step whose whole pool cools until `until` (rule 5): wait until
+    then; the wait is over when it would last LOOPSWEB_POOL_WAIT_SECONDS or more from its
+    first `step_waiting` event (0: no wait at all)."""
+    reason = WAIT_POOL_RATE_LIMITED.format(
+        until=timezone.localtime(until).strftime("%H:%M")
+    )
+    bound = int(settings.LOOPSWEB_POOL_WAIT_SECONDS)
+    began = (
+        WorkflowEvent.objects.filter(
+            workflow_run_id=run.id,
+            event_type="step_waiting",
+            step_id=step.step_id,
+            payload_json__code=POOL_RATE_LIMITED_CODE,
+        )
+        .order_by("sequence")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    # Over once it has lasted the bound, or at once when the earliest end lies beyond it.
+    if max(now, until) >= (began or now) + timedelta(seconds=bound):
+        return (
+            POOL_WAIT_OVER_CODE,
+            POOL_WAIT_OVER.format(seconds=bound, reason=reason),
+            None,
+        )
+    return POOL_RATE_LIMITED_CODE, reason, until
 
 
 def step_move_after_rate_limit(

@@ -42,7 +42,12 @@ from ledger.services.common import (
     step_spec,
     to_ms,
 )
-from ledger.services.failover import account_limit, step_failover
+from ledger.services.failover import (
+    account_limit,
+    pool_cooling_until,
+    pool_refusal,
+    step_failover,
+)
 from ledger.usage import Usage
 
 WAIT_DISABLED = "account {profile} is disabled in the account registry"
@@ -103,7 +108,9 @@ def step_start(
        on the account (other than this one) >= the stricter of the step's
        `routing.maxPerProfile` and the account's `max_running` → refused. Before refusing,
        a step of a pool-routed run moves to a free pool member (ledger.services.failover:
-       attribution rewritten, event `step_account_moved`) and starts there. A refusal
+       attribution rewritten, event `step_account_moved`) and starts there; when every
+       member of its pool is cooling, the refusal says so and waits for the earliest end
+       (or says the wait is over, `pool_wait_over`: failover rule 5). A refusal
        records one `step_waiting` event per distinct reason and renews the run's lease;
        the runner retries.
     4. Started: started_at = now, finish fields and output cleared, event `step_started`
@@ -209,6 +216,10 @@ def _start_locked(
     ):
         gate = _account_gate(step, now)
         refusal = _account_refusal(step, spec, gate)
+    if refusal is not None and refusal[0] == "cooldown":
+        until = pool_cooling_until(run, now)
+        if until is not None:
+            refusal = pool_refusal(run, step, until, now)
     if refusal is not None:
         code, reason, retry_at = refusal
         # The wait renews the lease (a started step's process renews it as it runs).
@@ -239,6 +250,7 @@ def _start_locked(
     step.stdout = None
     step.stderr = None
     step.error = None
+    step.progress_at = None
     step.save()
     append_event(
         run.id,
@@ -294,18 +306,26 @@ def step_process_record(*, step_run_id: str, pid: int) -> None:
 
 
 def step_output_record(
-    *, step_run_id: str, stdout: str, stderr: str, running_only: bool = True
+    *,
+    step_run_id: str,
+    stdout: str,
+    stderr: str,
+    running_only: bool = True,
+    progress_at: datetime | None = None,
 ) -> bool:
     """Write a step's output tails so far (while it runs, or kept after its run was taken
-    away). One statement, in autocommit; True when the row was written."""
+    away), and when given, the time its agent last made progress. One statement, in
+    autocommit; True when the row was written."""
     rows = WorkflowStepRun.objects.filter(pk=step_run_id)
     if running_only:
         rows = rows.filter(status=StepStatus.RUNNING)
+    fields: dict[str, Any] = {"progress_at": progress_at} if progress_at else {}
     return bool(
         rows.update(
             stdout=clean_text(stdout),
             stderr=clean_text(stderr),
             updated_at=timezone.now(),
+            **fields,
         )
     )
 

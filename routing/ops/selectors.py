@@ -30,7 +30,7 @@ from django.db.models import (
 from django.db.models.functions import RowNumber, TruncHour
 from django_q.models import Schedule
 
-from ledger.agent_output import summarize_output
+from ledger.agent_output import knows_progress, summarize_output
 from ledger.models import (
     RunStatus,
     StepStatus,
@@ -291,6 +291,10 @@ class LiveStep:
     why: str = ""
     code: str = ""
     now: str = ""  # what a running step printed last, readable (ledger.agent_output)
+    # When a running agent last made progress (None: not yet); only for the CLIs whose
+    # output tells progress apart (`tracks_progress`).
+    progress_at: datetime | None = None
+    tracks_progress: bool = False
 
 
 # The columns a LiveStep needs from a step, its run and its item (one join, no more).
@@ -349,23 +353,37 @@ def running_steps(*, limit: int = 50) -> list[LiveStep]:
         "started_at",
         "stdout",
         "stderr",
+        "progress_at",
     ).order_by("started_at")[:limit]
     return [
-        replace(_live_step(s, since=s.started_at), now=last_output_line(s))
+        replace(
+            _live_step(s, since=s.started_at),
+            now=last_output_line(s),
+            progress_at=s.progress_at,
+            tracks_progress=knows_progress(s.account_tool),
+        )
         for s in rows
     ]
+
+
+# A pending step waits for its account; a failed one for its pool to cool (failover rule 5).
+STEP_WAITING_STATUSES = (StepStatus.PENDING, StepStatus.FAILED, StepStatus.TIMED_OUT)
 
 
 def waiting_steps(*, limit: int = 50) -> list[LiveStep]:
     """Steps whose run is running but which wait for their account (at its cap or cooling):
     pending steps of running runs that have a `step_waiting` event, with that event's reason
-    and time. Two queries: the pending steps (step status index), their waiting events (the
-    run's event key)."""
+    and time, and failed steps waiting to run again (a whole pool rate limited: a
+    `step_waiting` event since they finished). Two queries: the steps (step status index),
+    their waiting events (the run's event key)."""
     pending = list(
         _live_steps(
             WorkflowStepRun.objects.filter(
-                status=StepStatus.PENDING, workflow_run__status=RunStatus.RUNNING
-            )
+                status__in=STEP_WAITING_STATUSES,
+                workflow_run__status=RunStatus.RUNNING,
+            ),
+            "status",
+            "finished_at",
         ).order_by("workflow_run_id", "sequence")[: limit * 4]
     )
     if not pending:
@@ -381,6 +399,10 @@ def waiting_steps(*, limit: int = 50) -> list[LiveStep]:
         event = latest.get((s.workflow_run_id, s.step_id))
         if event is None:
             continue  # not started yet because an earlier step runs, not waiting
+        if s.status != StepStatus.PENDING and (
+            s.finished_at is None or event.created_at < s.finished_at
+        ):
+            continue  # a failed step that waits for nothing (its run is ending)
         payload = event.payload_json if isinstance(event.payload_json, dict) else {}
         rows.append(
             _live_step(

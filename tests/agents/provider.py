@@ -25,6 +25,7 @@ Modes, global (`mode`) or per API key (`modes[key]`):
   set, the Responses API answers instead as ChatGPT's backend does when a subscription's
   usage limit is reached: `usage_limit_reached` with `resets_at`, now + that many seconds);
 - `401`: HTTP 401 with the provider's error body;
+- `500`: HTTP 500 with the provider's error body (a server error the CLIs retry);
 - `slow`: the final message streams for `slow_seconds`, one text delta every 0.5 s;
 - `hang`: the request is read and never answered (until the server stops).
 
@@ -271,8 +272,8 @@ class _Handler(BaseHTTPRequestHandler):
         if request.mode == "429":
             self._error(api, 429)
             return
-        if request.mode == "401":
-            self._error(api, 401)
+        if request.mode in ("401", "500"):
+            self._error(api, int(request.mode))
             return
         getattr(self, f"_answer_{api}")(body, request)
 
@@ -296,6 +297,8 @@ class _Handler(BaseHTTPRequestHandler):
         message = (
             f"Rate limit reached for requests. Please try again in {self.owner.retry_after}s."
             if limited
+            else "The server had an error while processing your request."
+            if status == 500
             else "Incorrect API key provided."
         )
         headers = {"retry-after": str(self.owner.retry_after)} if limited else {}
@@ -315,14 +318,26 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         if api == "messages":
-            kind = "rate_limit_error" if limited else "authentication_error"
+            kind = (
+                "rate_limit_error"
+                if limited
+                else "api_error"
+                if status == 500
+                else "authentication_error"
+            )
             self._json(
                 status,
                 {"type": "error", "error": {"type": kind, "message": message}},
                 headers,
             )
         else:
-            kind = "rate_limit_exceeded" if limited else "invalid_api_key"
+            kind = (
+                "rate_limit_exceeded"
+                if limited
+                else "server_error"
+                if status == 500
+                else "invalid_api_key"
+            )
             self._json(
                 status,
                 {
@@ -330,6 +345,8 @@ class _Handler(BaseHTTPRequestHandler):
                         "message": message,
                         "type": "rate_limit_error"
                         if limited
+                        else "server_error"
+                        if status == 500
                         else "invalid_request_error",
                         "code": kind,
                     }

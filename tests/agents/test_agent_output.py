@@ -7,7 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 from ledger.agent_output import (
     agent_error,
+    knows_progress,
+    line_progress,
     live_rate_limit,
+    progress_summary,
+    provider_error,
     rate_limit,
     summarize_line,
     summarize_output,
@@ -137,3 +141,94 @@ def test_opencode_usage_sums_its_steps_and_counts_the_cache_as_input() -> None:
     assert parse_usage("codex", CODEX_OK) == Usage(
         input_tokens=2400, output_tokens=80, cached_tokens=200
     )
+
+
+# Lines the pinned CLIs printed against the stand-in (429, hang and 500 modes).
+CLAUDE_RETRY_429 = (
+    '{"type":"system","subtype":"api_retry","attempt":1,"max_retries":1,'
+    '"retry_delay_ms":30000,"error_status":429,"error":"rate_limit","session_id":"7a72"}'
+)
+CLAUDE_RETRY_500 = CLAUDE_RETRY_429.replace("429", "500").replace(
+    "rate_limit", "server_error"
+)
+OPENCODE_STREAM_ERROR = (
+    'timestamp=2026-12-03T19:15:00.498Z level=ERROR run=3cf3 message="stream error" '
+    "providerID=stub modelID=stub-model small=false agent=build mode=primary "
+    'error.error="AI_APICallError: The server had an error while processing your request."'
+)
+
+
+def test_claudes_retry_event_is_a_live_rate_limit_with_its_wait_as_the_reset() -> None:
+    signal = live_rate_limit("claude", CLAUDE_RETRY_429 + "\n", "", now=NOW)
+    assert signal is not None
+    assert signal.until == NOW + timedelta(seconds=30)
+    # A retry of a server error is no rate limit, and neither is the init line.
+    assert live_rate_limit("claude", CLAUDE_RETRY_500 + "\n", "", now=NOW) is None
+    assert (
+        live_rate_limit("claude", '{"type":"system","subtype":"init"}', "", now=NOW)
+        is None
+    )
+
+
+def test_progress_is_a_model_answer_or_a_tool_call_never_a_retry_or_a_log_line() -> (
+    None
+):
+    progress = {
+        "codex": [
+            '{"type":"item.started","item":{"type":"command_execution"}}',
+            '{"type":"turn.completed","usage":{}}',
+        ],
+        "claude": ['{"type":"assistant","message":{}}', '{"type":"result"}'],
+        "opencode": ['{"type":"step_start"}', '{"type":"tool_use"}', '{"type":"text"}'],
+    }
+    idle = {
+        "codex": [
+            '{"type":"thread.started","thread_id":"01a2"}',
+            '{"type":"error","message":"Reconnecting... 2/5"}',
+        ],
+        "claude": ['{"type":"system","subtype":"init"}', CLAUDE_RETRY_500],
+        "opencode": ['{"type":"error","error":{}}', "not json"],
+    }
+    for provider, lines in progress.items():
+        assert knows_progress(provider)
+        assert all(line_progress(provider, "stdout", line) for line in lines), provider
+        # Progress comes on stdout: the same text on stderr (a log) is not.
+        assert not any(line_progress(provider, "stderr", line) for line in lines)
+    for provider, lines in idle.items():
+        assert not any(line_progress(provider, "stdout", line) for line in lines), (
+            provider
+        )
+    assert not line_progress("opencode", "stderr", OPENCODE_STREAM_ERROR)
+    # A CLI whose output is not known: any line that says something counts.
+    assert not knows_progress("codewith")
+    assert line_progress("codewith", "stderr", "working...")
+    assert not line_progress("codewith", "stdout", "   ")
+
+
+def test_a_provider_error_is_named_in_the_providers_words() -> None:
+    assert provider_error("opencode", "stderr", OPENCODE_STREAM_ERROR) == (
+        "AI_APICallError: The server had an error while processing your request."
+    )
+    assert provider_error("opencode", "stdout", OPENCODE_STREAM_ERROR) is None
+    assert (
+        provider_error(
+            "codex", "stdout", '{"type":"error","message":"Reconnecting... 2/5 (500)"}'
+        )
+        == "Reconnecting... 2/5 (500)"
+    )
+    assert provider_error("claude", "stdout", CLAUDE_RETRY_500) == (
+        "server_error (HTTP 500)"
+    )
+    for provider, line in (
+        ("codex", '{"type":"turn.started"}'),
+        ("claude", '{"type":"assistant"}'),
+        ("opencode", "timestamp=... level=WARN message=slow"),
+        ("codewith", "error: anything"),
+    ):
+        assert provider_error(provider, "stdout", line) is None
+        assert provider_error(provider, "stderr", line) is None
+    # A progress line in words: its summary, else its event's kind.
+    assert progress_summary("codex", '{"type":"turn.started"}') == "turn.started event"
+    assert progress_summary(
+        "codex", '{"type":"item.completed","item":{"type":"agent_message","text":"Hi"}}'
+    ) == ("message: Hi")

@@ -158,15 +158,23 @@ def test_a_hang_fails_at_the_idle_timeout_naming_it_with_the_output_seen(
     assert run_workflow_run(run.id) == RunStatus.TIMED_OUT
     worker = steps_of(run)["worker"]
     assert worker.status == StepStatus.TIMED_OUT
-    assert worker.error.startswith(
-        "step produced no output for 8000 ms (idle timeout)"
-    ), worker.error
+    # The same words for every CLI, and what it did last: codex started its turn; claude
+    # (its init) and opencode (nothing) made no progress at all.
+    assert worker.error.startswith("no progress for 8.0 s (idle limit); "), worker.error
+    if provider == "codex":
+        assert worker.error.endswith("; last progress: turn.started event"), (
+            worker.error
+        )
+    else:
+        assert worker.error.endswith("; no progress since the step started"), (
+            worker.error
+        )
     if provider != "opencode":
         # codex and claude print their start (thread, init) before the request hangs; opencode
         # prints nothing at all until its model call ends.
         assert (worker.stdout or "") + (worker.stderr or ""), "the output seen so far"
     run.refresh_from_db()
-    assert "idle timeout" in run.error
+    assert "(idle limit)" in run.error
     assert run.commit_diffstat == ""  # the run changed nothing, and says so
     page = _staff_page(f"/admin/ledger/workflowrun/{run.id}/change/")
     assert "no changes: the run left the project as it was" in page

@@ -18,6 +18,7 @@ from ledger.models import (
     Account,
     AccountCooldown,
     RunStatus,
+    StepStatus,
     WorkflowEvent,
     WorkflowRun,
 )
@@ -186,14 +187,17 @@ def test_with_every_member_cooling_the_step_waits_and_ops_shows_why(
     assert claimed is not None
     outcome = services.step_start(step_run_id=steps_of(run)["worker"].id, worker="w")
 
-    assert not outcome.started and outcome.wait_code == "cooldown"
+    # The whole pool cools: the step waits for the earliest end, and says so.
+    assert not outcome.started and outcome.wait_code == "pool_rate_limited"
+    assert outcome.retry_at is not None
     assert _moves(run) == []
     assert account_load_drift() == []
     page = admin_client.get("/ops/").content.decode()
     section = page.split('id="waiting"')[1].split("</section>")[0]
     worker = steps_of(run)["worker"].account_profile
     assert f"<code>{worker}</code>" in section
-    assert f"account {worker} is cooling down until" in section
+    until = timezone.localtime(outcome.retry_at).strftime("%H:%M")
+    assert f"every account of the pool is rate limited until {until}" in section
 
 
 def test_a_registered_claude_pool_is_routed_least_loaded_with_its_cap(
@@ -294,3 +298,57 @@ def test_pool_member_names_are_validated_at_admission(pool: Any) -> None:
             env={},
         )
     assert not WorkflowWorkItem.objects.exists()
+
+
+def test_a_whole_pool_wait_is_bounded_by_the_pool_wait_setting(
+    agent: FakeAgent, tmp_path: Path, settings: Any
+) -> None:
+    """Within the bound the step waits for the earliest cooldown; a cooldown that ends
+    past the bound, or a wait that has lasted it, ends the wait with the reason."""
+    settings.LOOPSWEB_POOL_WAIT_SECONDS = 3600
+    run = route_generic(
+        tmp_path, "evt-failover-0", auth_profile_pool="acctA,acctB", created=True
+    ).run
+    _cool("acctA", minutes=30)
+    _cool("acctB", minutes=20)
+    assert services.run_claim(run_id=run.id, worker="w") is not None
+    worker = steps_of(run)["worker"]
+    waits = services.step_start(step_run_id=worker.id, worker="w")
+    assert waits.wait_code == "pool_rate_limited"
+    # The earliest end: acctB's.
+    assert waits.retry_at is not None
+    assert abs((waits.retry_at - timezone.now()) - timedelta(minutes=20)) < timedelta(
+        minutes=1
+    )
+    # Ten minutes later the wait would reach the bound before acctB frees: it is over.
+    settings.LOOPSWEB_POOL_WAIT_SECONDS = 15 * 60
+    later = services.step_start(
+        step_run_id=worker.id, worker="w", now=timezone.now() + timedelta(minutes=10)
+    )
+    assert later.wait_code == "pool_wait_over"
+    assert later.wait_reason is not None
+    assert later.wait_reason.startswith(
+        "every account of the pool was rate limited for 900 s"
+    )
+    # One member frees: no pool wait at all, the step moves there and starts.
+    AccountCooldown.objects.filter(account_profile="acctA").delete()
+    started = services.step_start(step_run_id=worker.id, worker="w")
+    assert started.started and started.step_run.account_profile == "acctA"
+
+
+def test_a_pool_wait_past_its_bound_fails_the_run_with_the_reason(
+    agent: FakeAgent, tmp_path: Path, settings: Any
+) -> None:
+    settings.LOOPSWEB_POOL_WAIT_SECONDS = 60  # both cool for 10 min: past the bound
+    run = route_generic(
+        tmp_path, "evt-failover-0", auth_profile_pool="acctA,acctB", created=True
+    ).run
+    _cool("acctA")
+    _cool("acctB")
+    assert run_workflow_run(run.id) == RunStatus.FAILED
+    run.refresh_from_db()
+    assert "every account of the pool was rate limited for 60 s" in (run.error or "")
+    steps = steps_of(run)
+    assert steps["verifier"].status == StepStatus.SKIPPED
+    assert agent.records() == []  # no agent ran
+    assert account_load_drift() == []

@@ -221,9 +221,7 @@ def test_a_step_that_stays_silent_past_its_idle_timeout_is_killed_but_a_chatty_o
     assert "fake-agent working (5)" in steps["chatty"].stdout
     silent = steps["silent"]
     assert silent.status == StepStatus.TIMED_OUT
-    assert silent.error.startswith(
-        "step produced no output for 1000 ms (idle timeout); last output: "
-    )
+    assert silent.error.startswith("no progress for 1.0 s (idle limit); last output: ")
     # It printed its argv line at start, then nothing: killed after its idle second, long
     # before it would have ended by itself.
     assert 1000 <= silent.duration_ms < AGENT_OWN_END * 1000

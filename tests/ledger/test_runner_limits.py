@@ -45,7 +45,7 @@ def test_an_agent_step_without_limits_gets_the_settings_idle_timeout(
     run = _route(tmp_path)
     assert run_workflow_run(run.id) == RunStatus.TIMED_OUT
     worker = steps_of(run)["worker"]
-    assert worker.error.startswith("step produced no output for 1000 ms (idle timeout)")
+    assert worker.error.startswith("no progress for 1.0 s (idle limit)")
     # The last thing it printed, and its output so far.
     assert "; last output: FAKE_AGENT_ARGV" in worker.error
     assert "FAKE_AGENT_ARGV" in worker.stdout
@@ -142,3 +142,22 @@ def test_a_run_that_changed_nothing_says_so(agent: FakeAgent, tmp_path: Path) ->
     from ledger.display import commit_text
 
     assert commit_text(run) == "no changes: the run left the project as it was"
+
+
+def test_output_that_shows_no_progress_does_not_keep_an_agent_alive(
+    agent: FakeAgent, tmp_path: Path, settings: Any
+) -> None:
+    """As codex (a CLI whose JSON events tell progress apart), the agent prints a line every
+    0.1 s that is no model answer or tool call, as a CLI that retries or logs does: the idle
+    limit still ends it (a CLI whose output is not known is kept alive by any output: the
+    chatty agent of the test above)."""
+    settings.LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS = 1
+    agent.env(sleep=str(round(hang_deadline(120))), tick="0.1")
+    run = _route(git_project(tmp_path / "project"), provider="codex")
+    assert run_workflow_run(run.id) == RunStatus.TIMED_OUT
+    worker = steps_of(run)["worker"]
+    assert worker.error == (
+        "no progress for 1.0 s (idle limit); no progress since the step started"
+    ), worker.error
+    assert worker.stdout.count("fake-agent working") >= 2  # it kept printing all along
+    assert worker.progress_at is None

@@ -16,7 +16,13 @@ from django.urls import reverse
 from django.utils import timezone
 from django_q.models import Schedule
 
-from ledger.models import StepStatus, WorkflowEvent, WorkflowRun, WorkflowWorkItem
+from ledger.models import (
+    StepStatus,
+    WorkflowEvent,
+    WorkflowRun,
+    WorkflowStepRun,
+    WorkflowWorkItem,
+)
 from ledger.services import run_finalize, step_start
 from routing.drains.inbox import inbox_ingest
 from routing.drains.retention import drain_records_prune
@@ -564,3 +570,23 @@ def test_loop_actions_are_logged_too(admin_client) -> None:
     assert (
         entry.object_id == item.loop_id and entry.get_change_message() == "Pause loops"
     )
+
+
+def test_the_overview_shows_how_long_ago_each_running_agent_made_progress(
+    admin_client,
+) -> None:
+    ops_seed.account_history(1)  # acct-00 runs a worker step
+    step = WorkflowStepRun.objects.get(status=StepStatus.RUNNING)
+    # A CLI whose output tells progress apart, no progress yet; then 3 minutes ago.
+    WorkflowStepRun.objects.filter(pk=step.pk).update(account_tool="codex")
+    running = section(body(admin_client, reverse("ops:overview")), "running")
+    assert "none yet" in running
+    WorkflowStepRun.objects.filter(pk=step.pk).update(
+        progress_at=timezone.now() - timedelta(minutes=3, seconds=5)
+    )
+    running = section(body(admin_client, reverse("ops:overview")), "running")
+    assert "3 min 5 s ago" in running or "3 min 6 s ago" in running, running
+    # Another CLI: any output is progress, so the column says nothing.
+    WorkflowStepRun.objects.filter(pk=step.pk).update(account_tool="codewith")
+    running = section(body(admin_client, reverse("ops:overview")), "running")
+    assert "ago" not in running and "none yet" not in running
