@@ -227,7 +227,9 @@ RETRY_RUNS = LifecycleAction(
     done="retried",
     explanation=(
         "The work item of each failed, timed-out or cancelled run (its latest run) is "
-        "requeued; the next drain admits it as a new run. The reason is optional."
+        "admitted again now with the route it was admitted with (provider, pool, scope, "
+        "caps, template, sandbox, worktree mode, time limits); the caps still apply, so a "
+        "capped retry waits as a deferral with its reason. The reason is optional."
     ),
     apply=lambda pk, reason, actor: services.run_retry(
         run_id=pk, reason=reason, actor=actor

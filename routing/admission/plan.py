@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,28 @@ class RoutePlan:
     refusal: str | None = None
     # The todos task as results report it (id, title, description, tags, project path).
     task: dict[str, Any] | None = None
+    # What the item stores of this decision (`route_options_json`), for a retry to re-admit
+    # it with the same route: `stored_route`.
+    route: dict[str, Any] | None = None
+
+
+def stored_route(
+    kind: str, envelope: Envelope, options: RouteOptions, *, scope: str
+) -> dict[str, Any]:
+    """The route of one admission decision as the item stores it: the route kind, the
+    options (the scope as resolved, so a scheduled drain's scope survives the retry; never
+    dry-run) and the event envelope as delivered."""
+    event = dict(envelope.raw) or {
+        "id": envelope.id,
+        "type": envelope.type,
+        "source": envelope.source,
+        **({"subject": envelope.subject} if envelope.subject is not None else {}),
+        **({"time": envelope.time} if envelope.time is not None else {}),
+        "data": envelope.data,
+        "metadata": envelope.metadata,
+    }
+    stored = replace(options, dry_run=False, max_active_scope=scope)
+    return {"kind": kind, "options": stored.to_dict(), "event": event}
 
 
 def _event_pool(envelope: Envelope) -> list[str]:
@@ -371,6 +393,7 @@ def plan_route(
         ),
         refusal=refusal,
         task=task,
+        route=stored_route(kind, envelope, options, scope=scope),
     )
     check_plan_fits_columns(plan)  # bad input never reaches the admission lock
     return plan

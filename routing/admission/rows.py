@@ -113,6 +113,7 @@ def work_item_upsert(
         "project_key": plan.project_path,
         "project_group": plan.project_group,
         "route_scope": plan.scope,
+        "route_options_json": plan.route,
         "priority": 0,
         "next_attempt_at": None,
     }
