@@ -6,7 +6,9 @@ requeues the item and sends `work_item_retried` inside its transaction, under th
 lock; `readmit_retried` (connected in routing.apps) plans the stored event with the stored
 options and admits it at once, through the same `admit` a drain or the API uses: the caps
 and the pool still decide, so a capped retry is recorded as a deferral with its reason. The
-inbox rows that produced the item record the outcome, as a drain's would.
+inbox rows that produced the item record the outcome, as a drain's would. A deferred retry
+keeps its route (the stored route is marked `retry`): the drain that meets its inbox row
+later admits it with the stored route, not the drain's options (`transaction.admit`).
 
 Bad input raises (the stored project no longer inside LOOPSWEB_PROJECT_ROOTS, a template
 gone): the retry's transaction rolls back and the item stays as it was.
@@ -18,11 +20,9 @@ from datetime import datetime
 from typing import Any
 
 from domain.errors import ValidationError
-from domain.events import parse_envelope
 from ledger.models import WorkflowWorkItem, WorkItemStatus
 from ledger.selectors import registered_providers
-from routing.admission.options import route_options
-from routing.admission.plan import plan_route
+from routing.admission.plan import plan_stored_route
 from routing.admission.results import THROTTLED, RouteResult
 from routing.admission.transaction import admit, hand_over
 from routing.models import InboxEvent, InboxState
@@ -43,15 +43,9 @@ def readmit_retried(
     """Receiver of `ledger.signals.work_item_retried`: re-admit the requeued `item` now
     with its stored route. None when it stores none (it waits for the next drain)."""
     route = item.route_options_json
-    if not isinstance(route, dict) or not isinstance(route.get("event"), dict):
+    if not isinstance(route, dict):
         return None
-    plan = plan_route(
-        kind=str(route.get("kind") or ""),
-        envelope=parse_envelope(route["event"]),
-        options=route_options(route.get("options") or {}),
-        env={},  # the stored options name the scope the first admission resolved
-        registered=registered_providers(),
-    )
+    plan = plan_stored_route(route, registered=registered_providers())
     if isinstance(plan, RouteResult):
         raise ValidationError(RETRY_NOT_ELIGIBLE.format(reason=plan.reason))
     if (plan.route_key, plan.idempotency_key) != (item.route_key, item.idempotency_key):
