@@ -86,8 +86,14 @@ def item_actions(context: template.Context, item: WorkflowWorkItem | None) -> di
         and user.has_perm(ITEM_ACTION_PERMISSION)
     )
     status = str(item.status) if item is not None and allowed else ""
+    route = item.route_options_json if item is not None else None
+    stored = route.get("options") if isinstance(route, dict) else None
     return {
         "item": item,
+        # What Retry re-admits with (`--flag value` pairs); None: no stored route.
+        "route_options": ops_display.options_text(stored)
+        if isinstance(stored, dict)
+        else None,
         "csrf_token": context.get("csrf_token"),
         "next": request.get_full_path() if request is not None else "",
         "retryable": status in {str(s) for s in REQUEUEABLE_STATUSES},
