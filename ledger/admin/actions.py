@@ -195,6 +195,21 @@ REQUEUE = LifecycleAction(
         item_id=pk, reason=reason or "", actor=actor
     ),
 )
+RETRY_ITEMS = LifecycleAction(
+    name="retry_items",
+    title="Retry work items",
+    done="retried",
+    explanation=(
+        "Succeeded, failed, dead-letter and cancelled items are admitted again now with the "
+        "route they were admitted with (provider, pool, scope, caps, template, sandbox, "
+        "worktree mode, time limits); the caps still apply, so a capped retry waits as a "
+        "deferral with its reason. The reason is optional."
+    ),
+    apply=lambda pk, reason, actor: services.work_item_retry(
+        item_id=pk, reason=reason, actor=actor
+    ),
+    reason_required=False,
+)
 CANCEL_ITEMS = LifecycleAction(
     name="cancel_items",
     title="Cancel work items",

@@ -168,3 +168,21 @@ def test_a_post_without_the_csrf_token_is_refused(django_user_model) -> None:
     assert client.post(action_url(item, "retry")).status_code == 403
     item.refresh_from_db()
     assert item.status == "failed"
+
+
+def test_the_admin_retries_selected_items_on_their_route(admin_client) -> None:
+    item = failed_item()
+    items = reverse("admin:ledger_workflowworkitem_changelist")
+    html = admin_client.get(
+        reverse("admin:ledger_workflowworkitem_change", args=[item.id])
+    ).content.decode()
+    assert 'value="retry_items"' in html.split('id="item-actions"')[1]
+    response = admin_client.post(
+        items,
+        {"action": "retry_items", "_selected_action": [item.id], "confirm": "yes"},
+        follow=True,
+    )
+    assert messages_of(response) == ["Retried 1 workflow work item."]
+    item.refresh_from_db()
+    assert (item.status, item.attempts) == ("admitted", 2)
+    assert LogEntry.objects.get().change_message == "Retry work items"
