@@ -21,6 +21,7 @@ from tests.routing.ops.test_browser import (
     screenshot,
     sign_in,
     text_of,
+    visit,
 )
 
 pytestmark = [
@@ -60,7 +61,7 @@ def test_retry_from_the_item_page_reruns_with_the_original_provider_and_pool(
     path = f"/ops/items/{item.id}/"
     sign_in(browser, live_server.url, path, f"#item-actions-{item.id}")
     assert "failed" in text_of(browser, "#item")
-    screenshot(browser, "08-item-failed-with-retry")
+    screenshot(browser, "retry-1-item-failed")
     follow(
         browser,
         browser.find_element(
@@ -71,7 +72,7 @@ def test_retry_from_the_item_page_reruns_with_the_original_provider_and_pool(
     assert browser.current_url == f"{live_server.url}{path}"
     assert "admitted again" in text_of(browser, "ul.messagelist")
     assert "admitted" in text_of(browser, "#item")
-    screenshot(browser, "09-item-retried")
+    screenshot(browser, "retry-2-item-retried")
 
     item.refresh_from_db()
     assert (item.status, item.attempts, item.route_scope) == ("admitted", 2, "night")
@@ -80,3 +81,19 @@ def test_retry_from_the_item_page_reruns_with_the_original_provider_and_pool(
     assert {tool for tool, _ in again} == {"codex"}
     assert {profile for _, profile in again} == {"cx-a", "cx-b"}
     assert WorkflowWorkItem.objects.count() == 1
+
+    # The run page offers Cancel for the item's run in progress, and comes back to itself.
+    run_path = f"/admin/ledger/workflowrun/{item.workflow_run_id}/change/"
+    visit(browser, f"{live_server.url}{run_path}", f"#item-actions-{item.id}")
+    follow(
+        browser,
+        browser.find_element(
+            By.CSS_SELECTOR, f"#item-actions-{item.id} button[name=cancel]"
+        ),
+        "ul.messagelist li.success",
+    )
+    assert browser.current_url == f"{live_server.url}{run_path}"
+    screenshot(browser, "retry-3-run-cancelled")
+    item.refresh_from_db()
+    assert item.status == "cancelled"
+    assert WorkflowRun.objects.get(pk=item.workflow_run_id).status == "cancelled"
