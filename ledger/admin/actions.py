@@ -195,6 +195,23 @@ REQUEUE = LifecycleAction(
         item_id=pk, reason=reason or "", actor=actor
     ),
 )
+# What a retry does, whichever the admin selected: the items, or the runs of the items.
+RETRY_EXPLANATION = (
+    "admitted again now with the route it was admitted with (provider, pool, scope, caps, "
+    "template, sandbox, worktree mode, time limits); the caps still apply, so a capped "
+    "retry waits as a deferral with its reason. The reason is optional."
+)
+RETRY_ITEMS = LifecycleAction(
+    name="retry_items",
+    title="Retry work items",
+    done="retried",
+    explanation="Each succeeded, failed, dead-letter or cancelled item is "
+    + RETRY_EXPLANATION,
+    apply=lambda pk, reason, actor: services.work_item_retry(
+        item_id=pk, reason=reason, actor=actor
+    ),
+    reason_required=False,
+)
 CANCEL_ITEMS = LifecycleAction(
     name="cancel_items",
     title="Cancel work items",
@@ -225,10 +242,8 @@ RETRY_RUNS = LifecycleAction(
     name="retry_runs",
     title="Retry workflow runs",
     done="retried",
-    explanation=(
-        "The work item of each failed, timed-out or cancelled run (its latest run) is "
-        "requeued; the next drain admits it as a new run. The reason is optional."
-    ),
+    explanation="The work item of each failed, timed-out or cancelled run (its latest "
+    "run) is " + RETRY_EXPLANATION,
     apply=lambda pk, reason, actor: services.run_retry(
         run_id=pk, reason=reason, actor=actor
     ),

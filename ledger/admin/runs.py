@@ -122,6 +122,23 @@ class WorkflowRunAdmin(LedgerAdmin):
     readonly_fields = fields
     inlines = [StepRunInline]
     actions = ("retry_runs", "cancel_runs")
+    change_form_template = "admin/ledger/workflowrun/change_form.html"
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        # The run's work item, for the page's Retry / Cancel buttons (ops_tags.item_actions).
+        run = WorkflowRun.objects.select_related("work_item").filter(pk=object_id)
+        found = run.first()
+        context = {
+            **(extra_context or {}),
+            "run_item": found.work_item if found is not None else None,
+        }
+        return super().change_view(request, object_id, form_url, context)
 
     @admin.action(description="Retry selected failed runs…", permissions=["operate"])
     def retry_runs(

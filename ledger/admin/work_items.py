@@ -19,6 +19,7 @@ from ledger.admin.actions import (
     CANCEL_ITEMS,
     DEAD_LETTER,
     REQUEUE,
+    RETRY_ITEMS,
     action_history,
     run_lifecycle_action,
 )
@@ -173,7 +174,7 @@ class WorkflowWorkItemAdmin(LedgerAdmin):
         "workflow_link",
         "loop_link",
     )
-    actions = ("requeue_items", "cancel_items", "dead_letter_items")
+    actions = ("requeue_items", "retry_items", "cancel_items", "dead_letter_items")
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return WorkItemChangeList
@@ -205,6 +206,12 @@ class WorkflowWorkItemAdmin(LedgerAdmin):
         self, request: HttpRequest, queryset: QuerySet
     ) -> TemplateResponse | None:
         return run_lifecycle_action(self, request, queryset, REQUEUE)
+
+    @admin.action(description="Retry selected work items…", permissions=["operate"])
+    def retry_items(
+        self, request: HttpRequest, queryset: QuerySet
+    ) -> TemplateResponse | None:
+        return run_lifecycle_action(self, request, queryset, RETRY_ITEMS)
 
     @admin.action(description="Cancel selected work items…", permissions=["operate"])
     def cancel_items(
@@ -385,6 +392,7 @@ def item_page_context(
     if operate:
         for action, statuses in (
             (REQUEUE, services.REQUEUEABLE_STATUSES),
+            (RETRY_ITEMS, services.REQUEUEABLE_STATUSES),
             (CANCEL_ITEMS, services.CANCELLABLE_STATUSES),
             (DEAD_LETTER, services.DEAD_LETTERABLE_STATUSES),
         ):

@@ -66,6 +66,10 @@ class WorkflowWorkItem(TimestampedModel):
     # loopsweb (0003): the stable code of the last deferral (route_cap, project_cap, group_cap,
     # profile_cap, cooldown), kept beside upstream's human last_reason.
     reason_code = models.CharField(max_length=40, null=True, blank=True)
+    # loopsweb (0016): the route of the last admission decision ({"kind", "options",
+    # "event"}: routing.admission.plan.stored_route), what an operator's retry
+    # re-admits with. NULL on rows written before it.
+    route_options_json = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_work_items"

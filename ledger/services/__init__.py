@@ -103,6 +103,7 @@ from ledger.services.work_items import (
     work_item_cancel,
     work_item_dead_letter,
     work_item_requeue,
+    work_item_retry,
 )
 
 __all__ = [
@@ -163,5 +164,6 @@ __all__ = [
     "work_item_cancel",
     "work_item_dead_letter",
     "work_item_requeue",
+    "work_item_retry",
     "worker_identity",
 ]

@@ -75,6 +75,7 @@ LEASE_EXPIRED_ITEM_REASON = "parent loop run lease expired before completion"
 ARCHIVE_REASON = "terminal generated one-shot route workflow"
 CANCEL_REASON_DEFAULT = "cancelled by operator"
 RUN_RETRY_REASON = "retry of workflow run {run_id}"
+ITEM_RETRY_REASON = "retried by operator"
 # Loop-level retry pending (docs/upstream.md §2.1, upstream wording).
 RETRY_PENDING_REASON = "attempt failed; retry pending"
 RETRY_PENDING_REASON_WITH_ERROR = "attempt failed; retry pending: {error}"

@@ -32,6 +32,7 @@ from ledger.services.common import (
     CANCELLABLE_STATUSES,
     CLAIMABLE_STATUSES,
     DEAD_LETTERABLE_STATUSES,
+    ITEM_RETRY_REASON,
     REASON_REQUIRED,
     REQUEUE_REASON_REQUIRED,
     REQUEUEABLE_STATUSES,
@@ -51,7 +52,7 @@ from ledger.services.common import (
     now_or_default,
 )
 from ledger.services.runs import run_cancel
-from ledger.signals import work_item_requeued
+from ledger.signals import work_item_requeued, work_item_retried
 
 
 def run_retry(
@@ -61,11 +62,10 @@ def run_retry(
     actor: str | None = None,
     now: datetime | None = None,
 ) -> WorkflowWorkItem:
-    """Requeue the work item of a failed, timed-out or cancelled run for re-admission.
+    """Retry the work item of a failed, timed-out or cancelled run (`work_item_retry`).
 
-    The run must be the item's latest run (the one the item is bound to); the item is then
-    requeued exactly as `work_item_requeue` does (attempts kept), with `reason` or
-    `retry of workflow run <id>`. The next drain admits it again as a new run.
+    The run must be the item's latest run (the one the item is bound to); the reason is
+    `reason` or `retry of workflow run <id>`.
     """
     run = WorkflowRun.objects.filter(pk=run_id).first()
     if run is None:
@@ -74,14 +74,43 @@ def run_retry(
         raise LedgerError(RUN_NOT_RETRYABLE.format(run_id=run.id, status=run.status))
     if not run.work_item_id:
         raise LedgerError(RUN_WITHOUT_WORK_ITEM.format(run_id=run.id))
-    return work_item_requeue(
+    return work_item_retry(
         item_id=run.work_item_id,
         reason=reason or RUN_RETRY_REASON.format(run_id=run.id),
         expected_run_id=run.id,
         actor=actor,
-        action="retry",
         now=now,
     )
+
+
+def work_item_retry(
+    *,
+    item_id: str,
+    reason: str | None = None,
+    expected_run_id: str | None = None,
+    actor: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowWorkItem:
+    """Operator retry: requeue the item (`work_item_requeue`, action `retry`) and, in the
+    same transaction, re-admit it now with the route it stores (`work_item_retried`: the
+    provider, pool, scope, caps, template, sandbox, worktree mode and time limits of its
+    last admission). The caps still apply: a capped retry is `deferred` with its reason. An
+    item without a stored route (admitted before it was stored) stays `queued` for the
+    next drain, as a requeue. Returns the item as the retry left it."""
+    now = now_or_default(now)
+    with transaction.atomic():
+        admission_lock()
+        item = work_item_requeue(
+            item_id=item_id,
+            reason=reason or ITEM_RETRY_REASON,
+            expected_run_id=expected_run_id,
+            actor=actor,
+            action="retry",
+            now=now,
+        )
+        work_item_retried.send(sender=WorkflowWorkItem, item=item, now=now)
+    item.refresh_from_db()
+    return item
 
 
 # --- work items (operator actions) ------------------------------------------------------------

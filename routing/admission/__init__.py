@@ -7,6 +7,7 @@ path for one candidate or many.
 - `rows`: the rows an admission writes and the created result;
 - `transaction`: stage 2 for one plan (`admit`, `route_event`);
 - `batch`: stage 2 for many plans in one transaction (`admit_batch`), same decisions;
+- `retry`: an operator's retry re-admits the item with the route it stores;
 - `results`: RouteResult and the work-item dict.
 
 Layer: above `ledger`; imports `ledger.*`, `domain` and `routing.models`, never the drains
@@ -43,6 +44,7 @@ from routing.admission.results import (
     RouteResult,
     work_item_to_dict,
 )
+from routing.admission.retry import readmit_retried, retry_outcome
 from routing.admission.transaction import RouteRefused, admit, hand_over, route_event
 
 __all__ = [
@@ -67,6 +69,8 @@ __all__ = [
     "plan_route",
     "pool_assignment_now",
     "precheck",
+    "readmit_retried",
+    "retry_outcome",
     "route_event",
     "route_options",
     "route_options_check",

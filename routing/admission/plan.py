@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from domain.events import (
     Envelope,
     first_string,
     generic_project_path_hint,
+    parse_envelope,
     project_group_hint,
     task_field,
     todos_project_path_hint,
@@ -60,6 +61,7 @@ from ledger.models import (
     WorkflowSpec,
     WorkflowStepRun,
     WorkflowWorkItem,
+    WorkItemStatus,
 )
 from ledger.projects import (
     REQUIRED_NOT_GIT,
@@ -71,6 +73,7 @@ from routing.admission.options import (
     POOL_METADATA_KEYS,
     ROLES,
     RouteOptions,
+    route_options,
 )
 from routing.admission.results import SKIPPED, RouteResult
 
@@ -126,6 +129,31 @@ class RoutePlan:
     refusal: str | None = None
     # The todos task as results report it (id, title, description, tags, project path).
     task: dict[str, Any] | None = None
+    # What the item stores of this decision (`route_options_json`), for a retry to re-admit
+    # it with the same route: `stored_route`.
+    route: dict[str, Any] | None = None
+    # Planned from an item's stored route by an operator's retry (`plan_stored_route`): a
+    # retry the caps defer keeps that route for whichever drain admits it later.
+    retry: bool = False
+
+
+def stored_route(
+    kind: str, envelope: Envelope, options: RouteOptions, *, scope: str
+) -> dict[str, Any]:
+    """The route of one admission decision as the item stores it: the route kind, the
+    options (the scope as resolved, so a scheduled drain's scope survives the retry; never
+    dry-run) and the event envelope as delivered."""
+    event = dict(envelope.raw) or {
+        "id": envelope.id,
+        "type": envelope.type,
+        "source": envelope.source,
+        **({"subject": envelope.subject} if envelope.subject is not None else {}),
+        **({"time": envelope.time} if envelope.time is not None else {}),
+        "data": envelope.data,
+        "metadata": envelope.metadata,
+    }
+    stored = replace(options, dry_run=False, max_active_scope=scope)
+    return {"kind": kind, "options": stored.to_dict(), "event": event}
 
 
 def _event_pool(envelope: Envelope) -> list[str]:
@@ -137,6 +165,36 @@ def _event_pool(envelope: Envelope) -> list[str]:
             if isinstance(record.get(key), list):
                 return drop_blank([str(p) for p in record[key]])
     return []
+
+
+def retry_pending(item: WorkflowWorkItem) -> bool:
+    """Whether `item` waits (queued or deferred) after a retry the caps deferred: the
+    admission that takes it next uses its stored route, not the caller's options."""
+    route = item.route_options_json
+    return (
+        item.status in (WorkItemStatus.QUEUED, WorkItemStatus.DEFERRED)
+        and isinstance(route, dict)
+        and route.get("retry") is True
+    )
+
+
+def plan_stored_route(
+    route: Mapping[str, Any], *, registered: Mapping[str, str] | None
+) -> RoutePlan | RouteResult:
+    """The plan of an item's stored route (`stored_route`), for a retry: its event with its
+    options, as the first admission planned it (bad input raises as `plan_route`)."""
+    event = route.get("event")
+    options = route.get("options")
+    if not isinstance(event, dict) or not isinstance(options, dict):
+        raise ValidationError("the stored route is incomplete: no event or options")
+    plan = plan_route(
+        kind=str(route.get("kind") or ""),
+        envelope=parse_envelope(event),
+        options=route_options(options),
+        env={},  # the stored options name the scope the first admission resolved
+        registered=registered,
+    )
+    return plan if isinstance(plan, RouteResult) else replace(plan, retry=True)
 
 
 def plan_route(
@@ -371,6 +429,7 @@ def plan_route(
         ),
         refusal=refusal,
         task=task,
+        route=stored_route(kind, envelope, options, scope=scope),
     )
     check_plan_fits_columns(plan)  # bad input never reaches the admission lock
     return plan

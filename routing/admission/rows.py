@@ -113,6 +113,10 @@ def work_item_upsert(
         "project_key": plan.project_path,
         "project_group": plan.project_group,
         "route_scope": plan.scope,
+        # A retry the caps defer keeps its route for the admission that takes it later.
+        "route_options_json": {**plan.route, "retry": True}
+        if plan.retry and plan.route is not None and status == WorkItemStatus.DEFERRED
+        else plan.route,
         "priority": 0,
         "next_attempt_at": None,
     }

@@ -47,7 +47,12 @@ from ledger.selectors import admission_rows, registered_providers
 from ledger.services import work_item_admit
 from routing.admission.decide import Hold, pool_assignment_now, precheck
 from routing.admission.options import RouteOptions
-from routing.admission.plan import RoutePlan, plan_route
+from routing.admission.plan import (
+    RoutePlan,
+    plan_route,
+    plan_stored_route,
+    retry_pending,
+)
 from routing.admission.results import CREATED, DEDUPED, THROTTLED, RouteResult
 from routing.admission.rows import (
     admitted_reason,
@@ -149,6 +154,21 @@ def _admit(
         existing = WorkflowWorkItem.objects.select_related(
             "invocation", "workflow", "loop"
         ).get(pk=found.work_item_id)
+        if not plan.retry and retry_pending(existing):
+            # A retry the caps deferred: admitted (or held) with its own stored route,
+            # whichever drain or delivery meets it (routing.admission.retry).
+            stored = plan_stored_route(
+                existing.route_options_json or {}, registered=registered_providers()
+            )
+            if isinstance(stored, RoutePlan):
+                return _admit(
+                    stored,
+                    now=now,
+                    dry_run=dry_run,
+                    enqueue=enqueue,
+                    early_dedupe=early_dedupe,
+                    hold_when_full=hold_when_full,
+                )
     routed = existing is not None and existing.status in KEEP_WORK_ITEM_STATUSES
     invocation: WorkflowInvocation | None = None
     invocation_created = False

@@ -11,6 +11,11 @@ urlpatterns: list[URLPattern] = [
     path("", ops_views.overview, name="overview"),
     path("deferrals/", ops_views.deferrals, name="deferrals"),
     path("items/<str:item_id>/", ops_views.work_item, name="work-item"),
+    path(
+        "items/<str:item_id>/<str:action>/",
+        ops_views.item_action,
+        name="item-action",
+    ),
     # The item page lived under deferrals/ before it showed runs, steps and accounts.
     path(
         "deferrals/<str:item_id>/",

@@ -30,15 +30,20 @@ from django.http import (
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django_q.models import Schedule
 
 from domain import reasons
+from domain.errors import ApplicationError
+from ledger import services
+from ledger.admin.actions import log_operator_action
 from ledger.admin.base import CappedCountPaginator
 from ledger.capacity import hosts_view
 from ledger.models import WorkflowWorkItem
 from routing import selectors as shared
+from routing.admission import retry_outcome
 from routing.drains import configs as drain_configs
 from routing.drains.retention import DID_SOMETHING, EMPTY, HAS_ERROR, HELD
 from routing.models import DrainRecord, InboxEvent
@@ -53,6 +58,7 @@ from routing.ops.display import (
     timeline_hours,
     timeline_svg,
 )
+from routing.templatetags.ops_tags import ITEM_ACTION_PERMISSION
 
 View = Callable[..., HttpResponse]
 PER_PAGE = 50
@@ -255,6 +261,52 @@ def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
         runs=[{"run": run, "steps": steps[run.id]} for run in runs],
         accounts=sorted(accounts.values(), key=lambda a: a["profile"]),
     )
+
+
+ITEM_ACTIONS = ("retry", "cancel")
+
+
+@staff_required
+@require_POST
+def item_action(request: HttpRequest, item_id: str, action: str) -> HttpResponse:
+    """Retry (re-admit now with the route the item stores: `services.work_item_retry`) or
+    cancel (`services.work_item_cancel`) one work item, from the /ops/ item page or the
+    admin's run page. Needs the item's change permission (403 without); CSRF as every POST.
+    Audited twice: an admin LogEntry naming the user, and the run's `operator_<action>`
+    event. A refusal (the status does not allow it, the stored route no longer routes)
+    changes nothing and says why. Back to `next` when it is this site's, else the item."""
+    if action not in ITEM_ACTIONS:
+        raise Http404
+    if not request.user.has_perm(ITEM_ACTION_PERMISSION):
+        raise PermissionDenied
+    get_object_or_404(WorkflowWorkItem.objects.only("id"), pk=item_id)
+    reason = (request.POST.get("reason") or "").strip()[:2000] or None
+    actor = request.user.get_username()
+    try:
+        if action == "retry":
+            item = services.work_item_retry(item_id=item_id, reason=reason, actor=actor)
+            text = retry_outcome(item)
+        else:
+            item = services.work_item_cancel(
+                item_id=item_id,
+                reason=reason or services.CANCEL_REASON_DEFAULT,
+                actor=actor,
+            )
+            text = f"cancelled {item.id}: {item.last_reason}"
+    except ApplicationError as exc:
+        messages.error(request, f"{action} refused: {exc}")
+    else:
+        title = "Retry work item" if action == "retry" else "Cancel work item"
+        log_operator_action(
+            request, WorkflowWorkItem, item_id, f"{title} (ops)", reason or text
+        )
+        messages.success(request, text[0].upper() + text[1:] + ".")
+    target = request.POST.get("next") or ""
+    if not url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        target = reverse("ops:work-item", args=[item_id])
+    return HttpResponseRedirect(target)
 
 
 @staff_required

@@ -10,7 +10,8 @@ from django.utils.safestring import SafeString
 
 from ledger.admin import display as admin_display
 from ledger.display import commit_text, worktree_text
-from ledger.models import WorkflowRun
+from ledger.models import WorkflowRun, WorkflowWorkItem
+from ledger.services import CANCELLABLE_STATUSES, REQUEUEABLE_STATUSES
 from routing.ops import display as ops_display
 
 register = template.Library()
@@ -64,3 +65,37 @@ def worktree(run: WorkflowRun) -> str:
 def work_left(run: WorkflowRun) -> str:
     """What the run left on its branch and how to check it out (`-` when nothing yet)."""
     return commit_text(run)
+
+
+# Who may retry or cancel an item from a page: staff holding the item's change permission.
+ITEM_ACTION_PERMISSION = "ledger.change_workflowworkitem"
+
+
+@register.inclusion_tag("ops/_item_actions.html", takes_context=True)
+def item_actions(context: template.Context, item: WorkflowWorkItem | None) -> dict:
+    """The Retry / Cancel buttons of one work item (POST to ops:item-action, CSRF), shown
+    to staff with the change permission when the item's status allows the action; back to
+    the page they were pressed on."""
+    request = context.get("request")
+    user = getattr(request, "user", None)
+    allowed = bool(
+        item is not None
+        and user is not None
+        and user.is_active
+        and user.is_staff
+        and user.has_perm(ITEM_ACTION_PERMISSION)
+    )
+    status = str(item.status) if item is not None and allowed else ""
+    route = item.route_options_json if item is not None else None
+    stored = route.get("options") if isinstance(route, dict) else None
+    return {
+        "item": item,
+        # What Retry re-admits with (`--flag value` pairs); None: no stored route.
+        "route_options": ops_display.options_text(stored)
+        if isinstance(stored, dict)
+        else None,
+        "csrf_token": context.get("csrf_token"),
+        "next": request.get_full_path() if request is not None else "",
+        "retryable": status in {str(s) for s in REQUEUEABLE_STATUSES},
+        "cancellable": status in {str(s) for s in CANCELLABLE_STATUSES},
+    }

@@ -3,12 +3,17 @@
     routes list [--status S] [--route-key K] [--limit N] [--json]
     routes show ITEM_ID [--json]
     routes requeue ITEM_ID --reason TEXT [--dry-run] [--json]
+    routes retry ITEM_ID [--reason TEXT] [--json]
+    routes cancel ITEM_ID [--reason TEXT] [--json]
     routes invocations [--limit N] [--json]
 
 `list` orders as upstream: with --status by priority (high first) then oldest first (the
 admission order), otherwise newest first. `requeue` requires a reason and keeps attempts
 (0.4.12); the item's inbox events reopen so the next drain admits it again. `show` adds the
-item's runs, one per attempt, with how each ended.
+item's runs, one per attempt, with how each ended. `retry` re-admits a finished item now
+with the route it stores (provider, pool, scope, caps, template, sandbox, worktree mode,
+time limits; a capped retry is deferred with its reason); `cancel` cancels a queued,
+deferred, admitted or running item (a run in progress with it).
 """
 
 from __future__ import annotations
@@ -26,17 +31,24 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.services import work_item_requeue
+from ledger.services import (
+    CANCEL_REASON_DEFAULT,
+    work_item_cancel,
+    work_item_requeue,
+    work_item_retry,
+)
 from ledger.services.common import (
     REQUEUE_REASON_REQUIRED,
     REQUEUEABLE_STATUSES,
     WORK_ITEM_NOT_FOUND,
     WORK_ITEM_NOT_REQUEUEABLE,
 )
-from routing.admission import work_item_to_dict
+from routing.admission import retry_outcome, work_item_to_dict
 from routing.api.serializers import iso, with_attempts
 
 ROUTE_ITEM_NOT_FOUND = "route work item not found: {item_id}"
+# Who the run's `operator_<action>` event names for a retry or cancel from this command.
+CLI_ACTOR = "manage.py routes"
 DEFAULT_LIMIT = 50
 MAX_LIMIT = BOUNDS["routes --limit"].maximum
 
@@ -95,11 +107,18 @@ class Command(BaseCommand):
             action="store_true",
             help="say what would happen, change nothing",
         )
+        retry = actions.add_parser(
+            "retry", help="re-admit a finished work item now with its stored route"
+        )
+        cancel = actions.add_parser("cancel", help="cancel an open work item")
+        for sub in (retry, cancel):
+            sub.add_argument("item_id")
+            sub.add_argument("--reason", help="why (optional)")
         invocations = actions.add_parser(
             "invocations", help="list invocations, newest first"
         )
         invocations.add_argument("--limit", help=f"most rows (default {DEFAULT_LIMIT})")
-        for sub in (listing, show, requeue, invocations):
+        for sub in (listing, show, requeue, retry, cancel, invocations):
             sub.add_argument("--json", action="store_true", help="print JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -234,6 +253,26 @@ class Command(BaseCommand):
             [
                 f"routes: requeued {item.id} from {before} (attempts {item.attempts} kept): {reason}"
             ],
+        )
+
+    def _retry(self, options: dict[str, Any]) -> None:
+        item = work_item_retry(
+            item_id=options["item_id"].strip(),
+            reason=(options["reason"] or "").strip() or None,
+            actor=CLI_ACTOR,
+        )
+        self._emit(options, work_item_to_dict(item), [f"routes: {retry_outcome(item)}"])
+
+    def _cancel(self, options: dict[str, Any]) -> None:
+        item = work_item_cancel(
+            item_id=options["item_id"].strip(),
+            reason=(options["reason"] or "").strip() or CANCEL_REASON_DEFAULT,
+            actor=CLI_ACTOR,
+        )
+        self._emit(
+            options,
+            work_item_to_dict(item),
+            [f"routes: cancelled {item.id} ({item.last_reason})"],
         )
 
     def _invocations(self, options: dict[str, Any]) -> None:

@@ -272,7 +272,7 @@ def test_requeue_needs_a_reason_and_a_terminal_item_and_keeps_attempts(
 
 
 @pytest.mark.slow
-def test_run_retry_requeues_the_latest_failed_run_only(
+def test_run_retry_readmits_the_latest_failed_run_only(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     agent.env(exit="1")
@@ -283,13 +283,13 @@ def test_run_retry_requeues_the_latest_failed_run_only(
 
     item = services.run_retry(run_id=result.run.id)
 
-    assert item.status == WorkItemStatus.QUEUED
-    assert item.last_reason == f"retry of workflow run {result.run.id}"
+    # Admitted again at once with the route the item stores (routing.admission.retry).
+    assert item.status == WorkItemStatus.ADMITTED and item.attempts == 2
+    assert item.workflow_run_id not in (None, result.run.id)
+    assert item.last_reason.startswith(f"retry of workflow run {result.run.id}")
     with pytest.raises(services.LedgerError, match="not requeueable"):
         services.run_retry(run_id=result.run.id)
-    second = route_generic(tmp_path, "evt-retry", auth_profile="acctA")
-    assert second.kind == CREATED and second.run.id != result.run.id
-    tasks.run_workflow(second.run.id)
+    tasks.run_workflow(item.workflow_run_id)
     with pytest.raises(
         services.LedgerError, match="is not the latest run of work item"
     ):

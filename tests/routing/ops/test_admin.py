@@ -171,7 +171,7 @@ def test_dead_letter_parks_waiting_items_and_refuses_active_ones(admin_client) -
 # --- runs -------------------------------------------------------------------------------------
 
 
-def test_retry_requeues_the_item_of_a_failed_run(admin_client) -> None:
+def test_retry_readmits_the_item_of_a_failed_run(admin_client) -> None:
     failed, running = admitted(2)
     run_finalize(run_id=failed.workflow_run_id, status="failed", error="exit 1")
     assert statuses([failed]) == ["failed"]
@@ -188,8 +188,10 @@ def test_retry_requeues_the_item_of_a_failed_run(admin_client) -> None:
         f"1 not retried: workflow run is not retryable: {running.workflow_run_id} status=queued",
     ]
     failed.refresh_from_db()
-    assert failed.status == "queued"
-    assert failed.last_reason == f"retry of workflow run {ids[0]}"
+    # Re-admitted at once with the route it stores: a new run, attempt 2.
+    assert (failed.status, failed.attempts) == ("admitted", 2)
+    assert failed.workflow_run_id != ids[0]
+    assert failed.last_reason.startswith(f"retry of workflow run {ids[0]}")
 
 
 def test_cancel_runs_cancels_the_run_and_its_item(admin_client) -> None:

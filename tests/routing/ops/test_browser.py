@@ -549,6 +549,7 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
     buttons = browser.find_elements(By.CSS_SELECTOR, "#item-actions input[type=submit]")
     assert [b.get_attribute("value") for b in buttons] == [
         "Requeue…",
+        "Retry…",
         "Dead-letter…",
     ]
     fits(browser, "work item page")

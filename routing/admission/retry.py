@@ -1,0 +1,87 @@
+"""An operator's retry re-admits the item with the route it stores (issue 39).
+
+Every admission decision stores its route on the item (`plan.stored_route`: the route kind,
+the options with the scope as resolved, the event envelope). `ledger.services.work_item_retry`
+requeues the item and sends `work_item_retried` inside its transaction, under the admission
+lock; `readmit_retried` (connected in routing.apps) plans the stored event with the stored
+options and admits it at once, through the same `admit` a drain or the API uses: the caps
+and the pool still decide, so a capped retry is recorded as a deferral with its reason. The
+inbox rows that produced the item record the outcome, as a drain's would. A deferred retry
+keeps its route (the stored route is marked `retry`): the drain that meets its inbox row
+later admits it with the stored route, not the drain's options (`transaction.admit`).
+
+Bad input raises (the stored project no longer inside LOOPSWEB_PROJECT_ROOTS, a template
+gone): the retry's transaction rolls back and the item stays as it was.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from domain.errors import ValidationError
+from ledger.models import WorkflowWorkItem, WorkItemStatus
+from ledger.selectors import registered_providers
+from routing.admission.plan import plan_stored_route
+from routing.admission.results import THROTTLED, RouteResult
+from routing.admission.transaction import admit, hand_over
+from routing.models import InboxEvent, InboxState
+
+RETRY_NOT_ELIGIBLE = "retry refused: the stored event no longer routes: {reason}"
+RETRY_OTHER_ITEM = (
+    "retry refused: the stored route names another work item ({key}), not {item_id}"
+)
+
+
+def readmit_retried(
+    sender: type[WorkflowWorkItem],
+    *,
+    item: WorkflowWorkItem,
+    now: datetime,
+    **kwargs: Any,
+) -> RouteResult | None:
+    """Receiver of `ledger.signals.work_item_retried`: re-admit the requeued `item` now
+    with its stored route. None when it stores none (it waits for the next drain)."""
+    route = item.route_options_json
+    if not isinstance(route, dict):
+        return None
+    plan = plan_stored_route(route, registered=registered_providers())
+    if isinstance(plan, RouteResult):
+        raise ValidationError(RETRY_NOT_ELIGIBLE.format(reason=plan.reason))
+    if (plan.route_key, plan.idempotency_key) != (item.route_key, item.idempotency_key):
+        raise ValidationError(
+            RETRY_OTHER_ITEM.format(key=plan.idempotency_key, item_id=item.id)
+        )
+    result = admit(plan, now=now, enqueue=False)
+    assert isinstance(result, RouteResult)  # no holds without hold_when_full
+    deferred = result.kind == THROTTLED
+    InboxEvent.objects.filter(work_item_id=item.id).update(
+        state=InboxState.DEFERRED if deferred else InboxState.ADMITTED,
+        last_reason=result.reason
+        or (result.work_item.last_reason if result.work_item else None),
+        reason_code=result.reason_code,
+        routed_at=now,
+        updated_at=now,
+    )
+    hand_over(result)
+    return result
+
+
+def retry_outcome(item: WorkflowWorkItem) -> str:
+    """One line on where a retry left `item` (the command, the /ops/ and admin messages)."""
+    if item.status == WorkItemStatus.ADMITTED:
+        return (
+            f"retried {item.id}: admitted again as run {item.workflow_run_id} with its "
+            f"route (attempt {item.attempts})"
+        )
+    if item.status == WorkItemStatus.DEFERRED:
+        latest = item.deferrals.order_by("-created_at", "-id").first()
+        why = latest.reason if latest is not None else item.last_reason
+        return (
+            f"retried {item.id}: deferred ({item.reason_code}): {why}; it waits for "
+            "capacity"
+        )
+    return (
+        f"retried {item.id}: requeued ({item.status}); it stores no route (admitted "
+        "before routes were stored), so the next drain routes it with that drain's options"
+    )
