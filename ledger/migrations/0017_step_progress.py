@@ -9,7 +9,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("ledger", "0012_agent_boundary"),
+        ("ledger", "0016_work_item_route_options"),
     ]
 
     operations = [
