@@ -53,7 +53,11 @@ from ledger.services.common import (
     steps_from_spec,
     worker_identity,
 )
-from ledger.services.cooldowns import account_cooldown_record
+from ledger.services.cooldowns import (
+    account_cooldown_record,
+    account_login_clear,
+    account_login_failed_record,
+)
 from ledger.services.failover import step_move_after_rate_limit
 from ledger.services.loops import (
     LOOP_ACTIONS,
@@ -124,6 +128,8 @@ __all__ = [
     "StepResult",
     "StepStart",
     "account_cooldown_record",
+    "account_login_clear",
+    "account_login_failed_record",
     "join_reason",
     "kill_step_process_group",
     "loop_status_change",
