@@ -47,7 +47,7 @@ from ledger.selectors import admission_rows, registered_providers
 from ledger.services import work_item_admit
 from routing.admission.decide import Hold, pool_assignment_now, precheck
 from routing.admission.options import RouteOptions
-from routing.admission.plan import RoutePlan, plan_route
+from routing.admission.plan import RoutePlan, plan_route, route_options_resolve
 from routing.admission.results import CREATED, DEDUPED, THROTTLED, RouteResult
 from routing.admission.rows import (
     admitted_reason,
@@ -362,13 +362,14 @@ def route_event(
     else:
         parsed = parse_envelope(envelope)
     now = now or timezone.now()
+    registered = registered_providers()
     plan = plan_route(
         kind=kind,
         envelope=parsed,
-        options=options,
+        options=route_options_resolve(options, registered=registered),
         env=os.environ if env is None else env,
         cwd=cwd or os.getcwd(),
-        registered=registered_providers(),
+        registered=registered,
     )
     if isinstance(plan, RouteResult):  # skipped: no admission, no transaction
         if then is not None:
