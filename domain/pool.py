@@ -189,40 +189,34 @@ def assign_pool_auth_profiles(
     if not members:
         return PoolAssignment()
 
-    if disabled:
-        enabled = [entry for entry in members if entry not in disabled]
-        if not enabled:
+    # Each removal in turn; the first that empties the pool defers with its reason.
+    removals = (
+        (
+            disabled,
+            reasons.ACCOUNT_DISABLED,
+            lambda left: DISABLED_REASON.format(n=len(left)),
+        ),
+        (
+            login_failed,
+            reasons.LOGIN_FAILED,
+            lambda left: "; ".join(
+                LOGIN_FAILED_REASON.format(name=entry.strip()) for entry in left
+            ),
+        ),
+        (cooling, reasons.COOLDOWN, lambda left: COOLDOWN_REASON.format(n=len(left))),
+    )
+    for removed, code, reason in removals:
+        if not removed:
+            continue
+        kept = [entry for entry in members if entry not in removed]
+        if not kept:
             return PoolAssignment(
                 deferred=True,
                 min_load=min(load_counts.get(entry, 0) for entry in members),
-                reason=DISABLED_REASON.format(n=len(members)),
-                reason_code=reasons.ACCOUNT_DISABLED,
+                reason=reason(members),
+                reason_code=code,
             )
-        members = enabled
-
-    if login_failed:
-        usable = [entry for entry in members if entry not in login_failed]
-        if not usable:
-            return PoolAssignment(
-                deferred=True,
-                min_load=min(load_counts.get(entry, 0) for entry in members),
-                reason="; ".join(
-                    LOGIN_FAILED_REASON.format(name=entry.strip()) for entry in members
-                ),
-                reason_code=reasons.LOGIN_FAILED,
-            )
-        members = usable
-
-    if cooling:
-        candidates = [entry for entry in members if entry not in cooling]
-        if not candidates:
-            return PoolAssignment(
-                deferred=True,
-                min_load=min(load_counts.get(entry, 0) for entry in members),
-                reason=COOLDOWN_REASON.format(n=len(members)),
-                reason_code=reasons.COOLDOWN,
-            )
-        members = candidates
+        members = kept
 
     if account_caps:
         free = [

@@ -178,6 +178,13 @@ def _deadlines(text: str, now: datetime) -> list[datetime]:
     return found
 
 
+def _line_of(output: str, match: re.Match[str]) -> str:
+    """The line of `output` that holds `match`, stripped."""
+    start = output.rfind("\n", 0, match.start()) + 1
+    end = output.find("\n", match.end())
+    return output[start : end if end != -1 else len(output)].strip()
+
+
 def detect_rate_limit(
     *,
     output: str,
@@ -196,12 +203,7 @@ def detect_rate_limit(
             break
     if not by_exit_code and not (failed and match):
         return None
-    if match:
-        start = output.rfind("\n", 0, match.start()) + 1
-        end = output.find("\n", match.end())
-        snippet = output[start : end if end != -1 else len(output)].strip()
-    else:
-        snippet = f"exit code {exit_code}"
+    snippet = _line_of(output, match) if match else f"exit code {exit_code}"
     future = [when for when in _deadlines(output, now) if when > now]
     until = min(max(future), now + MAX_DEADLINE) if future else None
     return RateLimitSignal(snippet=snippet[:SNIPPET_CHARS], until=until)
@@ -235,10 +237,7 @@ def detect_login_failure(
     for pattern in _LOGIN_FAILURE_PATTERNS:
         match = pattern.search(output)
         if match:
-            start = output.rfind("\n", 0, match.start()) + 1
-            end = output.find("\n", match.end())
-            snippet = output[start : end if end != -1 else len(output)].strip()
-            return LoginFailureSignal(snippet=snippet[:SNIPPET_CHARS])
+            return LoginFailureSignal(snippet=_line_of(output, match)[:SNIPPET_CHARS])
     return None
 
 

@@ -32,6 +32,15 @@ MISMATCH = (
     "give --provider codex, or accounts of codewith"
 )
 REGISTRY = {"cx-a": "codex", "cx-b": "codex", "cl-a": "claude"}
+# The drain: codex accounts, --provider codewith.
+MISMATCHED_DRAIN = (
+    "drain",
+    "todos-task",
+    "--auth-profile-pool",
+    "cx-a,cx-b",
+    "--provider",
+    "codewith",
+)
 
 
 def test_the_provider_follows_the_accounts_unless_given() -> None:
@@ -90,15 +99,7 @@ def test_a_drain_with_a_pool_of_another_provider_is_refused_before_any_candidate
     before = row_counts()
     inbox = sorted(InboxEvent.objects.values_list("id", "state", "route_attempts"))
     with pytest.raises(CommandError) as refused:
-        call_command(
-            "drain",
-            "todos-task",
-            "--auth-profile-pool",
-            "cx-a,cx-b",
-            "--provider",
-            "codewith",
-            stdout=io.StringIO(),
-        )
+        call_command(*MISMATCHED_DRAIN, stdout=io.StringIO())
     assert str(refused.value) == MISMATCH
     assert row_counts() == before
     assert (
@@ -123,16 +124,7 @@ def test_the_drain_command_refuses_a_mismatched_pool_and_defaults_the_provider()
     inbox_ingest(enumerate([todos_event()], start=1))
     env = {**os.environ, "DATABASE_URL": child_database_url()}
     before = row_counts()
-    refused = manage(
-        env,
-        "drain",
-        "todos-task",
-        "--auth-profile-pool",
-        "cx-a,cx-b",
-        "--provider",
-        "codewith",
-        check=False,
-    )
+    refused = manage(env, *MISMATCHED_DRAIN, check=False)
     assert refused.returncode == 1, refused.stderr
     assert MISMATCH in refused.stderr and "Traceback" not in refused.stderr
     assert row_counts() == before
