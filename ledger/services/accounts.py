@@ -471,6 +471,10 @@ def _real_request(test: SelfTest, row: Account) -> None:
         except ProviderError as exc:
             test.problem(str(exc))
             return
+        argv = invocation.argv
+        if row.provider == "codex" and "--skip-git-repo-check" not in argv:
+            # The throwaway directory is no repository, whatever lies above it.
+            argv.insert(argv.index("--"), "--skip-git-repo-check")
         try:
             code, stdout, stderr = _run_both(
                 invocation.argv, invocation.env, cwd, REQUEST_TIMEOUT_SECONDS

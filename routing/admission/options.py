@@ -49,8 +49,9 @@ class RouteOptions:
     template: str | None = None
     provider: str = "codewith"
     # Whether --provider was given: when not, the provider of the named accounts, if they
-    # agree, is the route's (`route_provider`). Not an option of its own (never recorded).
-    provider_given: bool = False
+    # agree, is the route's (`route_provider`). Not an option of its own (never recorded,
+    # not compared: options rebuilt from a record name the provider and are the same route).
+    provider_given: bool = field(default=False, compare=False)
     auth_profile: str | None = None
     auth_profile_pool: tuple[str, ...] = ()
     pins: Mapping[str, str | None] = field(default_factory=dict)
