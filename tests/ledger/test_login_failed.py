@@ -164,6 +164,15 @@ def test_account_list_and_the_accounts_page_show_the_mark_and_enable_clears_it(
     assert entries["acctB"]["loginFailedAt"] is None
     page = admin_client.get("/ops/accounts/").content.decode()
     assert "login-failed" in page and "Invalid API key" in page
+    accounts = admin_client.get("/api/v1/accounts").json()["accounts"]
+    registry = {a["profile"]: a["registry"] for a in accounts}
+    assert registry["acctA"]["loginFailedReason"].startswith("Invalid API key")
+    assert (
+        registry["acctA"]["loginFailedAt"]
+        and registry["acctB"]["loginFailedAt"] is None
+    )
+    change = admin_client.get("/admin/ledger/account/acctA/change/").content.decode()
+    assert "Invalid API key" in change
 
     # Already enabled, the mark is still something to clear.
     out = io.StringIO()
@@ -174,3 +183,18 @@ def test_account_list_and_the_accounts_page_show_the_mark_and_enable_clears_it(
     call_command("account", "enable", "acctA", stdout=out)
     assert out.getvalue().strip() == "account: already enabled acctA"
     assert "login-failed" not in admin_client.get("/ops/accounts/").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_admins_enable_action_clears_the_mark_as_account_enable_does(
+    admin_client,
+) -> None:
+    _register("acctA", "acctB")
+    services.account_login_failed_record(profile="acctA", reason="Not logged in")
+    response = admin_client.post(
+        "/admin/ledger/account/",
+        {"action": "enable_accounts", "_selected_action": ["acctA", "acctB"]},
+        follow=True,
+    )
+    assert "1 account(s) enabled" in response.content.decode()
+    assert Account.objects.get(pk="acctA").login_failed_at is None
