@@ -42,6 +42,7 @@ PROFILE_CAP_REASON = (
 )
 COOLDOWN_REASON = "all {n} pool members cooling down"
 DISABLED_REASON = "all {n} pool members disabled in the account registry"
+LOGIN_FAILED_REASON = "account {name}: login failed"
 ACCOUNT_CAP_REASON = "every pool member is at its own running cap (min {min_load})"
 PROFILE_NAME_INVALID = (
     "account name {name!r} is not valid: letters, digits and _ . @ + : = - only, "
@@ -170,12 +171,15 @@ def assign_pool_auth_profiles(
     *,
     cooling: Collection[str] = (),
     disabled: Collection[str] = (),
+    login_failed: Collection[str] = (),
     account_caps: Mapping[str, int] | None = None,
 ) -> PoolAssignment:
     """Choose one profile per role from ``pool`` (docs/upstream.md §4.4 plus cooldown).
 
     1. Drop blank entries; an empty pool assigns nothing and does not defer.
-    2. Remove cooling members; if that empties the pool, defer with ``cooldown``.
+    2. Remove disabled members, then those whose login failed, then cooling ones; when a
+       removal empties the pool, defer with ``account_disabled``, ``login_failed`` (the
+       reason names them: ``account NAME: login failed``) or ``cooldown``.
     3. ``min_load`` is the minimum load over the remaining members.
     4. Guard: defer with ``profile_cap`` when ``max_per_profile > 0`` and
        ``min_load >= max_per_profile``.
@@ -185,27 +189,34 @@ def assign_pool_auth_profiles(
     if not members:
         return PoolAssignment()
 
-    if disabled:
-        enabled = [entry for entry in members if entry not in disabled]
-        if not enabled:
+    # Each removal in turn; the first that empties the pool defers with its reason.
+    removals = (
+        (
+            disabled,
+            reasons.ACCOUNT_DISABLED,
+            lambda left: DISABLED_REASON.format(n=len(left)),
+        ),
+        (
+            login_failed,
+            reasons.LOGIN_FAILED,
+            lambda left: "; ".join(
+                LOGIN_FAILED_REASON.format(name=entry.strip()) for entry in left
+            ),
+        ),
+        (cooling, reasons.COOLDOWN, lambda left: COOLDOWN_REASON.format(n=len(left))),
+    )
+    for removed, code, reason in removals:
+        if not removed:
+            continue
+        kept = [entry for entry in members if entry not in removed]
+        if not kept:
             return PoolAssignment(
                 deferred=True,
                 min_load=min(load_counts.get(entry, 0) for entry in members),
-                reason=DISABLED_REASON.format(n=len(members)),
-                reason_code=reasons.ACCOUNT_DISABLED,
+                reason=reason(members),
+                reason_code=code,
             )
-        members = enabled
-
-    if cooling:
-        candidates = [entry for entry in members if entry not in cooling]
-        if not candidates:
-            return PoolAssignment(
-                deferred=True,
-                min_load=min(load_counts.get(entry, 0) for entry in members),
-                reason=COOLDOWN_REASON.format(n=len(members)),
-                reason_code=reasons.COOLDOWN,
-            )
-        members = candidates
+        members = kept
 
     if account_caps:
         free = [

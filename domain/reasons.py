@@ -13,6 +13,7 @@ GROUP_CAP = "group_cap"
 PROFILE_CAP = "profile_cap"
 COOLDOWN = "cooldown"
 ACCOUNT_DISABLED = "account_disabled"
+LOGIN_FAILED = "login_failed"
 
 ALL: tuple[str, ...] = (
     ROUTE_CAP,
@@ -21,6 +22,7 @@ ALL: tuple[str, ...] = (
     PROFILE_CAP,
     COOLDOWN,
     ACCOUNT_DISABLED,
+    LOGIN_FAILED,
 )
 
 LABELS: dict[str, str] = {
@@ -30,4 +32,5 @@ LABELS: dict[str, str] = {
     PROFILE_CAP: "All pool accounts at capacity (--max-per-profile)",
     COOLDOWN: "All pool accounts cooling down",
     ACCOUNT_DISABLED: "All pool accounts disabled in the account registry",
+    LOGIN_FAILED: "All pool accounts' logins failed (account check to clear)",
 }

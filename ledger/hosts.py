@@ -43,6 +43,10 @@ NO_HOST_SERVES_PROJECT = "no host serves {project}"
 NO_HOST_LIVE = "no live host (every registered run cluster is gone)"
 WORKTREE_HOST_GONE = "its worktree is on host {host}, which is not live"
 NOT_SERVED_HERE = "host {host} cannot serve {project}: {why}"
+ADMISSION_NO_PROVIDER = (
+    "no {which} host serves provider {provider} (hosts: {hosts}); start a run cluster "
+    "where its CLI is found (LOOPSWEB_{env}_BIN), or route to a provider they have"
+)
 ADMISSION_NO_HOST = (
     "no registered host serves {path} (their project roots: {roots}); "
     "add the project under a host's LOOPSWEB_PROJECT_ROOTS"
@@ -279,3 +283,27 @@ def admission_roots() -> list[str] | None:
     """Roots admission accepts a project under: every registered host's, else None (this
     machine's LOOPSWEB_PROJECT_ROOTS, as with a single machine)."""
     return served_roots()
+
+
+def admission_provider_refusal(
+    provider: str, now: datetime | None = None
+) -> str | None:
+    """Why admission refuses a route of `provider` (None: it does not): hosts are
+    registered and none of the live ones (none at all live: none of the registered ones)
+    has the provider's CLI, so its runs would only wait ("no host serves ... for ...")."""
+    hosts = registered_hosts()
+    if not hosts:
+        return None  # one machine, its run cluster not started yet: nothing to say
+    live = live_hosts(now)
+    candidates = live or hosts
+    if any(provider in (h.providers or []) for h in candidates):
+        return None
+    return ADMISSION_NO_PROVIDER.format(
+        which="live" if live else "registered",
+        provider=provider,
+        hosts=", ".join(
+            f"{h.name} [{', '.join(h.providers or []) or 'no agent CLI'}]"
+            for h in candidates
+        ),
+        env=provider.upper(),
+    )

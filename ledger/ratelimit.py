@@ -19,6 +19,14 @@ Contract:
 3. ``cooldown_backoff`` is the fallback when no deadline was named:
    ``base × 2^(reports−1)``, capped at ``cap`` (reports counts this episode's reports,
    starting at 1).
+4. ``detect_login_failure`` is its sibling for a refused login: the step failed (non-zero
+   exit, or None) and its output names an authentication error: HTTP 401 (`401
+   Unauthorized`, `status 401`, `"api_error_status":401`, `"statusCode":401`), "Not
+   logged in", "Invalid API key", "Incorrect API key", `authentication_error`,
+   `invalid_api_key`. The real CLIs (docs/agents.md): codex `unexpected status 401
+   Unauthorized: ...`, claude `Not logged in · Please run /login`, opencode an `error`
+   event with the provider's message ("Incorrect API key provided."). A rate limit is
+   never a login failure (the caller asks ``detect_rate_limit`` first).
 """
 
 from __future__ import annotations
@@ -170,6 +178,13 @@ def _deadlines(text: str, now: datetime) -> list[datetime]:
     return found
 
 
+def _line_of(output: str, match: re.Match[str]) -> str:
+    """The line of `output` that holds `match`, stripped."""
+    start = output.rfind("\n", 0, match.start()) + 1
+    end = output.find("\n", match.end())
+    return output[start : end if end != -1 else len(output)].strip()
+
+
 def detect_rate_limit(
     *,
     output: str,
@@ -188,15 +203,42 @@ def detect_rate_limit(
             break
     if not by_exit_code and not (failed and match):
         return None
-    if match:
-        start = output.rfind("\n", 0, match.start()) + 1
-        end = output.find("\n", match.end())
-        snippet = output[start : end if end != -1 else len(output)].strip()
-    else:
-        snippet = f"exit code {exit_code}"
+    snippet = _line_of(output, match) if match else f"exit code {exit_code}"
     future = [when for when in _deadlines(output, now) if when > now]
     until = min(max(future), now + MAX_DEADLINE) if future else None
     return RateLimitSignal(snippet=snippet[:SNIPPET_CHARS], until=until)
+
+
+_LOGIN_FAILURE_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"\b401\s+unauthori[sz]ed\b", re.I),
+    re.compile(r"\bHTTP(?:/[\d.]+)?\s*(?:status\s*)?401\b", re.I),
+    re.compile(r"\b(?:status|error)(?:[ _-]?code)?\W{0,3}401\b", re.I),
+    re.compile(r"\b(?:api_error_status|statusCode)\"?\s*:\s*401\b", re.I),
+    re.compile(r"\bnot\s+logged\s+in\b", re.I),
+    re.compile(r"\b(?:invalid|incorrect)\s+(?:x-)?api[\s_-]?key\b", re.I),
+    re.compile(r"\b(?:authentication_error|invalid_api_key)\b", re.I),
+)
+
+
+@dataclass(frozen=True)
+class LoginFailureSignal:
+    """A refused login seen in a step's output: the line that says so."""
+
+    snippet: str
+
+
+def detect_login_failure(
+    *, output: str, exit_code: int | None
+) -> LoginFailureSignal | None:
+    """The authentication error a failed agent step reported, or None (contract 4)."""
+    if exit_code == 0:
+        return None
+    output = strip_ansi(output)
+    for pattern in _LOGIN_FAILURE_PATTERNS:
+        match = pattern.search(output)
+        if match:
+            return LoginFailureSignal(snippet=_line_of(output, match)[:SNIPPET_CHARS])
+    return None
 
 
 def cooldown_backoff(

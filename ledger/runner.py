@@ -88,7 +88,7 @@ from ledger.providers import (
     command_invocation,
     rate_limit_exit_codes,
 )
-from ledger.ratelimit import RateLimitSignal, detect_rate_limit
+from ledger.ratelimit import RateLimitSignal, detect_login_failure, detect_rate_limit
 from ledger.run_worktree import RunWorktree, WorktreeLeaseLost
 from ledger.usage import Usage, parse_usage
 from ledger.worktrees import Worktree, WorktreeError
@@ -489,6 +489,8 @@ class _RunExecution:
             note = self._record_rate_limit(step, provider, result, watch.signal)
             if note and error:
                 error += note
+            elif status != StepStatus.SUCCEEDED:
+                self._record_login_failure(step, result, error)
         if is_agent:
             usage = parse_usage(provider, result.stdout)
         return _step_result(result, status, error=error, usage=usage)
@@ -529,6 +531,25 @@ class _RunExecution:
                 ),
             )
         return RATE_LIMIT_NOTE.format(snippet=signal_seen.snippet)
+
+    def _record_login_failure(
+        self, step: WorkflowStepRun, result: ProcessResult, error: str | None
+    ) -> None:
+        """A failed step whose agent names an authentication error marks its account
+        `login failed` with the agent's words (ledger.services.cooldowns): pool
+        assignment and failover skip it until `account check` or `account enable`."""
+        signal = detect_login_failure(
+            output=f"{result.stdout}\n{result.stderr}", exit_code=result.exit_code
+        )
+        profile = step.account_profile
+        if signal is None or not profile:
+            return
+        write_ledger(
+            f"run {self.run.id}: the login failure of account {profile}",
+            lambda: services.account_login_failed_record(
+                profile=profile, reason=error or signal.snippet
+            ),
+        )
 
 
 def _step_result(

@@ -179,16 +179,21 @@ WHERE "until" > %s
 
 @dataclass(frozen=True)
 class AccountLimits:
-    """What a pool assignment reads of a registered account: whether it takes work, and
-    its own cap on running steps (None: no cap)."""
+    """What a pool assignment reads of a registered account: whether it takes work, its
+    own cap on running steps (None: no cap), and whether its login failed (0014)."""
 
     enabled: bool
     max_running: int | None
+    login_failed: bool = False
 
 
-# The registry rows of the named accounts, in the same statement (`account_state(accounts=)`).
+# The registry rows of the named accounts, in the same statement (`account_state(accounts=)`):
+# the third column holds enabled (1) and login failed (2) as bits.
 _LIMITS_SQL = f"""
-SELECT 'account', name, CASE WHEN enabled THEN 1 ELSE 0 END, max_running, NULL
+SELECT 'account', name,
+  CASE WHEN enabled THEN 1 ELSE 0 END
+  + CASE WHEN login_failed_at IS NULL THEN 0 ELSE 2 END,
+  max_running, NULL
 FROM "{Account._meta.db_table}"
 WHERE name IN ({{marks}})
 """
@@ -246,7 +251,9 @@ def account_state(
                     reserved[profile] = n_reserved
             elif kind == "account":
                 limits[profile] = AccountLimits(
-                    enabled=bool(n_running), max_running=n_reserved
+                    enabled=bool(n_running & 1),
+                    max_running=n_reserved,
+                    login_failed=bool(n_running & 2),
                 )
             else:
                 cooling[profile] = _aware(until)
@@ -398,6 +405,13 @@ class RegisteredAccount:
     env: dict[str, str]
     # The account's env file (read when a step starts), None without one.
     env_file: str | None = None
+    # 0014: when a step's login was refused, and the agent's words (None: no mark).
+    login_failed_at: datetime | None = None
+    login_failed_reason: str | None = None
+
+    @property
+    def login_failed(self) -> bool:
+        return self.login_failed_at is not None
 
 
 def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
@@ -413,6 +427,8 @@ def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
             max_running=row.max_running,
             env={str(k): str(v) for k, v in (row.env_json or {}).items()},
             env_file=row.env_file or None,
+            login_failed_at=row.login_failed_at,
+            login_failed_reason=row.login_failed_reason,
         )
         for row in rows
     }
@@ -438,6 +454,7 @@ _COOLDOWNS = AccountCooldown._meta.db_table
 _LOADS = AccountLoadCount._meta.db_table
 _GATE_SQL = (
     "SELECT a.name, a.provider, a.enabled, a.max_running, a.env_json, a.env_file, "
+    "a.login_failed_at, a.login_failed_reason, "
     f'(SELECT c."until" FROM "{_COOLDOWNS}" c '
     'WHERE c.account_profile = p.name AND c."until" > %s), '
     f'(SELECT l.running FROM "{_LOADS}" l WHERE l.account_profile = p.name) '
@@ -449,9 +466,18 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
     """`AccountGate` of `profile` in one statement (registry row, cooldown, kept count)."""
     with connection.cursor() as cursor:
         cursor.execute(_GATE_SQL, [_db_datetime(now), profile])
-        name, provider, enabled, max_running, env, env_file, until, running = (
-            cursor.fetchone()
-        )
+        (
+            name,
+            provider,
+            enabled,
+            max_running,
+            env,
+            env_file,
+            failed_at,
+            failed_reason,
+            until,
+            running,
+        ) = cursor.fetchone()
     account = None
     if name is not None:
         # The stubs want an Expression: JSONField.from_db_value reads it only to spot a key
@@ -464,6 +490,8 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
             max_running=max_running,
             env={str(k): str(v) for k, v in (env or {}).items()},
             env_file=env_file or None,
+            login_failed_at=_aware(failed_at) if failed_at is not None else None,
+            login_failed_reason=failed_reason,
         )
     return AccountGate(
         account=account,

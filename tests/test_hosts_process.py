@@ -90,7 +90,8 @@ def test_runs_go_to_the_hosts_that_serve_their_project_and_wait_for_none(
         "LOOPSWEB_RUN_WORKERS": "2",
         "FAKE_AGENT_SLEEP": "0.5",
         "FAKE_AGENT_RECORD_DIR": str(records),
-        # No machine has codex: a codex route waits for a host, then fails.
+        # Neither machine has codex: a codex route is refused, or (admitted while a host
+        # with codex for other projects lives) waits for a host, then fails.
         "LOOPSWEB_CODEX_BIN": str(tmp_path / "no-such-codex"),
     }
     a = sim_host(
@@ -117,6 +118,20 @@ def test_runs_go_to_the_hosts_that_serve_their_project_and_wait_for_none(
             _route(tmp_path / "elsewhere" / "p", 0)
         alpha = [_route(only_a, n) for n in range(6)]
         beta = [_route(both, 100 + n) for n in range(10)]
+        # No live host has codex: a codex route is refused at admission, naming it.
+        with pytest.raises(ValidationError, match="no live host serves provider codex"):
+            _route(both, 199, provider="codex")
+        # A machine that has codex, for other projects only (a row, no process: it goes
+        # dead later and nothing is queued for it): admitted, the run waits for a host.
+        Host.objects.create(
+            name="host-c",
+            queue=host_queue("host-c"),
+            roots=[str(tmp_path / "host-c" / "projects")],
+            providers=["codex"],
+            workers=1,
+            seen_at=timezone.now(),
+        )
+        hosts_read_forget()
         codex = _route(both, 200, provider="codex")
         # A run put straight into host B's queue for host A's project: B hands it back.
         stray = _route(only_a, 300)

@@ -7,6 +7,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.db.models import Q
 
 from ledger.models import Account
 from ledger.providers import PROVIDERS
@@ -71,6 +72,7 @@ class AccountAdmin(admin.ModelAdmin):
         "enabled",
         "max_running",
         "env_keys",
+        "login_failed_at",
         "updated_at",
     )
     list_filter = ("provider", "enabled")
@@ -80,7 +82,9 @@ class AccountAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: Any, obj: Account | None = None) -> Any:
         # The name is what step runs record: renaming would orphan their history.
-        return ("name", "created_at", "updated_at") if obj else ()
+        # The login mark is the runner's and `account check`'s to set (enable clears it).
+        failed = ("login_failed_at", "login_failed_reason")
+        return ("name", *failed, "created_at", "updated_at") if obj else ()
 
     @admin.display(description="environment")
     def env_keys(self, obj: Account) -> str:
@@ -91,7 +95,10 @@ class AccountAdmin(admin.ModelAdmin):
         n = queryset.filter(enabled=True).update(enabled=False)
         self.message_user(request, f"{n} account(s) disabled")
 
-    @admin.action(description="Enable selected accounts")
+    @admin.action(description="Enable selected accounts (clears a failed login)")
     def enable_accounts(self, request: Any, queryset: Any) -> None:
-        n = queryset.filter(enabled=False).update(enabled=True)
+        # As `account enable`: an enabled account whose login failed is enabled anew.
+        n = queryset.filter(Q(enabled=False) | Q(login_failed_at__isnull=False)).update(
+            enabled=True, login_failed_at=None, login_failed_reason=None
+        )
         self.message_user(request, f"{n} account(s) enabled")

@@ -28,12 +28,19 @@ class Account(TimestampedModel):
     # step starts (ledger.envfile); the value never reaches the database.
     env_file = models.CharField(max_length=1000, null=True, blank=True)
     notes = models.TextField(blank=True, default="")
+    # 0014: set when a step on the account failed with an authentication error (a 401,
+    # "Not logged in", "Invalid API key"): when, and the agent's words. Pool assignment and
+    # failover skip it; `account check` (a login that works) and `account enable` clear it.
+    login_failed_at = models.DateTimeField(null=True, blank=True)
+    login_failed_reason = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "accounts"
 
     def __str__(self) -> str:
         state = "" if self.enabled else " (disabled)"
+        if self.login_failed_at is not None:
+            state += " (login failed)"
         return f"{self.name} [{self.provider}]{state}"
 
 

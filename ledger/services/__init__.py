@@ -53,7 +53,11 @@ from ledger.services.common import (
     steps_from_spec,
     worker_identity,
 )
-from ledger.services.cooldowns import account_cooldown_record
+from ledger.services.cooldowns import (
+    account_cooldown_record,
+    account_login_clear,
+    account_login_failed_record,
+)
 from ledger.services.failover import (
     POOL_RATE_LIMITED_CODE,
     POOL_WAIT_OVER_CODE,
@@ -130,6 +134,8 @@ __all__ = [
     "StepResult",
     "StepStart",
     "account_cooldown_record",
+    "account_login_clear",
+    "account_login_failed_record",
     "join_reason",
     "kill_step_process_group",
     "loop_status_change",

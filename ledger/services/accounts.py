@@ -16,9 +16,14 @@ Rules:
 6. `account_self_test` runs the CLI's cheapest self-test with the account's environment:
    `--version`, then a login probe (codex `login status`, or the variable its custom
    provider's `env_key` names; claude `auth status`; opencode `auth list`, or the variables
-   its configured providers read), and says what is wrong; what it prints has the
-   account's secrets redacted (ledger.redaction: its env file's values, variables whose
-   names look secret).
+   its configured providers read), then, when those pass, the smallest real request: the
+   headless invocation a step would get (ledger.providers.agent_invocation) with a one-line
+   prompt in a throwaway directory, which must be answered (exit 0); and says what is
+   wrong; what it prints has the account's secrets redacted (ledger.redaction: its env
+   file's values, variables whose names look secret).
+7. The request decides the account's `login failed` mark (ledger.services.cooldowns): an
+   answer clears it; an authentication error (ledger.ratelimit.detect_login_failure) sets
+   it with the agent's words, as a step's would.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,7 +40,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 
 from domain.pool import PROFILE_NAME_INVALID, valid_profile_name
-from ledger.agent_output import strip_ansi
+from ledger.agent_output import agent_error, strip_ansi
 from ledger.envfile import EnvFileError, read_env_file
 from ledger.models import Account
 from ledger.providers import (
@@ -42,12 +48,15 @@ from ledger.providers import (
     PROVIDERS,
     ProviderError,
     agent_binary,
+    agent_invocation,
     child_environment,
     headless_options,
     reserved_variable,
 )
+from ledger.ratelimit import detect_login_failure
 from ledger.redaction import Redactor
 from ledger.services.common import LedgerError
+from ledger.services.cooldowns import account_login_clear, account_login_failed_record
 
 ACCOUNT_EXISTS = "account {name} already exists"
 ACCOUNT_NOT_FOUND = "no account named {name!r}"
@@ -199,14 +208,20 @@ def account_add(
 
 @transaction.atomic
 def account_set_enabled(*, name: str, enabled: bool) -> tuple[Account, bool]:
-    """Enable or disable an account; returns (row, changed)."""
+    """Enable or disable an account; returns (row, changed). Enabling also clears a
+    `login failed` mark (the operator says the login is good again)."""
     row = Account.objects.select_for_update().filter(pk=name.strip()).first()
     if row is None:
         raise AccountError(ACCOUNT_NOT_FOUND.format(name=name))
-    if row.enabled == enabled:
+    clear = enabled and row.login_failed_at is not None
+    if row.enabled == enabled and not clear:
         return row, False
     row.enabled = enabled
-    row.save(update_fields=["enabled", "updated_at"])
+    fields = ["enabled", "updated_at"]
+    if clear:
+        row.login_failed_at = row.login_failed_reason = None
+        fields += ["login_failed_at", "login_failed_reason"]
+    row.save(update_fields=fields)
     return row, True
 
 
@@ -225,6 +240,9 @@ def account_remove(*, name: str, dry_run: bool = False) -> Account:
 # -- account check ------------------------------------------------------------------------
 
 CHECK_TIMEOUT_SECONDS = 60
+# The real request: opencode alone spends about 6 s starting, a model call a few more.
+REQUEST_TIMEOUT_SECONDS = 120
+REQUEST_PROMPT = "Reply with the single word ok. Do not run any tool or edit any file."
 
 
 @dataclass
@@ -238,6 +256,10 @@ class SelfTest:
     # What the CLI prints may echo the account's key: redacted (ledger.redaction).
     secrets: Redactor = field(default_factory=Redactor, repr=False)
 
+    @property
+    def problems(self) -> list[str]:
+        return [line for line in self.lines if line.startswith("PROBLEM: ")]
+
     def problem(self, text: str) -> None:
         self.ok = False
         self.lines.append(f"PROBLEM: {self.secrets.redact(text)}")
@@ -246,10 +268,14 @@ class SelfTest:
         self.lines.append(f"ok: {self.secrets.redact(text)}")
 
 
-def _run(
-    argv: list[str], env: Mapping[str, str], cwd: str
+def _run_both(
+    argv: list[str],
+    env: Mapping[str, str],
+    cwd: str,
+    timeout: float = CHECK_TIMEOUT_SECONDS,
 ) -> tuple[int | None, str, str]:
-    """(exit code, the output on one line, stdout as printed)."""
+    """(exit code, stdout, stderr); no exit code and the reason in stderr when it did not
+    end by itself."""
     try:
         done = subprocess.run(
             argv,
@@ -258,19 +284,28 @@ def _run(
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
-            timeout=CHECK_TIMEOUT_SECONDS,
+            errors="replace",
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        return None, f"no answer in {CHECK_TIMEOUT_SECONDS} s", ""
+        return None, "", f"no answer in {timeout:g} s"
     except OSError as exc:
-        return None, str(exc), ""
-    text = strip_ansi(f"{done.stdout}\n{done.stderr}")
+        return None, "", str(exc)
+    return done.returncode, done.stdout, done.stderr
+
+
+def _run(
+    argv: list[str], env: Mapping[str, str], cwd: str
+) -> tuple[int | None, str, str]:
+    """(exit code, the output on one line, stdout as printed)."""
+    code, stdout, stderr = _run_both(argv, env, cwd)
+    text = strip_ansi(f"{stdout}\n{stderr}")
     lines = [
         line.strip()
         for line in text.splitlines()
         if line.strip() and not line.startswith("WARNING: proceeding")
     ]
-    return done.returncode, " / ".join(lines)[:500], done.stdout
+    return code, " / ".join(lines)[:500], stdout
 
 
 def _codex_login(test: SelfTest, binary: str, env: Mapping[str, str], cwd: str) -> None:
@@ -412,4 +447,52 @@ def account_self_test(*, name: str) -> SelfTest:
         test.lines.append(f"note: {row.provider} has no login probe")
     else:
         probe(test, binary, child, cwd)
+    if test.ok or (not row.enabled and len(test.problems) == 1):
+        _real_request(test, row)
     return test
+
+
+def _real_request(test: SelfTest, row: Account) -> None:
+    """Rules 6-7: the smallest request a step would make, answered or not."""
+    with tempfile.TemporaryDirectory(prefix="loopsweb-account-check-") as cwd:
+        try:
+            invocation = agent_invocation(
+                target={
+                    "type": "agent",
+                    "provider": row.provider,
+                    "prompt": REQUEST_PROMPT,
+                    "cwd": cwd,
+                },
+                profile=row.name,
+                tool=None,
+                run_id="account-check",
+                step_id="check",
+            )
+        except ProviderError as exc:
+            test.problem(str(exc))
+            return
+        argv = invocation.argv
+        if row.provider == "codex" and "--skip-git-repo-check" not in argv:
+            # The throwaway directory is no repository, whatever lies above it.
+            argv.insert(argv.index("--"), "--skip-git-repo-check")
+        try:
+            code, stdout, stderr = _run_both(
+                invocation.argv, invocation.env, cwd, REQUEST_TIMEOUT_SECONDS
+            )
+        finally:
+            invocation.remove_files()
+    if code == 0:
+        test.fine("a real request was answered (exit 0)")
+        if account_login_clear(name=row.name):
+            test.fine("the account's `login failed` mark is cleared")
+        return
+    words = test.secrets.redact(
+        agent_error(row.provider, stdout, stderr, code)
+        or (f"exit code {code}" if code is not None else stderr)
+    )
+    refused = detect_login_failure(output=f"{stdout}\n{stderr}", exit_code=code)
+    if refused is not None:
+        account_login_failed_record(profile=row.name, reason=words)
+        test.problem(f"the provider refused the login: {words} (marked login failed)")
+    else:
+        test.problem(f"a real request failed: {words}")

@@ -1,5 +1,8 @@
 """Account cooldowns after a provider rate limit: the latest deadline wins; the backoff
-grows with repeated reports (ledger.ratelimit).
+grows with repeated reports (ledger.ratelimit). And the other way an account stops taking
+work by itself: a refused login (`account_login_failed_record`), which lasts until someone
+clears it (`account_login_clear`: `account check` finding the login works, `account
+enable`), because no wait makes a revoked key good again.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from django.db import transaction
 
 from ledger.lock import admission_lock
 from ledger.models import (
+    Account,
     AccountCooldown,
     WorkflowStepRun,
 )
@@ -68,3 +72,39 @@ def account_cooldown_record(
         row.reports = reports
         row.save()
     return row
+
+
+# --- login failures ---------------------------------------------------------------------------
+
+LOGIN_REASON_CHARS = 500
+
+
+def account_login_failed_record(
+    *, profile: str, reason: str, now: datetime | None = None
+) -> bool:
+    """Mark the registered account `profile` `login failed` (the agent's words, the time);
+    False when no account of that name is registered (nothing to mark).
+
+    Under the admission lock, like a cooldown: pool assignment and step starts read it."""
+    now = now_or_default(now)
+    with transaction.atomic():
+        admission_lock()
+        return bool(
+            Account.objects.filter(pk=profile).update(
+                login_failed_at=now,
+                login_failed_reason=clean_text(reason.strip()[:LOGIN_REASON_CHARS]),
+                updated_at=now,
+            )
+        )
+
+
+def account_login_clear(*, name: str, now: datetime | None = None) -> bool:
+    """Clear the account's `login failed` mark; True when there was one."""
+    now = now_or_default(now)
+    with transaction.atomic():
+        admission_lock()
+        return bool(
+            Account.objects.filter(pk=name, login_failed_at__isnull=False).update(
+                login_failed_at=None, login_failed_reason=None, updated_at=now
+            )
+        )

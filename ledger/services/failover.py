@@ -1,12 +1,13 @@
 """Account failover for a step about to start: when its account cannot take it (cooling,
-disabled in the registry, at its cap) or just reported a rate limit, move the step to
+disabled in the registry, its login failed, at its cap) or just reported a rate limit, move the step to
 another member of the pool its run was admitted with.
 
 Rules:
 1. Only steps of runs admitted with pool routing on (`scope_json.providerRouting.poolRouting`)
    and of the route's provider move; pinned profiles (`--*-auth-profile`) switch pool routing
    off at admission, so they never move, and neither does a single `--auth-profile`.
-2. A free member is enabled (or unregistered), not cooling, and below its cap: running steps
+2. A free member is enabled (or unregistered), its login not failed, not cooling, and
+   below its cap: running steps
    < min(the step's maxPerProfile, the account's max_running), either when set.
 3. Among free members: first those no other step of this run uses (verifier != worker where
    possible), then the least load (running + reserved), then pool order.
@@ -107,7 +108,7 @@ def _free_member(
             continue
         account = registry.get(member)
         if account is not None and (
-            not account.enabled or account.provider != provider
+            not account.enabled or account.login_failed or account.provider != provider
         ):
             continue
         limit = account_limit(spec, account)

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from domain import reasons
+from domain.pool import LOGIN_FAILED_REASON
 from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
@@ -104,7 +105,7 @@ def step_start(
     2. The run must be `running` and claimed by `worker`; the step must be pending (or
        failed/timed_out, upstream's retry states). Otherwise `STEP_NOT_CLAIMABLE`.
     3. Account re-check, when the step has an account_profile: disabled in the account
-       registry → refused; cooling now → refused (`retry_at` = when it frees); running steps
+       registry, or its login failed (`account check` clears that) → refused; cooling now → refused (`retry_at` = when it frees); running steps
        on the account (other than this one) >= the stricter of the step's
        `routing.maxPerProfile` and the account's `max_running` → refused. Before refusing,
        a step of a pool-routed run moves to a free pool member (ledger.services.failover:
@@ -279,6 +280,12 @@ def _account_refusal(
     account = gate.account
     if account is not None and not account.enabled:
         return (reasons.ACCOUNT_DISABLED, WAIT_DISABLED.format(profile=profile), None)
+    if account is not None and account.login_failed:
+        return (
+            reasons.LOGIN_FAILED,
+            LOGIN_FAILED_REASON.format(name=profile),
+            None,
+        )
     if gate.cooling_until is not None:
         return (
             "cooldown",

@@ -35,6 +35,7 @@ from routing.admission.plan import (
     normalize_project_path,
     plan_route,
     route_options_check,
+    route_options_resolve,
 )
 from routing.admission.results import (
     CREATED,
@@ -74,6 +75,7 @@ __all__ = [
     "route_event",
     "route_options",
     "route_options_check",
+    "route_options_resolve",
     "scope_hold",
     "work_item_to_dict",
 ]

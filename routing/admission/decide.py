@@ -68,7 +68,8 @@ def pool_view(
     registry: Mapping[str, AccountLimits | RegisteredAccount],
 ) -> PoolView:
     """Least-loaded assignment for this plan's pool from the given loads, cooldowns and
-    account registry rows (disabled members are absent; a member's max_running caps it)."""
+    account registry rows (disabled members and those whose login failed are absent; a
+    member's max_running caps it)."""
     members_cooling = {p: until for p, until in cooling.items() if p in plan.pool}
     members = {p.strip() for p in plan.pool}
     assignment = assign_pool_auth_profiles(
@@ -82,6 +83,11 @@ def pool_view(
             name
             for name, row in registry.items()
             if name in members and not row.enabled
+        ),
+        login_failed=tuple(
+            name
+            for name, row in registry.items()
+            if name in members and row.login_failed
         ),
         account_caps={
             name: row.max_running
@@ -141,7 +147,12 @@ class FullCaps:
         if code == reasons.ROUTE_CAP or (
             shared_pool
             and code
-            in (reasons.PROFILE_CAP, reasons.COOLDOWN, reasons.ACCOUNT_DISABLED)
+            in (
+                reasons.PROFILE_CAP,
+                reasons.COOLDOWN,
+                reasons.ACCOUNT_DISABLED,
+                reasons.LOGIN_FAILED,
+            )
         ):
             self.every = hold
         elif code == reasons.PROJECT_CAP and plan.project_path:

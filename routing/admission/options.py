@@ -4,7 +4,7 @@ validation: `route_options(raw)` -> RouteOptions, or ValidationError naming the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,10 @@ class RouteOptions:
 
     template: str | None = None
     provider: str = "codewith"
+    # Whether --provider was given: when not, the provider of the named accounts, if they
+    # agree, is the route's (`route_provider`). Not an option of its own (never recorded,
+    # not compared: options rebuilt from a record name the provider and are the same route).
+    provider_given: bool = field(default=False, compare=False)
     auth_profile: str | None = None
     auth_profile_pool: tuple[str, ...] = ()
     pins: Mapping[str, str | None] = field(default_factory=dict)
@@ -149,7 +153,8 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
     unknown = sorted(set(raw) - set(OPTION_NAMES))
     if unknown:
         raise ValidationError(f"unknown route option: {unknown[0]}")
-    provider = _text("provider", raw.get("provider")) or "codewith"
+    given = _text("provider", raw.get("provider"))
+    provider = given or "codewith"
     if provider not in PROVIDERS:
         raise ValidationError(f"--provider must be one of {', '.join(PROVIDERS)}")
     pool_raw = raw.get("auth_profile_pool")
@@ -171,6 +176,7 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
     return RouteOptions(
         template=_text("template", raw.get("template")),
         provider=provider,
+        provider_given=given is not None,
         auth_profile=auth_profile,
         auth_profile_pool=pool,
         pins=pins,
@@ -198,4 +204,58 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
             "--step-idle-timeout", raw.get("step_idle_timeout")
         ),
         dry_run=dry_run,
+    )
+
+
+# --- the route's provider and its accounts --------------------------------------------------
+
+PROVIDERS_DIFFER = (
+    "the accounts named belong to different providers ({owners}); one route runs one "
+    "provider: name accounts of one provider"
+)
+ACCOUNT_OTHER_PROVIDER = (
+    "{accounts} to provider {owner}, not the route's provider {provider}: give "
+    "--provider {owner}, or accounts of {provider}"
+)
+
+
+def route_provider(
+    options: RouteOptions,
+    registered: Mapping[str, str] | None,
+    pool: Sequence[str] = (),
+) -> str:
+    """The route's provider, given the registry's account -> provider map and the pool in
+    force (`pool`: the options' or the event's); ValidationError when it cannot run.
+
+    1. The accounts named (the pool, --auth-profile, the role pins) that are registered
+       belong to one provider, or the route is refused (naming them).
+    2. Without --provider, that provider is the route's (unregistered names say nothing;
+       with none registered, the default, codewith).
+    3. With --provider, a registered account of another provider is refused, naming both
+       providers: its steps would fail, or wait for a host that never comes."""
+    names = [*(pool or options.auth_profile_pool), options.auth_profile]
+    names += list(options.pins.values())
+    owners: dict[str, str] = {}
+    for name in names:
+        if name and name.strip() in (registered or {}):
+            owners[name.strip()] = (registered or {})[name.strip()]
+    kinds = sorted(set(owners.values()))
+    if len(kinds) > 1:
+        listing = ", ".join(f"{n}: {p}" for n, p in sorted(owners.items()))
+        raise ValidationError(PROVIDERS_DIFFER.format(owners=listing))
+    if not kinds:
+        return options.provider
+    owner = kinds[0]
+    if not options.provider_given or owner == options.provider:
+        return owner
+    accounts = sorted(owners)
+    label = (
+        f"account {accounts[0]} belongs"
+        if len(accounts) == 1
+        else f"accounts {', '.join(accounts)} belong"
+    )
+    raise ValidationError(
+        ACCOUNT_OTHER_PROVIDER.format(
+            accounts=label, owner=owner, provider=options.provider
+        )
     )

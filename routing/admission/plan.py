@@ -55,6 +55,7 @@ from domain.templates import (
 from domain.throttle import (
     ThrottleLimits,
 )
+from ledger.hosts import admission_provider_refusal
 from ledger.models import (
     Loop,
     WorkflowInvocation,
@@ -68,12 +69,14 @@ from ledger.projects import (
     project_path_admit,
     repository_checkout,
 )
+from ledger.selectors import registered_providers
 from routing.admission.options import (
     DEFAULT_MAX_PER_PROFILE,
     POOL_METADATA_KEYS,
     ROLES,
     RouteOptions,
     route_options,
+    route_provider,
 )
 from routing.admission.results import SKIPPED, RouteResult
 
@@ -305,8 +308,9 @@ def plan_route(
         if not valid_profile_name(member.strip()):
             raise ValidationError(PROFILE_NAME_INVALID.format(name=member))
     pins = {role: options.pins.get(role) for role in ROLES}
+    provider = route_provider(options, registered, pool)
     pool_active = pool_routing_active(
-        provider=options.provider, pool=pool, pins=pins, registered=registered
+        provider=provider, pool=pool, pins=pins, registered=registered
     )
     max_per_profile = options.max_per_profile
     if pool_active and max_per_profile is None:
@@ -316,7 +320,7 @@ def plan_route(
     )
     spec = render_workflow(
         template_id=template_id,
-        provider=options.provider,
+        provider=provider,
         title=title,
         description=body,
         project_path=project_path,
@@ -334,7 +338,7 @@ def plan_route(
     )
     if pool_active and max_per_profile:
         # The runner re-checks the account's cap when a step starts (no stacking at start).
-        for step_id in pool_roles_by_step(spec, options.provider):
+        for step_id in pool_roles_by_step(spec, provider):
             for step in spec["steps"]:
                 if step["id"] == step_id:
                     step["routing"]["maxPerProfile"] = max_per_profile
@@ -385,7 +389,7 @@ def plan_route(
             "sandbox": options.sandbox,
             "accountPolicy": account_policy,
             "providerRouting": {
-                "provider": options.provider,
+                "provider": provider,
                 "pool": pool,
                 "poolRouting": pool_active,
             },
@@ -410,7 +414,7 @@ def plan_route(
         limits=options.limits,
         template_id=template_id,
         roles=roles,
-        provider=options.provider,
+        provider=provider,
         pool=tuple(pool),
         pool_active=pool_active,
         max_per_profile=max_per_profile,
@@ -527,6 +531,25 @@ def route_options_check(
         project, git_work_tree = project_path_admit(options.project_path)
         if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree:
             raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
+
+
+def route_options_resolve(
+    options: RouteOptions, *, registered: Mapping[str, str] | None = None
+) -> RouteOptions:
+    """The options with the route's provider decided (`route_provider`: from the accounts
+    named when --provider is not given) and checked against the hosts: ValidationError,
+    before anything is written, when the accounts belong to another provider or no host
+    serves the provider (ledger.hosts.admission_provider_refusal). `registered` is the
+    registry's account -> provider map (read here when None)."""
+    if registered is None:
+        registered = registered_providers()
+    provider = route_provider(options, registered)
+    refusal = admission_provider_refusal(provider)
+    if refusal is not None:
+        raise ValidationError(refusal)
+    if provider == options.provider:
+        return options
+    return replace(options, provider=provider)
 
 
 # PostgreSQL refuses a btree index entry over 2704 bytes (a third of a page) with an error

@@ -52,6 +52,7 @@ from routing.admission.plan import (
     plan_route,
     plan_stored_route,
     retry_pending,
+    route_options_resolve,
 )
 from routing.admission.results import CREATED, DEDUPED, THROTTLED, RouteResult
 from routing.admission.rows import (
@@ -382,13 +383,14 @@ def route_event(
     else:
         parsed = parse_envelope(envelope)
     now = now or timezone.now()
+    registered = registered_providers()
     plan = plan_route(
         kind=kind,
         envelope=parsed,
-        options=options,
+        options=route_options_resolve(options, registered=registered),
         env=os.environ if env is None else env,
         cwd=cwd or os.getcwd(),
-        registered=registered_providers(),
+        registered=registered,
     )
     if isinstance(plan, RouteResult):  # skipped: no admission, no transaction
         if then is not None:

@@ -356,6 +356,9 @@ class RegistryDict(TypedDict):
     enabled: bool
     maxRunning: int | None
     env: dict[str, str]
+    # A step's login was refused (ledger 0014): when, and the agent's words; None: no mark.
+    loginFailedAt: str | None
+    loginFailedReason: str | None
 
 
 class UsageDict(TypedDict):
@@ -401,6 +404,8 @@ def account_to_dict(row: AccountRow, *, now: datetime) -> AccountDict:
             enabled=row.registered.enabled,
             maxRunning=row.registered.max_running,
             env=dict(row.registered.env),
+            loginFailedAt=iso(row.registered.login_failed_at),
+            loginFailedReason=row.registered.login_failed_reason,
         )
         if row.registered is not None
         else None,

@@ -11,7 +11,12 @@ from domain.bounds import bounded_int
 from domain.errors import ValidationError
 from domain.keys import route_key_for_kind
 from domain.scope import LOOP_NAME_ENV
-from routing.admission import RouteOptions, route_options, route_options_check
+from routing.admission import (
+    RouteOptions,
+    route_options,
+    route_options_check,
+    route_options_resolve,
+)
 from routing.drains.sources import (
     COMMAND_SOURCE,
     INBOX_SOURCE,
@@ -90,7 +95,10 @@ def drain_options(
 ) -> DrainOptions:
     """Validate drain options from argv, a schedule's kwargs or an API body: each option on
     its own, then together as a route would use them (`route_options_check`, with the loop
-    name a drain named `name` runs under), so a bad option never reaches a candidate."""
+    name a drain named `name` runs under), then against the account registry and the hosts
+    (`route_options_resolve`: the provider defaults from the pool's accounts; a pool of
+    another provider's accounts, or a provider no host serves, is refused), so a bad option
+    never reaches a candidate."""
     route_key_for_kind(kind)
     drain_raw = {k: raw[k] for k in DRAIN_OPTION_NAMES if raw.get(k) is not None}
     route_raw = {
@@ -116,6 +124,7 @@ def drain_options(
             name  # as drain_run: a scheduled drain's scope is its name
         )
     route_options_check(kind, route, env=environ)
+    route = route_options_resolve(route)
     return DrainOptions(
         kind=kind,
         route=route,

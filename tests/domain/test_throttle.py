@@ -199,5 +199,6 @@ def test_reason_codes_are_listed_and_labelled() -> None:
         "profile_cap",
         "cooldown",
         "account_disabled",
+        "login_failed",
     )
     assert set(reasons.LABELS) == set(reasons.ALL)

@@ -87,6 +87,7 @@ def test_a_run_no_live_host_serves_waits_with_its_reason_then_fails_after_the_gr
     None
 ):
     _host("a", ["/srv"], ["codewith"])
+    _host("c", ["/other"], ["codex"])  # codex is served (admission), not for /srv/p
     run_id = _route("/srv/p", 1, provider="codex", auth_profile="acct-1")
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.status == RunStatus.QUEUED
@@ -105,6 +106,7 @@ def test_a_run_no_live_host_serves_waits_with_its_reason_then_fails_after_the_gr
 
 def test_a_waiting_run_is_placed_once_a_host_serves_it() -> None:
     _host("a", ["/srv"], ["codewith"])
+    _host("c", ["/other"], ["codex"])
     run_id = _route("/srv/p", 1, provider="codex")
     assert run_id not in _queues()
     _host("b", ["/srv"], ["codex"])
@@ -121,6 +123,27 @@ def test_admission_refuses_only_what_no_registered_host_serves() -> None:
     assert _route("/srv/d/p", 2)
     with pytest.raises(ValidationError, match=r"no registered host serves /srv/x/p"):
         _route("/srv/x/p", 3)
+
+
+def test_admission_refuses_a_provider_no_live_host_serves() -> None:
+    # The route's runs would only wait ("no host serves ... for codex"): refused, naming
+    # the provider and what the hosts have, nothing written.
+    _host("a", ["/srv"], ["codewith", "claude"])
+    _host("old", ["/srv"], ["codex"], age=3600)  # dead: a live host decides
+    with pytest.raises(ValidationError) as refused:
+        _route("/srv/p", 1, provider="codex")
+    assert str(refused.value) == (
+        "no live host serves provider codex (hosts: a [codewith, claude]); start a run "
+        "cluster where its CLI is found (LOOPSWEB_CODEX_BIN), or route to a provider "
+        "they have"
+    )
+    assert not WorkflowRun.objects.exists() and not OrmQ.objects.exists()
+    Host.objects.filter(name="a").update(seen_at=timezone.now() - timedelta(hours=2))
+    hosts_read_forget()
+    # No host live at all (the clusters restart): a registered host that has it will do.
+    assert _route("/srv/p", 2, provider="codex")
+    with pytest.raises(ValidationError, match="no registered host serves provider"):
+        _route("/srv/p", 3, provider="opencode")
 
 
 def test_a_dead_hosts_queue_goes_to_the_live_hosts_at_once_fetched_rows_too() -> None:
@@ -198,6 +221,7 @@ def test_the_hosts_page_shows_each_host_and_the_runs_no_host_serves(
 
     _host("build-1", ["/srv/a"], ["codewith", "claude"])
     _host("build-2", ["/srv/b"], [], age=600)
+    _host("build-3", ["/srv/c"], ["codex"])
     run_worker_report(cluster="loopsweb-runs", host="build-1", pid=11, cluster_pid=10)
     waiting = _route("/srv/a/p", 1, provider="codex")
     with CaptureQueriesContext(connection) as queries:

@@ -17,7 +17,10 @@ lines, mode 0600, owned by the user the runner runs as; only the path is stored,
 runner reads the file when a step on the account starts.
 
 `check NAME` runs the CLI's cheapest self-test with the account's environment (`--version`,
-then a login probe) and exits non-zero, saying what is wrong, when something is.
+then a login probe, then the smallest real request a step would make) and exits non-zero,
+saying what is wrong, when something is. An answered request clears the account's `login
+failed` mark (set when a step's login was refused: pool assignment skips the account); a
+refused one sets it. `enable NAME` clears the mark too.
 """
 
 from __future__ import annotations
@@ -195,6 +198,10 @@ class Command(BaseCommand):
             env = " ".join(f"{k}={v}" for k, v in sorted(e["env"].items())) or "-"
             cap = e["maxRunning"] if e["maxRunning"] is not None else "-"
             state = "enabled" if e["enabled"] else "disabled"
+            if e["loginFailedAt"]:
+                state += (
+                    f"  LOGIN FAILED at {e['loginFailedAt']}: {e['loginFailedReason']}"
+                )
             env_file = f"  env_file={e['envFile']}" if e["envFile"] else ""
             self.stdout.write(
                 f"{e['name']}  provider={e['provider']}  {state}  max_running={cap}  "
@@ -211,6 +218,8 @@ def _entry(row: Account) -> dict[str, Any]:
         "env": dict(row.env_json or {}),
         "envFile": row.env_file or None,
         "notes": row.notes,
+        "loginFailedAt": _iso(row.login_failed_at),
+        "loginFailedReason": row.login_failed_reason,
         "createdAt": _iso(row.created_at),
         "updatedAt": _iso(row.updated_at),
     }
