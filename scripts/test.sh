@@ -57,7 +57,9 @@ run_suite() {  # $1 = label; the environment selects the database
   check_seconds=$((SECONDS - check_started))
   echo "=== loopsweb test suite on $1 ==="
   local started=$SECONDS
-  "$PY" -m pytest -q "${parallel[@]}" "${@:2}" || rc=$?
+  # Each suite its own temporary directories: pytest's shared default (/tmp/pytest-of-USER)
+  # prunes the oldest sessions' directories, which may be the other suite's, still in use.
+  "$PY" -m pytest -q "${parallel[@]}" --basetemp="$LOOPSWEB_DATA_DIR/tmp" "${@:2}" || rc=$?
   echo "=== $1: check_migrations and the suite took $((SECONDS - started + check_seconds)) s ==="
   if [ "$rc" = 5 ]; then echo "no tests collected on $1" >&2; return 1; fi
   return "$rc"

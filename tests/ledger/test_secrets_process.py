@@ -32,6 +32,7 @@ from tests.processes import (
     terminal_env,
     wait_until,
 )
+from tests.waiting import hang_deadline
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -96,6 +97,10 @@ def test_a_key_the_agent_echoes_or_an_env_file_quotes_is_never_stored(
     project.mkdir()
     records = tmp_path / "records"
     records.mkdir()
+    # The agent, its key printed, waits at a barrier that this test releases once it has
+    # seen the live output flushed (no sleep decides whether a flush falls inside the step).
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
     env = terminal_env(
         Path(settings.DATA_DIR),
         SECRET_KEY=settings.SECRET_KEY,
@@ -104,7 +109,9 @@ def test_a_key_the_agent_echoes_or_an_env_file_quotes_is_never_stored(
         LOOPSWEB_OUTPUT_FLUSH_SECONDS="1",
         LOOPSWEB_STEP_START_POLL_SECONDS="1",
         FAKE_AGENT_ECHO_ENV="ANTHROPIC_API_KEY",
-        FAKE_AGENT_SLEEP="4",  # running, its key printed, across output flushes
+        FAKE_AGENT_BARRIER=str(barrier),
+        FAKE_AGENT_BARRIER_COUNT="2",
+        FAKE_AGENT_BARRIER_SECONDS=str(hang_deadline(180)),
         FAKE_AGENT_EXIT="1",
         FAKE_AGENT_RECORD_DIR=str(records),
     )
@@ -131,6 +138,7 @@ def test_a_key_the_agent_echoes_or_an_env_file_quotes_is_never_stored(
         wait_until(
             flushed_while_running, timeout=180, what="k1's live output, redacted"
         )
+        (barrier / "released-by-the-test").touch()
 
         def ended() -> bool:
             assert cluster.poll() is None, (tmp_path / "runs.log").read_text()[-3000:]
