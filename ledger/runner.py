@@ -460,13 +460,20 @@ class _RunExecution:
             idle_ms=idle_ms,
         )
         usage = None
+        note = None
         if is_agent and result.timeout is None:
             note = self._record_rate_limit(step, provider, result, watch.signal)
             if note and error:
                 error += note
         if is_agent:
             usage = parse_usage(provider, result.stdout)
-        return _step_result(result, status, error=error, usage=usage)
+        return _step_result(
+            result,
+            status,
+            error=error,
+            usage=usage,
+            rate_limited=note is not None and status != StepStatus.SUCCEEDED,
+        )
 
     def _record_rate_limit(
         self,
@@ -507,7 +514,12 @@ class _RunExecution:
 
 
 def _step_result(
-    result: ProcessResult, status: str, *, error: str | None, usage: Usage | None = None
+    result: ProcessResult,
+    status: str,
+    *,
+    error: str | None,
+    usage: Usage | None = None,
+    rate_limited: bool = False,
 ) -> services.StepResult:
     return services.StepResult(
         status=status,
@@ -519,6 +531,7 @@ def _step_result(
         error=error,
         usage=usage,
         processes_ended=result.ended if result.pid is not None else None,
+        rate_limited=rate_limited,
     )
 
 

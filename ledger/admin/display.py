@@ -13,6 +13,9 @@ from typing import Any
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+# re-exported: the admin's cells use it from here
+from ledger.display import seconds as seconds
+
 # Status -> badge colour class (templates/admin/ledger/_styles.html holds the colours).
 STATUS_TONES = {
     "queued": "wait",
@@ -46,22 +49,6 @@ def status_badge(status: str | None) -> SafeString | str:
         return "-"
     tone = STATUS_TONES.get(status, "quiet")
     return format_html('<span class="lw-status lw-{}">{}</span>', tone, status)
-
-
-def seconds(ms: int | None) -> str:
-    """A duration in milliseconds as seconds and minutes: `12.3 s`, `12 min 34 s`,
-    `2 h 5 min` (blank when unknown)."""
-    if ms is None:
-        return ""
-    value = ms / 1000
-    if value < 100:
-        return f"{value:.1f} s"
-    whole = int(round(value))
-    if whole < 3600:
-        minutes, rest = divmod(whole, 60)
-        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
-    hours, rest = divmod(whole, 3600)
-    return f"{hours} h {rest // 60} min" if rest // 60 else f"{hours} h"
 
 
 def age(value: datetime | None, now: datetime) -> str:

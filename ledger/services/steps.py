@@ -21,6 +21,7 @@ from ledger.models import (
     WorkflowStepRun,
 )
 from ledger.selectors import AccountGate, RegisteredAccount, account_gate
+from ledger.services.attempts import attempt_close, attempt_open
 from ledger.services.cascade import end_run
 from ledger.services.common import (
     OPEN_STEP_STATUSES,
@@ -77,6 +78,7 @@ class StepResult:
     error: str | None = None
     usage: Usage | None = None
     processes_ended: int | None = None  # left running, ended by the step guard
+    rate_limited: bool = False  # the agent reported a provider rate limit
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,8 @@ def step_start(
        attribution rewritten, event `step_account_moved`) and starts there. A refusal
        records one `step_waiting` event per distinct reason and renews the run's lease;
        the runner retries.
-    4. Started: started_at = now, finish fields and output cleared, event `step_started`
-       with the account.
+    4. Started: started_at = now, finish fields and output cleared, an attempt opened on
+       the account (ledger.services.attempts), event `step_started` with the account.
     """
     now = now_or_default(now)
     with transaction.atomic(), events_in_one_statement():
@@ -240,6 +242,7 @@ def _start_locked(
     step.stderr = None
     step.error = None
     step.save()
+    attempt_open(step, now=now)
     append_event(
         run.id,
         "step_started",
@@ -386,6 +389,7 @@ def _finish_locked(
     step.usage_cost_usd = usage.cost_usd if usage else None
     step.processes_ended = result.processes_ended
     step.save()
+    attempt_close(step, now=now, rate_limited=result.rate_limited)
     append_event(
         run.id,
         f"step_{result.status}",
@@ -419,9 +423,12 @@ def _skip_locked(run: WorkflowRun, step: WorkflowStepRun, reason: str | None) ->
                 run_id=run.id, step_id=step.step_id, status=step.status
             )
         )
+    was_running = step.status == StepStatus.RUNNING
     step.status = StepStatus.SKIPPED
     step.error = clean_text(reason)
     step.save(update_fields=["status", "error", "updated_at"])
+    if was_running:
+        attempt_close(step, now=timezone.now())
     append_event(
         run.id,
         "step_skipped",

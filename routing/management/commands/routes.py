@@ -8,7 +8,8 @@
 `list` orders as upstream: with --status by priority (high first) then oldest first (the
 admission order), otherwise newest first. `requeue` requires a reason and keeps attempts
 (0.4.12); the item's inbox events reopen so the next drain admits it again. `show` adds the
-item's runs, one per attempt, with how each ended.
+item's runs, one per attempt, with how each ended, and under each run its steps' attempts
+(`worker: cx-a → rate limited after 0.6 s → cx-b, succeeded in 1.4 s`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Prefetch
 
 from domain.bounds import BOUNDS, bounded_int
 from domain.errors import ApplicationError, ValidationError
 from ledger.models import (
     WorkflowInvocation,
     WorkflowRun,
+    WorkflowStepAttempt,
+    WorkflowStepRun,
     WorkflowWorkItem,
     WorkItemStatus,
 )
@@ -34,7 +38,7 @@ from ledger.services.common import (
     WORK_ITEM_NOT_REQUEUEABLE,
 )
 from routing.admission import work_item_to_dict
-from routing.api.serializers import iso, with_attempts
+from routing.api.serializers import iso, step_to_dict, with_attempts
 
 ROUTE_ITEM_NOT_FOUND = "route work item not found: {item_id}"
 DEFAULT_LIMIT = 50
@@ -63,12 +67,29 @@ def _run_dict(run: WorkflowRun, attempt: int) -> dict[str, Any]:
         "startedAt": iso(run.started_at),
         "finishedAt": iso(run.finished_at),
         "error": run.error,
+        # loopsweb: each step with its attempts (an account per try) and its usage
+        "steps": [step_to_dict(step) for step in run.step_runs.all()],
     }
 
 
 def item_runs(item: WorkflowWorkItem) -> list[dict[str, Any]]:
     """The item's runs oldest first, numbered per loop (an attempt of one admission)."""
-    runs = WorkflowRun.objects.filter(work_item_id=item.id).order_by("created_at", "id")
+    runs = (
+        WorkflowRun.objects.filter(work_item_id=item.id)
+        .order_by("created_at", "id")
+        .prefetch_related(
+            Prefetch(
+                "step_runs",
+                queryset=WorkflowStepRun.objects.order_by("sequence").defer(
+                    "stdout", "stderr"
+                ),
+            ),
+            Prefetch(
+                "step_runs__attempts",
+                queryset=WorkflowStepAttempt.objects.order_by("started_at", "id"),
+            ),
+        )
+    )
     return [_run_dict(run, attempt) for run, attempt in with_attempts(runs)]
 
 
@@ -198,6 +219,9 @@ class Command(BaseCommand):
                 f"  run {run['id']} attempt {run['attempt']}: {run['status']}"
                 + (f" — {run['error']}" if run["error"] else "")
             )
+            for step in run["steps"]:
+                if step["attemptsText"]:
+                    lines.append(f"    {step['attemptsText']}")
         self._emit(options, value, lines)
 
     def _requeue(self, options: dict[str, Any]) -> None:
