@@ -271,9 +271,11 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     follow(browser, browser.find_element(By.LINK_TEXT, "Accounts"), "svg.timeline")
     assert text_of(browser, "#content h1") == "Accounts"
     assert "acct-00" in text_of(browser, "#table")
-    # One read of the rendered table (no element handles kept across reads).
+    # One read of the rendered table (no element handles kept across reads), with the
+    # registry's env (folded under "env (N)") unfolded as an operator's click does.
     cells = browser.execute_script(
         """
+        document.querySelectorAll('#table details.registry-env').forEach(d => d.open = true);
         const out = {};
         for (const row of document.querySelectorAll('#table tr[id^="account-"]')) {
           const cell = (css) => row.querySelector(css).innerText.trim();
