@@ -37,7 +37,13 @@ Contract:
    `Reconnecting... 2/5`, claude's `system`/`api_retry` event), as one line naming the
    provider's error; the runner ends a step that reports several in a row with no progress
    between them.
-7. Nothing here raises on bad output.
+7. `reason_line(text)` is one human line for a cooldown's or a step's reason, which carry
+   the raw text the detector matched (a JSON event, possibly cut; a log line): the
+   provider's message out of it (`message`, `result`, `error.message`, an `error.error=`
+   log field, else the error code and HTTP status), after the part loopsweb wrote.
+   A log line (`timestamp=... level=ERROR ... message="..." error.error="..."`) reads as
+   `error: <message>: <cause>` in live output too.
+8. Nothing here raises on bad output.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ __all__ = [
     "progress_summary",
     "provider_error",
     "rate_limit",
+    "reason_line",
     "strip_ansi",
     "summarize_line",
     "summarize_output",
@@ -268,6 +275,9 @@ def summarize_line(provider: str | None, line: str) -> str | None:
     text = strip_ansi(line).strip()
     if not text:
         return None
+    logged = _log_line(text)
+    if logged is not None:
+        return _short(logged, SUMMARY_CHARS)
     reader = _SUMMARIES.get(provider or "")
     if reader is None or not text.startswith("{"):
         return _short(text, SUMMARY_CHARS)
@@ -445,3 +455,112 @@ def provider_error(provider: str | None, stream: str, line: str) -> str | None:
     except Exception:  # reading output never fails a step
         return None
     return None
+
+
+# -- reasons as one human line (contract 5) ---------------------------------------------
+
+REASON_CHARS = 240
+_LOG_FIELD = re.compile(r'([\w.]+)=("(?:[^"\\]|\\.)*"?|\S+)')
+_LOG_SKIP = ("timestamp", "level", "run", "service", "session.id", "providerID")
+_JSON_TEXT = re.compile(r'"(message|result)"\s*:\s*"((?:[^"\\]|\\.)*)"?')
+_JSON_CODE = re.compile(r'"error"\s*:\s*"([^"]*)"')
+_JSON_STATUS = re.compile(
+    r'"(?:api_error_status|error_status|statusCode|status)"\s*:\s*(\d{3})'
+)
+# What the runner writes before the detector's raw text (ledger.runner).
+_COOLDOWN_HEAD = re.compile(r"^(\S+ rate limit) on step \S+ of run \S+: ", re.S)
+_RAW_MARK = "; provider rate limit: "
+_BARE_CODE = re.compile(r"(?:[\w.]+, )?HTTP \d{3}|[\w.]+")
+
+
+def _unquote(value: str) -> str:
+    if value.startswith('"'):
+        value = value[1:-1] if value.endswith('"') and len(value) > 1 else value[1:]
+        try:
+            return str(json.loads(f'"{value}"'))
+        except ValueError:
+            return value.replace('\\"', '"')
+    return value
+
+
+def _log_line(text: str) -> str | None:
+    """A `key=value` log line (opencode's `--print-logs`) as `error: <message>: <cause>`;
+    None for a line that is not one."""
+    if not text.startswith("timestamp=") and " level=" not in text[:80]:
+        return None
+    fields = {key: _unquote(value) for key, value in _LOG_FIELD.findall(text)}
+    if "level" not in fields:
+        return None
+    message = fields.get("message") or fields.get("msg") or ""
+    causes = [
+        value
+        for key, value in fields.items()
+        if (key.startswith("error") or key in ("err", "cause")) and value
+    ]
+    head = fields["level"].lower()
+    if not message and not causes:
+        rest = [f"{k}={v}" for k, v in fields.items() if k not in _LOG_SKIP]
+        return f"{head}: {' '.join(rest)}"
+    return ": ".join([head, *([message] if message else []), *causes])
+
+
+def _json_message(text: str) -> str | None:
+    """The provider's message in a JSON event, also when the text was cut mid-way."""
+    try:
+        event = json.loads(text)
+    except (ValueError, RecursionError):
+        event = None
+    if isinstance(event, dict):
+        for path in (
+            ("message",),
+            ("result",),
+            ("error", "message"),
+            ("error", "data", "message"),
+            ("data", "message"),
+        ):
+            value: Any = event
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+    found = _JSON_TEXT.search(text)
+    if found:
+        return _unquote(f'"{found.group(2)}"')
+    parts = []
+    if code := _JSON_CODE.search(text):
+        parts.append(code.group(1))
+    if status := _JSON_STATUS.search(text):
+        parts.append(f"HTTP {status.group(1)}")
+    return ", ".join(parts) or None
+
+
+def _provider_message(raw: str) -> str:
+    text = raw.strip()
+    if text.startswith("{"):
+        return _json_message(text) or text
+    return _log_line(text) or text
+
+
+def reason_line(text: str | None) -> str:
+    """One human line for a cooldown's or a step's reason (contract 5); "" for none."""
+    try:
+        value = strip_ansi(text or "").strip()
+        if not value:
+            return ""
+        head = _COOLDOWN_HEAD.match(value)
+        if head:
+            line = f"{head.group(1)}: {_provider_message(value[head.end() :])}"
+        elif _RAW_MARK in value:
+            before, _, raw = value.partition(_RAW_MARK)
+            message = _provider_message(raw)
+            # A bare code (`rate_limit, HTTP 429`) adds nothing to the agent's own message.
+            line = (
+                before
+                if message in before or (before and _BARE_CODE.fullmatch(message))
+                else f"{before} ({message})"
+            )
+        else:
+            line = _provider_message(value)
+    except Exception:  # reading a reason never fails a page
+        line = text or ""
+    return _short(line, REASON_CHARS)

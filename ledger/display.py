@@ -1,12 +1,21 @@
-"""Plain-text summaries of ledger rows shared by the admin and the /ops pages."""
+"""Plain-text summaries of ledger rows shared by the admin, the /ops pages, the API and the
+commands: worktrees, commits, durations, a step's attempts, token usage."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 
-from ledger.models import RunStatus, WorkflowRun
+from ledger.models import (
+    RunStatus,
+    WorkflowRun,
+    WorkflowStepAttempt,
+    WorkflowStepRun,
+)
 
 
 def worktree_text(run: WorkflowRun) -> str:
@@ -67,3 +76,93 @@ def seconds(ms: int | None) -> str:
         return f"{minutes} min {rest} s" if rest else f"{minutes} min"
     hours, rest = divmod(whole, 3600)
     return f"{hours} h {rest // 60} min" if rest // 60 else f"{hours} h"
+
+
+# How an attempt ended, as the story of a step reads it.
+ATTEMPT_OUTCOMES = {
+    "rate_limited": "rate limited",
+    "timed_out": "timed out",
+}
+
+
+def attempt_text(attempt: WorkflowStepAttempt, now: datetime | None = None) -> str:
+    """One attempt: `cx-a → rate limited after 0.6 s`, `cx-b, succeeded in 1.4 s`,
+    `cx-b, running for 12.0 s`."""
+    account = attempt.account_profile or "no account"
+    took = seconds(attempt.duration_ms)
+    if attempt.status == "running":
+        since = (
+            seconds(int((now - attempt.started_at).total_seconds() * 1000))
+            if now is not None
+            else ""
+        )
+        return f"{account}, running" + (f" for {since}" if since else "")
+    outcome = ATTEMPT_OUTCOMES.get(attempt.status, attempt.status)
+    if attempt.status == "succeeded":
+        return f"{account}, succeeded" + (f" in {took}" if took else "")
+    return f"{account} → {outcome}" + (f" after {took}" if took else "")
+
+
+def attempts_story(
+    step_id: str, attempts: Sequence[WorkflowStepAttempt], now: datetime | None = None
+) -> str:
+    """A step's attempts in order, one line: `worker: cx-a → rate limited after 0.6 s →
+    cx-b, succeeded in 1.4 s` ("" when the step never started)."""
+    if not attempts:
+        return ""
+    return f"{step_id}: " + " → ".join(attempt_text(a, now) for a in attempts)
+
+
+@dataclass(frozen=True)
+class UsageSum:
+    """Tokens and cost summed over steps or attempts (None: none of them reported any)."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    cost_usd: float | None = None
+
+    def __add__(self, other: UsageSum) -> UsageSum:
+        def add(a: Any, b: Any) -> Any:
+            return b if a is None else a if b is None else a + b
+
+        return UsageSum(
+            add(self.input_tokens, other.input_tokens),
+            add(self.output_tokens, other.output_tokens),
+            add(self.cached_tokens, other.cached_tokens),
+            add(self.cost_usd, other.cost_usd),
+        )
+
+    @property
+    def reported(self) -> bool:
+        return self.input_tokens is not None or self.output_tokens is not None
+
+    def text(self) -> str:
+        """`1,234 in / 56 out (cached 1,000), $0.0123`, or `—` when nothing was reported."""
+        if not self.reported:
+            return "—"
+        parts = f"{self.input_tokens or 0:,} in / {self.output_tokens or 0:,} out"
+        if self.cached_tokens:
+            parts += f" (cached {self.cached_tokens:,})"
+        if self.cost_usd is not None:
+            parts += f", ${self.cost_usd:.4f}"
+        return parts
+
+
+def row_usage(row: WorkflowStepRun | WorkflowStepAttempt) -> UsageSum:
+    return UsageSum(
+        row.usage_input_tokens,
+        row.usage_output_tokens,
+        row.usage_cached_tokens,
+        row.usage_cost_usd,
+    )
+
+
+def step_usage(
+    step: WorkflowStepRun, attempts: Sequence[WorkflowStepAttempt]
+) -> UsageSum:
+    """A step's usage over all its attempts (a rate-limited try may have used tokens too);
+    the step row's own for a step recorded before attempts were."""
+    if not attempts:
+        return row_usage(step)
+    return sum((row_usage(a) for a in attempts), UsageSum())

@@ -40,7 +40,8 @@ from email.utils import parsedate_to_datetime
 # A provider that says "come back in a month" is clamped: an operator can clear a cooldown,
 # but a typo'd reset time must not silently park an account for a year.
 MAX_DEADLINE = timedelta(days=7)
-SNIPPET_CHARS = 200
+# The whole matched line, up to this: a log line names the cause at its end (opencode).
+SNIPPET_CHARS = 1000
 
 _ANSI_RE = re.compile(
     r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])"

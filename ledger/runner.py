@@ -485,6 +485,7 @@ class _RunExecution:
             return _step_result(result, StepStatus.FAILED, error=result.spawn_error)
         status, error = watch.outcome(result, timeout_ms=timeout_ms, idle_ms=idle_ms)
         usage = None
+        note = None
         if is_agent and result.timeout is None:
             note = self._record_rate_limit(step, provider, result, watch.signal)
             if note and error:
@@ -493,7 +494,13 @@ class _RunExecution:
                 self._record_login_failure(step, result, error)
         if is_agent:
             usage = parse_usage(provider, result.stdout)
-        return _step_result(result, status, error=error, usage=usage)
+        return _step_result(
+            result,
+            status,
+            error=error,
+            usage=usage,
+            rate_limited=note is not None and status != StepStatus.SUCCEEDED,
+        )
 
     def _record_rate_limit(
         self,
@@ -553,7 +560,12 @@ class _RunExecution:
 
 
 def _step_result(
-    result: ProcessResult, status: str, *, error: str | None, usage: Usage | None = None
+    result: ProcessResult,
+    status: str,
+    *,
+    error: str | None,
+    usage: Usage | None = None,
+    rate_limited: bool = False,
 ) -> services.StepResult:
     return services.StepResult(
         status=status,
@@ -565,6 +577,7 @@ def _step_result(
         error=error,
         usage=usage,
         processes_ended=result.ended if result.pid is not None else None,
+        rate_limited=rate_limited,
     )
 
 

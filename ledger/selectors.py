@@ -32,6 +32,7 @@ from ledger.models import (
     SpecStatus,
     WorkflowInvocation,
     WorkflowSpec,
+    WorkflowStepAttempt,
     WorkflowWorkItem,
 )
 
@@ -498,3 +499,17 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
         cooling_until=_aware(until) if until is not None else None,
         running=running or 0,
     )
+
+
+def step_attempts(step_ids: Iterable[str]) -> dict[str, list[WorkflowStepAttempt]]:
+    """The attempts of these step runs by step run id, oldest first: one query (the
+    step-and-start index) however many steps."""
+    wanted = list(dict.fromkeys(step_ids))
+    found: dict[str, list[WorkflowStepAttempt]] = {s: [] for s in wanted}
+    if not wanted:
+        return found
+    for attempt in WorkflowStepAttempt.objects.filter(step_run_id__in=wanted).order_by(
+        "step_run_id", "started_at", "id"
+    ):
+        found[attempt.step_run_id].append(attempt)
+    return found

@@ -22,8 +22,10 @@ from django.db.models import (
     Case,
     Count,
     DateTimeField,
+    Exists,
     F,
     Min,
+    OuterRef,
     Q,
     Sum,
     When,
@@ -35,6 +37,7 @@ from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     AccountCooldown,
     StepStatus,
+    WorkflowStepAttempt,
     WorkflowStepRun,
     WorkflowWorkItem,
     WorkItemStatus,
@@ -46,6 +49,7 @@ from ledger.selectors import (
     account_registry,
     created_since,
 )
+from ledger.services.attempts import ATTEMPT_RATE_LIMITED
 from routing.drains.configs import Cap, DrainConfig, strictest
 from routing.models import InboxEvent, InboxState
 
@@ -72,7 +76,7 @@ class AccountRow:
     cap: Cap | None = None
     tool: str | None = None
     cooldown: AccountCooldown | None = None
-    # Last 7 days, from step runs that started in the window.
+    # Last 7 days, from the attempts (step tries) that started in the window.
     steps_24h: int = 0
     steps_7d: int = 0
     failed_7d: int = 0
@@ -214,27 +218,46 @@ def account_rows(
 
 
 def step_activity(*, now: datetime) -> list[dict[str, Any]]:
-    """Steps started in the last 7 days per (account, role, provider, hour), one GROUP BY.
+    """Attempts started in the last 7 days per (account, role, provider, hour).
 
-    `hour` is the UTC hour for steps started in the last 24 h and NULL before, so the same
-    rows give the 7-day totals, the 24-hour totals and the hourly timeline. Per row: n
-    steps; failed (failed or timed out); rate_limited (the runner noted a provider limit).
+    An attempt is one try of a step on one account (ledger.services.attempts): a step that
+    hit a rate limit on one account and moved to another counts on both. Step runs with no
+    attempt (recorded before attempts were) count once, on their account. Two GROUP BYs.
+
+    `hour` is the UTC hour for attempts started in the last 24 h and NULL before, so the
+    same rows give the 7-day totals, the 24-hour totals and the hourly timeline. Per row: n
+    attempts; failed (failed, timed out or rate limited); rate_limited (the runner noted a
+    provider limit).
     """
     week, day = now - timedelta(days=7), now - timedelta(hours=24)
-    steps = created_since(WorkflowStepRun.objects.all(), week - STEP_START_SLACK)
-    return list(
-        steps.filter(started_at__gte=week, account_profile__isnull=False)
-        .annotate(
-            # Truncate the CASE, not CASE the truncation: TruncHour converts its result to
-            # an aware UTC datetime on every backend; a CASE around it would not.
-            hour=TruncHour(
-                Case(
-                    When(started_at__gte=day, then=F("started_at")),
-                    default=None,
-                    output_field=DateTimeField(),
-                )
-            )
+    # Truncate the CASE, not CASE the truncation: TruncHour converts its result to an
+    # aware UTC datetime on every backend; a CASE around it would not.
+    hour = TruncHour(
+        Case(
+            When(started_at__gte=day, then=F("started_at")),
+            default=None,
+            output_field=DateTimeField(),
         )
+    )
+    attempts = (
+        created_since(WorkflowStepAttempt.objects.all(), week)
+        .filter(started_at__gte=week, account_profile__isnull=False)
+        .annotate(hour=hour)
+        .values("account_profile", "step_id", "account_tool", "hour")
+        .annotate(
+            n=Count("id"),
+            failed=Count(
+                "id", filter=Q(status__in=(*FAILED_STEP_STATUSES, ATTEMPT_RATE_LIMITED))
+            ),
+            rate_limited=Count("id", filter=Q(status=ATTEMPT_RATE_LIMITED)),
+        )
+        .order_by()
+    )
+    steps = created_since(WorkflowStepRun.objects.all(), week - STEP_START_SLACK)
+    legacy = (
+        steps.filter(started_at__gte=week, account_profile__isnull=False)
+        .exclude(Exists(WorkflowStepAttempt.objects.filter(step_run_id=OuterRef("pk"))))
+        .annotate(hour=hour)
         .values("account_profile", "step_id", "account_tool", "hour")
         .annotate(
             n=Count("id"),
@@ -243,6 +266,7 @@ def step_activity(*, now: datetime) -> list[dict[str, Any]]:
         )
         .order_by()
     )
+    return [*attempts, *legacy]
 
 
 USAGE_WINDOWS = (timedelta(hours=5), timedelta(days=7))

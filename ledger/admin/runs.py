@@ -8,6 +8,8 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.html import format_html_join
 
 from ledger.admin.actions import (
     ARCHIVE_LOOPS,
@@ -27,7 +29,13 @@ from ledger.admin.filters import (
     EventTypeFilter,
     ProviderFilter,
 )
-from ledger.display import commit_text, worktree_text
+from ledger.display import (
+    UsageSum,
+    attempts_story,
+    commit_text,
+    step_usage,
+    worktree_text,
+)
 from ledger.models import (
     Loop,
     LoopRun,
@@ -35,6 +43,7 @@ from ledger.models import (
     WorkflowRun,
     WorkflowStepRun,
 )
+from ledger.selectors import step_attempts
 
 # The step run page's fields, each once: the run as a link, the duration in s/min (not
 # duration_ms).
@@ -108,6 +117,8 @@ class WorkflowRunAdmin(LedgerAdmin):
         "finished_at",
         "duration_cell",
         "error",
+        "attempts_cell",
+        "usage_cell",
         "claimed_by",
         "lease_expires_at",
         "worktree",
@@ -163,6 +174,42 @@ class WorkflowRunAdmin(LedgerAdmin):
     @admin.display(description="duration")
     def duration_cell(self, obj: WorkflowRun) -> str:
         return seconds(obj.duration_ms)
+
+    def _steps(self, obj: WorkflowRun) -> list[tuple[WorkflowStepRun, UsageSum, str]]:
+        """The run's steps with their usage and attempts line, read once per page (two
+        queries: the steps, their attempts)."""
+        cached = getattr(obj, "_step_story", None)
+        if cached is None:
+            steps = list(
+                WorkflowStepRun.objects.filter(workflow_run_id=obj.pk)
+                .order_by("sequence")
+                .defer("stdout", "stderr")
+            )
+            attempts = step_attempts(s.id for s in steps)
+            now = timezone.now()
+            cached = [
+                (
+                    s,
+                    step_usage(s, attempts[s.id]),
+                    attempts_story(s.step_id, attempts[s.id], now),
+                )
+                for s in steps
+            ]
+            obj._step_story = cached  # type: ignore[attr-defined]
+        return cached
+
+    @admin.display(description="attempts")
+    def attempts_cell(self, obj: WorkflowRun) -> str:
+        """Each step's tries in order, one line per step: `worker: cx-a → rate limited
+        after 0.6 s → cx-b, succeeded in 1.4 s · 1,234 in / 56 out`."""
+        rows = [(story, usage.text()) for _, usage, story in self._steps(obj) if story]
+        if not rows:
+            return "-"
+        return format_html_join("", '<div class="step-attempts">{} · {}</div>', rows)
+
+    @admin.display(description="tokens / cost")
+    def usage_cell(self, obj: WorkflowRun) -> str:
+        return sum((usage for _, usage, _ in self._steps(obj)), UsageSum()).text()
 
     @admin.display(description="work item")
     def work_item_link(self, obj: WorkflowRun) -> str:

@@ -48,15 +48,21 @@ from ledger.admin.filters import (
     TemplateFilter,
 )
 from ledger.agent_output import summarize_output
+from ledger.display import attempts_story, step_usage
 from ledger.models import (
     WorkflowInvocation,
     WorkflowRun,
     WorkflowSpec,
     WorkflowStepRun,
     WorkflowWorkItem,
+    WorkItemStatus,
 )
+from ledger.selectors import step_attempts
 
 # --- admins -----------------------------------------------------------------------------------
+
+# Items whose reason cell shows the error their run ended with.
+FAILED_ITEM_STATES = (WorkItemStatus.FAILED, WorkItemStatus.DEAD_LETTER)
 
 
 class WorkItemChangeList(ChangeList):
@@ -250,8 +256,16 @@ class WorkflowWorkItemAdmin(LedgerAdmin):
 
     @admin.display(description="reason")
     def reason_cell(self, obj: WorkflowWorkItem) -> str:
+        """The deferral's reason code; for an item that failed, the error its run ended
+        with (the failed step's, shortened; whole on hover)."""
         text = self._state(obj)
-        return format_html('<span title="{}">{}</span>', text, obj.reason_code or "-")
+        shown = obj.reason_code or "-"
+        run = obj.workflow_run if obj.workflow_run_id else None
+        if obj.reason_code is None and obj.status in FAILED_ITEM_STATES:
+            error = (run.error if run else None) or obj.last_reason or ""
+            if error:
+                shown = error if len(error) <= 60 else error[:59] + "…"
+        return format_html('<span title="{}">{}</span>', text, shown)
 
     @admin.display(description="accounts")
     def accounts_cell(self, obj: WorkflowWorkItem) -> str:
@@ -361,12 +375,18 @@ def item_page_context(
         WorkflowRun.objects.filter(work_item_id=item.id).order_by("-id")[:RUNS_SHOWN]
     )
     steps: dict[str, list[dict[str, Any]]] = {}
-    for step in WorkflowStepRun.objects.filter(
-        workflow_run_id__in=[r.id for r in runs]
-    ).order_by("sequence"):
+    step_rows = list(
+        WorkflowStepRun.objects.filter(
+            workflow_run_id__in=[r.id for r in runs]
+        ).order_by("sequence")
+    )
+    attempts = step_attempts(s.id for s in step_rows)
+    for step in step_rows:
         steps.setdefault(step.workflow_run_id, []).append(
             {
                 "step": step,
+                "attempts": attempts_story(step.step_id, attempts[step.id], now),
+                "usage": step_usage(step, attempts[step.id]).text(),
                 "duration": seconds(step.duration_ms)
                 or (
                     seconds(int((now - step.started_at).total_seconds() * 1000))

@@ -25,7 +25,12 @@ from ledger.models.accounts import Account, AccountCooldown, AccountLoadCount
 from ledger.models.base import TimestampedModel, id_field
 from ledger.models.hosts import Host
 from ledger.models.loops import Loop, LoopRun
-from ledger.models.runs import WorkflowEvent, WorkflowRun, WorkflowStepRun
+from ledger.models.runs import (
+    WorkflowEvent,
+    WorkflowRun,
+    WorkflowStepAttempt,
+    WorkflowStepRun,
+)
 from ledger.models.specs import WorkflowInvocation, WorkflowSpec
 from ledger.models.statuses import (
     ACTIVE_WORK_ITEM_STATUSES,
@@ -72,6 +77,7 @@ __all__ = [
     "WorkflowInvocation",
     "WorkflowRun",
     "WorkflowSpec",
+    "WorkflowStepAttempt",
     "WorkflowStepRun",
     "WorkflowWorkItem",
     "id_field",

@@ -207,3 +207,50 @@ class WorkflowEvent(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.sequence} {self.event_type}"
+
+
+class WorkflowStepAttempt(models.Model):
+    """loopsweb (0015): one attempt of a step on one account. A step that moved to another
+    account after a rate limit, or was retried, has one row per try; the step run keeps the
+    last. Opened when the step starts (status running), closed when it ends (finished,
+    failed, timed out, rate limited, cancelled or recovered)."""
+
+    id = id_field()
+    step_run = models.ForeignKey(
+        WorkflowStepRun,
+        on_delete=models.CASCADE,
+        db_index=False,
+        related_name="attempts",
+    )
+    workflow_run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, db_index=False, related_name="attempts"
+    )
+    step_id = models.CharField(max_length=200)
+    account_profile = models.CharField(max_length=200, null=True, blank=True)
+    account_tool = models.CharField(max_length=100, null=True, blank=True)
+    # running, then a step status (succeeded, failed, timed_out, cancelled) or rate_limited
+    status = models.CharField(max_length=20)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.BigIntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    usage_input_tokens = models.BigIntegerField(null=True, blank=True)
+    usage_output_tokens = models.BigIntegerField(null=True, blank=True)
+    usage_cached_tokens = models.BigIntegerField(null=True, blank=True)
+    usage_cost_usd = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        db_table = "workflow_step_attempts"
+        indexes = [
+            # a step's attempts in order (item page, API, routes show)
+            models.Index(
+                fields=["step_run", "started_at"],
+                name="idx_step_attempts_step",
+            ),
+            # a run's attempts (run page)
+            models.Index(fields=["workflow_run"], name="idx_step_attempts_run"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step_id} on {self.account_profile or '-'} [{self.status}]"

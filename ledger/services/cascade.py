@@ -26,6 +26,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.services.attempts import attempt_close
 from ledger.services.common import (
     ARCHIVE_REASON,
     GENERATED_TEMPLATES_BY_ROUTE_KEY,
@@ -65,6 +66,7 @@ def finish_open_steps(
             step.finished_at = now
             step.duration_ms = to_ms(now - step.started_at) if step.started_at else None
             step.error = error
+            attempt_close(step, now=now)
         else:
             # A step that never started gets no error of its own: the run's error explains it.
             step.status = pending_to

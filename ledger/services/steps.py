@@ -22,6 +22,7 @@ from ledger.models import (
     WorkflowStepRun,
 )
 from ledger.selectors import AccountGate, RegisteredAccount, account_gate
+from ledger.services.attempts import attempt_close, attempt_open
 from ledger.services.cascade import end_run
 from ledger.services.common import (
     OPEN_STEP_STATUSES,
@@ -83,6 +84,7 @@ class StepResult:
     error: str | None = None
     usage: Usage | None = None
     processes_ended: int | None = None  # left running, ended by the step guard
+    rate_limited: bool = False  # the agent reported a provider rate limit
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,8 @@ def step_start(
        (or says the wait is over, `pool_wait_over`: failover rule 5). A refusal
        records one `step_waiting` event per distinct reason and renews the run's lease;
        the runner retries.
-    4. Started: started_at = now, finish fields and output cleared, event `step_started`
-       with the account.
+    4. Started: started_at = now, finish fields and output cleared, an attempt opened on
+       the account (ledger.services.attempts), event `step_started` with the account.
     """
     now = now_or_default(now)
     with transaction.atomic(), events_in_one_statement():
@@ -253,6 +255,7 @@ def _start_locked(
     step.error = None
     step.progress_at = None
     step.save()
+    attempt_open(step, now=now)
     append_event(
         run.id,
         "step_started",
@@ -413,6 +416,7 @@ def _finish_locked(
     step.usage_cost_usd = usage.cost_usd if usage else None
     step.processes_ended = result.processes_ended
     step.save()
+    attempt_close(step, now=now, rate_limited=result.rate_limited)
     append_event(
         run.id,
         f"step_{result.status}",
@@ -446,9 +450,12 @@ def _skip_locked(run: WorkflowRun, step: WorkflowStepRun, reason: str | None) ->
                 run_id=run.id, step_id=step.step_id, status=step.status
             )
         )
+    was_running = step.status == StepStatus.RUNNING
     step.status = StepStatus.SKIPPED
     step.error = clean_text(reason)
     step.save(update_fields=["status", "error", "updated_at"])
+    if was_running:
+        attempt_close(step, now=timezone.now())
     append_event(
         run.id,
         "step_skipped",

@@ -18,6 +18,7 @@ from django.db.models import Exists, Model, OuterRef, Prefetch, Q, QuerySet
 
 from ledger.models import (
     WorkflowRun,
+    WorkflowStepAttempt,
     WorkflowStepRun,
     WorkflowWorkItem,
     WorkItemDeferral,
@@ -94,7 +95,7 @@ def work_items(
 def work_item_detail(item_id: str) -> WorkflowWorkItem | None:
     """One item with its deferral history, runs with their steps, and inbox deliveries.
 
-    Five queries whatever the history: the item, then one per prefetched relation.
+    Six queries whatever the history: the item, then one per prefetched relation.
     """
     steps = WorkflowStepRun.objects.order_by("sequence").defer("stdout", "stderr")
     return (
@@ -107,7 +108,15 @@ def work_item_detail(item_id: str) -> WorkflowWorkItem | None:
                 "runs",
                 queryset=WorkflowRun.objects.order_by(
                     "created_at", "id"
-                ).prefetch_related(Prefetch("step_runs", queryset=steps)),
+                ).prefetch_related(
+                    Prefetch("step_runs", queryset=steps),
+                    Prefetch(
+                        "step_runs__attempts",
+                        queryset=WorkflowStepAttempt.objects.order_by(
+                            "started_at", "id"
+                        ),
+                    ),
+                ),
             ),
             Prefetch(
                 "inbox_events",

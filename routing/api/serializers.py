@@ -13,8 +13,10 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
+from ledger.display import UsageSum, attempts_story, row_usage, step_usage
 from ledger.models import (
     WorkflowRun,
+    WorkflowStepAttempt,
     WorkflowStepRun,
     WorkflowWorkItem,
     WorkItemDeferral,
@@ -97,6 +99,27 @@ class DeferralDict(TypedDict):
     createdAt: str | None
 
 
+class TokensDict(TypedDict):
+    inputTokens: int | None
+    outputTokens: int | None
+    cachedTokens: int | None
+    costUsd: float | None
+
+
+class AttemptDict(TypedDict):
+    # One try of the step on one account (ledger.services.attempts): running, succeeded,
+    # failed, timed_out, cancelled or rate_limited.
+    accountProfile: str | None
+    accountTool: str | None
+    status: str
+    startedAt: str | None
+    finishedAt: str | None
+    durationMs: int | None
+    exitCode: int | None
+    error: str | None
+    usage: TokensDict | None
+
+
 class StepDict(TypedDict):
     id: str
     stepId: str
@@ -111,6 +134,12 @@ class StepDict(TypedDict):
     error: str | None
     # Processes the step left running that the step guard ended (ledger.stepguard).
     processesEnded: int | None
+    # Its tries in order, one per account it ran on (a move after a rate limit, a retry),
+    # and the same as one line: "worker: cx-a → rate limited after 0.6 s → cx-b, ...".
+    attempts: list[AttemptDict]
+    attemptsText: str
+    # Tokens and cost over all its attempts; None when the agent reported none.
+    usage: TokensDict | None
 
 
 class RunDict(TypedDict):
@@ -134,6 +163,8 @@ class RunDict(TypedDict):
     commitHead: str | None
     workNotCommitted: str | None
     steps: list[StepDict]
+    # Tokens and cost of its steps; None when no step reported any.
+    usage: TokensDict | None
 
 
 class InboxRefDict(TypedDict):
@@ -149,6 +180,8 @@ class WorkItemDetailDict(WorkItemDict):
     deferrals: list[DeferralDict]
     runs: list[RunDict]
     inboxEvents: list[InboxRefDict]
+    # Tokens and cost of all its runs; None when no step reported any.
+    usage: TokensDict | None
 
 
 def work_item_summary(item: WorkflowWorkItem) -> WorkItemDict:
@@ -190,7 +223,34 @@ def deferral_to_dict(deferral: WorkItemDeferral) -> DeferralDict:
     )
 
 
+def tokens_dict(usage: UsageSum) -> TokensDict | None:
+    if not usage.reported:
+        return None
+    return TokensDict(
+        inputTokens=usage.input_tokens,
+        outputTokens=usage.output_tokens,
+        cachedTokens=usage.cached_tokens,
+        costUsd=usage.cost_usd,
+    )
+
+
+def attempt_to_dict(attempt: WorkflowStepAttempt) -> AttemptDict:
+    return AttemptDict(
+        accountProfile=attempt.account_profile,
+        accountTool=attempt.account_tool,
+        status=attempt.status,
+        startedAt=iso(attempt.started_at),
+        finishedAt=iso(attempt.finished_at),
+        durationMs=attempt.duration_ms,
+        exitCode=attempt.exit_code,
+        error=attempt.error,
+        usage=tokens_dict(row_usage(attempt)),
+    )
+
+
 def step_to_dict(step: WorkflowStepRun) -> StepDict:
+    """Needs `step.attempts` prefetched, oldest first (api_selectors.work_item_detail)."""
+    attempts = list(step.attempts.all())
     return StepDict(
         id=step.id,
         stepId=step.step_id,
@@ -204,6 +264,9 @@ def step_to_dict(step: WorkflowStepRun) -> StepDict:
         durationMs=step.duration_ms,
         error=step.error,
         processesEnded=step.processes_ended,
+        attempts=[attempt_to_dict(a) for a in attempts],
+        attemptsText=attempts_story(step.step_id, attempts),
+        usage=tokens_dict(step_usage(step, attempts)),
     )
 
 
@@ -217,6 +280,7 @@ def with_attempts(runs: Iterable[WorkflowRun]) -> Iterator[tuple[WorkflowRun, in
 
 
 def run_to_dict(run: WorkflowRun, *, attempt: int | None = None) -> RunDict:
+    steps = [step_to_dict(s) for s in run.step_runs.all()]
     return RunDict(
         id=run.id,
         workflowName=run.workflow_name,
@@ -233,7 +297,16 @@ def run_to_dict(run: WorkflowRun, *, attempt: int | None = None) -> RunDict:
         branch=run.worktree_branch,
         commitHead=run.commit_head,
         workNotCommitted=run.commit_error,
-        steps=[step_to_dict(s) for s in run.step_runs.all()],
+        steps=steps,
+        usage=tokens_dict(run_usage(run)),
+    )
+
+
+def run_usage(run: WorkflowRun) -> UsageSum:
+    """Tokens and cost of a run's steps (their prefetched attempts)."""
+    return sum(
+        (step_usage(s, list(s.attempts.all())) for s in run.step_runs.all()),
+        UsageSum(),
     )
 
 
@@ -257,6 +330,7 @@ def work_item_detail_to_dict(item: WorkflowWorkItem) -> WorkItemDetailDict:
         deferrals=[deferral_to_dict(d) for d in item.deferrals.all()],
         runs=[run_to_dict(run, attempt=n) for run, n in with_attempts(item.runs.all())],
         inboxEvents=[inbox_ref_to_dict(e) for e in item.inbox_events.all()],
+        usage=tokens_dict(sum((run_usage(r) for r in item.runs.all()), UsageSum())),
     )
 
 

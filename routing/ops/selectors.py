@@ -234,6 +234,11 @@ def work_item_steps(runs: list[WorkflowRun]) -> dict[str, list[WorkflowStepRun]]
             "finished_at",
             "duration_ms",
             "processes_ended",
+            "error",
+            "usage_input_tokens",
+            "usage_output_tokens",
+            "usage_cached_tokens",
+            "usage_cost_usd",
         )
     ):
         steps[step.workflow_run_id].append(step)

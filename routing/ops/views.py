@@ -40,6 +40,7 @@ from domain.errors import ApplicationError
 from ledger import services
 from ledger.admin.actions import log_operator_action
 from ledger.admin.base import CappedCountPaginator
+from ledger.admin.display import task_description, task_title
 from ledger.capacity import hosts_view
 from ledger.models import WorkflowWorkItem
 from routing import selectors as shared
@@ -48,6 +49,7 @@ from routing.drains import configs as drain_configs
 from routing.drains.retention import DID_SOMETHING, EMPTY, HAS_ERROR, HELD
 from routing.models import DrainRecord, InboxEvent
 from routing.ops import capacity as ops_capacity
+from routing.ops import item as ops_item
 from routing.ops import selectors as sel
 from routing.ops.display import (
     LoadBar,
@@ -216,9 +218,10 @@ def work_item_moved(request: HttpRequest, item_id: str) -> HttpResponse:
 
 @staff_required
 def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
-    """One work item: where it stands, its runs with their steps and the account each
-    ran on, its full deferral history (what each decision saw: "why did it wait?") and
-    the inbox events that produced it."""
+    """One work item: its task (title, description), where it stands, its runs with their
+    steps (each attempt and the account it ran on, tokens and cost, the error, the live
+    output of a running step; routing.ops.item), its full deferral history (what each
+    decision saw: "why did it wait?") and the inbox events that produced it."""
     now = timezone.now()
     item = get_object_or_404(
         WorkflowWorkItem.objects.select_related("invocation"), pk=item_id
@@ -234,6 +237,8 @@ def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
     ]
     runs = sel.work_item_runs(item.id)
     steps = sel.work_item_steps(runs)
+    run_rows, item_usage = ops_item.run_views(runs, steps, now=now)
+    subject = item.invocation.subject_json if item.invocation_id else None
     accounts: dict[str, dict[str, Any]] = {}
     for run_steps in steps.values():
         for step in run_steps:
@@ -253,12 +258,16 @@ def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
         item=item,
         page=page,
         rows=rows,
-        inbox_events=list(
-            InboxEvent.objects.filter(work_item_id=item.id)
+        task_title=task_title(subject, item.subject_ref),
+        task_description=task_description(subject),
+        inbox_events=[
+            (event, ops_item.inbox_state(event.state, item.status))
+            for event in InboxEvent.objects.filter(work_item_id=item.id)
             .order_by("received_at")
             .defer("data", "metadata")[:20]
-        ),
-        runs=[{"run": run, "steps": steps[run.id]} for run in runs],
+        ],
+        runs=run_rows,
+        item_usage=item_usage,
         accounts=sorted(accounts.values(), key=lambda a: a["profile"]),
     )
 

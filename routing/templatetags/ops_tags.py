@@ -8,6 +8,7 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ledger import agent_output
 from ledger.admin import display as admin_display
 from ledger.display import commit_text, worktree_text
 from ledger.models import WorkflowRun, WorkflowWorkItem
@@ -99,3 +100,10 @@ def item_actions(context: template.Context, item: WorkflowWorkItem | None) -> di
         "retryable": status in {str(s) for s in REQUEUEABLE_STATUSES},
         "cancellable": status in {str(s) for s in CANCELLABLE_STATUSES},
     }
+
+
+@register.filter
+def reason_line(text: str | None) -> str:
+    """A cooldown's or a step's reason as one human line: the provider's message out of
+    the raw text the runner recorded (ledger.agent_output.reason_line)."""
+    return agent_output.reason_line(text)

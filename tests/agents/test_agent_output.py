@@ -13,6 +13,7 @@ from ledger.agent_output import (
     progress_summary,
     provider_error,
     rate_limit,
+    reason_line,
     summarize_line,
     summarize_output,
 )
@@ -232,3 +233,59 @@ def test_a_provider_error_is_named_in_the_providers_words() -> None:
     assert progress_summary(
         "codex", '{"type":"item.completed","item":{"type":"agent_message","text":"Hi"}}'
     ) == ("message: Hi")
+
+
+# What the runner recorded for the real CLIs' 429s (cooldown reasons and step errors, cut
+# at the detector's snippet as they were before it kept the whole line).
+CLAUDE_RETRY = (
+    '{"type":"system","subtype":"api_retry","attempt":1,"max_retries":1,'
+    '"retry_delay_ms":15000,"error_status":429,"error":"rate_limit","session_id":"e976'
+)
+
+
+def test_a_reason_is_one_human_line_the_providers_message() -> None:
+    run = "of run 01a23d5f22562e1e2fb234e0139c942a"
+    codex = CODEX_429.splitlines()[1]
+    assert reason_line(f"codex rate limit on step verifier {run}: {codex}") == (
+        "codex rate limit: Reconnecting... 1/1 (exceeded retry limit, last status: "
+        "429 Too Many Requests)"
+    )
+    # cut JSON: the code and the status
+    assert reason_line(f"claude rate limit on step worker {run}: {CLAUDE_RETRY}") == (
+        "claude rate limit: rate_limit, HTTP 429"
+    )
+    assert reason_line(
+        f"opencode rate limit on step verifier {run}: {OPENCODE_LOG}"
+    ) == (
+        "opencode rate limit: error: stream error: AI_APICallError: Rate limit reached "
+        "for requests. Please try again in 30s."
+    )
+    assert reason_line(OPENCODE_ERROR) == "Rate limit reached for requests."
+    # a step's error: the agent's message, the raw text's message only when it adds one
+    assert reason_line(
+        "API Error: Request rejected (429) (exit code 1); provider rate limit: "
+        + CLAUDE_RETRY
+    ) == ("API Error: Request rejected (429) (exit code 1)")
+    assert reason_line(
+        "stopped: the agent hit a provider rate limit and was still retrying; "
+        f"provider rate limit: {OPENCODE_LOG}"
+    ).endswith(
+        "(error: stream error: AI_APICallError: Rate limit reached for requests. "
+        "Please try again in 30s.)"
+    )
+    # plain text stays as it is; nothing is ""; bad input never raises
+    assert reason_line("429 (acct-00)") == "429 (acct-00)"
+    assert reason_line(None) == "" and reason_line("") == ""
+    assert reason_line('{"message": ') == '{"message":'
+
+
+def test_an_opencode_log_line_reads_as_its_message_and_cause() -> None:
+    assert summarize_line("opencode", OPENCODE_LOG) == (
+        "error: stream error: AI_APICallError: Rate limit reached for requests. "
+        "Please try again in 30s."
+    )
+    assert summarize_line("opencode", "timestamp=x level=INFO service=bus n=2") == (
+        "info: n=2"
+    )
+    # not a log line: as it is
+    assert summarize_line(None, "level up: done") == "level up: done"

@@ -11,6 +11,7 @@ still runs; a run with no changes says so.
 
 from __future__ import annotations
 
+import io
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
@@ -27,6 +29,7 @@ from ledger.models import (
     StepStatus,
     WorkflowEvent,
     WorkflowRun,
+    WorkflowStepAttempt,
     WorkflowStepRun,
 )
 from ledger.runner import run_workflow_run
@@ -39,6 +42,7 @@ from tests.ledger.runner_helpers import (
     spawn_runner,
     steps_of,
 )
+from tests.routing.api.helpers import bearer, make_token
 from tests.waiting import wait_for
 
 pytestmark = [
@@ -138,6 +142,47 @@ def test_a_429_account_cools_until_its_reset_and_the_step_moves_and_succeeds(
     page = _staff_page("/ops/accounts/")
     assert cooldown.until.strftime("%Y-%m-%d %H:%M:%S") in page
     assert KEY_A not in page and KEY_B not in page
+    _every_attempt_is_visible(run, moves[0].step_id, page)
+
+
+def _every_attempt_is_visible(run: WorkflowRun, moved: str, accounts: str) -> None:
+    """Issue 39: the moved step has two attempts, acct-a rate limited then acct-b
+    succeeded, and the item page, the run page, the API, `routes show` and
+    /ops/accounts/ all show the rate-limited one."""
+    attempts = list(
+        WorkflowStepAttempt.objects.filter(workflow_run=run, step_id=moved).order_by(
+            "started_at"
+        )
+    )
+    assert [(a.account_profile, a.status) for a in attempts] == [
+        ("acct-a", "rate_limited"),
+        ("acct-b", "succeeded"),
+    ], attempts
+    assert all(a.finished_at and a.duration_ms is not None for a in attempts)
+    assert "429" in (attempts[0].error or "") or "rate" in (attempts[0].error or "")
+    story = f"{moved}: acct-a → rate limited after "
+    item_page = _staff_page(f"/ops/items/{run.work_item_id}/")
+    runs = item_page.split('id="runs"')[1].split("</section>")[0]
+    assert story in runs and "→ acct-b, succeeded in " in runs, runs
+    assert story in _staff_page(f"/admin/ledger/workflowrun/{run.id}/change/")
+    _, token = make_token("read")
+    body = (
+        Client().get(f"/api/v1/work-items/{run.work_item_id}", **bearer(token)).json()
+    )
+    (step,) = [s for s in body["runs"][-1]["steps"] if s["stepId"] == moved]
+    assert [(a["accountProfile"], a["status"]) for a in step["attempts"]] == [
+        ("acct-a", "rate_limited"),
+        ("acct-b", "succeeded"),
+    ]
+    assert step["attemptsText"].startswith(story)
+    out = io.StringIO()
+    call_command("routes", "show", run.work_item_id, stdout=out)
+    assert story in out.getvalue(), out.getvalue()
+    # /ops/accounts/: acct-a's attempt counts there (a step, a failure, a rate limit).
+    row = accounts.split("<code>acct-a</code>")[1].split("</tr>")[0]
+    cells = [c.split("</td>")[0] for c in row.split('<td class="num')[1:]]
+    counts = [c.split(">")[-1].strip() for c in cells][-4:]
+    assert counts == ["1", "1", "1", "1"], counts
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

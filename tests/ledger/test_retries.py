@@ -274,7 +274,7 @@ def test_the_ops_item_page_shows_each_attempt_and_why_it_ended(
     assert page.status_code == 200
     body = page.content.decode()
     runs = page.context["runs"]
-    assert [(r["run"].attempt, r["run"].status) for r in runs] == [
+    assert [(r.run.attempt, r.run.status) for r in runs] == [
         (2, "queued"),
         (1, "failed"),
     ]

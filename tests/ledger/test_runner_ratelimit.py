@@ -97,8 +97,8 @@ def test_text_alone_after_success_is_not_a_rate_limit_but_a_configured_exit_code
 def test_the_snippet_is_the_matching_line_bounded() -> None:
     signal = _detect("starting\n  Error: HTTP 429 Too Many Requests  \nbye")
     assert signal is not None and signal.snippet == "Error: HTTP 429 Too Many Requests"
-    long = _detect("rate limit " + "x" * 1000)
-    assert long is not None and len(long.snippet) == 200
+    long = _detect("rate limit " + "x" * 2000)
+    assert long is not None and len(long.snippet) == 1000
 
 
 def test_backoff_doubles_per_report_and_is_capped() -> None:

@@ -263,7 +263,8 @@ def test_a_two_step_run_costs_at_most_half_the_statements_it_used_to(
 ) -> None:
     """66 statements per 2-step run on SQLite and 70 on PostgreSQL before issue 18; the
     step boundaries in one transaction each bring it to at most 33 (counted, not timed;
-    SQLite's BEGIN IMMEDIATE included)."""
+    SQLite's BEGIN IMMEDIATE included). Issue 39 adds each step's attempt record (an insert
+    at its start, an update at its end, inside those same transactions): 37."""
     counts = []
     for _ in range(2):
         run = _two_steps(tmp_path, worker="acctA", verifier="acctB")
@@ -276,4 +277,4 @@ def test_a_two_step_run_costs_at_most_half_the_statements_it_used_to(
         with connection.execute_wrapper(count):
             assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
         counts.append(len(statements))
-    assert max(counts) <= 33, counts
+    assert max(counts) <= 37, counts

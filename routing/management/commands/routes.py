@@ -10,10 +10,11 @@
 `list` orders as upstream: with --status by priority (high first) then oldest first (the
 admission order), otherwise newest first. `requeue` requires a reason and keeps attempts
 (0.4.12); the item's inbox events reopen so the next drain admits it again. `show` adds the
-item's runs, one per attempt, with how each ended. `retry` re-admits a finished item now
-with the route it stores (provider, pool, scope, caps, template, sandbox, worktree mode,
-time limits; a capped retry is deferred with its reason); `cancel` cancels a queued,
-deferred, admitted or running item (a run in progress with it).
+item's runs, one per attempt, with how each ended, and under each run its steps' attempts
+(`worker: cx-a → rate limited after 0.6 s → cx-b, succeeded in 1.4 s`). `retry` re-admits a
+finished item now with the route it stores (provider, pool, scope, caps, template, sandbox,
+worktree mode, time limits; a capped retry is deferred with its reason); `cancel` cancels a
+queued, deferred, admitted or running item (a run in progress with it).
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Prefetch
 
 from domain.bounds import BOUNDS, bounded_int
 from domain.errors import ApplicationError, ValidationError
 from ledger.models import (
     WorkflowInvocation,
     WorkflowRun,
+    WorkflowStepAttempt,
+    WorkflowStepRun,
     WorkflowWorkItem,
     WorkItemStatus,
 )
@@ -44,7 +48,7 @@ from ledger.services.common import (
     WORK_ITEM_NOT_REQUEUEABLE,
 )
 from routing.admission import retry_outcome, work_item_to_dict
-from routing.api.serializers import iso, with_attempts
+from routing.api.serializers import iso, step_to_dict, with_attempts
 
 ROUTE_ITEM_NOT_FOUND = "route work item not found: {item_id}"
 # Who the run's `operator_<action>` event names for a retry or cancel from this command.
@@ -75,12 +79,29 @@ def _run_dict(run: WorkflowRun, attempt: int) -> dict[str, Any]:
         "startedAt": iso(run.started_at),
         "finishedAt": iso(run.finished_at),
         "error": run.error,
+        # loopsweb: each step with its attempts (an account per try) and its usage
+        "steps": [step_to_dict(step) for step in run.step_runs.all()],
     }
 
 
 def item_runs(item: WorkflowWorkItem) -> list[dict[str, Any]]:
     """The item's runs oldest first, numbered per loop (an attempt of one admission)."""
-    runs = WorkflowRun.objects.filter(work_item_id=item.id).order_by("created_at", "id")
+    runs = (
+        WorkflowRun.objects.filter(work_item_id=item.id)
+        .order_by("created_at", "id")
+        .prefetch_related(
+            Prefetch(
+                "step_runs",
+                queryset=WorkflowStepRun.objects.order_by("sequence").defer(
+                    "stdout", "stderr"
+                ),
+            ),
+            Prefetch(
+                "step_runs__attempts",
+                queryset=WorkflowStepAttempt.objects.order_by("started_at", "id"),
+            ),
+        )
+    )
     return [_run_dict(run, attempt) for run, attempt in with_attempts(runs)]
 
 
@@ -217,6 +238,9 @@ class Command(BaseCommand):
                 f"  run {run['id']} attempt {run['attempt']}: {run['status']}"
                 + (f" — {run['error']}" if run["error"] else "")
             )
+            for step in run["steps"]:
+                if step["attemptsText"]:
+                    lines.append(f"    {step['attemptsText']}")
         self._emit(options, value, lines)
 
     def _requeue(self, options: dict[str, Any]) -> None:

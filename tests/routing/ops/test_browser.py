@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from ledger.models import Account, WorkflowStepRun
+from ledger.services import account_cooldown_record
 from routing.models import DrainRecord
 from tests.routing.helpers import generic_event
 from tests.routing.ops import seed as ops_seed
@@ -269,9 +271,11 @@ def test_an_operator_walks_the_ops_pages_in_chromium(
     follow(browser, browser.find_element(By.LINK_TEXT, "Accounts"), "svg.timeline")
     assert text_of(browser, "#content h1") == "Accounts"
     assert "acct-00" in text_of(browser, "#table")
-    # One read of the rendered table (no element handles kept across reads).
+    # One read of the rendered table (no element handles kept across reads), with the
+    # registry's env (folded under "env (N)") unfolded as an operator's click does.
     cells = browser.execute_script(
         """
+        document.querySelectorAll('#table details.registry-env').forEach(d => d.open = true);
         const out = {};
         for (const row of document.querySelectorAll('#table tr[id^="account-"]')) {
           const cell = (css) => row.querySelector(css).innerText.trim();
@@ -451,15 +455,50 @@ def seed_console() -> dict[str, Any]:
     WorkflowRun.objects.filter(pk=run.pk).update(status="running")
     run_finalize(run_id=run.pk, status="succeeded")
     # Registered accounts, for the Accounts admin list (its UPDATED column).
+    # A long registry path and a cooldown with the raw text a real CLI printed (issue 39:
+    # /ops/accounts/ was 1,603 px wide with these, its Cooldown column cut at 1400 px).
     Account.objects.create(
         name="acct-10",
         provider="codewith",
-        env_json={"CODEWITH_HOME": "/srv/agents/acct-10/codewith"},
+        env_json={
+            "CODEWITH_HOME": "/srv/agents/the-platform-team/subscriptions/"
+            "second-subscription-for-the-nightly-builds/acct-10/codewith-home"
+        },
         max_running=2,
         notes="the team's second subscription",
     )
+    account_cooldown_record(
+        profile="acct-10",
+        tool="codewith",
+        until=timezone.now() + timedelta(minutes=20),
+        reason="codewith rate limit on step worker of run 01a23d5f22562e1e2fb234e0139c942a: "
+        + RAW_429,
+        now=timezone.now(),
+    )
     Account.objects.create(name="acct-11", provider="codewith", enabled=False)
     return {"done": done}
+
+
+RAW_429 = (
+    '{"type":"error","message":"Reconnecting... 1/1 (exceeded retry limit, last status: '
+    '429 Too Many Requests)","request_id":"req_0123456789abcdef0123456789abcdef"}'
+)
+
+
+def _accounts_read_at_1400(driver: Any) -> None:
+    """The Cooldown column ends inside the window, its reason is the provider's one line
+    (the raw JSON behind "raw", closed), and the long registry path is folded."""
+    from selenium.webdriver.common.by import By
+
+    width = driver.execute_script("return document.documentElement.clientWidth")
+    for cell in driver.find_elements(By.CSS_SELECTOR, "#table td.cooldown"):
+        assert cell.rect["x"] + cell.rect["width"] <= width + 1, cell.rect
+    row = driver.find_element(By.XPATH, "//tr[td/code[text()='acct-10']]")
+    cooldown = row.find_element(By.CSS_SELECTOR, "td.cooldown").text
+    assert "Reconnecting... 1/1 (exceeded retry limit" in cooldown, cooldown
+    assert '{"type"' not in cooldown and "req_0123" not in cooldown, cooldown
+    registry = row.find_element(By.CSS_SELECTOR, "td.registry").text
+    assert "the-platform-team" not in registry and "env (1)" in registry, registry
 
 
 def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
@@ -507,6 +546,8 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
         )
         fits(browser, path)
         screenshot(browser, name)
+        if path == "/ops/accounts/":
+            _accounts_read_at_1400(browser)
     drain = browser.find_element(By.CSS_SELECTOR, "#drains tbody a").get_attribute(
         "href"
     )

@@ -133,3 +133,29 @@ def test_the_item_page_lives_under_items_and_the_old_address_redirects(
 def test_no_command_prints_the_axes_banner(argv: list[str]) -> None:
     done = manage({**os.environ, "DATABASE_URL": child_database_url()}, *argv)
     assert "AXES" not in done.stderr and "AXES" not in done.stdout
+
+
+@pytest.mark.django_db
+def test_the_ops_item_page_opens_with_the_tasks_title_and_description(
+    admin_client: Client,
+) -> None:
+    result = route(
+        "todos-task",
+        event=todos_event(
+            "T-39",
+            title="Make <em>login</em> fast",
+            description="Line one\n<script>alert(1)</script>",
+        ),
+        auth_profile_pool="a-1,a-2",
+    )
+    assert result.work_item is not None
+    html = admin_client.get(
+        reverse("ops:work-item", args=[result.work_item.id])
+    ).content.decode()
+    title = html.split('id="task-title"')[1].split("</tr>")[0]
+    assert "Make &lt;em&gt;login&lt;/em&gt; fast" in title
+    description = html.split('id="task-description"')[1].split("</tr>")[0]
+    assert "Line one<br>&lt;script&gt;alert(1)&lt;/script&gt;" in description
+    assert "<script>alert" not in html
+    # nothing reported yet: no tokens, said so
+    assert "—" in html.split('id="item-usage"')[1].split("</tr>")[0]

@@ -1,0 +1,113 @@
+"""What the /ops item page shows of a work item's runs (routing.ops.views.work_item): each
+step with its attempts (one line: `worker: cx-a → rate limited after 0.6 s → cx-b,
+succeeded in 1.4 s`), its tokens and cost, its error, and for a running step the last
+lines it printed; each run's and the item's tokens and cost; the inbox events' state as it
+follows the item.
+
+Queries: the attempts of all the steps in one (ledger.selectors.step_attempts), and the
+output of the running steps in one, only when a step runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ledger.agent_output import summarize_output
+from ledger.display import UsageSum, attempts_story, step_usage
+from ledger.models import (
+    StepStatus,
+    WorkflowRun,
+    WorkflowStepAttempt,
+    WorkflowStepRun,
+    WorkItemStatus,
+)
+from ledger.selectors import step_attempts
+from routing.models import InboxState
+
+# The last lines of a running step's output the page shows (README: "the last few").
+LIVE_LINES = 12
+# An item that ended so: its admitted inbox events read as the item does.
+ENDED_ITEM_STATES = (
+    WorkItemStatus.FAILED,
+    WorkItemStatus.CANCELLED,
+    WorkItemStatus.DEAD_LETTER,
+    WorkItemStatus.SUCCEEDED,
+)
+
+
+@dataclass
+class StepView:
+    step: WorkflowStepRun
+    attempts: list[WorkflowStepAttempt]
+    story: str
+    usage: UsageSum
+    live: str = ""  # a running step's last readable lines
+
+
+@dataclass
+class RunView:
+    run: WorkflowRun
+    steps: list[StepView] = field(default_factory=list)
+    usage: UsageSum = field(default_factory=UsageSum)
+
+
+def live_output(
+    steps: Sequence[WorkflowStepRun], *, lines: int = LIVE_LINES
+) -> dict[str, str]:
+    """The last readable lines (one per agent event for the JSON-speaking CLIs) of each
+    running step, by step run id: one query, none when no step runs."""
+    running = [s.id for s in steps if s.status == StepStatus.RUNNING]
+    if not running:
+        return {}
+    found: dict[str, str] = {}
+    for step_id, tool, stdout, stderr in WorkflowStepRun.objects.filter(
+        pk__in=running
+    ).values_list("id", "account_tool", "stdout", "stderr"):
+        text = summarize_output(tool, stdout or "").splitlines()
+        if not text:
+            text = (stderr or "").splitlines()
+        found[step_id] = "\n".join(text[-lines:])
+    return found
+
+
+def run_views(
+    runs: Sequence[WorkflowRun],
+    steps: dict[str, list[WorkflowStepRun]],
+    *,
+    now: datetime,
+) -> tuple[list[RunView], UsageSum]:
+    """Each run with its steps as the page shows them, and the item's total usage."""
+    every = [s for run in runs for s in steps.get(run.id, [])]
+    attempts = step_attempts(s.id for s in every)
+    live = live_output(every)
+    views = []
+    total = UsageSum()
+    for run in runs:
+        view = RunView(run=run)
+        for step in steps.get(run.id, []):
+            tries = attempts.get(step.id, [])
+            usage = step_usage(step, tries)
+            view.steps.append(
+                StepView(
+                    step=step,
+                    attempts=tries,
+                    story=attempts_story(step.step_id, tries, now),
+                    usage=usage,
+                    live=live.get(step.id, ""),
+                )
+            )
+            view.usage = view.usage + usage
+        total = total + view.usage
+        views.append(view)
+    return views, total
+
+
+def inbox_state(state: str, item_status: str) -> str:
+    """An inbox event's state as the item page reads it: an admitted event of an item that
+    ended reads as the item did (`admitted → failed`); the row itself keeps `admitted`, the
+    state a drain and the inbox actions go by."""
+    if state == InboxState.ADMITTED and item_status in ENDED_ITEM_STATES:
+        return f"{state} → {item_status}"
+    return state
