@@ -411,6 +411,16 @@ if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}", LOOPSWEB_HOST_NAME):
 LOOPSWEB_HOST_DEAD_SECONDS = env_bounded("LOOPSWEB_HOST_DEAD_SECONDS", 60)
 # A run no live host serves (project roots, provider) waits this long, then fails.
 LOOPSWEB_NO_HOST_GRACE_SECONDS = env_bounded("LOOPSWEB_NO_HOST_GRACE_SECONDS", 900)
+# The admission lock (ledger.lock, PostgreSQL): a transaction that holds it and sends nothing
+# for LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS (its process stopped, its network gone) is ended by
+# the server, which releases the lock; a wait for it gives up after
+# LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS. Both are errors that pass: the writer tries again.
+LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS = env_bounded(
+    "LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS", 10
+)
+LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS = env_bounded(
+    "LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS", 15
+)
 Q_CLUSTER = {
     "name": "loopsweb",
     "orm": "default",
