@@ -31,8 +31,12 @@ from ledger.hosts import (
     dead_after,
     host_name,
     host_queue,
+    project_here,
+    projects_record,
+    registered_hosts,
     run_placement,
     run_wait_record,
+    waited_project,
 )
 from ledger.models import Host, RunStatus, WorkflowRun
 
@@ -175,6 +179,67 @@ class HostQueue(ORM):
                 return taken
         time.sleep(Conf.POLL)
         return None
+
+
+def hand_back_elsewhere(run_id: str, project: str | None) -> None:
+    """This host cannot serve the run (its project is not on this disk, ...): it records
+    what it found, stays out of the run's placement until the run is claimed, and the run
+    goes to a host that can serve it, or waits with its reason (ledger.hosts)."""
+    if project is not None and (has := project_here(project)) is not None:
+        projects_record({project: has})
+    with transaction.atomic():
+        row = (
+            WorkflowRun.objects.select_for_update()
+            .filter(pk=run_id)
+            .values_list("pk", "hosts_declined")
+            .first()
+        )
+        if row is None:
+            return
+        declined = list(row[1] or [])
+        if host_name() not in declined:
+            WorkflowRun.objects.filter(pk=run_id).update(
+                hosts_declined=[*declined, host_name()]
+            )
+        enqueue_run(run_id)
+
+
+# Paths a heartbeat checks at most (the rest at the next beat).
+PROJECTS_CHECKED_PER_BEAT = 200
+
+
+def host_projects_refresh() -> list[str]:
+    """A heartbeat of this host: check on its disk the projects other hosts know of and the
+    ones queued runs wait for, unless it has found them already (a miss at delivery refreshes
+    those); runs waiting for a project it has now are placed again. Returns those runs."""
+    hosts = registered_hosts()
+    me = next((h for h in hosts if h.name == host_name()), None)
+    if me is None:
+        return []
+    mine = me.projects or {}
+    waiting = dict(
+        WorkflowRun.objects.filter(
+            status=RunStatus.QUEUED, host_wait_since__isnull=False
+        ).values_list("id", "host_wait_reason")[:1000]
+    )
+    paths = {path for h in hosts for path in (h.projects or {})}
+    paths.update(p for reason in waiting.values() if (p := waited_project(reason)))
+    found: dict[str, bool] = {}
+    for path in sorted(paths):
+        if mine.get(path) is True or len(found) >= PROJECTS_CHECKED_PER_BEAT:
+            continue
+        if (has := project_here(path)) is not None:
+            found[path] = has
+    projects_record(found)
+    gained = {path for path, has in found.items() if has}
+    placed = [
+        run for run, reason in waiting.items() if waited_project(reason) in gained
+    ]
+    if placed:
+        WorkflowRun.objects.filter(id__in=placed).update(hosts_declined=[])
+        for run_id in placed:
+            enqueue_run(run_id)
+    return placed
 
 
 def hand_back_run(run_id: str, delay: float) -> None:
