@@ -192,6 +192,25 @@ def test_a_host_hands_a_run_back_once_and_all_declined_means_waiting(
     assert runs_fail_unserved(grace=timedelta(seconds=900), now=later_now) == [waiting]
 
 
+def test_a_run_waits_until_every_host_that_could_have_its_project_checked(
+    settings, tmp_path: Path
+) -> None:
+    settings.LOOPSWEB_PROJECT_ROOTS = (str(tmp_path),)
+    missing = str(tmp_path / "missing")
+    _host("me", [str(tmp_path)], ["codewith"], projects={})
+    _host("b", [str(tmp_path)], ["codewith"], projects={})
+    settings.LOOPSWEB_HOST_NAME = "elsewhere"  # admitted on a machine that is no host
+    run_id = _route(missing, 1)
+    settings.LOOPSWEB_HOST_NAME = "me"
+    assert host_projects_refresh() == []  # me lacks it; b has not checked yet
+    assert Host.objects.get(name="me").projects == {missing: False}
+    Host.objects.filter(name="b").update(projects={missing: False})
+    hosts_read_forget()
+    assert host_projects_refresh() == [run_id]  # every host checked: decided
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.host_wait_reason == f"no host has {missing}" and run_id not in _queues()
+
+
 def test_admission_refuses_only_what_no_registered_host_serves() -> None:
     _host("a", ["/srv/a"], ["codewith"])
     _host("dead", ["/srv/d"], ["codewith"], age=3600)  # registered: still admitted
