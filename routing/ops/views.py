@@ -37,6 +37,7 @@ from django_q.models import Schedule
 from domain import reasons
 from ledger.admin.base import CappedCountPaginator
 from ledger.capacity import hosts_view
+from ledger.lock import SLOW_WAIT_SECONDS, lock_state
 from ledger.models import WorkflowWorkItem
 from routing import selectors as shared
 from routing.drains import configs as drain_configs
@@ -268,6 +269,8 @@ def hosts(request: HttpRequest) -> HttpResponse:
         "hosts",
         now=now,
         view=hosts_view(now=now),
+        lock=lock_state(),
+        slow_wait=SLOW_WAIT_SECONDS,
         dead_seconds=settings.LOOPSWEB_HOST_DEAD_SECONDS,
         grace_seconds=settings.LOOPSWEB_NO_HOST_GRACE_SECONDS,
     )

@@ -3,11 +3,15 @@ server, both errors pass, and the server says who holds the lock. Real PostgreSQ
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
+from django.urls import reverse
 
 from ledger.dberrors import connection_lost, error_passes
 from ledger.lock import ADMISSION_KEY, ADVISORY_NAMESPACE, admission_lock, lock_state
+from routing.metrics.views import lock_families, render
 from tests.ledger.runner_helpers import admission_lock_held
 from tests.waiting import wait_for
 
@@ -57,3 +61,38 @@ def test_a_holder_that_idles_is_ended_by_the_server_and_the_error_passes(
         connection.close()
     with transaction.atomic():  # a new connection takes the lock at once
         admission_lock()
+
+
+@pytest.mark.slow  # a wait must last the 1 s after which it counts as long
+def test_a_long_wait_shows_its_holder_on_ops_and_metrics(admin_client) -> None:
+    def wait() -> None:
+        waiter = connections.create_connection("default")  # this thread's own
+        try:
+            with waiter.cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(%s, %s)",
+                    [ADVISORY_NAMESPACE, ADMISSION_KEY],
+                )
+        except DatabaseError:
+            pass  # the holder's connection went first
+        finally:
+            waiter.close()
+
+    with admission_lock_held():
+        thread = threading.Thread(target=wait)
+        thread.start()
+        wait_for(
+            lambda: (s := lock_state()) and s.longest_wait_seconds >= 1.0,
+            what="a wait of a second",
+        )
+        html = admin_client.get(reverse("ops:hosts")).content.decode()
+        text = render(lock_families())
+    thread.join()
+    assert "1 transaction waits for the admission lock" in html
+    assert "held by host <code>host-x</code> (process 4321)" in html
+    assert "sending nothing" in html
+    assert "loopsweb_admission_lock_waiters 1" in text
+    assert 'loopsweb_admission_lock_held_seconds{host="host-x",idle="true"}' in text
+    free = admin_client.get(reverse("ops:hosts")).content.decode()
+    assert "Free: no transaction holds it or waits for it." in free
