@@ -107,6 +107,9 @@ BOUNDS: dict[str, Bound] = {
     # settings of several machines (loopsweb.settings, ledger.hosts)
     "LOOPSWEB_HOST_DEAD_SECONDS": Bound(15, DAY),  # above the 10 s heartbeat
     "LOOPSWEB_NO_HOST_GRACE_SECONDS": Bound(1, WEEK),
+    # the admission lock's limits (ledger.lock): a hung holder is cut off, a wait gives up
+    "LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS": Bound(1, 600),
+    "LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS": Bound(1, 600),
 }
 
 

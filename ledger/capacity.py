@@ -20,14 +20,18 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 from django_q.models import OrmQ
 
 from ledger.hosts import dead_after, host_report, local_providers
 from ledger.models import Host, RunStatus, RunWorker, WorkflowRun
-from ledger.queue import host_queue_release_fetched, hosts_release_dead
+from ledger.queue import (
+    host_projects_refresh,
+    host_queue_release_fetched,
+    hosts_release_dead,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -106,12 +110,16 @@ def _heartbeat(cluster: str, stop: threading.Event) -> None:
             # live ones: a dead host's waiting runs are placed again within one beat.
             host_report(workers=int(settings.LOOPSWEB_RUN_WORKERS), providers=providers)
             hosts_release_dead()
+            # Which projects this host has (placement knows the checkout, ledger.hosts).
+            host_projects_refresh()
         except DatabaseError:
             logger.warning("run worker %s:%s could not report itself", host, pid)
         except Exception:  # a bug must not end the heartbeat: the host would look dead
             logger.exception("run worker %s:%s heartbeat failed", host, pid)
         finally:
-            connection.close()  # this thread's own connection; never held between beats
+            # This thread's own connection: kept between beats only with persistent
+            # connections (DATABASE_CONN_MAX_AGE), checked again before the next beat.
+            close_old_connections()
         if stop.wait(HEARTBEAT_SECONDS):
             return
 

@@ -2,7 +2,8 @@
 
 A drain (and anything else that retries work later) must tell apart:
 - an error that can pass: the connection was lost, the server is shutting down or out of
-  connections, a serialization failure or deadlock, a lock or statement timeout, SQLite's
+  connections, a serialization failure or deadlock, a lock or statement timeout, a session
+  the server ended for idling in a transaction (the admission lock's limit), SQLite's
   busy/locked database. Retrying the same work later can succeed, so its row stays open;
 - an error that will come back every time for this input (a value too large for an index,
   a constraint, bad data): retrying forever helps nobody, so the row is marked failed.
@@ -34,11 +35,14 @@ RETRYING = (
 
 # SQLSTATE classes and codes (PostgreSQL) of errors that can pass.
 _PASSING_CLASSES = ("08", "40", "53", "57")  # connection, rollback, resources, operator
-_PASSING_CODES = ("55P03", "25006")  # lock_not_available, read_only_sql_transaction
+# lock_not_available (lock_timeout), read_only_sql_transaction, and a session the server
+# ended for idling in a transaction or for its transaction's length (ledger.lock)
+_PASSING_CODES = ("55P03", "25006", "25P03", "25P04")
 _REFUSED_CODES = ("53100", "25006")  # disk_full, read_only_sql_transaction
 _LOST_CLASSES = ("08",)
-# admin/crash shutdown, cannot connect now, too many connections (for the server or a role)
-_LOST_CODES = ("57P01", "57P02", "57P03", "53300")
+# admin/crash shutdown, cannot connect now, too many connections (for the server or a role),
+# a session ended for idling (in a transaction: the admission lock's limit, ledger.lock)
+_LOST_CODES = ("57P01", "57P02", "57P03", "53300", "57P05", "25P03", "25P04")
 # SQLite reports no SQLSTATE: these messages are the passing ones.
 _SQLITE_REFUSED = (
     "database or disk is full",
@@ -66,9 +70,11 @@ def connection_lost(exc: BaseException) -> bool:
     """True when the connection to the database is gone (or the server refuses new ones)."""
     if isinstance(exc, InterfaceError):
         return True  # "connection already closed"
+    code = _sqlstate(exc)
+    if isinstance(exc, DatabaseError) and code in _LOST_CODES:
+        return True  # psycopg raises a session ended for idling as an InternalError
     if not isinstance(exc, OperationalError):
         return False
-    code = _sqlstate(exc)
     if code is None:
         # psycopg raises OperationalError without a SQLSTATE when the server is unreachable
         # or closed the connection; SQLite never loses a connection.

@@ -6,8 +6,17 @@
   ledger.providers resolves them: LOOPSWEB_<PROVIDER>_BIN on PATH or absolute) and its
   worker count. A host seen within LOOPSWEB_HOST_DEAD_SECONDS is live.
 - Serving: a host serves a run when the project of the run's agent steps (their `cwd`) lies
-  inside one of its roots and it has the steps' provider. A run without agent steps is
-  served by every host.
+  inside one of its roots, the host has that project on its disk, and it has the steps'
+  provider. A run without agent steps is served by every host.
+- The checkout (`Host.projects`, path -> has it): each host checks its own disk and records
+  what it found: on the machine where a route names a project (admission, before any
+  lock), when it is handed a run (a miss refreshes the entry), and with its heartbeat for
+  the paths other hosts know of and the paths runs wait for. Placement sends a run only to
+  a host that has its project; while no host has checked it yet the run waits ("waiting for
+  the hosts to check <path>", at most a heartbeat); when every live host that could serve it
+  lacks it, or handed it back, it waits "no host has <path>" and fails after
+  LOOPSWEB_NO_HOST_GRACE_SECONDS. A host that hands a run back is kept out
+  (`hosts_declined`) until the run is claimed: a hand-back never loops.
 - Placement (`run_placement`): among the live hosts that serve the run, the one whose queue
   holds the fewest tasks per worker (the ORM broker keeps a task's row until it ends, so
   the rows of a host's queue are its running and waiting runs). A run whose worktree is on
@@ -32,7 +41,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, JSONField, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django_q.models import OrmQ
 
@@ -47,6 +57,9 @@ ADMISSION_NO_PROVIDER = (
     "no {which} host serves provider {provider} (hosts: {hosts}); start a run cluster "
     "where its CLI is found (LOOPSWEB_{env}_BIN), or route to a provider they have"
 )
+NO_HOST_HAS = "no host has {project}"
+HOSTS_CHECKING = "waiting for the hosts to check {project}"
+PROJECTS_KEPT = 500  # entries of a host's `projects` (the oldest go first)
 ADMISSION_NO_HOST = (
     "no registered host serves {path} (their project roots: {roots}); "
     "add the project under a host's LOOPSWEB_PROJECT_ROOTS"
@@ -95,9 +108,15 @@ def host_report(
         "seen_at": now,
         "released_at": None,
     }
-    updated = Host.objects.filter(name=host_name()).update(updated_at=now, **values)
+    # A row an older loopsweb wrote (projects NULL): from now on this host says what it has.
+    says = Coalesce("projects", Value({}, output_field=JSONField()))
+    updated = Host.objects.filter(name=host_name()).update(
+        updated_at=now, projects=says, **values
+    )
     if not updated:
-        Host.objects.get_or_create(name=host_name(), defaults=values)
+        Host.objects.get_or_create(
+            name=host_name(), defaults={**values, "projects": {}}
+        )
 
 
 # Every registered host, read at most once per HOSTS_READ_SECONDS per process: admissions
@@ -142,6 +161,9 @@ class RunTarget:
     project: str | None
     provider: str | None
     worktree_host: str | None = None
+    declined: tuple[
+        str, ...
+    ] = ()  # hosts that handed the run back since its last claim
 
     def wants(self) -> str:
         if self.project is None:
@@ -158,7 +180,9 @@ def target_of_steps(steps: Sequence[Mapping[str, Any]] | None) -> RunTarget:
             cwd = target.get("cwd")
             provider = target.get("provider")
             return RunTarget(
-                project=os.path.realpath(cwd) if isinstance(cwd, str) and cwd else None,
+                # Admission resolved the path already: no file system here (placement runs
+                # under the admission lock).
+                project=os.path.normpath(cwd) if isinstance(cwd, str) and cwd else None,
                 provider=provider if isinstance(provider, str) and provider else None,
             )
     return RunTarget(project=None, provider=None)
@@ -168,15 +192,22 @@ def run_target(run_id: str) -> RunTarget | None:
     """The run's target, or None when the run does not exist."""
     row = (
         WorkflowRun.objects.filter(pk=run_id)
-        .values("workflow__steps_json", "worktree_host", "worktree_removed_at")
+        .values(
+            "workflow__steps_json",
+            "worktree_host",
+            "worktree_removed_at",
+            "hosts_declined",
+        )
         .first()
     )
     if row is None:
         return None
     found = target_of_steps(row["workflow__steps_json"])
+    worktree_host = None
     if row["worktree_host"] and row["worktree_removed_at"] is None:
-        return RunTarget(found.project, found.provider, row["worktree_host"])
-    return found
+        worktree_host = row["worktree_host"]
+    declined = tuple(str(h) for h in row["hosts_declined"] or [])
+    return RunTarget(found.project, found.provider, worktree_host, declined)
 
 
 def inside(path: str, roots: Collection[str]) -> bool:
@@ -237,7 +268,23 @@ def run_placement(
     target = target_of_steps(steps) if steps is not None else run_target(run_id)
     if target is None:
         return shared  # no such run: the runner's claim makes the delivery a no-op
-    serving = [h for h in hosts if h.name not in exclude and host_serves(h, target)]
+    able = [h for h in hosts if host_serves(h, target)]
+    skip = {*exclude, *target.declined}
+    serving = [h for h in able if h.name not in skip]
+    if target.project is not None and target.worktree_host is None:
+        # True: has it; False: lacks it; None: not checked yet; "roots": never says.
+        has = {
+            h.name: "roots" if h.projects is None else h.projects.get(target.project)
+            for h in serving
+        }
+        sure = [h for h in serving if has[h.name] is True]
+        trusted = [h for h in serving if has[h.name] == "roots"]
+        if sure or trusted:
+            serving = sure or trusted
+        elif any(has[h.name] is None for h in serving):
+            return Placement("", None, HOSTS_CHECKING.format(project=target.project))
+        elif able:
+            return Placement("", None, NO_HOST_HAS.format(project=target.project))
     if not serving:
         if target.worktree_host is not None:
             return Placement(
@@ -277,6 +324,61 @@ def run_wait_record(
         # A batched admission inserts its runs after handing them over: record it then.
         if transaction.get_connection().in_atomic_block:
             transaction.on_commit(lambda: run_wait_record(run_id, reason, now))
+
+
+# --- which projects a host has -----------------------------------------------------------------
+
+
+def project_here(project: str) -> bool | None:
+    """Whether this machine has `project` (None: it lies outside this machine's roots)."""
+    if not inside(project, local_roots()):
+        return None
+    return os.path.isdir(project)
+
+
+def projects_record(found: Mapping[str, bool]) -> bool:
+    """Record on this host's row what it found on its disk (path -> has it); whether any
+    entry changed. Nothing when this machine is not a registered host."""
+    mine = Host.objects.filter(name=host_name())
+    known = mine.values_list("projects", flat=True).first()
+    if known is None:
+        return False
+    known = dict(known or {})
+    changed = {path: has for path, has in found.items() if known.get(path) is not has}
+    if not changed:
+        return False
+    for path in changed:
+        known.pop(path, None)  # a changed entry becomes the newest
+    known.update(changed)
+    kept = dict(list(known.items())[-PROJECTS_KEPT:])
+    mine.update(projects=kept)
+    hosts_read_forget()
+    return True
+
+
+def project_check_here(project: str, *, has: bool | None = None) -> None:
+    """A route names `project` on this machine (or a run for it starts here, `has`): when
+    this machine is a live host whose roots hold it and has not recorded that yet, it
+    checks its disk now (outside any lock) and records what it found."""
+    me = next((h for h in live_hosts() if h.name == host_name()), None)
+    if me is None:
+        return
+    known = (me.projects or {}).get(project)
+    if has is None:
+        if known is not None:
+            return
+        has = project_here(project)
+    if has is not None and known is not has:
+        projects_record({project: has})
+
+
+def waited_project(reason: str | None) -> str | None:
+    """The project a run waits for, from its wait reason (NO_HOST_HAS, HOSTS_CHECKING)."""
+    for text in (NO_HOST_HAS, HOSTS_CHECKING):
+        prefix = text.split("{", 1)[0]
+        if reason and reason.startswith(prefix):
+            return reason.removeprefix(prefix)
+    return None
 
 
 def admission_roots() -> list[str] | None:

@@ -7,21 +7,42 @@ first, inside its transaction:
     scope over-admits on the cross-route project cap, as measured) and it measured as fast.
   - SQLite: nothing to do. `transaction_mode: IMMEDIATE` already took the database write lock
     at BEGIN, so deciding transactions are serialised.
+
+Limits (PostgreSQL), set for the rest of the transaction with the lock itself, in the same
+round trip: `idle_in_transaction_session_timeout` (LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS), so a
+holder whose process stops or whose network goes away between two statements is ended by the
+server and the lock released, and `lock_timeout` (LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS), so a
+wait behind a long holder gives up. Both errors pass (ledger.dberrors): the writer tries the
+whole transaction again. The transaction's `application_name` names the process
+(`loopsweb <pid> <host>`), so /ops/ and /metrics can say who holds the lock (`lock_state`).
+
+What may run under the lock: decisions only (reads and writes of the ledger and the broker
+rows). No git, no subprocess, no network, no file system: docs/design.md lists what runs
+under it and where the file-system checks went.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import DatabaseError, connections
+
+logger = logging.getLogger(__name__)
 
 # Namespace for our advisory locks (the two-int form keeps clear of other users' keys).
 ADVISORY_NAMESPACE = 4242
 ADMISSION_KEY = 1
+# A wait for the lock this long is logged (and /ops/ shows the holder while it lasts).
+SLOW_WAIT_SECONDS = 1.0
+SLOW_WAIT = "waited {seconds:.1f} s for the admission lock"
 
 
 class LockOutsideTransaction(RuntimeError):
@@ -36,11 +57,74 @@ def admission_lock(using: str = "default") -> None:
             "admission_lock() must be called inside transaction.atomic()"
         )
     if connection.vendor == "postgresql":
+        idle_ms = int(settings.LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS) * 1000
+        wait_ms = int(settings.LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS) * 1000
+        started = time.monotonic()
         with connection.cursor() as cursor:
+            # One round trip (client-side binding sends both statements at once).
             cursor.execute(
-                "SELECT pg_advisory_xact_lock(%s, %s)",
-                [ADVISORY_NAMESPACE, ADMISSION_KEY],
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, true),"
+                " set_config('lock_timeout', %s, true),"
+                " set_config('application_name', %s, true);"
+                " SELECT pg_advisory_xact_lock(%s, %s)",
+                [
+                    str(idle_ms),
+                    str(wait_ms),
+                    holder_name(),
+                    ADVISORY_NAMESPACE,
+                    ADMISSION_KEY,
+                ],
             )
+        waited = time.monotonic() - started
+        if waited >= SLOW_WAIT_SECONDS:
+            logger.warning(SLOW_WAIT.format(seconds=waited))
+
+
+def holder_name() -> str:
+    """How a transaction that takes the lock names itself to the server (63 bytes at most:
+    the pid first, so a long host name is what gets cut)."""
+    return f"loopsweb {os.getpid()} {settings.LOOPSWEB_HOST_NAME}"[:63]
+
+
+@dataclass(frozen=True)
+class LockState:
+    """The admission lock as the server sees it now (PostgreSQL)."""
+
+    holder: str | None  # the holder's host (its application_name's last word), or None
+    holder_pid: int | None  # the holder's loopsweb process id
+    holder_idle: bool  # the holder is "idle in transaction": its process sends nothing
+    held_seconds: float  # how long the holder's transaction has been open
+    waiters: int
+    longest_wait_seconds: float
+
+
+def lock_state(using: str = "default") -> LockState | None:
+    """Who holds the admission lock and who waits for it (None on SQLite, which has none)."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT l.granted, a.application_name, a.state,"
+            " EXTRACT(EPOCH FROM now() - a.xact_start),"
+            " EXTRACT(EPOCH FROM now() - a.query_start)"
+            " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s"
+            " AND l.objsubid = 2",
+            [ADVISORY_NAMESPACE, ADMISSION_KEY],
+        )
+        rows = cursor.fetchall()
+    holder = next((row for row in rows if row[0]), None)
+    waits = [float(row[4] or 0) for row in rows if not row[0]]
+    name = str(holder[1] or "").split() if holder else []
+    return LockState(
+        holder=name[2] if len(name) == 3 and name[0] == "loopsweb" else None,
+        holder_pid=int(name[1]) if len(name) == 3 and name[1].isdigit() else None,
+        holder_idle=bool(holder and str(holder[2]).startswith("idle in transaction")),
+        held_seconds=float(holder[3] or 0) if holder else 0.0,
+        waiters=len(waits),
+        longest_wait_seconds=max(waits, default=0.0),
+    )
 
 
 # --- one drain per scope at a time ------------------------------------------------------------

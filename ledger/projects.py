@@ -30,7 +30,7 @@ from pathlib import Path
 from django.conf import settings
 
 from domain.errors import ValidationError
-from ledger.hosts import ADMISSION_NO_HOST, admission_roots
+from ledger.hosts import ADMISSION_NO_HOST, admission_roots, project_check_here
 
 ROOTS_UNSET = (
     "no project roots are configured, so no agent may run: set LOOPSWEB_PROJECT_ROOTS "
@@ -133,6 +133,9 @@ def project_path_admit(path: str | None) -> tuple[str, bool]:
                 ADMISSION_NO_HOST.format(path=path, roots=", ".join(roots))
             ) from None
         raise
+    project_check_here(
+        project
+    )  # this machine, when it is a host, says whether it has it
     if not os.path.isdir(project):
         return project, True
     return project, _git_inside(project, real_roots)

@@ -28,11 +28,18 @@ from django_q.signing import BadSignature, SignedPackage
 from django_q.tasks import async_task
 
 from ledger.hosts import (
+    NO_HOST_HAS,
     dead_after,
     host_name,
     host_queue,
+    inside,
+    live_hosts,
+    project_here,
+    projects_record,
+    registered_hosts,
     run_placement,
     run_wait_record,
+    waited_project,
 )
 from ledger.models import Host, RunStatus, WorkflowRun
 
@@ -175,6 +182,83 @@ class HostQueue(ORM):
                 return taken
         time.sleep(Conf.POLL)
         return None
+
+
+def hand_back_elsewhere(run_id: str, project: str | None) -> None:
+    """This host cannot serve the run (its project is not on this disk, ...): it records
+    what it found, stays out of the run's placement until the run is claimed, and the run
+    goes to a host that can serve it, or waits with its reason (ledger.hosts)."""
+    if project is not None and (has := project_here(project)) is not None:
+        projects_record({project: has})
+    with transaction.atomic():
+        row = (
+            WorkflowRun.objects.select_for_update()
+            .filter(pk=run_id)
+            .values_list("pk", "hosts_declined")
+            .first()
+        )
+        if row is None:
+            return
+        declined = list(row[1] or [])
+        if host_name() not in declined:
+            WorkflowRun.objects.filter(pk=run_id).update(
+                hosts_declined=[*declined, host_name()]
+            )
+        enqueue_run(run_id)
+
+
+# Paths a heartbeat checks at most (the rest at the next beat).
+PROJECTS_CHECKED_PER_BEAT = 200
+# A run waiting for the hosts to check its project is placed once every live host whose roots
+# hold it has checked (so a burst spreads over all that have it), or after this long on the
+# ones that have (a host that never checks does not hold it up).
+CHECK_PATIENCE = timedelta(seconds=20)
+
+
+def host_projects_refresh(now: datetime | None = None) -> list[str]:
+    """A heartbeat of this host: check on its disk the projects other hosts know of and the
+    ones queued runs wait for, unless it has found them already (a miss at delivery refreshes
+    those); then place the waiting runs that can be decided now. Returns those runs."""
+    now = now or timezone.now()
+    hosts = registered_hosts()
+    me = next((h for h in hosts if h.name == host_name()), None)
+    if me is None:
+        return []
+    mine = me.projects or {}
+    waiting = {
+        run: (path, reason, since)
+        for run, reason, since in WorkflowRun.objects.filter(
+            status=RunStatus.QUEUED, host_wait_since__isnull=False
+        ).values_list("id", "host_wait_reason", "host_wait_since")[:1000]
+        if (path := waited_project(reason))
+    }
+    paths = {path for h in hosts for path in (h.projects or {})}
+    paths.update(path for path, _, _ in waiting.values())
+    found: dict[str, bool] = {}
+    for path in sorted(paths):
+        if mine.get(path) is True or len(found) >= PROJECTS_CHECKED_PER_BEAT:
+            continue
+        if (has := project_here(path)) is not None:
+            found[path] = has
+    projects_record(found)
+    if not waiting:
+        return []
+    live = live_hosts(now, fresh=True)
+    gained = {path for path, has in found.items() if has}
+
+    def decided(path: str, reason: str | None, since: datetime | None) -> bool:
+        if reason == NO_HOST_HAS.format(project=path):
+            return path in gained  # it was on no disk: this host has it now
+        holders = [h for h in live if inside(path, h.roots or [])]
+        checked = all(h.projects is None or path in h.projects for h in holders)
+        return checked or (since is not None and since < now - CHECK_PATIENCE)
+
+    placed = [run for run, row in waiting.items() if decided(*row)]
+    if placed:
+        WorkflowRun.objects.filter(id__in=placed).update(hosts_declined=[])
+        for run_id in placed:
+            enqueue_run(run_id)
+    return placed
 
 
 def hand_back_run(run_id: str, delay: float) -> None:

@@ -14,11 +14,17 @@ from django.conf import settings
 from django_q.conf import Conf
 from django_q.tasks import async_task
 
-from ledger.hosts import host_name, live_hosts, run_target, serve_here
+from ledger.hosts import (
+    live_hosts,
+    project_check_here,
+    run_target,
+    serve_here,
+)
 from ledger.models import WorkflowRun
 from ledger.queue import (
     LOST_TASK_AFTER,
     enqueue_run,
+    hand_back_elsewhere,
     hand_back_run,
     hosts_release_dead,
     runs_with_a_task,
@@ -44,8 +50,10 @@ def run_workflow(run_id: str) -> str:
     why = serve_here(target) if target is not None else None
     if why is not None and not Conf.SYNC:
         logger.info("run %s handed back: %s", run_id, why)
-        enqueue_run(run_id, exclude={host_name()})
+        hand_back_elsewhere(run_id, target.project if target is not None else None)
         return HANDED_BACK
+    if target is not None and target.project is not None:
+        project_check_here(target.project, has=True)  # recorded once
     # Sync mode (debugging) runs tasks inline: a hand-back would recurse, so wait inline.
     result = run_workflow_run(run_id, hand_back=None if Conf.SYNC else hand_back_run)
     if result == NOT_DUE:

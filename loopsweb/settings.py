@@ -256,7 +256,11 @@ def _database_settings() -> dj_database_url.DBConfig:
         "django.db.backends.postgresql_psycopg2",
     ):
         db["ENGINE"] = "django.db.backends.postgresql"
-        max_age = env_int("DATABASE_CONN_MAX_AGE", 0)
+        # Persistent connections (checked before reuse) for the clusters by default: at 0
+        # every broker poll (0.5 s) and heartbeat opens a connection of its own (issue 44:
+        # 4.65 a second per idle run cluster). Web processes keep 0 unless told.
+        cluster = sys.argv[1:2] == ["qcluster"]
+        max_age = env_int("DATABASE_CONN_MAX_AGE", 60 if cluster else 0)
         db["CONN_MAX_AGE"] = max_age
         db["CONN_HEALTH_CHECKS"] = max_age > 0
     else:
@@ -411,6 +415,16 @@ if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}", LOOPSWEB_HOST_NAME):
 LOOPSWEB_HOST_DEAD_SECONDS = env_bounded("LOOPSWEB_HOST_DEAD_SECONDS", 60)
 # A run no live host serves (project roots, provider) waits this long, then fails.
 LOOPSWEB_NO_HOST_GRACE_SECONDS = env_bounded("LOOPSWEB_NO_HOST_GRACE_SECONDS", 900)
+# The admission lock (ledger.lock, PostgreSQL): a transaction that holds it and sends nothing
+# for LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS (its process stopped, its network gone) is ended by
+# the server, which releases the lock; a wait for it gives up after
+# LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS. Both are errors that pass: the writer tries again.
+LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS = env_bounded(
+    "LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS", 10
+)
+LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS = env_bounded(
+    "LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS", 15
+)
 Q_CLUSTER = {
     "name": "loopsweb",
     "orm": "default",

@@ -32,6 +32,7 @@ from ledger.models import (
     WorkflowWorkItem,
 )
 from ledger.queue import RUN_TASK, run_id_of
+from ledger.services import runs_fail_unserved
 from routing.admission import CREATED, route_event, route_options
 from tests.account_loads import assert_account_counts_match_rows
 from tests.hostsim import SimHost, main_cluster, sim_host
@@ -66,6 +67,19 @@ def _registered(*names: str) -> None:
         what=f"hosts {names} to register",
     )
     hosts_read_forget()
+
+
+def _has(host: str, *projects: Path) -> bool:
+    """Whether `host` has recorded that it has every one of `projects` (ledger.hosts)."""
+    found = Host.objects.filter(name=host).values_list("projects", flat=True).first()
+    return all((found or {}).get(str(p)) is True for p in projects)
+
+
+def _queued_runs() -> set[str]:
+    """Runs with a task in the broker."""
+    return {
+        r for p in OrmQ.objects.values_list("payload", flat=True) if (r := run_id_of(p))
+    }
 
 
 def _claims() -> Counter[str]:
@@ -116,8 +130,16 @@ def test_runs_go_to_the_hosts_that_serve_their_project_and_wait_for_none(
         # Admission: a project under no host's roots is refused, naming the hosts' roots.
         with pytest.raises(ValidationError, match="no registered host serves"):
             _route(tmp_path / "elsewhere" / "p", 0)
-        alpha = [_route(only_a, n) for n in range(6)]
-        beta = [_route(both, 100 + n) for n in range(10)]
+        # A project no host has checked yet: its first run waits until the hosts have
+        # looked at their disks (a heartbeat), then runs go only where the project is.
+        alpha, beta = [_route(only_a, 400)], [_route(both, 401)]
+        wait_until(
+            lambda: _has("host-a", only_a, both) and _has("host-b", both),
+            timeout=60,
+            what="the hosts to check their disks for the projects",
+        )
+        alpha += [_route(only_a, n) for n in range(5)]
+        beta += [_route(both, 100 + n) for n in range(9)]
         # No live host has codex: a codex route is refused at admission, naming it.
         with pytest.raises(ValidationError, match="no live host serves provider codex"):
             _route(both, 199, provider="codex")
@@ -488,11 +510,13 @@ def test_a_host_restarted_at_once_runs_what_its_killed_cluster_had_fetched(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace per host needs root")
-def test_a_host_handed_a_project_missing_from_its_disk_hands_it_back(
+def test_identical_roots_different_checkouts_place_without_hand_backs(
     tmp_path: Path,
 ) -> None:
-    """Both hosts serve the root /…/work, but the clone is only on host A's disk (each host
-    has its own disk mounted there): a run B is handed goes back to A, never failed."""
+    """Both hosts serve the root /…/work, but each has its own disk mounted there (a mount
+    namespace per host): the clone zeta is only on host A's, and nowhere is on no disk.
+    Placement knows the checkout: zeta's runs go to A with no hand-back, and the run for
+    nowhere waits "no host has …" (0 hand-backs) and fails after the grace."""
     work = tmp_path / "work"  # the path both hosts serve; each sees its own disk there
     work.mkdir()
     disk_a, disk_b = tmp_path / "disk-a", tmp_path / "disk-b"
@@ -503,9 +527,11 @@ def test_a_host_handed_a_project_missing_from_its_disk_hands_it_back(
     b = sim_host(tmp_path, "host-b", [work], **common)
     a.binds, b.binds = {disk_a: work}, {disk_b: work}
     hosts = [a.start(), b.start()]
+    nowhere = work / "nowhere"
     try:
         _registered("host-a", "host-b")
         runs = [_route(work / "zeta", n) for n in range(10)]
+        lost = _route(nowhere, 99)
         wait_until(
             lambda: (
                 not WorkflowRun.objects.filter(
@@ -515,6 +541,16 @@ def test_a_host_handed_a_project_missing_from_its_disk_hands_it_back(
             timeout=180,
             what="the runs to finish",
         )
+        waiting = wait_until(
+            lambda: WorkflowRun.objects.filter(
+                pk=lost, host_wait_reason=f"no host has {nowhere}"
+            ).first(),
+            timeout=60,
+            what="the run for a project no host has to say why it waits",
+        )
+        assert waiting.status == RunStatus.QUEUED and lost not in _queued_runs()
+        # The grace (LOOPSWEB_NO_HOST_GRACE_SECONDS; the recovery schedule's call).
+        assert runs_fail_unserved(grace=timedelta(seconds=0)) == [lost]
     finally:
         for h in hosts:
             h.stop()
@@ -522,4 +558,10 @@ def test_a_host_handed_a_project_missing_from_its_disk_hands_it_back(
     assert {r.status for r in done} == {RunStatus.SUCCEEDED}, [r.error for r in done]
     assert {r.host for r in done} == {"host-a"}
     assert _claims() == dict.fromkeys(runs, 1)
-    assert "cannot serve" in b.log_text()  # B was handed some, and handed them back
+    failed = WorkflowRun.objects.get(pk=lost)
+    assert (
+        failed.status == RunStatus.FAILED and f"no host has {nowhere}" in failed.error
+    )
+    for h in hosts:  # no host was ever handed a run it could not serve
+        assert "handed back" not in h.log_text()
+    assert _has("host-a", work / "zeta") and not _has("host-b", work / "zeta")

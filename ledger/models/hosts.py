@@ -22,6 +22,10 @@ class Host(TimestampedModel):
     queue = models.CharField(max_length=100)
     roots = models.JSONField(default=list)
     providers = models.JSONField(default=list)
+    # loopsweb (0013): project path -> whether this host has it on its disk, as the host last
+    # checked (a route naming it on this machine, a delivery, its heartbeat: ledger.hosts).
+    # NULL: the host never said (an older loopsweb): its roots are trusted, as before.
+    projects = models.JSONField(null=True, blank=True)
     workers = models.IntegerField(default=0)
     seen_at = models.DateTimeField()
     # When another host moved this host's queued runs away (it was dead); None while alive.

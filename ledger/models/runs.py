@@ -84,6 +84,9 @@ class WorkflowRun(TimestampedModel):
     worktree_host = models.CharField(max_length=80, null=True, blank=True)
     host_wait_reason = models.TextField(null=True, blank=True)
     host_wait_since = models.DateTimeField(null=True, blank=True)
+    # loopsweb (0013): hosts that handed the run back since it was last claimed (placement
+    # skips them: a hand-back never loops); emptied by the claim.
+    hosts_declined = models.JSONField(default=list, null=True, blank=True)
 
     class Meta:
         db_table = "workflow_runs"

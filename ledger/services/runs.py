@@ -71,6 +71,7 @@ def run_claim(
             host=worker.rsplit(":", 1)[0],
             host_wait_reason=None,
             host_wait_since=None,
+            hosts_declined=[],
         )
         if claimed != 1:
             return None

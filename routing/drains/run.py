@@ -244,7 +244,11 @@ def _route_one(
         # The admission lock first: every writer of inbox rows and work items that could
         # meet this one (an API delivery, an operator's requeue) takes it first too, so the
         # order in which this transaction then writes the item and the row cannot deadlock.
-        admission_lock()
+        # A dry drain takes none: its outer transaction, rolled back at the end, would hold
+        # it for the whole drain (every candidate's planning and file-system checks
+        # included, measured: docs/design.md), and it writes nothing that lasts.
+        if not dry_run:
+            admission_lock()
         routed = admit(
             plan,
             now=now,

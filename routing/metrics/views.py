@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from domain.keys import ROUTE_KEYS
+from ledger.lock import lock_state
 from routing.api.auth import api_auth
 from routing.drains.configs import drain_configs
 from routing.models import DrainRecord
@@ -77,7 +78,8 @@ class Family:
 
 
 def collect(*, now: datetime) -> list[Family]:
-    """Every metric family, from a fixed number of queries (ten)."""
+    """Every metric family, from a fixed number of queries (one more on PostgreSQL, where
+    the admission lock's holder and waiters are read from pg_locks)."""
     configs = drain_configs(
         now=now
     )  # schedules + latest real drain per scope: 2 queries
@@ -204,6 +206,7 @@ def collect(*, now: datetime) -> list[Family]:
         inbox.add(depth["n"], state=state)
 
     return [
+        *lock_families(),
         active,
         scope_cap,
         running,
@@ -218,6 +221,39 @@ def collect(*, now: datetime) -> list[Family]:
         inbox,
         *_drain_families(),
     ]
+
+
+def lock_families() -> list[Family]:
+    """The admission lock as PostgreSQL sees it now (ledger.lock.lock_state; none on SQLite)."""
+    state = lock_state()
+    if state is None:
+        return []
+    waiters = Family(
+        "loopsweb_admission_lock_waiters",
+        "gauge",
+        "Transactions waiting for the admission lock now.",
+    )
+    waiters.add(state.waiters)
+    wait = Family(
+        "loopsweb_admission_lock_wait_seconds",
+        "gauge",
+        "How long the longest current wait for the admission lock has lasted.",
+    )
+    wait.add(round(state.longest_wait_seconds, 3))
+    held = Family(
+        "loopsweb_admission_lock_held_seconds",
+        "gauge",
+        "How long the admission lock's holder has held it, by the holder's host; idle is "
+        "true while the holder sends nothing (LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS ends it). "
+        "Absent while nobody holds it.",
+    )
+    if state.held_seconds or state.holder:
+        held.add(
+            round(state.held_seconds, 3),
+            host=state.holder or "",
+            idle="true" if state.holder_idle else "false",
+        )
+    return [waiters, wait, held]
 
 
 def _drain_families() -> list[Family]:

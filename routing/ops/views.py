@@ -42,6 +42,7 @@ from ledger.admin.actions import log_operator_action
 from ledger.admin.base import CappedCountPaginator
 from ledger.admin.display import task_description, task_title
 from ledger.capacity import hosts_view
+from ledger.lock import SLOW_WAIT_SECONDS, lock_state
 from ledger.models import WorkflowWorkItem
 from routing import selectors as shared
 from routing.admission import retry_outcome
@@ -329,6 +330,8 @@ def hosts(request: HttpRequest) -> HttpResponse:
         "hosts",
         now=now,
         view=hosts_view(now=now),
+        lock=lock_state(),
+        slow_wait=SLOW_WAIT_SECONDS,
         dead_seconds=settings.LOOPSWEB_HOST_DEAD_SECONDS,
         grace_seconds=settings.LOOPSWEB_NO_HOST_GRACE_SECONDS,
     )

@@ -34,6 +34,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("run_latency", "tests.bench.bench_run_latency"),
     ("failover", "tests.bench.bench_failover"),
     ("hosts", "tests.bench.bench_hosts"),
+    ("idle", "tests.bench.bench_idle"),
 ]
 
 

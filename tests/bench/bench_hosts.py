@@ -37,7 +37,13 @@ PROVIDERS = ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
 
 
 def _start_host(
-    work: Path, name: str, root: Path, records: Path
+    work: Path,
+    name: str,
+    root: Path,
+    records: Path,
+    *,
+    workers: int = WORKERS,
+    **extra: str,
 ) -> subprocess.Popen[bytes]:
     base = work / name
     (base / "data").mkdir(parents=True, exist_ok=True)
@@ -48,13 +54,14 @@ def _start_host(
         LOOPSWEB_DATA_DIR=str(base / "data"),
         LOOPSWEB_WORKTREE_DIR=str(base / "worktrees"),
         LOOPSWEB_PROJECT_ROOTS=str(root),
-        LOOPSWEB_RUN_WORKERS=str(WORKERS),
+        LOOPSWEB_RUN_WORKERS=str(workers),
         PGAPPNAME=f"bench-{name}",
         FAKE_AGENT_RECORD_DIR=str(records),
         FAKE_AGENT_SLEEP=AGENT_SLEEP,
         LOOPSWEB_AGENT_ENV_PASSTHROUGH="FAKE_AGENT_*",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
+        **extra,
     )
     return harness.start_qcluster(env, (base / "qcluster.log"))
 

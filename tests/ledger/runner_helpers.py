@@ -9,16 +9,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection, connections
 from django.utils import timezone
 
 from domain.templates import EVENT_WORKER_VERIFIER
+from ledger.lock import ADMISSION_KEY, ADVISORY_NAMESPACE
 from ledger.models import (
     WorkflowEvent,
     WorkflowInvocation,
@@ -254,6 +256,27 @@ def steps_of(run: WorkflowRun) -> dict[str, WorkflowStepRun]:
 
 
 # --- child processes against the test database -------------------------------------------------
+
+
+@contextmanager
+def admission_lock_held(name: str = "loopsweb 4321 host-x") -> Iterator[None]:
+    """The admission lock (PostgreSQL), held by a connection of the test's own, named as a
+    loopsweb process (`loopsweb <pid> <host>`), until the block ends."""
+    conn = connections.create_connection("default")
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute(
+                "SELECT set_config('application_name', %s, true);"
+                " SELECT pg_advisory_xact_lock(%s, %s)",
+                [name, ADVISORY_NAMESPACE, ADMISSION_KEY],
+            )
+        yield
+    finally:
+        try:
+            conn.close()  # the lock goes with the session
+        except DatabaseError:
+            pass
 
 
 def child_database_url() -> str:

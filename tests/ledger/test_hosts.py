@@ -23,7 +23,14 @@ from ledger.hosts import (
     run_placement,
 )
 from ledger.models import Host, RunStatus, WorkflowRun
-from ledger.queue import enqueue_run, hosts_release_dead, run_id_of, runs_with_a_task
+from ledger.queue import (
+    enqueue_run,
+    hand_back_elsewhere,
+    host_projects_refresh,
+    hosts_release_dead,
+    run_id_of,
+    runs_with_a_task,
+)
 from ledger.services import runs_fail_unserved
 from routing.admission import CREATED, route_event, route_options
 from tests.account_loads import assert_account_counts_match_rows
@@ -32,7 +39,15 @@ from tests.processes import ROOT, generic_event, scratch_cwd
 pytestmark = pytest.mark.django_db
 
 
-def _host(name: str, roots: list[str], providers: list[str], *, age: float = 0) -> Host:
+def _host(
+    name: str,
+    roots: list[str],
+    providers: list[str],
+    *,
+    age: float = 0,
+    projects: dict[str, bool] | None = None,
+) -> Host:
+    """A registered host; `projects` None: a host that never says which it has (roots)."""
     host = Host.objects.create(
         name=name,
         queue=host_queue(name),
@@ -40,6 +55,7 @@ def _host(name: str, roots: list[str], providers: list[str], *, age: float = 0) 
         providers=providers,
         workers=2,
         seen_at=timezone.now() - timedelta(seconds=age),
+        projects=projects,
     )
     hosts_read_forget()
     return host
@@ -114,6 +130,87 @@ def test_a_waiting_run_is_placed_once_a_host_serves_it() -> None:
     assert _queues()[run_id] == host_queue("b")
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.host_wait_reason is None and run.host_wait_since is None
+
+
+def test_a_run_goes_only_to_a_host_that_has_its_project_and_waits_while_none_has() -> (
+    None
+):
+    _host("a", ["/srv"], ["codewith"], projects={"/srv/p": True, "/srv/gone": False})
+    _host("b", ["/srv"], ["codewith"], projects={"/srv/p": False, "/srv/gone": False})
+    _host("c", ["/srv"], ["codewith"], projects={})  # has checked nothing yet
+    runs = [_route("/srv/p", n) for n in range(6)]
+    assert {_queues()[r] for r in runs} == {host_queue("a")}  # never b, nor unchecked c
+    new = _route("/srv/new", 10)  # no host has checked it: it waits for them, no task
+    gone = _route("/srv/gone", 11)  # c has not checked it either
+    Host.objects.filter(name="c").update(projects={"/srv/gone": False})
+    hosts_read_forget()
+    enqueue_run(gone)
+    waits = dict(
+        WorkflowRun.objects.filter(id__in=[new, gone]).values_list(
+            "id", "host_wait_reason"
+        )
+    )
+    assert waits == {
+        new: "waiting for the hosts to check /srv/new",
+        gone: "no host has /srv/gone",
+    }
+    assert new not in _queues() and gone not in _queues()
+
+
+def test_a_host_hands_a_run_back_once_and_all_declined_means_waiting(
+    settings, tmp_path: Path
+) -> None:
+    settings.LOOPSWEB_HOST_NAME = "me"
+    settings.LOOPSWEB_PROJECT_ROOTS = (str(tmp_path),)
+    here, later = str(tmp_path / "here"), str(tmp_path / "later")
+    os.mkdir(here)
+    _host("me", [str(tmp_path)], ["codewith"], projects={})
+    # A route names the project on this machine, a host: it checks its disk at once.
+    first = _route(here, 1)
+    assert _queues()[first] == host_queue("me")
+    assert Host.objects.get(name="me").projects == {here: True}
+    waiting = _route(later, 2)  # not on this disk: no other host, so it waits
+    run = WorkflowRun.objects.get(pk=waiting)
+    assert run.host_wait_reason == f"no host has {later}"
+    os.mkdir(later)  # the clone arrives: the next heartbeat finds it and places the run
+    assert host_projects_refresh() == [waiting]
+    assert _queues()[waiting] == host_queue("me")
+    # A delivery that misses (the clone went away): recorded, handed back, never looped.
+    _host("b", [str(tmp_path)], ["codewith"], projects={later: True})
+    os.rmdir(later)
+    OrmQ.objects.all().delete()
+    hand_back_elsewhere(waiting, later)
+    assert _queues()[waiting] == host_queue("b")
+    assert Host.objects.get(name="me").projects[later] is False
+    settings.LOOPSWEB_HOST_NAME = (
+        "b"  # b misses too: every host declined, the run waits
+    )
+    OrmQ.objects.all().delete()
+    hand_back_elsewhere(waiting, later)
+    run.refresh_from_db()
+    assert run.hosts_declined == ["me", "b"] and waiting not in _queues()
+    assert run.host_wait_reason == f"no host has {later}"
+    later_now = timezone.now() + timedelta(seconds=901)
+    assert runs_fail_unserved(grace=timedelta(seconds=900), now=later_now) == [waiting]
+
+
+def test_a_run_waits_until_every_host_that_could_have_its_project_checked(
+    settings, tmp_path: Path
+) -> None:
+    settings.LOOPSWEB_PROJECT_ROOTS = (str(tmp_path),)
+    missing = str(tmp_path / "missing")
+    _host("me", [str(tmp_path)], ["codewith"], projects={})
+    _host("b", [str(tmp_path)], ["codewith"], projects={})
+    settings.LOOPSWEB_HOST_NAME = "elsewhere"  # admitted on a machine that is no host
+    run_id = _route(missing, 1)
+    settings.LOOPSWEB_HOST_NAME = "me"
+    assert host_projects_refresh() == []  # me lacks it; b has not checked yet
+    assert Host.objects.get(name="me").projects == {missing: False}
+    Host.objects.filter(name="b").update(projects={missing: False})
+    hosts_read_forget()
+    assert host_projects_refresh() == [run_id]  # every host checked: decided
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.host_wait_reason == f"no host has {missing}" and run_id not in _queues()
 
 
 def test_admission_refuses_only_what_no_registered_host_serves() -> None:
