@@ -37,7 +37,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["kind"] not in KINDS:
             raise CommandError(ROUTE_KIND_INVALID)
-        route_options = options_from_argparse(options)
+        route_options = options_from_argparse(options["kind"], options)
         text = read_event_text(
             event_file=options["event_file"],
             event_json=options["event_json"],
