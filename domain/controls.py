@@ -7,6 +7,7 @@ Contract:
 2. ``terminal_text(text)`` is ``text`` safe to print: every control character written as its
    Python escape (``\\x1b``, ``\\n``, ``\\x9b``), so a title keeps its words but cannot set the
    clipboard (OSC 52), retitle or clear the operator's terminal; a backslash stays as it is.
+   ``terminal_lines(text)`` is the same but keeps newlines and tabs.
 """
 
 from __future__ import annotations
@@ -33,3 +34,14 @@ def terminal_text(text: str) -> str:
     if not _CONTROL.search(text):
         return text
     return _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], text)
+
+
+_CONTROL_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_lines(text: str) -> str:
+    """`text` with its newlines and tabs kept and every other control character escaped
+    (output made of several lines: a command's report, a step's output tail)."""
+    if not _CONTROL_BUT_LINES.search(text):
+        return text
+    return _CONTROL_BUT_LINES.sub(lambda m: repr(m.group(0))[1:-1], text)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from domain.errors import ROUTE_KIND_INVALID, ApplicationError
+from ledger.management.terminal import TerminalCommand
 from routing.admission import route_event
 from routing.management.arguments import (
     KINDS,
@@ -22,7 +23,7 @@ from routing.management.arguments import (
 )
 
 
-class Command(BaseCommand):
+class Command(TerminalCommand):
     help = "Route one event envelope: create, dedupe, throttle or skip its work item."
     stealth_options = ("stdin",)
 
