@@ -19,7 +19,8 @@ from domain.controls import terminal_lines
 
 
 class TerminalOutput(OutputWrapper):
-    def write(  # type: ignore[override]  (as django-stubs' OutputWrapper)
+    # as django-stubs' OutputWrapper.write: not TextIOBase's signature
+    def write(  # type: ignore[override]
         self, msg: str = "", style_func: Any = None, ending: str | None = None
     ) -> None:
         super().write(terminal_lines(msg), style_func, ending)
