@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain.errors import TODOS_TASK_ID_MISSING, ValidationError
-from domain.events import object_field, record_tags, task_field
+from domain.events import TASK_ID_KEYS, object_field, record_tags, task_field
 
 OPT_IN_TAGS: frozenset[str] = frozenset({"auto:route", "route:enabled"})
 OPT_IN_FIELDS: tuple[str, ...] = (
@@ -64,7 +64,6 @@ MANUAL_GATE_FIELDS: tuple[str, ...] = (
     "approvalRequired",
 )
 STATUS_KEYS: tuple[str, ...] = ("status", "task_status", "taskStatus")
-TASK_ID_KEYS: tuple[str, ...] = ("id", "task_id", "taskId")
 
 MISSING_OPT_IN = "missing explicit route opt-in"
 STATUS_NOT_ROUTABLE = "task status is not routable: {status}"

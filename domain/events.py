@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.controls import control_refused
 from domain.errors import (
     EVENT_ID_REQUIRED,
     EVENT_INVALID_JSON,
@@ -108,10 +109,22 @@ def object_field(value: object) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+TASK_ID_KEYS: tuple[str, ...] = ("id", "task_id", "taskId")
+
+
+def _no_controls(what: str, value: str) -> None:
+    """Ids, sources and types end up in names, keys and terminal lines: one holding a
+    control character (an escape sequence, a newline) is refused where it enters."""
+    refused = control_refused(what, value)
+    if refused:
+        raise ValidationError(refused)
+
+
 def _required(obj: Mapping[str, Any], key: str, message: str) -> str:
     value = obj.get(key)
     if not isinstance(value, str) or not value.strip():
         raise ValidationError(message)
+    _no_controls(f"event.{key}", value)
     # Kept verbatim (not trimmed): ids feed idempotency keys, which must match what
     # upstream derived for the same delivery.
     return value
@@ -130,6 +143,9 @@ def parse_envelope(obj: object) -> Envelope:
         metadata=object_field(obj.get("metadata")) or {},
         raw=obj,
     )
+    task_id = task_field(envelope.data, *TASK_ID_KEYS)
+    if task_id is not None:
+        _no_controls("the task id", task_id)
     unstorable = unstorable_reason(obj)
     if unstorable:
         raise ValidationError(f"event JSON cannot be stored: {unstorable}")

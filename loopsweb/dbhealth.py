@@ -87,12 +87,26 @@ def _thread_hook(previous: Callable[[threading.ExceptHookArgs], object]) -> Call
     return hook
 
 
+def _closed_pipe() -> None:
+    """The reader went away (`drain | head -1`): stop quietly, as a shell tool does, with
+    no traceback; stdout is pointed at the null device so the exit flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(1)
+
+
 def run_command(argv: list[str]) -> None:
     from django.core.management import execute_from_command_line
 
     threading.excepthook = _thread_hook(threading.excepthook)
     try:
         execute_from_command_line(argv)
+        sys.stdout.flush()  # here, not at exit, so a closed pipe is caught below
+    except BrokenPipeError:
+        _closed_pipe()
     except Exception as exc:
         message = corrupt_database_message(exc) or passing_error_message(exc)
         if message is None:

@@ -41,10 +41,17 @@ loglevel = settings.LOG_LEVEL.lower()
 # A worker is replaced after this many requests (with jitter), bounding slow leaks.
 max_requests = 2000
 max_requests_jitter = 200
-# Proxies may set X-Forwarded-* (Django reads X-Forwarded-Proto only when
-# LOOPSWEB_BEHIND_PROXY=1); gunicorn itself trusts them from loopback only.
-forwarded_allow_ips = "127.0.0.1,::1"
+# Forwarded headers (X-Forwarded-Proto, -For) are trusted only with LOOPSWEB_BEHIND_PROXY=1,
+# and then only from LOOPSWEB_PROXY_IPS (the proxy's addresses, default loopback); without it
+# gunicorn trusts no one, so a client on loopback cannot claim HTTPS either.
+forwarded_allow_ips = (
+    ",".join(settings.LOOPSWEB_PROXY_IPS) if settings.LOOPSWEB_BEHIND_PROXY else ""
+)
 proc_name = "loopsweb-web"
+# gunicorn answers a request line over 4094 characters with its own HTML 414; every answer
+# under /api/ must be JSON, so it lets lines up to 1 MiB through (0 = its largest) and
+# Django refuses a URL over 8190 characters there (routing.api.middleware, JSON 414).
+limit_request_line = 0
 # gunicorn 25.1+ opens a control socket in $XDG_RUNTIME_DIR or ~/.gunicorn by default: one
 # path per user, which two servers on one machine would fight over. Not used here.
 control_socket_disable = True

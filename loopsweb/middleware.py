@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
@@ -43,3 +44,14 @@ class RejectUnstorablePathMiddleware:
                 {"error": NUL_IN_PARAMETER.format(name=bad)}, status=400
             )
         return self.get_response(request)
+
+
+class OneLineWarning(logging.Filter):
+    """A record as one WARNING line, its traceback dropped: for `DisallowedHost` (a request
+    naming a host not in ALLOWED_HOSTS), which Django logs at ERROR with a 15-line traceback
+    although nothing failed; a scanner sending such requests would fill the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True

@@ -150,6 +150,11 @@ def private_directory(path: Path) -> None:
         ) from None
 
 
+# On every backend, not only SQLite's: the directory holds the installation's env file, the
+# static files and, in development, the secret key.
+private_directory(DATA_DIR)
+
+
 def private_sqlite_files(name: str) -> None:
     """The SQLite database and its -wal/-shm files are 0600 (created so, tightened if not).
 
@@ -314,7 +319,10 @@ WHITENOISE_AUTOREFRESH = not LOOPSWEB_STATIC_MANIFEST
 # --- web server ---
 # gunicorn (loopsweb/gunicorn.conf.py reads these): where it listens (unless systemd hands it
 # a socket), how many worker processes and threads each, and how long a request may take.
-LOOPSWEB_BIND = env_str("LOOPSWEB_BIND", "127.0.0.1:8000") or "127.0.0.1:8000"
+# LOOPSWEB_PORT (what `make run` listens on) also sets the default bind, so one variable
+# moves both servers.
+_DEFAULT_BIND = f"127.0.0.1:{env_str('LOOPSWEB_PORT') or '8000'}"
+LOOPSWEB_BIND = env_str("LOOPSWEB_BIND", _DEFAULT_BIND) or _DEFAULT_BIND
 LOOPSWEB_WEB_WORKERS = env_int("LOOPSWEB_WEB_WORKERS", 2)
 LOOPSWEB_WEB_THREADS = env_int("LOOPSWEB_WEB_THREADS", 4)
 LOOPSWEB_WEB_TIMEOUT = env_int("LOOPSWEB_WEB_TIMEOUT", 60)
@@ -377,8 +385,13 @@ SECURE_SSL_REDIRECT = SECURE_HTTPS and env_bool("LOOPSWEB_SSL_REDIRECT", True)
 SECURE_HSTS_SECONDS = env_int("LOOPSWEB_HSTS_SECONDS", 31536000 if SECURE_HTTPS else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
 SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
+# Behind a proxy (LOOPSWEB_BEHIND_PROXY=1) Django reads X-Forwarded-Proto, and gunicorn
+# trusts forwarded headers from LOOPSWEB_PROXY_IPS only (default loopback); otherwise neither
+# trusts them, from anyone.
+LOOPSWEB_BEHIND_PROXY = env_bool("LOOPSWEB_BEHIND_PROXY")
+LOOPSWEB_PROXY_IPS = env_list("LOOPSWEB_PROXY_IPS", ["127.0.0.1", "::1"])
 SECURE_PROXY_SSL_HEADER = (
-    ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("LOOPSWEB_BEHIND_PROXY") else None
+    ("HTTP_X_FORWARDED_PROTO", "https") if LOOPSWEB_BEHIND_PROXY else None
 )
 # A load balancer's or systemd's health probe may speak plain HTTP to the web port.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
@@ -459,10 +472,15 @@ if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"one_line_warning": {"()": "loopsweb.middleware.OneLineWarning"}},
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {
         "handlers": ["console"],
         "level": LOG_LEVEL,
+    },
+    "loggers": {
+        # A bad Host header is a client's mistake (400), not our error: one WARNING line.
+        "django.security.DisallowedHost": {"filters": ["one_line_warning"]},
     },
 }
 

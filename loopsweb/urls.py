@@ -15,5 +15,7 @@ urlpatterns = [
 ]
 
 # JSON under /api/ and /metrics, Django's pages elsewhere (routing.api.middleware).
+handler400 = "routing.api.middleware.bad_request"
+handler403 = "routing.api.middleware.permission_denied"
 handler404 = "routing.api.middleware.not_found"
 handler500 = "routing.api.middleware.server_error"

@@ -6,6 +6,7 @@ skipped, never `failed`); creating a schedule never touches an inbox row."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from django.core.management.base import CommandError
 from hypothesis import given
 from hypothesis import strategies as st
 
+from routing.api.forms import INGEST_ROUTE_OPTIONS, IngestQueryForm, api_words
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
 from tests.routing.helpers import generic_event, todos_event
@@ -130,4 +132,73 @@ def test_no_schedule_option_touches_an_inbox_row(data: st.DataObject) -> None:
         )
     except CommandError:
         pass
+    assert _inbox() == before
+
+
+# Values that only some entry points used to refuse (issue 43): the sandbox no event can
+# pass without break-glass, and scopes or names carrying a newline or an escape sequence.
+REFUSED_SOMEWHERE = st.sampled_from(
+    ["danger-full-access", "a\nb", "\x1b]52;c;aGk=\x07", "\x1b[2J", "ok\x9b", "t\x7f"]
+)
+
+
+@st.composite
+def route_option_lines(draw: Any) -> list[tuple[str, str]]:
+    """Route options (flag, value) that `route_event`, `drain`, `schedule_drain` and the
+    ingest API all take."""
+    shared = [
+        a
+        for a in _options("route_event")
+        if a.nargs != 0 and a.dest in INGEST_ROUTE_OPTIONS
+    ]
+    chosen = draw(
+        st.lists(
+            st.sampled_from(shared), min_size=1, max_size=4, unique_by=lambda a: a.dest
+        )
+    )
+    values = st.one_of(REFUSED_SOMEWHERE, VALUES)
+    return [(a.option_strings[-1], draw(values)) for a in chosen]
+
+
+def _refusal(command: str, *argv: str) -> str | None:
+    try:
+        call_command(command, *argv, stdout=io.StringIO(), stderr=io.StringIO())
+    except CommandError as exc:
+        return str(exc)
+    return None
+
+
+@PROPERTY_SETTINGS
+@given(pairs=route_option_lines())
+@pytest.mark.slow  # over a second of CPU: left out of make test-fast
+def test_every_entry_point_refuses_the_same_options_alike(
+    pairs: list[tuple[str, str]],
+) -> None:
+    """One validator: the same options are accepted by all four entry points, or refused
+    by all four with the same message (the API's in its own parameter names), and a
+    refusal writes nothing."""
+    argv = [part for pair in pairs for part in pair]
+    before = _inbox()
+    drain = _refusal("drain", "generic", "--dry-run", *argv)
+    schedule = _refusal(
+        "schedule_drain", "s1", "generic", "--every", "5m", "--dry-run", *argv
+    )
+    routed = _refusal(
+        "route_event",
+        "generic",
+        "--event-json",
+        json.dumps(generic_event()),
+        "--dry-run",
+        *argv,
+    )
+    query = {flag.lstrip("-").replace("-", "_"): value for flag, value in pairs}
+    form = IngestQueryForm(data={"route": "now", "kind": "generic", **query})
+    api = None if form.is_valid() else form.first_error()
+    assert drain == schedule, (pairs, drain, schedule)
+    if drain is not None:
+        assert routed == drain, (pairs, routed, drain)
+        assert api == api_words(drain), (pairs, api, drain)
+    else:
+        assert api is None, (pairs, api)
+        assert routed is None or not routed.startswith("--"), (pairs, routed)
     assert _inbox() == before

@@ -559,6 +559,7 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
             done.returncode == 1
             and "cluster loopsweb-runs has not reported" in done.stderr
         )
+        _production_answers(base, env, tmp_path / "web.log")
         # the run cluster back: healthy again
         runs = _serve(env, tmp_path / "runs.log", "runs")
         wait_until(
@@ -577,6 +578,48 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
     if serve_database.startswith("sqlite"):
         with sqlite3.connect(serve_database.removeprefix("sqlite:///")) as db:
             assert db.execute("select count(*) from auth_user").fetchone()[0] == 1
+
+
+def _request(
+    url: str, method: str = "GET", **headers: str
+) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def _production_answers(base: str, env: dict[str, str], log: Path) -> None:
+    """Issue 43 item 6, through gunicorn itself: HEAD where GET is, a JSON 414 for a URL
+    gunicorn would have refused in HTML, and a bad Host as a JSON 400 logged on one
+    WARNING line without a traceback."""
+    token = manage(env, "api_token", "create", "serve-t", "--scope", "read").stdout
+    auth = {"Authorization": f"Bearer {token.strip()}"}
+    status, headers, body = _request(f"{base}/api/v1/work-items", "HEAD", **auth)
+    assert status == 200 and headers["Content-Type"] == "application/json", body
+    # past gunicorn's default 4094-character line: Django answers, not gunicorn's HTML 414
+    status, headers, body = _request(
+        f"{base}/api/v1/work-items?project={'p' * 5000}", **auth
+    )
+    assert status == 200, body
+    status, headers, body = _request(
+        f"{base}/api/v1/work-items?project={'p' * 9000}", **auth
+    )
+    assert status == 414 and json.loads(body)["error"].startswith(
+        "request URI too long"
+    )
+    status, _, body = _request(f"{base}/api/v1/work-items", Host="scanner.invalid")
+    assert status == 400 and json.loads(body) == {"error": "bad request"}
+    text = wait_until(
+        lambda: (lambda t: t if "scanner.invalid" in t else None)(log.read_text()),
+        timeout=30,
+        what="the bad Host logged",
+    )
+    lines = [line for line in text.splitlines() if "scanner.invalid" in line]
+    assert len(lines) == 1 or all("GET /api" in line for line in lines[1:]), lines
+    assert "Traceback" not in text and "DisallowedHost" not in text, text[-3000:]
 
 
 def _answers(base: str) -> bool:

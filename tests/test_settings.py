@@ -229,3 +229,76 @@ def test_a_shared_sticky_directory_keeps_its_mode(tmp_path: Path) -> None:
     _settings_json(tmp_path, LOOPSWEB_DATA_DIR=str(shared))
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
     assert stat.S_IMODE((shared / "loopsweb.sqlite3").stat().st_mode) == 0o600
+
+
+GUNICORN_CONF = Path(__file__).resolve().parent.parent / "loopsweb" / "gunicorn.conf.py"
+
+
+def _web_config(tmp_path: Path, **env: str) -> dict:
+    """What a production web process is configured with: its settings and gunicorn's
+    configuration file as gunicorn reads it."""
+    code = (
+        "import json, os, runpy, stat; import django; django.setup(); "
+        "from django.conf import settings as s; "
+        f"conf = runpy.run_path({str(GUNICORN_CONF)!r}); "
+        "print(json.dumps({'bind': conf['bind'], 'forwarded': conf['forwarded_allow_ips'], "
+        "'proxy_header': s.SECURE_PROXY_SSL_HEADER, "
+        "'line': conf['limit_request_line'], "
+        "'data_mode': stat.S_IMODE(os.stat(s.DATA_DIR).st_mode)}))"
+    )
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "SECRET_KEY", "DEBUG", "ALLOWED_HOSTS"}
+        and not k.startswith("LOOPSWEB_")
+    }
+    base.update(
+        {
+            "SECRET_KEY": "x" * 50,
+            "ALLOWED_HOSTS": "loopsweb.example",
+            "DJANGO_SETTINGS_MODULE": "loopsweb.settings",
+            **env,
+        }
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=scratch_cwd(),
+        env={**base, **PROJECT_IMPORTS},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_web_process_on_postgresql_keeps_its_data_dir_private_and_its_proxy_closed(
+    tmp_path: Path,
+) -> None:
+    """Issue 43 item 6: the data directory is 0700 on PostgreSQL too; LOOPSWEB_PORT sets the
+    default bind; forwarded headers are trusted only with LOOPSWEB_BEHIND_PROXY=1, from
+    LOOPSWEB_PROXY_IPS; gunicorn lets long request lines through to Django's JSON 414."""
+    data = tmp_path / "data"
+    plain = _web_config(
+        tmp_path,
+        LOOPSWEB_DATA_DIR=str(data),
+        DATABASE_URL="postgres://loops@127.0.0.1:1/loops",
+        LOOPSWEB_PORT="8123",
+    )
+    assert plain["data_mode"] == 0o700
+    assert plain["bind"] == ["127.0.0.1:8123"]
+    assert plain["forwarded"] == "" and plain["proxy_header"] is None
+    assert plain["line"] == 0
+    proxied = _web_config(
+        tmp_path,
+        LOOPSWEB_DATA_DIR=str(data),
+        DATABASE_URL="postgres://loops@127.0.0.1:1/loops",
+        LOOPSWEB_BEHIND_PROXY="1",
+        LOOPSWEB_PROXY_IPS="10.0.0.7",
+        LOOPSWEB_BIND="0.0.0.0:9000",
+        LOOPSWEB_PORT="8123",
+    )
+    assert proxied["bind"] == ["0.0.0.0:9000"]
+    assert proxied["forwarded"] == "10.0.0.7"
+    assert proxied["proxy_header"] == ["HTTP_X_FORWARDED_PROTO", "https"]

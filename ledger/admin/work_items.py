@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from domain.controls import terminal_lines
 from ledger import services
 from ledger.admin.actions import (
     CANCEL_ITEMS,
@@ -47,7 +48,7 @@ from ledger.admin.filters import (
     SubjectKindFilter,
     TemplateFilter,
 )
-from ledger.agent_output import summarize_output
+from ledger.agent_output import strip_ansi, summarize_output
 from ledger.display import attempts_story, step_usage
 from ledger.models import (
     WorkflowInvocation,
@@ -348,9 +349,12 @@ OUTPUT_TAIL_CHARS = 2000
 
 
 def _tail(text: str | None) -> str:
+    """The output's last characters, cleaned as /ops/ cleans it (escape sequences gone,
+    any other control character shown as its escape)."""
     if not text:
         return ""
-    return text if len(text) <= OUTPUT_TAIL_CHARS else "…" + text[-OUTPUT_TAIL_CHARS:]
+    text = text if len(text) <= OUTPUT_TAIL_CHARS else "…" + text[-OUTPUT_TAIL_CHARS:]
+    return terminal_lines(strip_ansi(text))
 
 
 ACTIVITY_LINES = 12

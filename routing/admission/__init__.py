@@ -32,6 +32,7 @@ from routing.admission.options import (
 from routing.admission.plan import (
     RoutePlan,
     check_plan_fits_columns,
+    checked_route_options,
     normalize_project_path,
     plan_route,
     route_options_check,
@@ -65,6 +66,7 @@ __all__ = [
     "RouteResult",
     "admit",
     "check_plan_fits_columns",
+    "checked_route_options",
     "hand_over",
     "normalize_project_path",
     "plan_route",

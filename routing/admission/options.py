@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain.bounds import bounded_int
+from domain.controls import control_refused
 from domain.errors import ValidationError
 from domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
 from domain.retry import parse_max_attempts, parse_retry_backoff
 from domain.sandbox import (
+    DANGER_FULL_ACCESS,
     DEFAULT_SANDBOX,
     DEFAULT_WORKTREE_MODE,
     parse_sandbox,
@@ -37,6 +39,12 @@ POOL_METADATA_KEYS = (
     "profilePool",
 )
 DEFAULT_MAX_PER_PROFILE = 2
+# Refused with the options, so no drain, schedule, route_event or API call fails its events
+# on it one by one at the sandbox preflight (domain.sandbox, DANGER_WITHOUT_BREAK_GLASS).
+DANGER_NEEDS_BREAK_GLASS = (
+    "--sandbox danger-full-access needs --manual-break-glass "
+    "(an operator's decision on the command line)"
+)
 
 
 # --- options ----------------------------------------------------------------------------------
@@ -140,8 +148,12 @@ OPTION_NAMES = (
 def _text(name: str, value: object) -> str | None:
     if value is None:
         return None
+    flag = f"--{name.replace('_', '-')}"
     if not isinstance(value, str):
-        raise ValidationError(f"--{name.replace('_', '-')} must be a string")
+        raise ValidationError(f"{flag} must be a string")
+    refused = control_refused(flag, value)
+    if refused:
+        raise ValidationError(refused)
     return value.strip() or None
 
 
@@ -173,6 +185,9 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
     break_glass = raw.get("manual_break_glass", False)
     if not isinstance(break_glass, bool):
         raise ValidationError("--manual-break-glass must be a boolean")
+    sandbox = parse_sandbox(raw.get("sandbox"))
+    if sandbox == DANGER_FULL_ACCESS and not break_glass:
+        raise ValidationError(DANGER_NEEDS_BREAK_GLASS)
     return RouteOptions(
         template=_text("template", raw.get("template")),
         provider=provider,
@@ -195,7 +210,7 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
         ),
         name_prefix=_text("name_prefix", raw.get("name_prefix")),
         worktree_mode=parse_worktree_mode(raw.get("worktree_mode")),
-        sandbox=parse_sandbox(raw.get("sandbox")),
+        sandbox=sandbox,
         manual_break_glass=break_glass,
         max_attempts=parse_max_attempts(raw.get("max_attempts")),
         retry_backoff=parse_retry_backoff(raw.get("retry_backoff")),

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import models
 
+from domain.controls import control_refused
 from domain.eligibility import task_route_eligibility, todos_task_id
 from domain.errors import ValidationError
 from domain.events import (
@@ -489,6 +490,20 @@ def _check_columns(
             raise ValidationError(f"{what} is longer than {limit} characters")
 
 
+def checked_route_options(
+    kind: str | None, raw: Mapping[str, Any], *, env: Mapping[str, str]
+) -> RouteOptions:
+    """The one validation of route options every entry point runs before it reads or
+    writes anything (`drain`, `schedule_drain` at creation, `route_event`, the ingest API):
+    each option on its own (`route_options`), then together for `kind` (when the caller
+    knows it) as a route would use them (`route_options_check`). The same bad value is the
+    same error everywhere."""
+    options = route_options(raw)
+    if kind is not None:
+        route_options_check(kind, options, env=env)
+    return options
+
+
 def route_options_check(
     kind: str, options: RouteOptions, *, env: Mapping[str, str]
 ) -> None:
@@ -510,6 +525,9 @@ def route_options_check(
         workflow_name, loop_name = todos_task_names(options.name_prefix, "t", "t")
     else:
         workflow_name, loop_name = generic_names(options.name_prefix, "s", "t", "i")
+    refused = control_refused("route scope", scope)
+    if refused:  # the loop name a scheduled drain runs under is its scope
+        raise ValidationError(refused)
     checks: list[tuple[str, str | None, type[models.Model], str]] = [
         ("route scope", scope, WorkflowWorkItem, "route_scope"),
         ("project group", options.project_group, WorkflowWorkItem, "project_group"),

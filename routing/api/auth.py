@@ -59,7 +59,10 @@ def _bearer(request: HttpRequest) -> str | None:
 def api_auth(
     scope: str, *, methods: Iterable[str] = ("GET",), allow_staff: bool = True
 ) -> Callable[[View], View]:
+    # HEAD is answered wherever GET is (the GET's headers, no body: Django's handler drops it).
     allowed = tuple(methods)
+    if "GET" in allowed:
+        allowed += ("HEAD",)
 
     def decorator(view: View) -> View:
         @wraps(view)

@@ -6,6 +6,7 @@ not silently drop a cap or a filter.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -14,7 +15,7 @@ from django import forms
 from domain.errors import ApplicationError
 from domain.keys import KINDS, ROUTE_KEYS, route_key_for_kind
 from ledger.models import WorkItemStatus
-from routing.admission import OPTION_NAMES, route_options
+from routing.admission import OPTION_NAMES, checked_route_options
 from routing.api.serializers import cursor_decode
 
 MAX_PAGE = 200
@@ -119,7 +120,11 @@ class IngestQueryForm(StrictQueryForm):
         if raw and cleaned.get("route") != "now":
             raise forms.ValidationError("route options need route=now")
         try:
-            cleaned["route_options"] = route_options(raw)
+            # No kind: the options are checked alone here, and with each envelope's kind
+            # when it is routed.
+            cleaned["route_options"] = checked_route_options(
+                cleaned.get("kind") or None, raw, env=os.environ
+            )
         except ApplicationError as exc:
             raise forms.ValidationError(api_words(str(exc))) from None
         # No kind: each envelope is routed as the drain of its type would take it

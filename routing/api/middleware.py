@@ -7,6 +7,9 @@ database that cannot be reached) must not fall through to Django's HTML error pa
   OperationalError or InterfaceError): 503 `{"error": ...}` with `Retry-After`; the request
   wrote nothing it did not commit, so the client may retry;
 - any other exception: 500 `{"error": ...}`, logged with its traceback (never sent).
+- a request line longer than MAX_URL_CHARS: 414 `{"error": ...}` (gunicorn, which would
+  answer an HTML 414 above 4094 characters itself, lets lines up to 1 MiB through to here:
+  loopsweb/gunicorn.conf.py `limit_request_line = 0`).
 Other paths keep Django's own pages.
 """
 
@@ -30,6 +33,9 @@ DATABASE_UNAVAILABLE = "database unavailable; retry later"
 DATABASE_REFUSES_WRITES = "database refuses writes (full or read-only); retry later"
 INTERNAL_ERROR = "internal error"
 RETRY_AFTER_SECONDS = "5"
+# gunicorn's own largest request line (its MAX_REQUEST_LINE): what a client could send before.
+MAX_URL_CHARS = 8190
+URL_TOO_LONG = "request URI too long: at most {limit} characters"
 
 
 def is_api_path(path: str) -> bool:
@@ -61,6 +67,10 @@ class ApiErrorMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        if is_api_path(request.path) and len(request.get_full_path()) > MAX_URL_CHARS:
+            return JsonResponse(
+                {"error": URL_TOO_LONG.format(limit=MAX_URL_CHARS)}, status=414
+            )
         return self.get_response(request)
 
     def process_exception(
@@ -73,6 +83,22 @@ class ApiErrorMiddleware:
 
 # URLconf handlers and the CSRF failure view (loopsweb.urls, settings.CSRF_FAILURE_VIEW):
 # JSON under the API prefixes, Django's own pages elsewhere.
+
+
+def bad_request(
+    request: HttpRequest, exception: Exception | None = None
+) -> HttpResponse:
+    if is_api_path(request.path):  # a bad Host header, a malformed request: 400
+        return JsonResponse({"error": "bad request"}, status=400)
+    return defaults.bad_request(request, exception or Exception())
+
+
+def permission_denied(
+    request: HttpRequest, exception: Exception | None = None
+) -> HttpResponse:
+    if is_api_path(request.path):
+        return JsonResponse({"error": "permission denied"}, status=403)
+    return defaults.permission_denied(request, exception or Exception())
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -271,12 +271,11 @@ def step_to_dict(step: WorkflowStepRun) -> StepDict:
 
 
 def with_attempts(runs: Iterable[WorkflowRun]) -> Iterator[tuple[WorkflowRun, int]]:
-    """Each of `runs` (oldest first) with its attempt: its number among the runs of its loop
-    (one admission; a loop-level retry is the next attempt)."""
-    per_loop: dict[str | None, int] = {}
-    for run in runs:
-        per_loop[run.loop_id] = per_loop.get(run.loop_id, 0) + 1
-        yield run, per_loop[run.loop_id]
+    """Each of `runs` (an item's, oldest first) with its attempt: its number among them. A
+    loop-level retry and a re-admission (requeue, an operator's retry: a new loop) are each
+    the next attempt, so an item admitted twice never shows two runs as "attempt 1"."""
+    for number, run in enumerate(runs, start=1):
+        yield run, number
 
 
 def run_to_dict(run: WorkflowRun, *, attempt: int | None = None) -> RunDict:

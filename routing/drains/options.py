@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain.bounds import bounded_int
+from domain.controls import control_refused
 from domain.errors import ValidationError
 from domain.keys import route_key_for_kind
 from domain.scope import LOOP_NAME_ENV
 from routing.admission import (
     RouteOptions,
-    route_options,
-    route_options_check,
+    checked_route_options,
     route_options_resolve,
 )
 from routing.drains.sources import (
@@ -86,6 +86,33 @@ def _positive(flag: str, value: Any, default: int) -> int:
     return default if parsed is None else parsed
 
 
+PREFIX_NOT_ABSOLUTE = (
+    "--project-path-prefix must be an absolute path (project paths are stored absolute)"
+)
+
+
+def _refuse_controls(flag: str, value: str) -> None:
+    refused = control_refused(flag, value)
+    if refused:
+        raise ValidationError(refused)
+
+
+def project_path_prefix(value: Any) -> str | None:
+    """The prefix a drain's candidates' project paths must start with; a relative one could
+    never match, so it is refused rather than accepted to drain nothing."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError("--project-path-prefix must be a string")
+    _refuse_controls("--project-path-prefix", value)
+    prefix = value.strip()
+    if not prefix:
+        return None
+    if not os.path.isabs(prefix):
+        raise ValidationError(PREFIX_NOT_ABSOLUTE)
+    return prefix
+
+
 def drain_options(
     kind: str,
     raw: Mapping[str, Any],
@@ -116,15 +143,15 @@ def drain_options(
     if isinstance(tags, str):
         tags = tuple(t.strip() for t in tags.split(",") if t.strip())
     scan_limit = bounded_int("--scan-limit", drain_raw.get("scan_limit"))
-    prefix = drain_raw.get("project_path_prefix")
-    route = route_options(route_raw)
+    for tag in tags:
+        _refuse_controls("--tags", str(tag))
+    prefix = project_path_prefix(drain_raw.get("project_path_prefix"))
     environ = dict(os.environ if env is None else env)
     if name:
         environ[LOOP_NAME_ENV] = (
             name  # as drain_run: a scheduled drain's scope is its name
         )
-    route_options_check(kind, route, env=environ)
-    route = route_options_resolve(route)
+    route = route_options_resolve(checked_route_options(kind, route_raw, env=environ))
     return DrainOptions(
         kind=kind,
         route=route,
@@ -132,9 +159,7 @@ def drain_options(
         limit=_positive("--limit", drain_raw.get("limit"), 50),
         scan_limit=scan_limit,
         tags=tuple(tags),
-        project_path_prefix=prefix.strip()
-        if isinstance(prefix, str) and prefix.strip()
-        else None,
+        project_path_prefix=prefix,
         source=source,
         source_command=command,
         source_timeout=_positive(

@@ -1,6 +1,6 @@
 """Command-line options shared by `route_event`, `drain` and `schedule_drain`.
 
-Limits are parsed as text and validated by `routing.admission.route_options`, so every
+Limits are parsed as text and validated by `routing.admission.checked_route_options`, so every
 entry point (argv, schedules, the API) reports bad values with the same upstream message.
 """
 
@@ -16,7 +16,7 @@ from django.core.management.base import CommandError
 
 from domain.errors import ROUTE_KIND_INVALID, ValidationError
 from domain.keys import KINDS
-from routing.admission import OPTION_NAMES, RouteOptions, route_options
+from routing.admission import OPTION_NAMES, RouteOptions, checked_route_options
 
 
 def add_route_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,7 +153,7 @@ def drain_options_from_argparse(
         raise CommandError(str(exc)) from None
 
 
-def options_from_argparse(options: dict[str, Any]) -> RouteOptions:
+def options_from_argparse(kind: str, options: dict[str, Any]) -> RouteOptions:
     raw = {
         name: options.get(name)
         for name in OPTION_NAMES
@@ -161,7 +161,7 @@ def options_from_argparse(options: dict[str, Any]) -> RouteOptions:
     }
     raw["dry_run"] = bool(options.get("dry_run"))
     try:
-        return route_options(raw)
+        return checked_route_options(kind, raw, env=os.environ)
     except ValidationError as exc:
         raise CommandError(str(exc)) from None
 

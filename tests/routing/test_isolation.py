@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
+from domain.errors import ValidationError
 from ledger.models import WorkflowInvocation, WorkflowRun, WorkflowWorkItem
 from ledger.projects import PATH_EMPTY, ROOTS_UNSET
+from routing.admission.options import DANGER_NEEDS_BREAK_GLASS
+from routing.api.forms import api_words
 from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
@@ -31,7 +35,6 @@ from tests.routing.helpers import generic_event, todos_event
 pytestmark = pytest.mark.django_db
 
 OUTSIDE = "outside LOOPSWEB_PROJECT_ROOTS"
-DANGER = "route step worker uses danger-full-access without manual break-glass evidence"
 NO_ISOLATION = (
     "route step worker has no verified unattended isolation; use provider sandbox "
     "workspace-write/read-only/enabled, worktreeMode=required, or explicit manual break-glass"
@@ -352,7 +355,8 @@ def test_danger_full_access_without_the_marker_is_refused_everywhere(
     response = _route_now(
         client, _envelope(str(tmp_path)), "&sandbox=danger-full-access"
     )
-    assert response.status_code == 400 and DANGER in response.json()["error"]
+    assert response.status_code == 400
+    assert response.json()["error"] == api_words(DANGER_NEEDS_BREAK_GLASS)
     # An ingest token cannot break the glass: the option is not an API parameter.
     response = _route_now(
         client,
@@ -371,12 +375,12 @@ def test_danger_full_access_without_the_marker_is_refused_everywhere(
             "danger-full-access",
             stdout=io.StringIO(),
         )
-    assert str(refused.value) == DANGER
+    assert str(refused.value) == DANGER_NEEDS_BREAK_GLASS
+    # A drain refuses the option before it reads an event: none is marked failed.
     inbox_ingest(enumerate([_envelope(str(tmp_path))], start=1))
-    drain_run(
-        options=drain_options("generic", {"sandbox": "danger-full-access"}), env={}
-    )
-    assert DANGER in InboxEvent.objects.get().last_reason
+    with pytest.raises(ValidationError, match=re.escape(DANGER_NEEDS_BREAK_GLASS)):
+        drain_options("generic", {"sandbox": "danger-full-access"})
+    assert InboxEvent.objects.get().state == "pending"
     _nothing_routed()
 
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from domain.bounds import option_type
 from domain.errors import ApplicationError
+from ledger.management.terminal import TerminalCommand
 from ledger.models import Loop, LoopStatus
 from ledger.services import LOOP_ACTIONS, LoopChange, loop_status_change
 
 
-class Command(BaseCommand):
+class Command(TerminalCommand):
     help = "Pause, resume, archive, stop, expire or delete a loop (with its items and runs), or list loops."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
+from ledger.management.terminal import TerminalCommand
 from ledger.services import runs_recover_expired
 
 
-class Command(BaseCommand):
+class Command(TerminalCommand):
     help = (
         "Recover workflow runs whose lease expired: fail them and free their accounts."
     )

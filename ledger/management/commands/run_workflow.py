@@ -12,8 +12,9 @@ import sys
 from types import FrameType
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from ledger.management.terminal import TerminalCommand
 from ledger.models import RunStatus, WorkflowRun
 from ledger.runner import DB_UNAVAILABLE, LOST, NOT_CLAIMED, run_workflow_run
 from ledger.services import RUN_NOT_FOUND, RUN_NOT_QUEUED
@@ -24,7 +25,7 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     sys.exit(128 + signum)
 
 
-class Command(BaseCommand):
+class Command(TerminalCommand):
     help = "Run one queued workflow run inline and print its final status."
 
     def add_arguments(self, parser: Any) -> None:

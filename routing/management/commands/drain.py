@@ -9,10 +9,11 @@ import json
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from ledger.dberrors import connection_lost, writes_refused
+from ledger.management.terminal import TerminalCommand
 from routing.drains import drain_run
 from routing.management.arguments import (
     KINDS,
@@ -22,7 +23,7 @@ from routing.management.arguments import (
 )
 
 
-class Command(BaseCommand):
+class Command(TerminalCommand):
     help = (
         "Route open inbox events (or a source command's tasks) through admission; "
         "admits one item unless --max-dispatch says more."

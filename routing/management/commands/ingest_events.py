@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
 from domain.errors import ValidationError
 from domain.jsontext import loads_limited
+from ledger.management.terminal import TerminalCommand
 from routing.drains.inbox import IngestRejected, IngestReport, inbox_ingest
 from routing.drains.routable import never_routable_warning, never_routes_message
 
@@ -87,7 +88,7 @@ def _watched(
         yield position, obj
 
 
-class Command(BaseCommand):
+class Command(TerminalCommand):
     help = "Load event envelopes (JSON or JSON Lines) into the inbox."
     stealth_options = ("stdin",)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from domain.errors import ROUTE_KIND_INVALID, ApplicationError
+from ledger.management.terminal import TerminalCommand
 from routing.admission import route_event
 from routing.management.arguments import (
     KINDS,
@@ -22,7 +23,7 @@ from routing.management.arguments import (
 )
 
 
-class Command(BaseCommand):
+class Command(TerminalCommand):
     help = "Route one event envelope: create, dedupe, throttle or skip its work item."
     stealth_options = ("stdin",)
 
@@ -37,7 +38,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["kind"] not in KINDS:
             raise CommandError(ROUTE_KIND_INVALID)
-        route_options = options_from_argparse(options)
+        route_options = options_from_argparse(options["kind"], options)
         text = read_event_text(
             event_file=options["event_file"],
             event_json=options["event_json"],

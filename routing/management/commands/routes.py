@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db.models import Prefetch
 
 from domain.bounds import BOUNDS, bounded_int
 from domain.errors import ApplicationError, ValidationError
+from ledger.management.terminal import TerminalCommand
 from ledger.models import (
     WorkflowInvocation,
     WorkflowRun,
@@ -85,7 +86,7 @@ def _run_dict(run: WorkflowRun, attempt: int) -> dict[str, Any]:
 
 
 def item_runs(item: WorkflowWorkItem) -> list[dict[str, Any]]:
-    """The item's runs oldest first, numbered per loop (an attempt of one admission)."""
+    """The item's runs oldest first, each numbered as its attempt (`with_attempts`)."""
     runs = (
         WorkflowRun.objects.filter(work_item_id=item.id)
         .order_by("created_at", "id")
@@ -105,7 +106,7 @@ def item_runs(item: WorkflowWorkItem) -> list[dict[str, Any]]:
     return [_run_dict(run, attempt) for run, attempt in with_attempts(runs)]
 
 
-class Command(BaseCommand):
+class Command(TerminalCommand):
     help = (
         "Work items as upstream's `routes` commands: list, show, requeue, invocations."
     )

@@ -16,13 +16,14 @@ import re
 from typing import Any
 
 from croniter import croniter
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 from django.utils import timezone
 from django_q.models import Schedule
 
 from domain.bounds import BOUNDS, bounded_int
 from domain.errors import ValidationError
+from ledger.management.terminal import TerminalCommand
 from routing.management.arguments import (
     add_drain_arguments,
     add_route_arguments,
@@ -60,7 +61,7 @@ def parse_every(text: str) -> int:
     return value * 60 if hours else value
 
 
-class Command(BaseCommand):
+class Command(TerminalCommand):
     help = "Create, update, list or delete scheduled drains."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -136,3 +136,34 @@ def test_a_huge_page_limit_is_a_400() -> None:
     _, token = make_token("read")
     response = Client().get(f"/api/v1/work-items?limit={'9' * 5000}", **bearer(token))
     assert response.status_code == 400
+
+
+# --- issue 43 item 6: answers as production gives them --------------------------------------
+
+
+@pytest.mark.parametrize("url", [*READ_URLS, "/metrics"])
+def test_head_is_answered_where_get_is(url: str) -> None:
+    _, token = make_token("read", "metrics")
+    get = Client().get(url, **bearer(token))
+    head = Client().head(url, **bearer(token))
+    assert head.status_code == get.status_code == 200
+    assert head["Content-Type"] == get["Content-Type"]
+
+
+def test_a_url_too_long_under_the_api_is_a_json_414() -> None:
+    _, token = make_token("read")
+    response = Client().get("/api/v1/work-items?project=" + "p" * 9000, **bearer(token))
+    assert response.status_code == 414
+    assert response.json() == {"error": "request URI too long: at most 8190 characters"}
+
+
+def test_a_bad_host_is_a_json_400_and_one_warning_line(caplog, settings) -> None:
+    settings.ALLOWED_HOSTS = ["loopsweb.example"]
+    with caplog.at_level("INFO"):
+        response = Client().get("/api/v1/work-items", HTTP_HOST="scanner.invalid")
+    assert response.status_code == 400
+    assert response.json() == {"error": "bad request"}
+    host = [r for r in caplog.records if r.name == "django.security.DisallowedHost"]
+    assert [(r.levelname, r.exc_info) for r in host] == [("WARNING", None)]
+    assert "scanner.invalid" in host[0].getMessage()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

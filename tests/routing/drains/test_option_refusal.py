@@ -37,7 +37,22 @@ BAD_DRAIN_OPTIONS = [
     (["--project-path", "/srv/" + "p" * 3000], "project path is too long"),
     (["--project-path", "/etc"], "outside LOOPSWEB_PROJECT_ROOTS"),
     (["--auth-profile-pool", "a" * 201 + ",b"], "(at most 200 characters)"),
+    # issue 43: each of these used to pass the drain and fail (or never match) its events
+    (["--sandbox", "danger-full-access"], "needs --manual-break-glass"),
+    (["--max-active-scope", "a\nb"], "--max-active-scope must not contain control"),
+    (["--max-active-scope", "s\x1b[2J"], "--max-active-scope must not contain control"),
+    (["--project-path-prefix", "relative"], "must be an absolute path"),
+    (["--tags", "ok,\x1b]0;x\x07"], "--tags must not contain control"),
 ]
+
+
+def test_a_blank_scope_still_falls_through_to_the_loop_name() -> None:
+    drain = drain_options(
+        "generic", {"max_active": 1, "max_active_scope": " "}, name="nightly"
+    )
+    assert drain.route.max_active_scope is None and drain.name == "nightly"
+    pool = drain_options("generic", {"auth_profile_pool": "a,,b,"}).route
+    assert pool.auth_profile_pool == ("a", "b")
 
 
 @pytest.mark.parametrize(("args", "message"), BAD_DRAIN_OPTIONS)
@@ -123,6 +138,28 @@ def test_the_drain_command_refuses_a_bad_option_with_exit_1_and_one_line() -> No
     assert "Traceback" not in done.stderr
     assert _inbox() == inbox
     assert not DrainRecord.objects.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_schedule_drain_refuses_danger_full_access_when_created() -> None:
+    """Through a real `manage.py schedule_drain`: the option that used to fail every
+    pending event at each firing is refused at creation, exit 1, no schedule stored."""
+    done = manage(
+        {**os.environ, "DATABASE_URL": child_database_url()},
+        "schedule_drain",
+        "nightly",
+        "generic",
+        "--every",
+        "5m",
+        "--sandbox",
+        "danger-full-access",
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "--sandbox danger-full-access needs --manual-break-glass" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not Schedule.objects.filter(name="nightly").exists()
 
 
 # --- a required worktree is a route error, not a task error ------------------------------------
