@@ -110,6 +110,9 @@ def lock_state(using: str = "default") -> LockState | None:
             " EXTRACT(EPOCH FROM now() - a.query_start)"
             " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
             " WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s"
+            # this database's lock only (one server may hold several databases)
+            " AND l.database = (SELECT oid FROM pg_database"
+            " WHERE datname = current_database())"
             " AND l.objsubid = 2",
             [ADVISORY_NAMESPACE, ADMISSION_KEY],
         )

@@ -97,6 +97,21 @@ def _hosts_read_anew() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _lock_idle_limit_outlasts_the_test_transaction(
+    request: pytest.FixtureRequest,
+) -> None:
+    """A test without `transaction=True` runs inside one transaction: the admission lock's
+    `SET LOCAL idle_in_transaction_session_timeout` then lasts for the whole test, and an
+    in-process run quiet for 10 s (an agent step) would have its session ended by the server.
+    In such tests the limit is the bound (600 s); tests of the limit set their own, and the
+    processes a test starts get the product's default."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None or marker.kwargs.get("transaction"):
+        return
+    request.getfixturevalue("settings").LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS = 600
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hasher(settings) -> None:
     # Password hashing is not what these tests are about; MD5 keeps user fixtures cheap.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -47,7 +47,8 @@ def _lock_rows(granted: bool) -> list[str]:
             "SELECT a.application_name FROM pg_locks l"
             " JOIN pg_stat_activity a ON a.pid = l.pid"
             " WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s"
-            " AND l.granted = %s",
+            " AND l.granted = %s AND l.database ="
+            " (SELECT oid FROM pg_database WHERE datname = current_database())",
             [ADVISORY_NAMESPACE, ADMISSION_KEY, granted],
         )
         return [str(row[0]) for row in cursor.fetchall()]

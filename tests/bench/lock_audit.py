@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.bench.harness import RESULTS_DIR
 
 OUR_CODE = ("/ledger/", "/routing/", "/domain/", "/loopsweb/")
@@ -105,7 +107,8 @@ def pytest_configure(config: Any) -> None:
                     time.monotonic() - db._audit_locked_at))  # fmt: skip
         return result
 
-    utils.CursorWrapper.execute = marking  # type: ignore[method-assign]
+    # For the whole session (a plugin run by hand, never part of make test).
+    pytest.MonkeyPatch().setattr(utils.CursorWrapper, "execute", marking)
     sys.addaudithook(_audit)
     _wrap("stat")
     _wrap("lstat")

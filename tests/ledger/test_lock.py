@@ -41,7 +41,8 @@ def test_a_holder_that_idles_is_ended_by_the_server_and_the_error_passes(
         with watcher.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                " AND classid = %s AND objid = %s",
+                " AND classid = %s AND objid = %s AND database ="
+                " (SELECT oid FROM pg_database WHERE datname = current_database())",
                 [ADVISORY_NAMESPACE, ADMISSION_KEY],
             )
             return int(cursor.fetchone()[0])

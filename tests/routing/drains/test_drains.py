@@ -653,7 +653,8 @@ def test_a_drain_and_an_operator_requeue_of_the_same_item_do_not_deadlock(
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                    " AND NOT granted AND classid = %s AND objid = %s",
+                    " AND NOT granted AND classid = %s AND objid = %s AND database ="
+                    " (SELECT oid FROM pg_database WHERE datname = current_database())",
                     [ADVISORY_NAMESPACE, ADMISSION_KEY],
                 )
                 return bool(cursor.fetchone()[0])
