@@ -212,6 +212,7 @@ GROUP_ORDER = (
     "hosts",
     "installation",
     "agent_clis_runner",
+    "agent_clis_login",
     "agent_clis",
     "installation_capacity",
     "upgrade",

@@ -26,7 +26,9 @@ from tests.processes import manage, start_qcluster, stop_process_group, wait_unt
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.xdist_group("agent_clis"),
+    pytest.mark.xdist_group(
+        "agent_clis_login"
+    ),  # minutes of its own: beside agent_clis
 ]
 
 PROVIDERS = clis.on_each_cli(*clis.REAL_CLIS)
