@@ -42,8 +42,10 @@ from tests.processes import (
 DEPLOY = ROOT / "deploy"
 SERVE = str(ROOT / "scripts" / "serve.sh")  # it changes into the checkout itself
 UNITS = sorted(
-    [*DEPLOY.glob("*.service"), *DEPLOY.glob("*.socket")], key=lambda p: p.name
+    [*DEPLOY.glob("*.service"), *DEPLOY.glob("*.socket"), *DEPLOY.glob("*.timer")],
+    key=lambda p: p.name,
 )
+UNITS_NAMES = {unit.name for unit in UNITS}
 STAFF_USER = "operator"
 STAFF_PASSWORD = "a-long-serve-test-password"
 HASHED = re.compile(r"\.[0-9a-f]{12}\.(css|js)$")
@@ -206,7 +208,11 @@ def test_units_and_procfile_start_each_process_alone() -> None:
         "loopsweb-web.service": "/opt/loopsweb/scripts/serve.sh web",
         "loopsweb-cluster.service": "/opt/loopsweb/scripts/serve.sh cluster",
         "loopsweb-runs.service": "/opt/loopsweb/scripts/serve.sh runs",
+        # monitoring, on its timer: the installation's health, not a process
+        "loopsweb-health.service": "/opt/loopsweb/scripts/serve.sh health",
     }
+    timer = (DEPLOY / "loopsweb-health.timer").read_text()
+    assert "OnUnitActiveSec=" in timer and "loopsweb-health.timer" in UNITS_NAMES
     for unit in UNITS:
         if unit.suffix == ".service":
             assert "EnvironmentFile=/etc/loopsweb/loopsweb.env" in unit.read_text()
@@ -302,8 +308,11 @@ def _get(url: str) -> tuple[int, dict[str, str], bytes]:
         return exc.code, dict(exc.headers), exc.read()
 
 
-def _health(base: str) -> tuple[int, dict[str, Any]]:
-    status, _, body = _get(f"{base}/healthz")
+def _health(
+    base: str, path: str = "/health/installation"
+) -> tuple[int, dict[str, Any]]:
+    """The installation's health (clusters), or with `path="/healthz"` the web's own."""
+    status, _, body = _get(f"{base}{path}")
     return status, json.loads(body)
 
 
@@ -378,13 +387,91 @@ def test_web_alone_serves_on_the_socket_systemd_passes(tmp_path: Path) -> None:
             timeout=120,
             what="gunicorn on the passed socket",
         )
-        # not migrated: the database has no tables, so the health read fails, reported as such
+        # not migrated: the database answers, so the web is healthy, but it has no tables,
+        # so the installation's health read fails, reported as such
+        status, body = _health(f"http://127.0.0.1:{port}", "/healthz")
+        assert (status, body) == (200, {"status": "ok", "database": "ok"}), body
         status, body = _health(f"http://127.0.0.1:{port}")
         assert status == 503 and body["database"] == "unavailable", body
         assert not _answers(f"http://127.0.0.1:{unused}")
     finally:
         _stop(proc)
     assert "Listening at: http://127.0.0.1:" in log.read_text()
+
+
+@pytest.mark.slow
+def test_web_alone_is_healthy_while_no_cluster_runs_and_the_installation_is_not(
+    tmp_path: Path, serve_database: str
+) -> None:
+    # Issue 42 item 8: a load balancer probing /healthz keeps a web machine whose clusters
+    # are down; /health/installation and `manage.py health` say the installation is not
+    # working. Then the same web process with its database gone: /healthz 503, /livez 200.
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = _clean_env(
+        tmp_path / "data",
+        DATABASE_URL=serve_database,
+        SECRET_KEY=secrets.token_urlsafe(50),
+        ALLOWED_HOSTS="127.0.0.1",
+        LOOPSWEB_HTTPS="0",
+        LOOPSWEB_BIND=f"127.0.0.1:{port}",
+        LOOPSWEB_WEB_WORKERS="1",
+    )
+    setup = subprocess.run(
+        ["bash", SERVE, "setup"],
+        cwd=scratch_cwd(),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert setup.returncode == 0, setup.stderr
+    web = _serve(env, tmp_path / "web.log", "web")
+    try:
+        wait_until(lambda: _answers(base), timeout=120, what="gunicorn to answer")
+        for path in ("/healthz", "/readyz"):
+            assert _health(base, path) == (200, {"status": "ok", "database": "ok"})
+        assert _health(base, "/livez") == (200, {"status": "ok"})
+        status, headers, raw = _get(f"{base}/health/installation")
+        body = json.loads(raw)
+        assert status == 503 and headers["Retry-After"] == "10", body
+        assert body["status"] == "unhealthy" and body["database"] == "ok"
+        assert body["problems"] == [
+            "cluster loopsweb has never reported",
+            "cluster loopsweb-runs has never reported",
+        ]
+        done = manage(env, "health", "--json", check=False)
+        assert done.returncode == 1, done.stderr
+        assert json.loads(done.stdout) == body
+        # what deploy/loopsweb-health.service runs on its timer
+        done = subprocess.run(
+            ["bash", SERVE, "health"],
+            cwd=scratch_cwd(),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1, done.stderr
+        assert "problem: cluster loopsweb-runs has never reported" in done.stderr
+    finally:
+        assert _stop(web) == 0, (tmp_path / "web.log").read_text()[-2000:]
+
+    gone = {**env, "DATABASE_URL": f"postgres://lw:pw@127.0.0.1:{free_port()}/none"}
+    web = _serve(gone, tmp_path / "web-gone.log", "web")
+    try:
+        wait_until(lambda: _answers(base), timeout=120, what="gunicorn to answer")
+        assert _health(base, "/livez") == (200, {"status": "ok"})
+        status, headers, raw = _get(f"{base}/healthz")
+        assert status == 503 and headers["Retry-After"] == "10"
+        assert json.loads(raw) == {
+            "status": "unhealthy",
+            "database": "unavailable",
+            "problems": ["the database does not answer"],
+        }
+        assert _health(base)[0] == 503
+    finally:
+        assert _stop(web) == 0, (tmp_path / "web-gone.log").read_text()[-2000:]
 
 
 @pytest.mark.slow
@@ -507,9 +594,9 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
         status, body = wait_until(
             lambda: (answering() == 200 and _health(base)) or None,
             timeout=180,
-            what="/healthz 200",
+            what="/health/installation 200",
         )
-        print(f"serve: /healthz 200 after {time.monotonic() - started:.0f} s")
+        print(f"serve: installation healthy after {time.monotonic() - started:.0f} s")
         assert body["status"] == "ok"
         assert body["database"] == "ok"
         assert body["clusters"]["loopsweb"]["status"] == "ok"
@@ -518,6 +605,7 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
             "status": "ok",
             "workers": 1,
         }
+        assert _health(base, "/healthz") == (200, {"status": "ok", "database": "ok"})
         # gunicorn's access log: the combined format
         assert re.search(
             r'127\.0\.0\.1 - - \[[^\]]+\] "GET /healthz HTTP/1\.1" 200 \d+ "-" "[^"]*"$',
@@ -545,8 +633,10 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
                 else None
             ),
             timeout=120,
-            what="/healthz 503 without a run cluster",
+            what="/health/installation 503 without a run cluster",
         )
+        # the web machine stays in rotation: its own health does not read the clusters
+        assert _health(base, "/healthz") == (200, {"status": "ok", "database": "ok"})
         assert body["status"] == "unhealthy"
         assert body["clusters"]["loopsweb"]["status"] == "ok"
         assert body["clusters"]["loopsweb-runs"]["status"] == "not reporting"
@@ -563,7 +653,9 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
         # the run cluster back: healthy again
         runs = _serve(env, tmp_path / "runs.log", "runs")
         wait_until(
-            lambda: _health(base)[0] == 200, timeout=120, what="/healthz 200 again"
+            lambda: _health(base)[0] == 200,
+            timeout=120,
+            what="/health/installation 200 again",
         )
         assert manage(env, "health").returncode == 0
     finally:
