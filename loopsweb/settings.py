@@ -1,7 +1,7 @@
 """loopsweb settings, driven by the environment.
 
-Every setting an operator may change is read from an environment variable (the README lists
-them all). A bad value raises ImproperlyConfigured naming the variable, at start-up, rather
+Every setting an operator may change is read from an environment variable (docs/settings.md
+lists them all). A bad value raises ImproperlyConfigured naming the variable, at start-up, rather
 than failing later in a request or a worker.
 """
 
@@ -409,7 +409,7 @@ if Q_RETRY <= Q_TIMEOUT:
 # broker's queue key (the cluster name); `name` (the signing salt) is shared.
 LOOPSWEB_RUN_CLUSTER = "loopsweb-runs"
 LOOPSWEB_RUN_WORKERS = env_int("LOOPSWEB_RUN_WORKERS", 8)
-# Several machines (ledger.hosts, README "Running on N machines"): each run cluster registers
+# Several machines (ledger.hosts, docs/operations.md "Several machines"): each run cluster registers
 # its host under this stable name and serves its own queue, `loopsweb-runs@<name>`.
 LOOPSWEB_HOST_NAME = env_str("LOOPSWEB_HOST_NAME") or socket.gethostname()
 if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}", LOOPSWEB_HOST_NAME):
@@ -562,7 +562,7 @@ LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = env_int("LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS
 # --- end runner ---
 
 # --- isolation ---
-# Where agents may run (ledger.projects, ledger.worktrees; README "Isolation").
+# Where agents may run (ledger.projects, ledger.worktrees; docs/operations.md "Isolation").
 
 
 def _absolute_dirs(name: str, raw: list[str]) -> tuple[str, ...]:

@@ -262,6 +262,36 @@ def _serve(
         )
 
 
+def _serve_once(
+    env: dict[str, str], *mode: str, timeout: int = 120
+) -> subprocess.CompletedProcess[str]:
+    """`scripts/serve.sh MODE` to its end (setup, health, a refused start)."""
+    return subprocess.run(
+        ["bash", SERVE, *mode],
+        cwd=scratch_cwd(),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _production_env(
+    data: Path, port: int, database: str, **extra: str
+) -> dict[str, str]:
+    """Production settings on a free loopback port, one web worker, plain HTTP (the
+    documented switch for loopback, docs/operations.md "Production")."""
+    return _clean_env(
+        data,
+        DATABASE_URL=database,
+        SECRET_KEY=secrets.token_urlsafe(50),
+        LOOPSWEB_HTTPS="0",
+        LOOPSWEB_BIND=f"127.0.0.1:{port}",
+        LOOPSWEB_WEB_WORKERS="1",
+        **extra,
+    )
+
+
 def _stop(
     proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, *, group: bool = False
 ) -> int:
@@ -408,23 +438,10 @@ def test_web_alone_is_healthy_while_no_cluster_runs_and_the_installation_is_not(
     # working. Then the same web process with its database gone: /healthz 503, /livez 200.
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = _clean_env(
-        tmp_path / "data",
-        DATABASE_URL=serve_database,
-        SECRET_KEY=secrets.token_urlsafe(50),
-        ALLOWED_HOSTS="127.0.0.1",
-        LOOPSWEB_HTTPS="0",
-        LOOPSWEB_BIND=f"127.0.0.1:{port}",
-        LOOPSWEB_WEB_WORKERS="1",
+    env = _production_env(
+        tmp_path / "data", port, serve_database, ALLOWED_HOSTS="127.0.0.1"
     )
-    setup = subprocess.run(
-        ["bash", SERVE, "setup"],
-        cwd=scratch_cwd(),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    setup = _serve_once(env, "setup", timeout=300)
     assert setup.returncode == 0, setup.stderr
     web = _serve(env, tmp_path / "web.log", "web")
     try:
@@ -444,14 +461,7 @@ def test_web_alone_is_healthy_while_no_cluster_runs_and_the_installation_is_not(
         assert done.returncode == 1, done.stderr
         assert json.loads(done.stdout) == body
         # what deploy/loopsweb-health.service runs on its timer
-        done = subprocess.run(
-            ["bash", SERVE, "health"],
-            cwd=scratch_cwd(),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = _serve_once(env, "health")
         assert done.returncode == 1, done.stderr
         assert "problem: cluster loopsweb-runs has never reported" in done.stderr
     finally:
@@ -489,15 +499,8 @@ def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
         # DEBUG=1 in the installation's file does not survive: serve forces DEBUG off
         ({"DEBUG": "1"}, "loopsweb: SECRET_KEY must be set when DEBUG is off"),
     ):
-        for mode in ((), ("web",), ("runs",)):
-            done = subprocess.run(
-                ["bash", SERVE, *mode],
-                cwd=scratch_cwd(),
-                env=_clean_env(data, **extra),
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+        for mode in ((), ("web",), ("runs",), ("health",)):
+            done = _serve_once(_clean_env(data, **extra), *mode)
             assert done.returncode == 2, (mode, done.stderr)
             assert message in done.stderr, (mode, done.stderr)
             assert "Traceback" not in done.stderr
@@ -505,14 +508,7 @@ def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
     database = data / "loopsweb.sqlite3"
     assert not database.exists() or database.stat().st_size == 0
     assert not (data / "static").exists()
-    bad = subprocess.run(
-        ["bash", SERVE, "everything"],
-        cwd=scratch_cwd(),
-        env=_clean_env(data),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = _serve_once(_clean_env(data), "everything")
     assert bad.returncode == 2 and "usage: scripts/serve.sh" in bad.stderr
 
 
@@ -536,15 +532,11 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     marker = f"LOOPSWEB_SERVE_TEST={secrets.token_hex(8)}"
-    env = _clean_env(
+    env = _production_env(
         tmp_path / "data",
-        DATABASE_URL=serve_database,
-        SECRET_KEY=secrets.token_urlsafe(50),
+        port,
+        serve_database,
         ALLOWED_HOSTS="127.0.0.1,localhost",
-        # plain HTTP on loopback: the documented switch (README "Production")
-        LOOPSWEB_HTTPS="0",
-        LOOPSWEB_BIND=f"127.0.0.1:{port}",
-        LOOPSWEB_WEB_WORKERS="1",
         LOOPSWEB_WEB_THREADS="2",
         Q_WORKERS="1",
         LOOPSWEB_RUN_WORKERS="1",
