@@ -19,8 +19,9 @@ from domain.errors import ValidationError
 from domain.sandbox import WORKTREE_REQUIRED
 from ledger import services
 from ledger.dberrors import write_ledger
-from ledger.models import WorkflowRun
+from ledger.models import WorkflowRun, WorkflowStepRun
 from ledger.projects import REQUIRED_NOT_GIT, is_git_work_tree, project_dir_check
+from ledger.step_commits import commit_step, step_commit_record
 from ledger.worktrees import (
     COMMIT_MESSAGE,
     NOT_COMMITTED,
@@ -115,6 +116,25 @@ class RunWorktree:
                 run_id=run.id, head=commit.head, diffstat=commit.diffstat
             )
         )
+
+    def commit_step(self, step: WorkflowStepRun) -> None:
+        """Commit what `step` left on the run's branch, under its own name
+        (ledger.step_commits); a commit that cannot be made keeps the worktree, as `save`."""
+        if self.worktree is None or self.kept:
+            return
+        step = WorkflowStepRun.objects.filter(pk=step.id).first() or step
+        try:
+            commit = commit_step(self.worktree, self.run, step)
+        except (WorktreeError, OSError) as exc:
+            self.kept = self.saved = True
+            reason = NOT_COMMITTED.format(reason=exc, path=self.worktree.path)
+            logger.warning("run %s: %s", self.run.id, reason)
+            self._record(
+                lambda: services.run_commit_failed(run_id=self.run.id, error=reason)
+            )
+            return
+        if commit is not None:
+            self._record(lambda: step_commit_record(step.id, commit))
 
     def _record(self, write: Any) -> None:
         try:

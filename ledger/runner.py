@@ -197,6 +197,7 @@ class _RunExecution:
                 if start is None:
                     start = self._wait_for_start(step)
                 result, recorded = self._run_step_with_moves(start, specs[step.step_id])
+                self.work.commit_step(step)  # its work under its own name
             except _PoolWaitOver as over:
                 self.save_work(step.step_id)
                 self._complete(step, None, end=self._pool_wait_end(step, str(over)))
