@@ -19,7 +19,8 @@ from domain.errors import ValidationError
 from domain.sandbox import WORKTREE_REQUIRED
 from ledger import services
 from ledger.dberrors import write_ledger
-from ledger.models import WorkflowRun, WorkflowStepRun
+from ledger.delivery import deliver_run, delivery_start
+from ledger.models import RunStatus, WorkflowRun, WorkflowStepRun
 from ledger.projects import REQUIRED_NOT_GIT, is_git_work_tree, project_dir_check
 from ledger.step_commits import commit_step, step_commit_record
 from ledger.worktrees import (
@@ -88,6 +89,8 @@ class RunWorktree:
                 run_id=run.id, worker=self.worker, path=None, branch=None
             )
             raise
+        # Where the work would go, read before any agent step (ledger.delivery, 1).
+        self._record(lambda: delivery_start(run, self.worktree))  # type: ignore[arg-type]
         return self.worktree
 
     def save(self, step_id: str | None) -> None:
@@ -141,6 +144,17 @@ class RunWorktree:
             write_ledger(f"run {self.run.id}: its commit", write)
         except DatabaseError:
             logger.exception("could not record the commit of run %s", self.run.id)
+
+    def ended(self, status: str) -> None:
+        """The run ended with `status`: deliver its work (ledger.delivery; a failure is
+        recorded on the run, never raised), then remove the worktree after success."""
+        if self.worktree is not None and not self.kept:
+            try:
+                deliver_run(self.run.id)
+            except Exception:
+                logger.exception("could not deliver the work of run %s", self.run.id)
+        if status == RunStatus.SUCCEEDED:
+            self.remove()
 
     def remove(self) -> None:
         """After success only, and only when the work is committed; a failed run's worktree

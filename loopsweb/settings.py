@@ -613,6 +613,11 @@ if not re.match(r"^https?://[^\s/]+", LOOPSWEB_GITHUB_API_URL):
     raise ImproperlyConfigured("LOOPSWEB_GITHUB_API_URL must be an http(s) URL")
 LOOPSWEB_GITHUB_TOKEN_FILE = env_str("LOOPSWEB_GITHUB_TOKEN_FILE") or None
 LOOPSWEB_BASE_URL = env_str("LOOPSWEB_BASE_URL").rstrip("/")
+# How a push reaches the remote: the operator's ssh command and credential helper (never a
+# repository's config, which an agent can write); SSH_AUTH_SOCK is passed through.
+LOOPSWEB_GIT_SSH_COMMAND = env_str("LOOPSWEB_GIT_SSH_COMMAND") or "ssh"
+LOOPSWEB_GIT_CREDENTIAL_HELPER = env_str("LOOPSWEB_GIT_CREDENTIAL_HELPER")
+LOOPSWEB_BRANCH_KEEP_SECONDS = env_int("LOOPSWEB_BRANCH_KEEP_SECONDS", 7 * 24 * 3600)
 
 
 def _passthrough(name: str) -> tuple[str, ...]:
