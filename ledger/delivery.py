@@ -47,6 +47,7 @@ from domain.delivery import (
     parse_remote,
 )
 from domain.errors import ApplicationError
+from ledger.delivery_view import run_project
 from ledger.git import GitError, git_error_line, resolve_commit, run_git
 from ledger.github import ForgeError, github_repo_of, open_pull_request
 from ledger.models import RunStatus, WorkflowRun
@@ -72,7 +73,8 @@ class DeliveryError(ApplicationError):
 def delivery_options(run: WorkflowRun) -> dict[str, Any]:
     """The route's delivery options as its work item stores them (validated at admission
     by routing.admission.options; read again here, the defaults for anything else)."""
-    route: Any = run.work_item.route_options_json if run.work_item_id else None
+    item = run.work_item if run.work_item_id else None
+    route: Any = item.route_options_json if item is not None else None
     options = route.get("options") if isinstance(route, dict) else None
     options = options if isinstance(options, dict) else {}
     try:
@@ -189,16 +191,7 @@ def _deliver(
     branch = run.worktree_branch or worktree_branch(run.id)
     if not record.get("url"):
         raise DeliveryError(NO_REMOTE.format(name=record.get("remote") or "origin"))
-    found = run.workflow.steps_json or []
-    project = next(
-        (
-            s["target"]["cwd"]
-            for s in found
-            if isinstance(s.get("target"), dict)
-            and isinstance(s["target"].get("cwd"), str)
-        ),
-        None,
-    )
+    project = run_project(run)
     if project is None:
         raise DeliveryError(NO_WORK)
     common = project_repository(project).common_dir

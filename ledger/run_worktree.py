@@ -15,11 +15,13 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from domain.errors import ValidationError
+from domain.delivery import DELIVER_NONE
+from domain.errors import ApplicationError, ValidationError
 from domain.sandbox import WORKTREE_REQUIRED
 from ledger import services
 from ledger.dberrors import write_ledger
 from ledger.delivery import deliver_run, delivery_start
+from ledger.discard import discard_run_work
 from ledger.models import RunStatus, WorkflowRun, WorkflowStepRun
 from ledger.projects import REQUIRED_NOT_GIT, is_git_work_tree, project_dir_check
 from ledger.step_commits import commit_step, step_commit_record
@@ -90,7 +92,8 @@ class RunWorktree:
             )
             raise
         # Where the work would go, read before any agent step (ledger.delivery, 1).
-        self._record(lambda: delivery_start(run, self.worktree))  # type: ignore[arg-type]
+        made = self.worktree
+        self._record(lambda: delivery_start(run, made))
         return self.worktree
 
     def save(self, step_id: str | None) -> None:
@@ -148,13 +151,19 @@ class RunWorktree:
     def ended(self, status: str) -> None:
         """The run ended with `status`: deliver its work (ledger.delivery; a failure is
         recorded on the run, never raised), then remove the worktree after success."""
+        record: dict[str, Any] = {}
         if self.worktree is not None and not self.kept:
             try:
-                deliver_run(self.run.id)
+                record = deliver_run(self.run.id)
             except Exception:
                 logger.exception("could not deliver the work of run %s", self.run.id)
         if status == RunStatus.SUCCEEDED:
             self.remove()
+            if record.get("mode") == DELIVER_NONE:  # nothing of the run is kept
+                try:
+                    discard_run_work(self.run.id, reason="--deliver none")
+                except ApplicationError as exc:
+                    logger.warning("run %s: %s", self.run.id, exc)
 
     def remove(self) -> None:
         """After success only, and only when the work is committed; a failed run's worktree

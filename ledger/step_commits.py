@@ -58,22 +58,22 @@ def one_line(text: object, limit: int) -> str:
 def task_of(run: WorkflowRun) -> dict[str, str]:
     """The task (or event) the run works on, as its invocation recorded it: id, title and
     description ("" where unknown)."""
-    subject: Any = run.invocation.subject_json if run.invocation_id else None
+    invocation = run.invocation if run.invocation_id else None
+    subject: Any = invocation.subject_json if invocation is not None else None
     subject = subject if isinstance(subject, dict) else {}
     raw = subject.get("raw") if isinstance(subject.get("raw"), dict) else {}
     title = raw.get("title") or _event_title(run) or raw.get("message")
     return {
         "id": str(subject.get("id") or run.work_item_id or run.id),
         "title": title if isinstance(title, str) else "",
-        "description": raw.get("description")
-        if isinstance(raw.get("description"), str)
-        else "",
+        "description": str(raw.get("description") or ""),
     }
 
 
 def _event_title(run: WorkflowRun) -> object:
     """The title in the routed event's data (a generic event's subject keeps its message)."""
-    route: Any = run.work_item.route_options_json if run.work_item_id else None
+    item = run.work_item if run.work_item_id else None
+    route: Any = item.route_options_json if item is not None else None
     event = route.get("event") if isinstance(route, dict) else None
     data = event.get("data") if isinstance(event, dict) else None
     return data.get("title") if isinstance(data, dict) else None
