@@ -209,3 +209,26 @@ def test_prune_deletes_branches_of_runs_with_no_changes_and_of_closed_prs_only(
     merged_row = WorkflowRun.objects.get(pk=merged.id)
     assert merged_row.work_discarded_at is not None
     assert merged_row.delivery_json["pr"]["state"] == "merged"
+
+
+def test_the_run_admin_page_shows_the_work_and_its_action_discards_it(
+    agent: FakeAgent, forge: Forge, tmp_path: Path, admin_client: Client
+) -> None:
+    project, _ = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "<i>x.txt"}})
+    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    page = admin_client.get(
+        reverse("admin:ledger_workflowrun_change", args=[run.id])
+    ).content.decode()
+    worker = run.step_runs.get(step_id="worker")
+    assert f"<code>{worker.commit_sha[:12]}</code> step worker" in page
+    assert 'href="https://github.example/acme/widgets/pull/1"' in page
+    assert "&lt;i&gt;x.txt" in page and "<i>x.txt" not in page
+    done = admin_client.post(
+        reverse("admin:ledger_workflowrun_changelist"),
+        {"action": "discard_work", "_selected_action": [run.id]},
+    )
+    assert done.status_code == 302
+    run.refresh_from_db()
+    assert run.work_discarded_at is not None
+    assert worktree_branch(run.id) not in _branches(project)
