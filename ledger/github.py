@@ -50,6 +50,7 @@ class PullRequest:
     url: str
     state: str
     draft: bool
+    head_sha: str | None = None
 
 
 def github_repo_of(url: str) -> tuple[str, str] | None:
@@ -123,7 +124,13 @@ def _pull_request(answer: Any) -> PullRequest:
         url=str(answer.get("html_url") or ""),
         state="merged" if merged else str(answer.get("state") or "open"),
         draft=bool(answer.get("draft")),
+        head_sha=_head_sha(answer.get("head")),
     )
+
+
+def _head_sha(head: Any) -> str | None:
+    sha = head.get("sha") if isinstance(head, dict) else None
+    return sha if isinstance(sha, str) and sha else None
 
 
 def open_pull_request(

@@ -618,6 +618,8 @@ LOOPSWEB_BASE_URL = env_str("LOOPSWEB_BASE_URL").rstrip("/")
 LOOPSWEB_GIT_SSH_COMMAND = env_str("LOOPSWEB_GIT_SSH_COMMAND") or "ssh"
 LOOPSWEB_GIT_CREDENTIAL_HELPER = env_str("LOOPSWEB_GIT_CREDENTIAL_HELPER")
 LOOPSWEB_BRANCH_KEEP_SECONDS = env_int("LOOPSWEB_BRANCH_KEEP_SECONDS", 7 * 24 * 3600)
+# How long a PR's state read from the forge is trusted by the review gate.
+LOOPSWEB_PR_STATE_CACHE_SECONDS = env_int("LOOPSWEB_PR_STATE_CACHE_SECONDS", 60)
 
 
 def _passthrough(name: str) -> tuple[str, ...]:
