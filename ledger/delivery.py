@@ -49,7 +49,12 @@ from domain.delivery import (
 from domain.errors import ApplicationError
 from ledger.delivery_view import run_project
 from ledger.git import GitError, git_error_line, resolve_commit, run_git
-from ledger.github import ForgeError, github_repo_of, open_pull_request
+from ledger.github import (
+    ForgeError,
+    find_pull_request,
+    github_repo_of,
+    open_pull_request,
+)
 from ledger.models import RunStatus, WorkflowRun
 from ledger.pr_body import pull_request_body, pull_request_title
 from ledger.services.common import append_event, clean_text
@@ -205,14 +210,22 @@ def _deliver(
     if options["mode"] != DELIVER_PULL_REQUEST or record.get("pr"):
         return
     repo = _github_repo(record, options)
-    pr = open_pull_request(
-        repo,
-        head=branch,
-        base=str(record.get("base") or "main"),
-        title=pull_request_title(run),
-        body=pull_request_body(run),
-        draft=run.status != RunStatus.SUCCEEDED,
-    )
+    try:
+        pr = open_pull_request(
+            repo,
+            head=branch,
+            base=str(record.get("base") or "main"),
+            title=pull_request_title(run),
+            body=pull_request_body(run),
+            draft=run.status != RunStatus.SUCCEEDED,
+        )
+    except ForgeError as exc:
+        # 422 for a branch that has its pull request already (one opened before an answer
+        # was lost): that one is the run's.
+        existing = find_pull_request(repo, head=branch) if exc.status == 422 else None
+        if existing is None:
+            raise
+        pr = existing
     record["pr"] = {
         "repo": repo,
         "number": pr.number,

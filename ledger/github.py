@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 
@@ -41,7 +42,12 @@ _GITHUB_URL = re.compile(
 
 
 class ForgeError(ApplicationError):
-    """The forge refused a call or could not be reached (its message, the token never)."""
+    """The forge refused a call or could not be reached (its message, the token never);
+    `status` is the HTTP status of a refusal (None: no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,8 @@ def _call(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         raise ForgeError(
             FORGE_REFUSED.format(status=exc.code, message=message).replace(
                 token, "[redacted:GITHUB_TOKEN]"
-            )
+            ),
+            status=exc.code,
         ) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -139,6 +146,16 @@ def open_pull_request(
     """`POST /repos/{repo}/pulls`: the new pull request."""
     fields = {"title": title, "head": head, "base": base, "body": body, "draft": draft}
     return _pull_request(_call("POST", f"/repos/{repo}/pulls", fields))
+
+
+def find_pull_request(repo: str, *, head: str) -> PullRequest | None:
+    """`GET /repos/{repo}/pulls?head=OWNER:BRANCH&state=all`: the newest pull request of
+    the branch `head` in `repo`, or None."""
+    owner = repo.split("/", 1)[0]
+    query = urlencode({"head": f"{owner}:{head}", "state": "all"})
+    answer = _call("GET", f"/repos/{repo}/pulls?{query}")
+    found = [_pull_request(pr) for pr in answer or [] if isinstance(pr, dict)]
+    return max(found, key=lambda pr: pr.number) if found else None
 
 
 def get_pull_request(repo: str, number: int) -> PullRequest:

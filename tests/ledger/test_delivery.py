@@ -191,7 +191,8 @@ def test_a_forge_refusal_fails_the_delivery_not_the_run_and_deliver_again_retrie
     assert record["state"] == "delivered" and record["pr"]["number"] == 1
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED and run.delivery_json["pr"]["number"] == 1
-    assert [r["method"] for r in forge.requests] == ["POST", "POST"]
+    posts = [r for r in forge.requests if r["method"] == "POST"]
+    assert len(posts) == 2 and len(forge.pulls) == 1
     # Delivered: nothing to deliver again, and no second pull request.
     with pytest.raises(CommandError, match="nothing to deliver again"):
         call_command("deliver_run", run.id)
@@ -288,3 +289,30 @@ def test_a_hostile_agents_push_config_runs_nothing_and_sends_nothing_to_its_url(
     assert remote_branches(origin)[worktree_branch(run.id)] == run.commit_head
     assert run.delivery_json["state"] == "delivered"
     assert run.delivery_json["url"] == str(origin)
+
+
+def test_a_pull_request_opened_before_an_answer_was_lost_is_adopted_not_doubled(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, _ = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    assert run.delivery_json["pr"]["number"] == 1
+    # As if the forge's 201 never reached loopsweb: the run knows of no pull request.
+    lost = {k: v for k, v in run.delivery_json.items() if k != "pr"}
+    WorkflowRun.objects.filter(pk=run.id).update(
+        delivery_json={**lost, "state": "failed", "error": "delivery failed: timed out"}
+    )
+    out = io.StringIO()
+    call_command("deliver_run", run.id, "--json", stdout=out)
+    record = json.loads(out.getvalue())
+    assert record["state"] == "delivered" and record["pr"]["number"] == 1
+    assert len(forge.pulls) == 1
+    assert [(r["method"], r["path"]) for r in forge.requests[-2:]] == [
+        ("POST", "/repos/acme/widgets/pulls"),
+        ("GET", "/repos/acme/widgets/pulls"),
+    ]
+    assert (
+        forge.requests[-1]["query"]
+        == f"head=acme%3A{worktree_branch(run.id).replace('/', '%2F')}&state=all"
+    )
