@@ -316,3 +316,17 @@ def test_a_pull_request_opened_before_an_answer_was_lost_is_adopted_not_doubled(
         forge.requests[-1]["query"]
         == f"head=acme%3A{worktree_branch(run.id).replace('/', '%2F')}&state=all"
     )
+
+
+def test_deliver_none_keeps_nothing_of_a_succeeded_run(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, origin = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    before = remote_branches(origin)
+    run = _run(project, deliver="none")
+    assert run.status == RunStatus.SUCCEEDED
+    branches = git(project, "branch", "--list", "--format=%(refname:short)").split()
+    assert worktree_branch(run.id) not in branches and "main" in branches
+    assert run.work_discarded_at is not None and run.delivery_json["mode"] == "none"
+    assert remote_branches(origin) == before and forge.requests == []

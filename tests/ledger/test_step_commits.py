@@ -126,3 +126,12 @@ def test_a_bad_git_author_is_refused_at_start_up() -> None:
     for bad in ("nobody", "<a@b>", "A <a b>", "A\n <a@b>", "A <a@b> x"):
         with pytest.raises(ValueError, match="LOOPSWEB_GIT_AUTHOR"):
             parse_git_author(bad)
+
+
+def test_manage_py_refuses_to_start_with_a_bad_git_author(tmp_path: Path) -> None:
+    from tests.processes import manage, terminal_env
+
+    env = terminal_env(tmp_path, SECRET_KEY="x", LOOPSWEB_GIT_AUTHOR="no email here")
+    done = manage(env, "check", check=False)
+    assert done.returncode != 0
+    assert "LOOPSWEB_GIT_AUTHOR must be 'Name <email>'" in done.stderr
