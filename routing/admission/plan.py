@@ -30,9 +30,7 @@ from domain.keys import (
     generic_event_key,
     generic_names,
     generic_pool_seed,
-    pr_fingerprint_from_task,
     route_key_for_kind,
-    todos_task_key,
     todos_task_names,
 )
 from domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
@@ -80,6 +78,7 @@ from routing.admission.options import (
     route_provider,
 )
 from routing.admission.results import SKIPPED, RouteResult
+from routing.admission.review_gate import todos_review_key
 
 # --- stage 1: the plan (no store access) ------------------------------------------------------
 
@@ -255,7 +254,12 @@ def plan_route(
                 dry_run=options.dry_run,
                 task=task,
             )
-        key = todos_task_key(task_id, pr_fingerprint=pr_fingerprint_from_task(data))
+        # The key, and the PR review gate's skip (docs/upstream.md §3.2.11).
+        key, gated = todos_review_key(
+            data, eligibility.tags, task_id, envelope, task, options
+        )
+        if gated is not None:
+            return gated
         workflow_name, loop_name = todos_task_names(options.name_prefix, task_id, key)
         seed = task_id
         subject_ref = task_id
