@@ -18,17 +18,20 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Field, Model, QuerySet
 
+from domain.windows import Window
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     Account,
     AccountCooldown,
     AccountLoadCount,
+    AccountWindow,
     SpecStatus,
     WorkflowInvocation,
     WorkflowSpec,
@@ -186,18 +189,50 @@ class AccountLimits:
     enabled: bool
     max_running: int | None
     login_failed: bool = False
+    # 0021: the operator gave it window budgets (ledger.windows estimates those windows).
+    window_budgets: bool = False
 
 
 # The registry rows of the named accounts, in the same statement (`account_state(accounts=)`):
-# the third column holds enabled (1) and login failed (2) as bits.
+# the third column holds enabled (1), login failed (2) and has window budgets (4) as bits.
 _LIMITS_SQL = f"""
 SELECT 'account', name,
   CASE WHEN enabled THEN 1 ELSE 0 END
-  + CASE WHEN login_failed_at IS NULL THEN 0 ELSE 2 END,
+  + CASE WHEN login_failed_at IS NULL THEN 0 ELSE 2 END
+  + CASE WHEN window_budgets IS NULL THEN 0 ELSE 4 END,
   max_running, NULL
 FROM "{Account._meta.db_table}"
 WHERE name IN ({{marks}})
 """
+
+
+# The newest rate-limit window observation per (account, window), in the same statement
+# (`account_state(windows=True)`, after the cooling rows for PostgreSQL's column types): the
+# kind is `window:NAME`, then the used fraction in millionths, the status (1 allowed,
+# 2 allowed_warning, 3 rejected) and the reset.
+_WINDOWS = AccountWindow._meta.db_table
+_WINDOW_STATUS = {1: "allowed", 2: "allowed_warning", 3: "rejected"}
+_WINDOWS_SQL = f"""
+SELECT 'window:' || w."window", w.account_profile,
+  CAST(ROUND(w.used * 1000000) AS INTEGER),
+  CASE w.status WHEN 'allowed' THEN 1 WHEN 'allowed_warning' THEN 2
+    WHEN 'rejected' THEN 3 ELSE 0 END,
+  w.resets_at
+FROM "{_WINDOWS}" w
+WHERE w.observed_at >= %s{{names}} AND w.observed_at = (
+  SELECT MAX(v.observed_at) FROM "{_WINDOWS}" v
+  WHERE v.account_profile = w.account_profile AND v."window" = w."window")
+"""
+
+
+def _window_row(kind: str, used: int | None, status: int | None, resets: Any) -> Window:
+    return Window(
+        name=kind[len("window:") :],
+        used=None if used is None else used / 1_000_000,
+        status=_WINDOW_STATUS.get(status or 0),
+        resets_at=None if resets is None else _aware(resets),
+        source="ledger",
+    )
 
 
 @dataclass(frozen=True)
@@ -208,10 +243,15 @@ class AccountState:
     load: AccountLoad
     cooling: dict[str, datetime]
     limits: dict[str, AccountLimits] = field(default_factory=dict)
+    # With `windows=True`: account -> its newest window observations (no estimate).
+    windows: dict[str, list[Window]] = field(default_factory=dict)
 
 
 def account_state(
-    *, now: datetime | None = None, accounts: Iterable[str] | None = None
+    *,
+    now: datetime | None = None,
+    accounts: Iterable[str] | None = None,
+    windows: bool = False,
 ) -> AccountState:
     """Load per account profile, the loopsweb way (load that cannot herd), in one round trip.
 
@@ -223,6 +263,9 @@ def account_state(
     - cooling (only with `now`): cooldowns still in force at `now`.
     - limits (only with `accounts`): enabled and max_running of those of the named accounts
       that are registered (as `account_registry(accounts)` reads them).
+    - windows (only with `now` and `windows=True`): the newest observation of each
+      rate-limit window (of the named accounts, or all) seen within
+      LOOPSWEB_WINDOW_KEEP_DAYS (ledger.windows adds the estimates).
     Later steps of a started run count only once they run. Running and reserved are the
     counts kept per account (`ledger.loads`), equal to a recount of the rows: the read costs
     one row per account, not a scan of the queued runs.
@@ -235,6 +278,16 @@ def account_state(
         parts.insert(0, _COOLING_SQL)
         params.append(_db_datetime(now))
     names = sorted({str(n).strip() for n in accounts or ()})
+    if now is not None and windows:
+        marks = ", ".join(["%s"] * len(names))
+        parts.insert(
+            1,
+            _WINDOWS_SQL.format(
+                names=f" AND w.account_profile IN ({marks})" if names else ""
+            ),
+        )
+        params.insert(1, _db_datetime(now - timedelta(days=window_keep_days())))
+        params[2:2] = names
     if names:
         parts.append(_LIMITS_SQL.format(marks=", ".join(["%s"] * len(names))))
         params += names
@@ -242,10 +295,15 @@ def account_state(
     reserved: dict[str, int] = {}
     cooling: dict[str, datetime] = {}
     limits: dict[str, AccountLimits] = {}
+    seen: dict[str, list[Window]] = {}
     with connection.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), params)
         for kind, profile, n_running, n_reserved, until in cursor.fetchall():
-            if kind == "load":
+            if kind.startswith("window:"):
+                seen.setdefault(profile, []).append(
+                    _window_row(kind, n_running, n_reserved, until)
+                )
+            elif kind == "load":
                 if n_running:
                     running[profile] = n_running
                 if n_reserved:
@@ -255,6 +313,7 @@ def account_state(
                     enabled=bool(n_running & 1),
                     max_running=n_reserved,
                     login_failed=bool(n_running & 2),
+                    window_budgets=bool(n_running & 4),
                 )
             else:
                 cooling[profile] = _aware(until)
@@ -262,7 +321,13 @@ def account_state(
         load=AccountLoad(running=running, reserved=reserved),
         cooling=cooling,
         limits=limits,
+        windows=seen,
     )
+
+
+def window_keep_days() -> float:
+    """How long a window observation is kept and read (LOOPSWEB_WINDOW_KEEP_DAYS)."""
+    return float(getattr(settings, "LOOPSWEB_WINDOW_KEEP_DAYS", 8))
 
 
 def account_load() -> AccountLoad:
@@ -409,6 +474,8 @@ class RegisteredAccount:
     # 0014: when a step's login was refused, and the agent's words (None: no mark).
     login_failed_at: datetime | None = None
     login_failed_reason: str | None = None
+    # 0021: token budget per window (`{"5h": 2000000}`), None without one.
+    window_budgets: dict[str, int] | None = None
 
     @property
     def login_failed(self) -> bool:
@@ -430,6 +497,9 @@ def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
             env_file=row.env_file or None,
             login_failed_at=row.login_failed_at,
             login_failed_reason=row.login_failed_reason,
+            window_budgets=row.window_budgets
+            if isinstance(row.window_budgets, dict)
+            else None,
         )
         for row in rows
     }

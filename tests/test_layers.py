@@ -47,7 +47,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "ledger reads (selectors, account loads, display, capacity)",
-        ("ledger.selectors", "ledger.loads", "ledger.display", "ledger.capacity"),
+        (
+            "ledger.selectors",
+            "ledger.loads",
+            "ledger.display",
+            "ledger.capacity",
+            "ledger.windows",
+        ),
     ),
     (
         "ledger adapters (providers, processes, projects, rate limits, usage)",
@@ -62,6 +68,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ledger.stepguard",
             "ledger.redaction",
             "ledger.usage",
+            "ledger.window_parse",
+            "ledger.window_watch",
             "ledger.worktree_files",
         ),
     ),

@@ -51,6 +51,7 @@ from ledger.services.failover import (
     step_failover,
 )
 from ledger.usage import Usage
+from ledger.windows import window_refusal
 
 WAIT_DISABLED = "account {profile} is disabled in the account registry"
 
@@ -208,7 +209,7 @@ def _start_locked(
         )
     spec = step_spec(run, step.step_id)
     gate = _account_gate(step, now)
-    refusal = _account_refusal(step, spec, gate)
+    refusal = _account_refusal(step, spec, gate, now)
     if refusal is not None and step_failover(
         run=run,
         step=step,
@@ -218,7 +219,7 @@ def _start_locked(
         now=now,
     ):
         gate = _account_gate(step, now)
-        refusal = _account_refusal(step, spec, gate)
+        refusal = _account_refusal(step, spec, gate, now)
     if refusal is not None and refusal[0] == "cooldown":
         until = pool_cooling_until(run, now)
         if until is not None:
@@ -275,7 +276,10 @@ def _account_gate(step: WorkflowStepRun, now: datetime) -> AccountGate | None:
 
 
 def _account_refusal(
-    step: WorkflowStepRun, spec: dict[str, Any], gate: AccountGate | None
+    step: WorkflowStepRun,
+    spec: dict[str, Any],
+    gate: AccountGate | None,
+    now: datetime,
 ) -> tuple[str, str, datetime | None] | None:
     if gate is None:
         return None
@@ -295,6 +299,9 @@ def _account_refusal(
             WAIT_COOLING.format(profile=profile, until=gate.cooling_until.isoformat()),
             gate.cooling_until,
         )
+    spent = window_refusal(profile, spec, now) if profile else None
+    if spent is not None:
+        return spent
     limit = account_limit(spec, account)
     # The kept count of running steps on the account: this step is not one of them (it is
     # pending, or failed/timed_out before a retry).

@@ -139,6 +139,8 @@ class RoutePlan:
     # Planned from an item's stored route by an operator's retry (`plan_stored_route`): a
     # retry the caps defer keeps that route for whichever drain admits it later.
     retry: bool = False
+    # --max-window-used (None: domain.windows.DEFAULT_MAX_WINDOW_USED).
+    max_window_used: float | None = None
 
 
 def stored_route(
@@ -343,6 +345,8 @@ def plan_route(
             for step in spec["steps"]:
                 if step["id"] == step_id:
                     step["routing"]["maxPerProfile"] = max_per_profile
+                    if options.max_window_used is not None:  # failover reads it
+                        step["routing"]["maxWindowUsed"] = options.max_window_used
 
     account_policy = (
         "role-explicit" if any(pins.values()) else ("pool" if pool else "single")
@@ -435,6 +439,7 @@ def plan_route(
         refusal=refusal,
         task=task,
         route=stored_route(kind, envelope, options, scope=scope),
+        max_window_used=options.max_window_used,
     )
     check_plan_fits_columns(plan)  # bad input never reaches the admission lock
     return plan
