@@ -57,6 +57,7 @@ from ledger.ratelimit import detect_login_failure
 from ledger.redaction import Redactor
 from ledger.services.common import LedgerError
 from ledger.services.cooldowns import account_login_clear, account_login_failed_record
+from ledger.windows import parse_budgets
 
 ACCOUNT_EXISTS = "account {name} already exists"
 ACCOUNT_NOT_FOUND = "no account named {name!r}"
@@ -180,6 +181,7 @@ def account_add(
     notes: str = "",
     dry_run: bool = False,
     env_file: str | None = None,
+    window_budgets: dict[str, int] | None = None,
 ) -> Account:
     """Register an account (enabled). An existing name is refused, not overwritten."""
     name = name.strip()
@@ -199,10 +201,32 @@ def account_add(
         env_file=env_file or None,
         max_running=max_running,
         notes=notes,
+        window_budgets=window_budgets or None,
     )
     row.full_clean()
     if not dry_run:
         row.save(force_insert=True)
+    return row
+
+
+def account_window_budgets(pairs: list[str]) -> dict[str, int]:
+    """`--window NAME=TOKENS` values as budgets (ledger.windows); AccountError when bad."""
+    try:
+        return parse_budgets(pairs)
+    except ValueError as exc:
+        raise AccountError(str(exc)) from None
+
+
+def account_edit(
+    *, name: str, window_budgets: dict[str, int], dry_run: bool = False
+) -> Account:
+    """Replace the window budgets of the account `name` (empty: none)."""
+    row = Account.objects.filter(pk=name.strip()).first()
+    if row is None:
+        raise AccountError(ACCOUNT_NOT_FOUND.format(name=name.strip()))
+    row.window_budgets = window_budgets or None
+    if not dry_run:
+        row.save(update_fields=["window_budgets", "updated_at"])
     return row
 
 
