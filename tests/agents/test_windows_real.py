@@ -1,0 +1,102 @@
+"""Rate-limit windows with the REAL CLIs against the provider stand-in sending the window
+headers (docs/windows.md §1): the runner records what codex's rollout and claude's
+`rate_limit_event` say, for the account the step ran on; an account the stand-in reports
+spent gets no further step.
+
+In this process (`run_workflow_run`, as `manage.py run_workflow` calls it); the same through
+the run cluster and drain processes is tests/agents/test_windows_processes.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.models import AccountWindow, RunStatus, WorkflowRun
+from ledger.runner import run_workflow_run
+from routing.admission import CREATED, route_event, route_options
+from tests.agents import clis
+from tests.agents.provider import ProviderStandIn
+from tests.ledger.runner_helpers import git_project, steps_of
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db,
+    pytest.mark.xdist_group("agent_clis_runner"),
+]
+
+KEYS = {"acct-a": "sk-ant-oat01-key-of-acct-a", "acct-b": "sk-ant-oat01-key-of-acct-b"}
+SOURCES = {"codex": "codex rollout", "claude": "claude rate_limit_event"}
+
+
+@pytest.fixture
+def binaries(cli_bin: Path, settings: Any) -> Path:
+    settings.LOOPSWEB_PROVIDER_BINARIES = {
+        provider: str(cli_bin / name)
+        for provider, (_, _, name) in clis.CLI_PACKAGES.items()
+    }
+    return cli_bin
+
+
+def _route(project: Path, provider: str, **raw: Any) -> WorkflowRun:
+    event = {
+        "id": f"evt-{time.time_ns()}",
+        "type": "build.failed",
+        "source": "ci",
+        "data": {
+            "project_path": str(project),
+            "title": "Write agent-output.txt",
+            "message": "Write the file agent-output.txt in the working directory.",
+        },
+    }
+    result = route_event(
+        kind="generic",
+        envelope=event,
+        options=route_options({"provider": provider, **raw}),
+        env={},
+    )
+    assert result.kind == CREATED, result.to_dict()
+    assert result.run is not None
+    return result.run
+
+
+@pytest.mark.parametrize("provider", clis.on_each_cli("codex", "claude"))
+def test_each_steps_window_is_recorded_for_its_account(
+    provider: str, binaries: Path, stand_in: ProviderStandIn, tmp_path: Path
+) -> None:
+    # claude reports a number only at warning levels: acct-a at 93 % (warning), acct-b 42 %.
+    stand_in.windows = {KEYS["acct-a"]: 0.93, KEYS["acct-b"]: 0.42}
+    for name, key in KEYS.items():
+        clis.register_account(provider, name, stand_in, tmp_path, key=key, oauth=True)
+    project = git_project(tmp_path / "project")
+    run = _route(project, provider, auth_profile_pool="acct-a,acct-b")
+
+    assert run_workflow_run(run.id) == RunStatus.SUCCEEDED, WorkflowRun.objects.get(
+        pk=run.id
+    ).error
+
+    steps = steps_of(run)
+    assert {s.account_profile for s in steps.values()} == set(KEYS)
+    reset = stand_in._window_epoch + stand_in.window_reset_seconds
+    rows = {
+        (r.account_profile, r.window): r
+        for r in AccountWindow.objects.filter(source=SOURCES[provider])
+    }
+    a = rows[("acct-a", "5h")]
+    assert a.used == pytest.approx(0.93)
+    assert int(a.resets_at.timestamp()) == reset
+    assert a.step_run_id in {s.id for s in steps.values()}
+    b = rows[("acct-b", "5h")]
+    assert int(b.resets_at.timestamp()) == reset
+    if provider == "codex":  # exact, from every answer, both windows
+        assert b.used == pytest.approx(0.42)
+        assert rows[("acct-a", "7d")].used == pytest.approx(0.17)
+    else:  # claude: allowed carries no number; the warning does
+        assert (a.status, b.status, b.used) == ("allowed_warning", "allowed", None)
+
+    # acct-a is past --max-window-used (0.9): the next run's steps all go to acct-b.
+    second = _route(project, provider, auth_profile_pool="acct-a,acct-b")
+    assert {s.account_profile for s in steps_of(second).values()} == {"acct-b"}
