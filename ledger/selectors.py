@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -207,31 +207,35 @@ WHERE name IN ({{marks}})
 
 
 # The newest rate-limit window observation per (account, window), in the same statement
-# (`account_state(windows=True)`, after the cooling rows for PostgreSQL's column types): the
-# kind is `window:NAME`, then the used fraction in millionths, the status (1 allowed,
-# 2 allowed_warning, 3 rejected) and the reset.
+# (`account_state(windows=True)`, after the cooling rows for PostgreSQL's column types), as
+# two rows: `window:NAME|SOURCE` with the used fraction in millionths, the status (1 allowed,
+# 2 allowed_warning, 3 rejected) and the reset; `seen:NAME` with when it was observed.
 _WINDOWS = AccountWindow._meta.db_table
 _WINDOW_STATUS = {1: "allowed", 2: "allowed_warning", 3: "rejected"}
-_WINDOWS_SQL = f"""
-SELECT 'window:' || w."window", w.account_profile,
-  CAST(ROUND(w.used * 1000000) AS INTEGER),
-  CASE w.status WHEN 'allowed' THEN 1 WHEN 'allowed_warning' THEN 2
-    WHEN 'rejected' THEN 3 ELSE 0 END,
-  w.resets_at
+_LATEST_WINDOW = f"""
 FROM "{_WINDOWS}" w
 WHERE w.observed_at >= %s{{names}} AND w.observed_at = (
   SELECT MAX(v.observed_at) FROM "{_WINDOWS}" v
-  WHERE v.account_profile = w.account_profile AND v."window" = w."window")
+  WHERE v.account_profile = w.account_profile AND v."window" = w."window")"""
+_WINDOWS_SQL = f"""
+SELECT 'window:' || w."window" || '|' || w.source, w.account_profile,
+  CAST(ROUND(w.used * 1000000) AS INTEGER),
+  CASE w.status WHEN 'allowed' THEN 1 WHEN 'allowed_warning' THEN 2
+    WHEN 'rejected' THEN 3 ELSE 0 END,
+  w.resets_at{_LATEST_WINDOW}
+UNION ALL
+SELECT 'seen:' || w."window", w.account_profile, NULL, NULL, w.observed_at{_LATEST_WINDOW}
 """
 
 
 def _window_row(kind: str, used: int | None, status: int | None, resets: Any) -> Window:
+    name, _, source = kind[len("window:") :].partition("|")
     return Window(
-        name=kind[len("window:") :],
+        name=name,
         used=None if used is None else used / 1_000_000,
         status=_WINDOW_STATUS.get(status or 0),
         resets_at=None if resets is None else _aware(resets),
-        source="ledger",
+        source=source,
     )
 
 
@@ -286,8 +290,8 @@ def account_state(
                 names=f" AND w.account_profile IN ({marks})" if names else ""
             ),
         )
-        params.insert(1, _db_datetime(now - timedelta(days=window_keep_days())))
-        params[2:2] = names
+        since = _db_datetime(now - timedelta(days=window_keep_days()))
+        params[1:1] = [since, *names, since, *names]
     if names:
         parts.append(_LIMITS_SQL.format(marks=", ".join(["%s"] * len(names))))
         params += names
@@ -296,6 +300,7 @@ def account_state(
     cooling: dict[str, datetime] = {}
     limits: dict[str, AccountLimits] = {}
     seen: dict[str, list[Window]] = {}
+    observed: dict[tuple[str, str], datetime] = {}
     with connection.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), params)
         for kind, profile, n_running, n_reserved, until in cursor.fetchall():
@@ -303,6 +308,8 @@ def account_state(
                 seen.setdefault(profile, []).append(
                     _window_row(kind, n_running, n_reserved, until)
                 )
+            elif kind.startswith("seen:"):
+                observed[(profile, kind[len("seen:") :])] = _aware(until)
             elif kind == "load":
                 if n_running:
                     running[profile] = n_running
@@ -321,7 +328,16 @@ def account_state(
         load=AccountLoad(running=running, reserved=reserved),
         cooling=cooling,
         limits=limits,
-        windows=seen,
+        windows={
+            profile: sorted(
+                (
+                    replace(w, observed_at=observed.get((profile, w.name)))
+                    for w in found
+                ),
+                key=lambda w: w.name,
+            )
+            for profile, found in seen.items()
+        },
     )
 
 

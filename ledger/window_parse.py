@@ -24,6 +24,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -38,6 +39,7 @@ SOURCE_HEADERS = "response headers"
 
 _NAMES = {"five_hour": "5h", "seven_day": "7d"}
 _MAX_EPOCH = 253402300799  # 9999-12-31
+_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def window_name(minutes: Any = None, name: Any = None) -> str | None:
@@ -51,7 +53,8 @@ def window_name(minutes: Any = None, name: Any = None) -> str | None:
                 return f"{m // 60}h"
             return f"{m}m"
     if isinstance(name, str) and name.strip():
-        return _NAMES.get(name.strip(), name.strip()[:60])
+        kept = _NAME_CHARS.sub("_", name.strip())[:60]
+        return _NAMES.get(kept, kept)
     return None
 
 
