@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -44,15 +45,15 @@ KEYS = {"acct-a": "key-of-acct-a-0123", "acct-b": "key-of-acct-b-4567"}
 
 
 def _ingest(env: dict[str, str], project: Path, tmp_path: Path, n: int) -> None:
-    task = _task(project, "codex")
+    task: dict[str, Any] = _task(project, "codex")
     task["id"] = f"evt-codex-{n}"
-    task["data"]["id"] = f"REAL-codex-{n}"  # type: ignore[index]
+    task["data"] = {**task["data"], "id": f"REAL-codex-{n}"}
     path = tmp_path / f"task-{n}.json"
     path.write_text(json.dumps(task))
     manage(env, "ingest_events", str(path))
 
 
-def _drain(env: dict[str, str], *extra: str) -> dict[str, object]:
+def _drain(env: dict[str, str], *extra: str) -> dict[str, Any]:
     done = manage(
         env,
         "drain",
@@ -117,7 +118,7 @@ def test_a_spent_window_steers_the_next_steps_and_then_defers_the_pool(
         _ingest(env, project, tmp_path, 3)
         report = _drain(env, "--max-window-used", "0.4")
         assert report["throttled"] == 1, report
-        (held,) = report["results"]  # type: ignore[misc]
+        (held,) = report["results"]
     finally:
         stop_process_group(cluster)
     assert held["reasonCode"] == reasons.WINDOW_EXHAUSTED
