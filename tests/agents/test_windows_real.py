@@ -9,17 +9,15 @@ the run cluster and drain processes is tests/agents/test_windows_processes.py.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ledger.models import AccountWindow, RunStatus, WorkflowRun
 from ledger.runner import run_workflow_run
-from routing.admission import CREATED, route_event, route_options
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
+from tests.agents.test_runner_real import _route
 from tests.ledger.runner_helpers import git_project, steps_of
 
 pytestmark = [
@@ -30,37 +28,6 @@ pytestmark = [
 
 KEYS = {"acct-a": "sk-ant-oat01-key-of-acct-a", "acct-b": "sk-ant-oat01-key-of-acct-b"}
 SOURCES = {"codex": "codex rollout", "claude": "claude rate_limit_event"}
-
-
-@pytest.fixture
-def binaries(cli_bin: Path, settings: Any) -> Path:
-    settings.LOOPSWEB_PROVIDER_BINARIES = {
-        provider: str(cli_bin / name)
-        for provider, (_, _, name) in clis.CLI_PACKAGES.items()
-    }
-    return cli_bin
-
-
-def _route(project: Path, provider: str, **raw: Any) -> WorkflowRun:
-    event = {
-        "id": f"evt-{time.time_ns()}",
-        "type": "build.failed",
-        "source": "ci",
-        "data": {
-            "project_path": str(project),
-            "title": "Write agent-output.txt",
-            "message": "Write the file agent-output.txt in the working directory.",
-        },
-    }
-    result = route_event(
-        kind="generic",
-        envelope=event,
-        options=route_options({"provider": provider, **raw}),
-        env={},
-    )
-    assert result.kind == CREATED, result.to_dict()
-    assert result.run is not None
-    return result.run
 
 
 @pytest.mark.parametrize("provider", clis.on_each_cli("codex", "claude"))
