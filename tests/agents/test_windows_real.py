@@ -67,3 +67,28 @@ def test_each_steps_window_is_recorded_for_its_account(
     # acct-a is past --max-window-used (0.9): the next run's steps all go to acct-b.
     second = _route(project, provider, auth_profile_pool="acct-a,acct-b")
     assert {s.account_profile for s in steps_of(second).values()} == {"acct-b"}
+
+
+@pytest.mark.sqlite
+def test_opencode_tells_nothing_before_a_429_and_the_429_is_recorded(
+    binaries: Path, stand_in: ProviderStandIn, tmp_path: Path
+) -> None:
+    """opencode reads no window on success; at a spent window (the stand-in's 429 with the
+    headers) the runner stops it as soon as its log names the limit, before opencode prints
+    its error line, so what is recorded is the 429 the runner saw: rejected until the
+    cooldown's end. The step moves to acct-b."""
+    stand_in.windows = {KEYS["acct-a"]: 1.0, KEYS["acct-b"]: 0.3}
+    stand_in.retry_after = 120
+    for name, key in KEYS.items():
+        clis.register_account("opencode", name, stand_in, tmp_path, key=key)
+    project = git_project(tmp_path / "project")
+    run = _route(project, "opencode", auth_profile_pool="acct-a,acct-b")
+
+    assert run_workflow_run(run.id) == RunStatus.SUCCEEDED, WorkflowRun.objects.get(
+        pk=run.id
+    ).error
+
+    assert {s.account_profile for s in steps_of(run).values()} == {"acct-b"}
+    spent = AccountWindow.objects.get(account_profile="acct-a")
+    assert (spent.window, spent.status) == ("rate_limit", "rejected")
+    assert not AccountWindow.objects.filter(account_profile="acct-b").exists()
