@@ -20,7 +20,8 @@ Contract:
    upstream's.
    Between cooling and the caps, members whose rate-limit window is spent (``windows``,
    domain.windows) are removed; when none is left the route is deferred with
-   ``window_exhausted``, the reason naming each member's window and the earliest reset.
+   ``window_exhausted``, the reason naming each member's window and the earliest reset;
+   then members ahead of their window pace, deferring with ``window_paced``.
    Among members of equal load, the one with more window headroom wins; with no window
    known every headroom is equal and the walk order decides, as upstream.
 7. ``valid_profile_name`` is the shape every account name must have: it lands next to
@@ -238,6 +239,16 @@ def assign_pool_auth_profiles(
                 min_load=min(load_counts.get(entry, 0) for entry in members),
                 reason=windows.reason(members),
                 reason_code=reasons.WINDOW_EXHAUSTED,
+            )
+        members = kept
+    if windows is not None and windows.paced:
+        kept = [entry for entry in members if entry not in windows.paced]
+        if not kept:
+            return PoolAssignment(
+                deferred=True,
+                min_load=min(load_counts.get(entry, 0) for entry in members),
+                reason=windows.paced_reason(members),
+                reason_code=reasons.WINDOW_PACED,
             )
         members = kept
 

@@ -15,6 +15,7 @@ COOLDOWN = "cooldown"
 ACCOUNT_DISABLED = "account_disabled"
 LOGIN_FAILED = "login_failed"
 WINDOW_EXHAUSTED = "window_exhausted"
+WINDOW_PACED = "window_paced"
 
 ALL: tuple[str, ...] = (
     ROUTE_CAP,
@@ -25,6 +26,7 @@ ALL: tuple[str, ...] = (
     ACCOUNT_DISABLED,
     LOGIN_FAILED,
     WINDOW_EXHAUSTED,
+    WINDOW_PACED,
 )
 
 LABELS: dict[str, str] = {
@@ -36,4 +38,5 @@ LABELS: dict[str, str] = {
     ACCOUNT_DISABLED: "All pool accounts disabled in the account registry",
     LOGIN_FAILED: "All pool accounts' logins failed (account check to clear)",
     WINDOW_EXHAUSTED: "All pool accounts at their window budget (--max-window-used)",
+    WINDOW_PACED: "All pool accounts ahead of their window pace (--window-pace)",
 }

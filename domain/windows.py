@@ -15,13 +15,18 @@ Contract:
    window is known is decided exactly as before.
 6. `window_filter` keeps the members (in their order) that are not exhausted, and names the
    exhausted ones with the time each frees; `earliest_reset` is the first of those times.
+7. Pacing (an account with `window_pace`): a window of known length (`5h`, `7d`, `90m`),
+   used fraction and reset may be used only as far as its elapsed share: with L its length
+   and the window started at reset - L, the account is paced while used > elapsed / L, until
+   reset - L * (1 - used) (when the elapsed share catches up). Paced members are removed
+   after the exhausted ones; a pool left with none defers with `window_paced`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from domain.errors import ValidationError
@@ -31,6 +36,8 @@ REJECTED = "rejected"
 STATUSES = ("allowed", "allowed_warning", "rejected")
 
 WINDOW_EXHAUSTED_REASON = "all {n} pool members at their window budget ({detail})"
+WINDOW_PACED_REASON = "all {n} pool members ahead of their window pace ({detail})"
+_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,29 @@ class Window:
         }
 
 
+def length_seconds(name: str) -> int | None:
+    """The length of a window named like `5h`, `7d`, `90m` (None for other names)."""
+    unit = _UNIT_SECONDS.get(name[-1:]) if name else None
+    digits = name[:-1]
+    if unit is None or not digits.isdigit() or digits.startswith("0"):
+        return None
+    return int(digits) * unit
+
+
+def paced_until(window: Window, now: datetime) -> datetime | None:
+    """Rule 7: when the window's pace lets the account start again (None: not paced)."""
+    length = length_seconds(window.name)
+    if (
+        length is None
+        or window.used is None
+        or window.resets_at is None
+        or window.over(now)
+    ):
+        return None
+    frees = window.resets_at - timedelta(seconds=length * (1.0 - window.used))
+    return frees if frees > now else None
+
+
 def iso(value: datetime) -> str:
     return value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -111,6 +141,17 @@ class WindowFilter:
     exhausted: dict[str, datetime | None] = field(default_factory=dict)
     headroom: dict[str, float] = field(default_factory=dict)
     detail: dict[str, str] = field(default_factory=dict)
+    # Rule 7: members ahead of their pace, with when each may start again.
+    paced: dict[str, datetime] = field(default_factory=dict)
+
+    def paced_reason(self, members: Sequence[str]) -> str:
+        detail = "; ".join(
+            f"{name.strip()}: until {iso(self.paced[name])}"
+            for name in members
+            if name in self.paced
+        )
+        text = WINDOW_PACED_REASON.format(n=len(members), detail=detail)
+        return f"{text} until {iso(min(self.paced.values()))}" if self.paced else text
 
     @property
     def earliest_reset(self) -> datetime | None:
@@ -133,12 +174,15 @@ def window_filter(
     windows: Mapping[str, Sequence[Window]],
     now: datetime,
     max_used: float = DEFAULT_MAX_WINDOW_USED,
+    paced: Collection[str] = (),
 ) -> WindowFilter:
-    """Rule 6: the members that may take a step now, and why the others may not."""
+    """Rules 6 and 7: the members that may take a step now, and why the others may not
+    (`paced`: the accounts whose windows are paced)."""
     kept: list[str] = []
     exhausted: dict[str, datetime | None] = {}
     rooms: dict[str, float] = {}
     detail: dict[str, str] = {}
+    ahead: dict[str, datetime] = {}
     for member in members:
         seen = windows.get(member.strip(), ())
         spent, until = frees_at(seen, now, max_used)
@@ -148,10 +192,17 @@ def window_filter(
                 w.label() for w in seen if w.exhausted(now, max_used)
             )
             continue
+        if member.strip() in paced:
+            frees = [t for w in seen if (t := paced_until(w, now)) is not None]
+            if frees:
+                ahead[member] = max(frees)
+                continue
         kept.append(member)
         if seen:
             rooms[member] = headroom(seen, now)
-    return WindowFilter(kept=kept, exhausted=exhausted, headroom=rooms, detail=detail)
+    return WindowFilter(
+        kept=kept, exhausted=exhausted, headroom=rooms, detail=detail, paced=ahead
+    )
 
 
 MAX_WINDOW_USED_INVALID = (

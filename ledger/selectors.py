@@ -191,15 +191,19 @@ class AccountLimits:
     login_failed: bool = False
     # 0021: the operator gave it window budgets (ledger.windows estimates those windows).
     window_budgets: bool = False
+    # 0021: its windows are paced (domain.windows rule 7).
+    window_pace: bool = False
 
 
 # The registry rows of the named accounts, in the same statement (`account_state(accounts=)`):
-# the third column holds enabled (1), login failed (2) and has window budgets (4) as bits.
+# the third column holds enabled (1), login failed (2), has window budgets (4) and paced
+# windows (8) as bits.
 _LIMITS_SQL = f"""
 SELECT 'account', name,
   CASE WHEN enabled THEN 1 ELSE 0 END
   + CASE WHEN login_failed_at IS NULL THEN 0 ELSE 2 END
-  + CASE WHEN window_budgets IS NULL THEN 0 ELSE 4 END,
+  + CASE WHEN window_budgets IS NULL THEN 0 ELSE 4 END
+  + CASE WHEN window_pace THEN 8 ELSE 0 END,
   max_running, NULL
 FROM "{Account._meta.db_table}"
 WHERE name IN ({{marks}})
@@ -321,6 +325,7 @@ def account_state(
                     max_running=n_reserved,
                     login_failed=bool(n_running & 2),
                     window_budgets=bool(n_running & 4),
+                    window_pace=bool(n_running & 8),
                 )
             else:
                 cooling[profile] = _aware(until)
@@ -492,6 +497,7 @@ class RegisteredAccount:
     login_failed_reason: str | None = None
     # 0021: token budget per window (`{"5h": 2000000}`), None without one.
     window_budgets: dict[str, int] | None = None
+    window_pace: bool = False
 
     @property
     def login_failed(self) -> bool:
@@ -516,6 +522,7 @@ def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
             window_budgets=row.window_budgets
             if isinstance(row.window_budgets, dict)
             else None,
+            window_pace=bool(row.window_pace),
         )
         for row in rows
     }

@@ -3,7 +3,7 @@ per account, and an operator's token budget per window.
 
 Additive: a new table `account_windows` (one row per observation: account, provider, window,
 used fraction, status, reset, when seen, where from), and a nullable JSON column
-`accounts.window_budgets`.
+`accounts.window_budgets`, and a nullable boolean `accounts.window_pace`.
 """
 
 import ledger.ids
@@ -21,6 +21,11 @@ class Migration(migrations.Migration):
             model_name='account',
             name='window_budgets',
             field=models.JSONField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="account",
+            name="window_pace",
+            field=models.BooleanField(blank=True, null=True),
         ),
         migrations.CreateModel(
             name='AccountWindow',

@@ -182,6 +182,7 @@ def account_add(
     dry_run: bool = False,
     env_file: str | None = None,
     window_budgets: dict[str, int] | None = None,
+    window_pace: bool = False,
 ) -> Account:
     """Register an account (enabled). An existing name is refused, not overwritten."""
     name = name.strip()
@@ -202,6 +203,7 @@ def account_add(
         max_running=max_running,
         notes=notes,
         window_budgets=window_budgets or None,
+        window_pace=window_pace or None,
     )
     row.full_clean()
     if not dry_run:
@@ -218,15 +220,23 @@ def account_window_budgets(pairs: list[str]) -> dict[str, int]:
 
 
 def account_edit(
-    *, name: str, window_budgets: dict[str, int], dry_run: bool = False
+    *,
+    name: str,
+    window_budgets: dict[str, int] | None = None,
+    window_pace: bool | None = None,
+    dry_run: bool = False,
 ) -> Account:
-    """Replace the window budgets of the account `name` (empty: none)."""
+    """Change the account `name`: its window budgets (None: unchanged; {}: none) and
+    whether its windows are paced (None: unchanged)."""
     row = Account.objects.filter(pk=name.strip()).first()
     if row is None:
         raise AccountError(ACCOUNT_NOT_FOUND.format(name=name.strip()))
-    row.window_budgets = window_budgets or None
+    if window_budgets is not None:
+        row.window_budgets = window_budgets or None
+    if window_pace is not None:
+        row.window_pace = window_pace or None
     if not dry_run:
-        row.save(update_fields=["window_budgets", "updated_at"])
+        row.save(update_fields=["window_budgets", "window_pace", "updated_at"])
     return row
 
 

@@ -89,7 +89,12 @@ def pool_view(
     members = {p.strip() for p in plan.pool}
     seen = {name: list(w) for name, w in (windows or {}).items() if name in members}
     max_used = plan.max_window_used or DEFAULT_MAX_WINDOW_USED
-    spent = window_filter(list(plan.pool), seen, now or timezone.now(), max_used)
+    paced = {
+        name for name, row in registry.items() if name in members and row.window_pace
+    }
+    spent = window_filter(
+        list(plan.pool), seen, now or timezone.now(), max_used, paced=paced
+    )
     assignment = assign_pool_auth_profiles(
         list(plan.pool),
         loads,
@@ -180,6 +185,7 @@ class FullCaps:
                 reasons.ACCOUNT_DISABLED,
                 reasons.LOGIN_FAILED,
                 reasons.WINDOW_EXHAUSTED,
+                reasons.WINDOW_PACED,
             )
         ):
             self.every = hold

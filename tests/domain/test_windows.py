@@ -15,6 +15,7 @@ from domain.windows import (
     Window,
     frees_at,
     headroom,
+    paced_until,
     parse_max_window_used,
     window_filter,
 )
@@ -192,3 +193,33 @@ def test_max_window_used_accepts_a_fraction(value, expected) -> None:
 def test_max_window_used_refuses_anything_else(value) -> None:
     with pytest.raises(ValidationError, match="--max-window-used"):
         parse_max_window_used(value)
+
+
+# Pacing (rule 7): a 5 h window resetting in 1 h has 80 % of its length elapsed.
+PACE_CASES = [
+    (w(used=0.5, resets=SOON), None),  # 50 % used, 80 % elapsed: on pace
+    (w(used=0.85, resets=SOON), SOON - timedelta(hours=5 * 0.15)),  # ahead: wait
+    (w(used=0.85, resets=PAST), None),  # over
+    (w(name="rate_limit", used=0.99, resets=SOON), None),  # no known length
+    (w(status="allowed", resets=SOON), None),  # no number
+]
+
+
+@pytest.mark.parametrize(("window", "expected"), PACE_CASES)
+def test_pacing_holds_an_account_ahead_of_its_window(window, expected) -> None:
+    assert paced_until(window, NOW) == expected
+
+
+def test_a_paced_pool_defers_with_window_paced_and_an_unpaced_member_is_kept() -> None:
+    windows = {"acctA": [w(used=0.85)], "acctB": [w(used=0.85)]}
+    both = window_filter(["acctA", "acctB"], windows, NOW, paced={"acctA", "acctB"})
+    got = assign_pool_auth_profiles(
+        ["acctA", "acctB"], {}, "s", ["worker"], 2, windows=both
+    )
+    assert got.deferred and got.reason_code == reasons.WINDOW_PACED
+    assert got.reason.endswith("until 2026-12-04T12:15:00Z")
+    one = window_filter(["acctA", "acctB"], windows, NOW, paced={"acctA"})
+    got = assign_pool_auth_profiles(
+        ["acctA", "acctB"], {}, "s", ["worker"], 2, windows=one
+    )
+    assert got.profiles == {"worker": "acctB"}

@@ -233,3 +233,18 @@ def test_a_429_the_runner_sees_is_recorded_as_a_rejected_window(
     )
     assert row.resets_at is not None and row.resets_at > timezone.now()
     assert row.step_run_id is not None
+
+
+def test_a_paced_account_waits_for_its_pace_and_a_paced_pool_defers(
+    tmp_path: Path,
+) -> None:
+    # 5 h windows resetting in 60 min: 80 % elapsed; 85 % used is ahead of the pace.
+    for name in ("acctA", "acctB"):
+        Account.objects.create(name=name, provider="codewith", window_pace=True)
+        spend(name, 0.85, minutes=60)
+    result = route_generic(tmp_path, "evt-pace", auth_profile_pool="acctA,acctB")
+    assert result.run is None and result.reason_code == reasons.WINDOW_PACED
+    services.account_edit(name="acctB", window_pace=False)
+    result = route_generic(tmp_path, "evt-pace-2", auth_profile_pool="acctA,acctB")
+    assert result.run is not None
+    assert set((result.account_profiles or {}).values()) == {"acctB"}

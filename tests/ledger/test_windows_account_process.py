@@ -73,5 +73,22 @@ def test_window_budgets_are_set_edited_refused_and_listed() -> None:
     (entry,) = entries
     assert {w["window"]: w["used"] for w in entry["windows"]} == {"5h": 0.42, "7d": 0.0}
 
-    manage(env, "account", "edit", "acctA", "--no-windows")
-    assert Account.objects.get(pk="acctA").window_budgets is None
+    manage(env, "account", "edit", "acctA", "--window-pace")
+    row = Account.objects.get(pk="acctA")
+    assert row.window_pace and row.window_budgets == {"5h": 1000, "7d": 9000}
+    assert "window pace: on" in manage(env, "account", "list").stdout
+    both = manage(
+        env,
+        "account",
+        "edit",
+        "acctA",
+        "--window-pace",
+        "--no-window-pace",
+        check=False,
+    )
+    assert both.returncode != 0
+    nothing = manage(env, "account", "edit", "acctA", check=False)
+    assert nothing.returncode != 0 and "give --window" in nothing.stderr
+    manage(env, "account", "edit", "acctA", "--no-windows", "--no-window-pace")
+    row = Account.objects.get(pk="acctA")
+    assert row.window_budgets is None and not row.window_pace

@@ -3,13 +3,15 @@ assigned, their running cap and the environment that selects their login.
 
 `add NAME --provider P [--codex-home DIR | --claude-config-dir DIR | --opencode-home DIR]
 [--env-file PATH] [--env KEY=VALUE ...] [--max-running N] [--window 5h=TOKENS ...]
-[--notes TEXT] [--dry-run]`, `edit NAME [--window 5h=TOKENS ...] [--no-windows] [--dry-run]`,
+[--window-pace] [--notes TEXT] [--dry-run]`, `edit NAME [--window 5h=TOKENS ...]
+[--no-windows] [--window-pace | --no-window-pace] [--dry-run]`,
 `list [--json]`, `check NAME [--json]`, `disable NAME`, `enable NAME`,
 `remove NAME [--dry-run]`.
 
 `--window NAME=TOKENS` gives the account a token budget per rate-limit window (`5h`, `7d`,
 `90m`): loopsweb estimates those windows from the tokens its step runs used where the CLI
-reports nothing (docs/windows.md §3). `list` prints each account's windows (used, reset,
+reports nothing (docs/windows.md §3); `--window-pace` spreads each window over its length
+(docs/windows.md §4). `list` prints each account's windows (used, reset,
 source, age of the observation), with control characters escaped.
 
 The environment says where the provider's CLI keeps the login: `--codex-home DIR` sets
@@ -90,6 +92,7 @@ class Command(BaseCommand):
         )
         add.add_argument("--notes", default="")
         add.add_argument("--window", action="append", default=[], help=WINDOW_HELP)
+        add.add_argument("--window-pace", action="store_true", help=PACE_HELP)
         add.add_argument("--dry-run", action="store_true", help="check, write nothing")
         add.add_argument("--json", action="store_true", help="print JSON")
         edit = actions.add_parser("edit", help="change an account's window budgets")
@@ -97,6 +100,21 @@ class Command(BaseCommand):
         edit.add_argument("--window", action="append", default=[], help=WINDOW_HELP)
         edit.add_argument(
             "--no-windows", action="store_true", help="remove every window budget"
+        )
+        pace = edit.add_mutually_exclusive_group()
+        pace.add_argument(
+            "--window-pace",
+            dest="pace",
+            action="store_const",
+            const=True,
+            help=PACE_HELP,
+        )
+        pace.add_argument(
+            "--no-window-pace",
+            dest="pace",
+            action="store_const",
+            const=False,
+            help="stop pacing its windows",
         )
         edit.add_argument("--dry-run", action="store_true", help="check, write nothing")
         edit.add_argument("--json", action="store_true", help="print JSON")
@@ -165,6 +183,7 @@ class Command(BaseCommand):
             dry_run=options["dry_run"],
             env_file=options["env_file"],
             window_budgets=services.account_window_budgets(options["window"]),
+            window_pace=options["window_pace"],
         )
         variable = ADAPTERS[provider].account_variable
         if variable and variable not in env and not options["env_file"]:
@@ -176,9 +195,11 @@ class Command(BaseCommand):
         self._say(options, f"account: {verb} {row.name} ({provider})", row, result=verb)
 
     def _edit(self, options: dict[str, Any]) -> None:
-        if not options["window"] and not options["no_windows"]:
+        budgets_given = bool(options["window"]) or options["no_windows"]
+        if not budgets_given and options["pace"] is None:
             raise CommandError(
-                "account edit: give --window NAME=TOKENS or --no-windows"
+                "account edit: give --window NAME=TOKENS, --no-windows, --window-pace "
+                "or --no-window-pace"
             )
         if options["window"] and options["no_windows"]:
             raise CommandError(
@@ -186,7 +207,10 @@ class Command(BaseCommand):
             )
         row = services.account_edit(
             name=options["name"],
-            window_budgets=services.account_window_budgets(options["window"]),
+            window_budgets=services.account_window_budgets(options["window"])
+            if budgets_given
+            else None,
+            window_pace=options["pace"],
             dry_run=options["dry_run"],
         )
         verb = "would edit" if options["dry_run"] else "edited"
@@ -255,12 +279,18 @@ class Command(BaseCommand):
             if budgets:
                 listed = " ".join(f"{k}={v}" for k, v in sorted(budgets.items()))
                 self.stdout.write(f"  window budgets: {listed}")
+            if e["windowPace"]:
+                self.stdout.write("  window pace: on")
             for w in e["windows"]:
                 self.stdout.write("  " + terminal_text(window_line(w)))
 
 
 WINDOW_HELP = (
     "token budget of a rate-limit window, NAME=TOKENS (5h=2000000); repeatable"
+)
+PACE_HELP = (
+    "spread each window over its length: defer the account (window_paced) while it has "
+    "used more of a window than has elapsed"
 )
 
 
@@ -288,6 +318,7 @@ def _entry(row: Account) -> dict[str, Any]:
         "loginFailedAt": _iso(row.login_failed_at),
         "loginFailedReason": row.login_failed_reason,
         "windowBudgets": row.window_budgets or None,
+        "windowPace": bool(row.window_pace),
         "createdAt": _iso(row.created_at),
         "updatedAt": _iso(row.updated_at),
     }
