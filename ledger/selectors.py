@@ -348,7 +348,7 @@ def account_state(
 
 def window_keep_days() -> float:
     """How long a window observation is kept and read (LOOPSWEB_WINDOW_KEEP_DAYS)."""
-    return float(getattr(settings, "LOOPSWEB_WINDOW_KEEP_DAYS", 8))
+    return float(settings.LOOPSWEB_WINDOW_KEEP_DAYS)
 
 
 def account_load() -> AccountLoad:
