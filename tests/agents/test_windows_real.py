@@ -13,12 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from ledger.models import AccountWindow, RunStatus, WorkflowRun
+from ledger.models import (
+    AccountWindow,
+    RunStatus,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStepRun,
+)
 from ledger.runner import run_workflow_run
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
 from tests.agents.test_runner_real import _route
-from tests.ledger.runner_helpers import git_project, steps_of
+from tests.ledger.runner_helpers import (
+    git_project,
+    kill_group_quietly,
+    spawn_runner,
+    steps_of,
+)
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -92,3 +104,52 @@ def test_opencode_tells_nothing_before_a_429_and_the_429_is_recorded(
     spent = AccountWindow.objects.get(account_profile="acct-a")
     assert (spent.window, spent.status) == ("rate_limit", "rejected")
     assert not AccountWindow.objects.filter(account_profile="acct-b").exists()
+
+
+@pytest.mark.parametrize("provider", clis.on_each_cli("codex", "claude"))
+@pytest.mark.django_db(transaction=True)
+def test_the_window_is_recorded_while_the_step_still_runs(
+    provider: str, binaries: Path, stand_in: ProviderStandIn, tmp_path: Path
+) -> None:
+    """codex writes its rollout after the first answer, claude prints its event after the
+    first answer: the runner (its own process, flushing every second) records the window
+    while the final answer still streams."""
+    stand_in.mode = "slow"
+    stand_in.slow_seconds = 8
+    stand_in.windows = {KEYS["acct-a"]: 0.93}
+    clis.register_account(
+        provider, "acct-a", stand_in, tmp_path, key=KEYS["acct-a"], oauth=True
+    )
+    project = git_project(tmp_path / "project")
+    run = _route(project, provider, auth_profile="acct-a")
+    proc = spawn_runner(
+        run.id,
+        extra_env={
+            "LOOPSWEB_OUTPUT_FLUSH_SECONDS": "1",
+            f"LOOPSWEB_{provider.upper()}_BIN": str(
+                binaries / clis.CLI_PACKAGES[provider][2]
+            ),
+        },
+    )
+    try:
+
+        def recorded_while_running() -> AccountWindow | None:
+            assert proc.poll() is None, "the runner ended before the window was seen"
+            worker = WorkflowStepRun.objects.get(workflow_run=run, step_id="worker")
+            row = AccountWindow.objects.filter(
+                account_profile="acct-a", window="5h", source=SOURCES[provider]
+            ).first()
+            return (
+                row if row is not None and worker.status == StepStatus.RUNNING else None
+            )
+
+        row = wait_for(
+            recorded_while_running,
+            timeout=120,
+            interval=0.5,
+            what="the window to be recorded while the step runs",
+        )
+        assert row.used == pytest.approx(0.93)
+        proc.wait(timeout=120)
+    finally:
+        kill_group_quietly(proc.pid)
