@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 from django.db.models import Field, Model, QuerySet
 
@@ -31,13 +30,14 @@ from ledger.models import (
     Account,
     AccountCooldown,
     AccountLoadCount,
-    AccountWindow,
     SpecStatus,
     WorkflowInvocation,
     WorkflowSpec,
     WorkflowStepAttempt,
     WorkflowWorkItem,
 )
+from ledger.window_rows import WINDOWS_SQL, window_keep_days, window_row
+from ledger.window_rows import aware as _aware
 
 
 @dataclass(frozen=True)
@@ -210,39 +210,6 @@ WHERE name IN ({{marks}})
 """
 
 
-# The newest rate-limit window observation per (account, window), in the same statement
-# (`account_state(windows=True)`, after the cooling rows for PostgreSQL's column types), as
-# two rows: `window:NAME|SOURCE` with the used fraction in millionths, the status (1 allowed,
-# 2 allowed_warning, 3 rejected) and the reset; `seen:NAME` with when it was observed.
-_WINDOWS = AccountWindow._meta.db_table
-_WINDOW_STATUS = {1: "allowed", 2: "allowed_warning", 3: "rejected"}
-_LATEST_WINDOW = f"""
-FROM "{_WINDOWS}" w
-WHERE w.observed_at >= %s{{names}} AND w.observed_at = (
-  SELECT MAX(v.observed_at) FROM "{_WINDOWS}" v
-  WHERE v.account_profile = w.account_profile AND v."window" = w."window")"""
-_WINDOWS_SQL = f"""
-SELECT 'window:' || w."window" || '|' || w.source, w.account_profile,
-  CAST(ROUND(w.used * 1000000) AS INTEGER),
-  CASE w.status WHEN 'allowed' THEN 1 WHEN 'allowed_warning' THEN 2
-    WHEN 'rejected' THEN 3 ELSE 0 END,
-  w.resets_at{_LATEST_WINDOW}
-UNION ALL
-SELECT 'seen:' || w."window", w.account_profile, NULL, NULL, w.observed_at{_LATEST_WINDOW}
-"""
-
-
-def _window_row(kind: str, used: int | None, status: int | None, resets: Any) -> Window:
-    name, _, source = kind[len("window:") :].partition("|")
-    return Window(
-        name=name,
-        used=None if used is None else used / 1_000_000,
-        status=_WINDOW_STATUS.get(status or 0),
-        resets_at=None if resets is None else _aware(resets),
-        source=source,
-    )
-
-
 @dataclass(frozen=True)
 class AccountState:
     """Load per account and the accounts cooling down (profile → when it frees); with
@@ -290,7 +257,7 @@ def account_state(
         marks = ", ".join(["%s"] * len(names))
         parts.insert(
             1,
-            _WINDOWS_SQL.format(
+            WINDOWS_SQL.format(
                 names=f" AND w.account_profile IN ({marks})" if names else ""
             ),
         )
@@ -310,7 +277,7 @@ def account_state(
         for kind, profile, n_running, n_reserved, until in cursor.fetchall():
             if kind.startswith("window:"):
                 seen.setdefault(profile, []).append(
-                    _window_row(kind, n_running, n_reserved, until)
+                    window_row(kind, n_running, n_reserved, until)
                 )
             elif kind.startswith("seen:"):
                 observed[(profile, kind[len("seen:") :])] = _aware(until)
@@ -346,11 +313,6 @@ def account_state(
     )
 
 
-def window_keep_days() -> float:
-    """How long a window observation is kept and read (LOOPSWEB_WINDOW_KEEP_DAYS)."""
-    return float(settings.LOOPSWEB_WINDOW_KEEP_DAYS)
-
-
 def account_load() -> AccountLoad:
     """Running and reserved load per account profile (see `account_state`)."""
     return account_state().load
@@ -359,13 +321,6 @@ def account_load() -> AccountLoad:
 def _db_datetime(value: datetime) -> str | datetime | None:
     # text on SQLite; PostgreSQL takes the datetime itself
     return connection.ops.adapt_datetimefield_value(value)
-
-
-def _aware(value: datetime | str) -> datetime:
-    # SQLite hands raw cursors the stored text (UTC, naive); PostgreSQL an aware datetime.
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

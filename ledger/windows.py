@@ -29,7 +29,8 @@ from django.utils import timezone
 from domain import reasons
 from domain.windows import DEFAULT_MAX_WINDOW_USED, Window, WindowFilter, window_filter
 from ledger.models import Account, AccountWindow, WorkflowStepRun
-from ledger.selectors import AccountState, window_keep_days
+from ledger.selectors import AccountState
+from ledger.window_rows import window_keep_days
 
 KEEP_PER_WINDOW = 10
 SOURCE_ESTIMATE = "loopsweb estimate"

@@ -53,6 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ledger.display",
             "ledger.capacity",
             "ledger.windows",
+            "ledger.window_rows",
         ),
     ),
     (
