@@ -18,6 +18,12 @@ Contract:
    own registry cap (``account_caps``: load >= cap) are removed; when none is left the
    route is deferred with ``profile_cap``. With none of these the result is exactly
    upstream's.
+   Between cooling and the caps, members whose rate-limit window is spent (``windows``,
+   domain.windows) are removed; when none is left the route is deferred with
+   ``window_exhausted``, the reason naming each member's window and the earliest reset;
+   then members ahead of their window pace, deferring with ``window_paced``.
+   Among members of equal load, the one with more window headroom wins; with no window
+   known every headroom is equal and the walk order decides, as upstream.
 7. ``valid_profile_name`` is the shape every account name must have: it lands next to
    flags on an agent's command line, so it never starts with ``-`` and holds no spaces.
 """
@@ -30,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain import reasons
+from domain.windows import WindowFilter
 
 FNV_OFFSET_BASIS = 2166136261
 FNV_PRIME = 16777619
@@ -126,12 +133,15 @@ def select_least_loaded(
     load_counts: Mapping[str, int],
     anchor: int,
     exclude: Collection[str],
+    headroom: Mapping[str, float] | None = None,
 ) -> str:
     """Least-loaded member walking ``pool`` from ``anchor`` (docs/upstream.md §4.3).
 
     A later member replaces the current best only when strictly better under
-    (not excluded before excluded, then lower load); missing loads count as 0.
+    (not excluded before excluded, then lower load, then more ``headroom``: missing
+    headroom counts as 1.0); missing loads count as 0.
     """
+    rooms = headroom or {}
     size = len(pool)
     if size == 0:
         raise ValueError("pool must not be empty")
@@ -146,7 +156,9 @@ def select_least_loaded(
             best, best_excluded, best_load = profile, excluded, load
             continue
         if excluded == best_excluded:
-            better = load < best_load
+            better = load < best_load or (
+                load == best_load and rooms.get(profile, 1.0) > rooms.get(best, 1.0)
+            )
         else:
             better = not excluded and best_excluded
         if better:
@@ -173,6 +185,7 @@ def assign_pool_auth_profiles(
     disabled: Collection[str] = (),
     login_failed: Collection[str] = (),
     account_caps: Mapping[str, int] | None = None,
+    windows: WindowFilter | None = None,
 ) -> PoolAssignment:
     """Choose one profile per role from ``pool`` (docs/upstream.md §4.4 plus cooldown).
 
@@ -218,6 +231,27 @@ def assign_pool_auth_profiles(
             )
         members = kept
 
+    if windows is not None and windows.exhausted:
+        kept = [entry for entry in members if entry not in windows.exhausted]
+        if not kept:
+            return PoolAssignment(
+                deferred=True,
+                min_load=min(load_counts.get(entry, 0) for entry in members),
+                reason=windows.reason(members),
+                reason_code=reasons.WINDOW_EXHAUSTED,
+            )
+        members = kept
+    if windows is not None and windows.paced:
+        kept = [entry for entry in members if entry not in windows.paced]
+        if not kept:
+            return PoolAssignment(
+                deferred=True,
+                min_load=min(load_counts.get(entry, 0) for entry in members),
+                reason=windows.paced_reason(members),
+                reason_code=reasons.WINDOW_PACED,
+            )
+        members = kept
+
     if account_caps:
         free = [
             entry
@@ -252,7 +286,13 @@ def assign_pool_auth_profiles(
     taken: set[str] = set()
     for role in order_roles(roles):
         anchor = (worker_index + role_offset(role)) % len(members)
-        profile = select_least_loaded(members, load_counts, anchor, taken)
+        profile = select_least_loaded(
+            members,
+            load_counts,
+            anchor,
+            taken,
+            windows.headroom if windows is not None else None,
+        )
         profiles[role] = profile
         taken.add(profile)
     return PoolAssignment(profiles=profiles, deferred=False, min_load=min_load)

@@ -14,6 +14,8 @@ PROFILE_CAP = "profile_cap"
 COOLDOWN = "cooldown"
 ACCOUNT_DISABLED = "account_disabled"
 LOGIN_FAILED = "login_failed"
+WINDOW_EXHAUSTED = "window_exhausted"
+WINDOW_PACED = "window_paced"
 
 ALL: tuple[str, ...] = (
     ROUTE_CAP,
@@ -23,6 +25,8 @@ ALL: tuple[str, ...] = (
     COOLDOWN,
     ACCOUNT_DISABLED,
     LOGIN_FAILED,
+    WINDOW_EXHAUSTED,
+    WINDOW_PACED,
 )
 
 LABELS: dict[str, str] = {
@@ -33,4 +37,6 @@ LABELS: dict[str, str] = {
     COOLDOWN: "All pool accounts cooling down",
     ACCOUNT_DISABLED: "All pool accounts disabled in the account registry",
     LOGIN_FAILED: "All pool accounts' logins failed (account check to clear)",
+    WINDOW_EXHAUSTED: "All pool accounts at their window budget (--max-window-used)",
+    WINDOW_PACED: "All pool accounts ahead of their window pace (--window-pace)",
 }

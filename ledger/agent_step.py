@@ -21,6 +21,8 @@ calls").
 - `step_outcome`: status and error of a finished process; an agent's error is its own
   message with the exit code after it (`ledger.agent_output.agent_error`). A hang reads the
   same for every CLI: "no progress for 10 min (idle limit)" and the last progress event.
+- Windows: with the step's account, `ledger.window_watch.WindowWatch` records the
+  rate-limit windows the CLI reports, on every flush and when the process ends.
 - No secret in the ledger: `StepWatch.run` runs the step's process and hands on its result
   with the step's secrets (`Invocation.secrets`: its account's env file values, variables
   whose names look secret; ledger.redaction) replaced by `[redacted:NAME]`, and the live
@@ -58,6 +60,7 @@ from ledger.processes import ProcessResult, run_process
 from ledger.providers import Invocation
 from ledger.ratelimit import RateLimitSignal
 from ledger.redaction import Redactor
+from ledger.window_watch import WindowWatch
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +129,11 @@ class StepWatch:
         *,
         is_agent: bool,
         secrets: Redactor | None = None,
+        account: str | None = None,
     ):
         self.step_run_id = step_run_id
+        self.account = account
+        self.windows: WindowWatch | None = None
         self.provider = provider
         self.is_agent = is_agent
         self.secrets = secrets or Redactor()
@@ -160,6 +166,13 @@ class StepWatch:
         """`run_process` with this watch's `flush` and `stop_when`; the result with the
         invocation's secrets redacted (module docstring), before anything records it."""
         self.secrets = invocation.secrets
+        if self.is_agent and self.account:
+            self.windows = WindowWatch(
+                account=self.account,
+                provider=self.provider,
+                env=invocation.env,
+                step_run_id=self.step_run_id,
+            )
         result = run_process(
             invocation=invocation,
             timeout_seconds=timeout_seconds,
@@ -175,7 +188,10 @@ class StepWatch:
             stop_when=self.stop_when,
             on_line=self.line if self.tracks_progress else None,
         )
-        return self.redacted(result)
+        result = self.redacted(result)
+        if self.windows is not None:
+            self.windows.seen(result.stdout)
+        return result
 
     def line(self, stream: str, text: str) -> bool:
         """One complete output line (ledger.processes `on_line`): progress, a provider
@@ -215,6 +231,8 @@ class StepWatch:
             )
             self.written_progress_at = progress_at
             self.flushes += 1
+            if self.windows is not None:
+                self.windows.seen(self.secrets.redact(stdout))
         except DatabaseError:  # the output is written again when the step ends
             logger.exception("could not write the output of step %s", self.step_run_id)
 

@@ -455,7 +455,9 @@ class _RunExecution:
             return services.StepResult(status=StepStatus.FAILED, error=str(exc))
         timeout_ms, idle_ms = step_limits(spec, target, is_agent=is_agent)
         provider = invocation.provider
-        watch = StepWatch(step.id, provider, is_agent=is_agent)
+        watch = StepWatch(
+            step.id, provider, is_agent=is_agent, account=step.account_profile
+        )
         try:
             result = watch.run(  # redacts the step's secrets (ledger.agent_step)
                 invocation=invocation,

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
 from django.db.models import Field, Model, QuerySet
 
+from domain.windows import Window
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     Account,
@@ -35,6 +36,8 @@ from ledger.models import (
     WorkflowStepAttempt,
     WorkflowWorkItem,
 )
+from ledger.window_rows import WINDOWS_SQL, window_keep_days, window_row
+from ledger.window_rows import aware as _aware
 
 
 @dataclass(frozen=True)
@@ -186,14 +189,21 @@ class AccountLimits:
     enabled: bool
     max_running: int | None
     login_failed: bool = False
+    # 0021: the operator gave it window budgets (ledger.windows estimates those windows).
+    window_budgets: bool = False
+    # 0021: its windows are paced (domain.windows rule 7).
+    window_pace: bool = False
 
 
 # The registry rows of the named accounts, in the same statement (`account_state(accounts=)`):
-# the third column holds enabled (1) and login failed (2) as bits.
+# the third column holds enabled (1), login failed (2), has window budgets (4) and paced
+# windows (8) as bits.
 _LIMITS_SQL = f"""
 SELECT 'account', name,
   CASE WHEN enabled THEN 1 ELSE 0 END
-  + CASE WHEN login_failed_at IS NULL THEN 0 ELSE 2 END,
+  + CASE WHEN login_failed_at IS NULL THEN 0 ELSE 2 END
+  + CASE WHEN window_budgets IS NULL THEN 0 ELSE 4 END
+  + CASE WHEN window_pace THEN 8 ELSE 0 END,
   max_running, NULL
 FROM "{Account._meta.db_table}"
 WHERE name IN ({{marks}})
@@ -208,10 +218,15 @@ class AccountState:
     load: AccountLoad
     cooling: dict[str, datetime]
     limits: dict[str, AccountLimits] = field(default_factory=dict)
+    # With `windows=True`: account -> its newest window observations (no estimate).
+    windows: dict[str, list[Window]] = field(default_factory=dict)
 
 
 def account_state(
-    *, now: datetime | None = None, accounts: Iterable[str] | None = None
+    *,
+    now: datetime | None = None,
+    accounts: Iterable[str] | None = None,
+    windows: bool = False,
 ) -> AccountState:
     """Load per account profile, the loopsweb way (load that cannot herd), in one round trip.
 
@@ -223,6 +238,9 @@ def account_state(
     - cooling (only with `now`): cooldowns still in force at `now`.
     - limits (only with `accounts`): enabled and max_running of those of the named accounts
       that are registered (as `account_registry(accounts)` reads them).
+    - windows (only with `now` and `windows=True`): the newest observation of each
+      rate-limit window (of the named accounts, or all) seen within
+      LOOPSWEB_WINDOW_KEEP_DAYS (ledger.windows adds the estimates).
     Later steps of a started run count only once they run. Running and reserved are the
     counts kept per account (`ledger.loads`), equal to a recount of the rows: the read costs
     one row per account, not a scan of the queued runs.
@@ -235,6 +253,16 @@ def account_state(
         parts.insert(0, _COOLING_SQL)
         params.append(_db_datetime(now))
     names = sorted({str(n).strip() for n in accounts or ()})
+    if now is not None and windows:
+        marks = ", ".join(["%s"] * len(names))
+        parts.insert(
+            1,
+            WINDOWS_SQL.format(
+                names=f" AND w.account_profile IN ({marks})" if names else ""
+            ),
+        )
+        since = _db_datetime(now - timedelta(days=window_keep_days()))
+        params[1:1] = [since, *names, since, *names]
     if names:
         parts.append(_LIMITS_SQL.format(marks=", ".join(["%s"] * len(names))))
         params += names
@@ -242,10 +270,18 @@ def account_state(
     reserved: dict[str, int] = {}
     cooling: dict[str, datetime] = {}
     limits: dict[str, AccountLimits] = {}
+    seen: dict[str, list[Window]] = {}
+    observed: dict[tuple[str, str], datetime] = {}
     with connection.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), params)
         for kind, profile, n_running, n_reserved, until in cursor.fetchall():
-            if kind == "load":
+            if kind.startswith("window:"):
+                seen.setdefault(profile, []).append(
+                    window_row(kind, n_running, n_reserved, until)
+                )
+            elif kind.startswith("seen:"):
+                observed[(profile, kind[len("seen:") :])] = _aware(until)
+            elif kind == "load":
                 if n_running:
                     running[profile] = n_running
                 if n_reserved:
@@ -255,6 +291,8 @@ def account_state(
                     enabled=bool(n_running & 1),
                     max_running=n_reserved,
                     login_failed=bool(n_running & 2),
+                    window_budgets=bool(n_running & 4),
+                    window_pace=bool(n_running & 8),
                 )
             else:
                 cooling[profile] = _aware(until)
@@ -262,6 +300,16 @@ def account_state(
         load=AccountLoad(running=running, reserved=reserved),
         cooling=cooling,
         limits=limits,
+        windows={
+            profile: sorted(
+                (
+                    replace(w, observed_at=observed.get((profile, w.name)))
+                    for w in found
+                ),
+                key=lambda w: w.name,
+            )
+            for profile, found in seen.items()
+        },
     )
 
 
@@ -273,13 +321,6 @@ def account_load() -> AccountLoad:
 def _db_datetime(value: datetime) -> str | datetime | None:
     # text on SQLite; PostgreSQL takes the datetime itself
     return connection.ops.adapt_datetimefield_value(value)
-
-
-def _aware(value: datetime | str) -> datetime:
-    # SQLite hands raw cursors the stored text (UTC, naive); PostgreSQL an aware datetime.
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -409,6 +450,9 @@ class RegisteredAccount:
     # 0014: when a step's login was refused, and the agent's words (None: no mark).
     login_failed_at: datetime | None = None
     login_failed_reason: str | None = None
+    # 0021: token budget per window (`{"5h": 2000000}`), None without one.
+    window_budgets: dict[str, int] | None = None
+    window_pace: bool = False
 
     @property
     def login_failed(self) -> bool:
@@ -430,6 +474,10 @@ def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
             env_file=row.env_file or None,
             login_failed_at=row.login_failed_at,
             login_failed_reason=row.login_failed_reason,
+            window_budgets=row.window_budgets
+            if isinstance(row.window_budgets, dict)
+            else None,
+            window_pace=bool(row.window_pace),
         )
         for row in rows
     }

@@ -535,6 +535,8 @@ LOOPSWEB_OUTPUT_TAIL_BYTES = env_int("LOOPSWEB_OUTPUT_TAIL_BYTES", 65536)
 # Cooldown after a rate limit that names no reset time: base × 2^(reports−1), capped.
 LOOPSWEB_COOLDOWN_BASE_SECONDS = env_int("LOOPSWEB_COOLDOWN_BASE_SECONDS", 60)
 LOOPSWEB_COOLDOWN_CAP_SECONDS = env_int("LOOPSWEB_COOLDOWN_CAP_SECONDS", 3600)
+# Days a rate-limit window observation is kept and read (docs/windows.md §2).
+LOOPSWEB_WINDOW_KEEP_DAYS = env_int("LOOPSWEB_WINDOW_KEEP_DAYS", 8)
 # How often a run waiting for its step's account (at cap or cooling) checks again.
 LOOPSWEB_STEP_START_POLL_SECONDS = env_int("LOOPSWEB_STEP_START_POLL_SECONDS", 5)
 # Seconds between SIGTERM and SIGKILL when a step's process group is stopped.

@@ -33,6 +33,7 @@ from django.db.models import (
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
+from domain.windows import DEFAULT_MAX_WINDOW_USED, Window
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     AccountCooldown,
@@ -45,11 +46,12 @@ from ledger.models import (
 from ledger.runner import RATE_LIMIT_NOTE
 from ledger.selectors import (
     RegisteredAccount,
-    account_load,
     account_registry,
+    account_state,
     created_since,
 )
 from ledger.services.attempts import ATTEMPT_RATE_LIMITED
+from ledger.windows import with_estimates
 from routing.drains.configs import Cap, DrainConfig, strictest
 from routing.models import InboxEvent, InboxState
 
@@ -66,6 +68,20 @@ RATE_LIMIT_MARK = RATE_LIMIT_NOTE.split(":")[0].strip("; ")
 
 
 # --- accounts ---------------------------------------------------------------------------------
+
+# The overview marks an account `near window` from this used fraction on.
+NEAR_WINDOW_USED = 0.75
+
+
+def window_mark(windows: Sequence[Window], now: datetime) -> str | None:
+    """`at window` (a window spent at the default --max-window-used), `near window` (some
+    window at NEAR_WINDOW_USED or more), else None."""
+    live = [w for w in windows if not w.over(now)]
+    if any(w.exhausted(now, DEFAULT_MAX_WINDOW_USED) for w in live):
+        return "at window"
+    if any(w.used is not None and w.used >= NEAR_WINDOW_USED for w in live):
+        return "near window"
+    return None
 
 
 @dataclass
@@ -87,6 +103,11 @@ class AccountRow:
     # Token usage the agents reported, over the last 5 hours and the last 7 days.
     usage_5h: UsageTotals | None = None
     usage_7d: UsageTotals | None = None
+    # Its rate-limit windows: the newest observation of each, or loopsweb's estimate
+    # (ledger.windows, docs/windows.md).
+    windows: list[Window] = field(default_factory=list)
+    # `at window` / `near window` / None, as `window_mark` says when the row was read.
+    window_mark: str | None = None
 
     @property
     def disabled(self) -> bool:
@@ -138,13 +159,14 @@ def account_rows(
 
     Accounts come from the load, the cooldown table, the pools of the drain configurations,
     the account registry and the activity; each row carries its registry entry and its
-    token usage over 5 h and 7 d. Queries: account_load's one, the cooldowns, the
+    token usage over 5 h and 7 d. Queries: account_state's one (with the windows), the cooldowns, the
     registry, the usage, and step_activity's one when it is queried here.
     """
     now = now or timezone.now()
     if activity is None and with_history:
         activity = step_activity(now=now)
-    load = account_load()
+    state = account_state(now=now, windows=True)
+    load = state.load
     registry = account_registry()
     # A pool of registered accounts of another provider routes too: its cap is in force.
     providers = {name: entry.provider for name, entry in registry.items()}
@@ -186,6 +208,14 @@ def account_rows(
     for profile, windows in account_usage(now=now).items():
         account = row(profile)
         account.usage_5h, account.usage_7d = windows
+    # The windows came with the load; the budgets with the registry read above.
+    budgets = {
+        name: r.window_budgets for name, r in registry.items() if r.window_budgets
+    }
+    for profile, seen in with_estimates(state.windows, budgets, now).items():
+        account = row(profile)
+        account.windows = seen
+        account.window_mark = window_mark(seen, now)
     if activity is not None:
         breakdown: dict[tuple[str, str, str | None], list[int]] = {}
         for stat in activity:

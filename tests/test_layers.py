@@ -47,7 +47,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "ledger reads (selectors, account loads, display, capacity)",
-        ("ledger.selectors", "ledger.loads", "ledger.display", "ledger.capacity"),
+        (
+            "ledger.selectors",
+            "ledger.loads",
+            "ledger.display",
+            "ledger.capacity",
+            "ledger.windows",
+            "ledger.window_rows",
+        ),
     ),
     (
         "ledger adapters (providers, processes, projects, rate limits, usage)",
@@ -63,6 +70,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ledger.stepguard",
             "ledger.redaction",
             "ledger.usage",
+            "ledger.window_parse",
+            "ledger.window_watch",
             "ledger.worktree_files",
         ),
     ),

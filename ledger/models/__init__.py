@@ -18,7 +18,8 @@ import X`), which is also what makes Django see every model of the app:
 - `work_items`: work items (the admission queue) and their deferrals;
 - `accounts`: the account registry, cooldowns, the load kept per account;
 - `workers`: run cluster workers;
-- `hosts`: the machines that run agents (their roots, providers, heartbeat).
+- `hosts`: the machines that run agents (their roots, providers, heartbeat);
+- `windows`: the rate-limit window observations per account.
 """
 
 from ledger.models.accounts import Account, AccountCooldown, AccountLoadCount
@@ -47,6 +48,7 @@ from ledger.models.statuses import (
     StepStatus,
     WorkItemStatus,
 )
+from ledger.models.windows import AccountWindow
 from ledger.models.work_items import WorkflowWorkItem, WorkItemDeferral
 from ledger.models.workers import RunWorker
 
@@ -58,6 +60,7 @@ __all__ = [
     "Account",
     "AccountCooldown",
     "AccountLoadCount",
+    "AccountWindow",
     "CatchUp",
     "Host",
     "Intent",

@@ -33,6 +33,12 @@ class Account(TimestampedModel):
     # failover skip it; `account check` (a login that works) and `account enable` clear it.
     login_failed_at = models.DateTimeField(null=True, blank=True)
     login_failed_reason = models.TextField(null=True, blank=True)
+    # 0021: the operator's token budget per window (`{"5h": 2000000, "7d": 9000000}`): the
+    # estimate of a window no provider reports on (ledger.windows).
+    window_budgets = models.JSONField(null=True, blank=True)
+    # 0021: pace the account's windows (domain.windows rule 7): it may use a window only as
+    # far as the window has elapsed (None/False: no pacing).
+    window_pace = models.BooleanField(null=True, blank=True)
 
     class Meta:
         db_table = "accounts"

@@ -34,10 +34,12 @@ from ledger.processes import kill_step_process_group
 from ledger.services.accounts import (
     AccountError,
     account_add,
+    account_edit,
     account_env_parse,
     account_remove,
     account_self_test,
     account_set_enabled,
+    account_window_budgets,
     login_environment,
 )
 from ledger.services.common import (
@@ -125,6 +127,8 @@ __all__ = [
     "LoopChange",
     "RecoveredRun",
     "account_add",
+    "account_edit",
+    "account_window_budgets",
     "account_self_test",
     "login_environment",
     "account_env_parse",

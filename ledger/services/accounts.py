@@ -57,6 +57,7 @@ from ledger.ratelimit import detect_login_failure
 from ledger.redaction import Redactor
 from ledger.services.common import LedgerError
 from ledger.services.cooldowns import account_login_clear, account_login_failed_record
+from ledger.windows import parse_budgets
 
 ACCOUNT_EXISTS = "account {name} already exists"
 ACCOUNT_NOT_FOUND = "no account named {name!r}"
@@ -180,6 +181,8 @@ def account_add(
     notes: str = "",
     dry_run: bool = False,
     env_file: str | None = None,
+    window_budgets: dict[str, int] | None = None,
+    window_pace: bool = False,
 ) -> Account:
     """Register an account (enabled). An existing name is refused, not overwritten."""
     name = name.strip()
@@ -199,10 +202,41 @@ def account_add(
         env_file=env_file or None,
         max_running=max_running,
         notes=notes,
+        window_budgets=window_budgets or None,
+        window_pace=window_pace or None,
     )
     row.full_clean()
     if not dry_run:
         row.save(force_insert=True)
+    return row
+
+
+def account_window_budgets(pairs: list[str]) -> dict[str, int]:
+    """`--window NAME=TOKENS` values as budgets (ledger.windows); AccountError when bad."""
+    try:
+        return parse_budgets(pairs)
+    except ValueError as exc:
+        raise AccountError(str(exc)) from None
+
+
+def account_edit(
+    *,
+    name: str,
+    window_budgets: dict[str, int] | None = None,
+    window_pace: bool | None = None,
+    dry_run: bool = False,
+) -> Account:
+    """Change the account `name`: its window budgets (None: unchanged; {}: none) and
+    whether its windows are paced (None: unchanged)."""
+    row = Account.objects.filter(pk=name.strip()).first()
+    if row is None:
+        raise AccountError(ACCOUNT_NOT_FOUND.format(name=name.strip()))
+    if window_budgets is not None:
+        row.window_budgets = window_budgets or None
+    if window_pace is not None:
+        row.window_pace = window_pace or None
+    if not dry_run:
+        row.save(update_fields=["window_budgets", "window_pace", "updated_at"])
     return row
 
 

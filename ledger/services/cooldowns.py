@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from domain.windows import REJECTED, Window
 from ledger.lock import admission_lock
 from ledger.models import (
     Account,
@@ -20,6 +21,11 @@ from ledger.models import (
 )
 from ledger.ratelimit import cooldown_backoff
 from ledger.services.common import clean_text, now_or_default
+from ledger.windows import windows_record
+
+# The window a 429 seen by the runner is recorded as, and its source.
+RATE_LIMIT_WINDOW = "rate_limit"
+SOURCE_RATE_LIMIT = "429 seen by the runner"
 
 # --- account cooldowns ------------------------------------------------------------------------
 
@@ -71,6 +77,23 @@ def account_cooldown_record(
             row.step_run = step_run
         row.reports = reports
         row.save()
+        if step_run is not None:
+            # The 429 the runner saw, as a window observation (ledger.windows): rejected
+            # until the deadline, shown with the windows the CLI reported.
+            windows_record(
+                account=profile,
+                provider=tool,
+                windows=[
+                    Window(
+                        name=RATE_LIMIT_WINDOW,
+                        status=REJECTED,
+                        resets_at=deadline,
+                        source=SOURCE_RATE_LIMIT,
+                    )
+                ],
+                step_run_id=step_run.pk,
+                now=now,
+            )
     return row
 
 

@@ -6,8 +6,8 @@ Rules:
 1. Only steps of runs admitted with pool routing on (`scope_json.providerRouting.poolRouting`)
    and of the route's provider move; pinned profiles (`--*-auth-profile`) switch pool routing
    off at admission, so they never move, and neither does a single `--auth-profile`.
-2. A free member is enabled (or unregistered), its login not failed, not cooling, and
-   below its cap: running steps
+2. A free member is enabled (or unregistered), its login not failed, not cooling, its
+   rate-limit windows not spent (ledger.windows, domain.windows), and below its cap: running steps
    < min(the step's maxPerProfile, the account's max_running), either when set.
 3. Among free members: first those no other step of this run uses (verifier != worker where
    possible), then the least load (running + reserved), then pool order.
@@ -47,6 +47,7 @@ from ledger.services.common import (
     step_max_per_profile,
     step_spec,
 )
+from ledger.windows import pool_windows
 
 MOVED_EVENT = "step_account_moved"
 RATE_LIMIT_CODE = "rate_limit"
@@ -102,9 +103,12 @@ def _free_member(
         .exclude(account_profile__isnull=True)
         .values_list("account_profile", flat=True)
     )
-    best: tuple[bool, int, int, str] | None = None
+    windows = pool_windows(pool, spec, now)
+    best: tuple[bool, int, float, int, str] | None = None
     for position, member in enumerate(pool):
         if member == step.account_profile or member in state.cooling:
+            continue
+        if member in windows.exhausted:
             continue
         account = registry.get(member)
         if account is not None and (
@@ -114,10 +118,11 @@ def _free_member(
         limit = account_limit(spec, account)
         if limit is not None and state.load.running.get(member, 0) >= limit:
             continue
-        key = (member in used, loads.get(member, 0), position, member)
+        room = windows.headroom.get(member, 1.0)
+        key = (member in used, loads.get(member, 0), -room, position, member)
         if best is None or key < best:
             best = key
-    return best[3] if best else None
+    return best[4] if best else None
 
 
 def step_failover(

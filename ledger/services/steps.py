@@ -48,9 +48,11 @@ from ledger.services.failover import (
     account_limit,
     pool_cooling_until,
     pool_refusal,
+    run_pool,
     step_failover,
 )
 from ledger.usage import Usage
+from ledger.windows import window_refusal
 
 WAIT_DISABLED = "account {profile} is disabled in the account registry"
 
@@ -107,7 +109,9 @@ def step_start(
     2. The run must be `running` and claimed by `worker`; the step must be pending (or
        failed/timed_out, upstream's retry states). Otherwise `STEP_NOT_CLAIMABLE`.
     3. Account re-check, when the step has an account_profile: disabled in the account
-       registry, or its login failed (`account check` clears that) → refused; cooling now → refused (`retry_at` = when it frees); running steps
+       registry, or its login failed (`account check` clears that) → refused; cooling now → refused (`retry_at` = when it frees);
+       in a pool-routed run, a rate-limit window spent (ledger.windows: `window_exhausted`,
+       `retry_at` = its reset) → refused; running steps
        on the account (other than this one) >= the stricter of the step's
        `routing.maxPerProfile` and the account's `max_running` → refused. Before refusing,
        a step of a pool-routed run moves to a free pool member (ledger.services.failover:
@@ -208,7 +212,10 @@ def _start_locked(
         )
     spec = step_spec(run, step.step_id)
     gate = _account_gate(step, now)
-    refusal = _account_refusal(step, spec, gate)
+    # Spent windows refuse only where the step can move (a pool-routed run): a pinned
+    # account's step runs and meets the provider's own answer.
+    pooled = run_pool(run) is not None
+    refusal = _account_refusal(step, spec, gate, now if pooled else None)
     if refusal is not None and step_failover(
         run=run,
         step=step,
@@ -218,7 +225,7 @@ def _start_locked(
         now=now,
     ):
         gate = _account_gate(step, now)
-        refusal = _account_refusal(step, spec, gate)
+        refusal = _account_refusal(step, spec, gate, now if pooled else None)
     if refusal is not None and refusal[0] == "cooldown":
         until = pool_cooling_until(run, now)
         if until is not None:
@@ -275,7 +282,10 @@ def _account_gate(step: WorkflowStepRun, now: datetime) -> AccountGate | None:
 
 
 def _account_refusal(
-    step: WorkflowStepRun, spec: dict[str, Any], gate: AccountGate | None
+    step: WorkflowStepRun,
+    spec: dict[str, Any],
+    gate: AccountGate | None,
+    windows_at: datetime | None,
 ) -> tuple[str, str, datetime | None] | None:
     if gate is None:
         return None
@@ -295,6 +305,13 @@ def _account_refusal(
             WAIT_COOLING.format(profile=profile, until=gate.cooling_until.isoformat()),
             gate.cooling_until,
         )
+    spent = (
+        window_refusal(profile, spec, windows_at)
+        if profile and windows_at is not None
+        else None
+    )
+    if spent is not None:
+        return spent
     limit = account_limit(spec, account)
     # The kept count of running steps on the account: this step is not one of them (it is
     # pending, or failed/timed_out before a retry).

@@ -49,6 +49,7 @@ from ledger.selectors import (
     active_counts_by_key,
 )
 from ledger.services import work_item_admit_rows
+from ledger.windows import state_windows
 from routing.admission.decide import (
     FullCaps,
     Hold,
@@ -166,15 +167,24 @@ class _Loads:
     """Account loads and cooldowns (as `ledger.selectors.account_state`), kept in memory."""
 
     def __init__(self, now: datetime) -> None:
-        state = account_state(now=now)
+        state = account_state(now=now, windows=True)
         self.total: dict[str, int] = state.load.total()
         self.cooling = state.cooling
         self.registry = account_registry()  # the registry is small: read it whole, once
+        self.now = now
+        self.windows = state_windows(  # every account's windows, in the same read
+            state, {n: r.window_budgets for n, r in self.registry.items()}, now
+        )
 
     def view(self, plan: RoutePlan) -> PoolView:
         # As `decide.pool_assignment_now`, from the loads in memory.
         return pool_view(
-            plan, loads=dict(self.total), cooling=self.cooling, registry=self.registry
+            plan,
+            loads=dict(self.total),
+            cooling=self.cooling,
+            registry=self.registry,
+            windows=self.windows,
+            now=self.now,
         )
 
     def add(self, delta: LoadDelta) -> None:

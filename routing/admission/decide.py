@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+
+from django.utils import timezone
 
 from domain import reasons
 from domain.pool import PoolAssignment, assign_pool_auth_profiles
@@ -24,12 +26,14 @@ from domain.throttle import (
     ThrottleLimits,
     admission_decision,
 )
+from domain.windows import DEFAULT_MAX_WINDOW_USED, Window, window_filter
 from ledger.selectors import (
     AccountLimits,
     RegisteredAccount,
     account_state,
     active_counts,
 )
+from ledger.windows import budgets_of, state_windows
 from routing.admission.plan import RoutePlan
 
 
@@ -49,6 +53,14 @@ class PoolView:
     assignment: PoolAssignment
     loads: dict[str, int]
     cooling: dict[str, datetime]
+    # The pool members' rate-limit windows it was decided on (domain.windows).
+    windows: dict[str, list[Window]] = field(default_factory=dict)
+
+    def windows_snapshot(self) -> dict[str, list[dict[str, object]]]:
+        """Each member's windows, for the deferral snapshot."""
+        return {
+            name: [w.to_dict() for w in seen] for name, seen in self.windows.items()
+        }
 
     @property
     def deferral_reason(self) -> str:
@@ -66,12 +78,23 @@ def pool_view(
     loads: dict[str, int],
     cooling: dict[str, datetime],
     registry: Mapping[str, AccountLimits | RegisteredAccount],
+    windows: Mapping[str, Sequence[Window]] | None = None,
+    now: datetime | None = None,
 ) -> PoolView:
-    """Least-loaded assignment for this plan's pool from the given loads, cooldowns and
+    """Least-loaded assignment for this plan's pool from the given loads, cooldowns,
     account registry rows (disabled members and those whose login failed are absent; a
-    member's max_running caps it)."""
+    member's max_running caps it) and rate-limit windows (a spent one removes its member
+    until its reset: domain.windows)."""
     members_cooling = {p: until for p, until in cooling.items() if p in plan.pool}
     members = {p.strip() for p in plan.pool}
+    seen = {name: list(w) for name, w in (windows or {}).items() if name in members}
+    max_used = plan.max_window_used or DEFAULT_MAX_WINDOW_USED
+    paced = {
+        name for name, row in registry.items() if name in members and row.window_pace
+    }
+    spent = window_filter(
+        list(plan.pool), seen, now or timezone.now(), max_used, paced=paced
+    )
     assignment = assign_pool_auth_profiles(
         list(plan.pool),
         loads,
@@ -94,19 +117,28 @@ def pool_view(
             for name, row in registry.items()
             if name in members and row.max_running is not None
         },
+        windows=spent,
     )
-    return PoolView(assignment=assignment, loads=loads, cooling=members_cooling)
+    return PoolView(
+        assignment=assignment, loads=loads, cooling=members_cooling, windows=seen
+    )
 
 
 def pool_assignment_now(plan: RoutePlan, now: datetime) -> PoolView:
     """Least-loaded assignment for this plan's pool from the ledger as it is now (one read:
-    the loads, the cooldowns and the pool members' registry rows)."""
-    state = account_state(now=now, accounts=plan.pool)
+    the loads, the cooldowns, the pool members' registry rows and their rate-limit windows;
+    more only for the estimates of members with window budgets)."""
+    state = account_state(now=now, accounts=plan.pool, windows=True)
+    budgeted = {name: row.window_budgets for name, row in state.limits.items()}
     return pool_view(
         plan,
         loads=state.load.total(),
         cooling=state.cooling,
         registry=state.limits,
+        windows=state_windows(
+            state, {n: budgets_of(n) for n, has in budgeted.items() if has}, now
+        ),
+        now=now,
     )
 
 
@@ -152,6 +184,8 @@ class FullCaps:
                 reasons.COOLDOWN,
                 reasons.ACCOUNT_DISABLED,
                 reasons.LOGIN_FAILED,
+                reasons.WINDOW_EXHAUSTED,
+                reasons.WINDOW_PACED,
             )
         ):
             self.every = hold

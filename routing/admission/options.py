@@ -34,6 +34,7 @@ from domain.throttle import (
     ThrottleLimits,
     parse_limit,
 )
+from domain.windows import parse_max_window_used
 from ledger.providers import PROVIDERS
 
 ROLES = ("triage", "planner", "worker", "verifier")
@@ -77,6 +78,8 @@ class RouteOptions:
     project_group: str | None = None
     project_path: str | None = None
     max_per_profile: int | None = None
+    # Defer an account once a rate-limit window is this used (None: 0.9; domain.windows).
+    max_window_used: float | None = None
     name_prefix: str | None = None
     worktree_mode: str = DEFAULT_WORKTREE_MODE
     sandbox: str = DEFAULT_SANDBOX
@@ -152,6 +155,7 @@ OPTION_NAMES = (
     "project_group",
     "project_path",
     "max_per_profile",
+    "max_window_used",
     "name_prefix",
     "worktree_mode",
     "sandbox",
@@ -234,6 +238,7 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
         max_per_profile=parse_limit(
             "--max-per-profile", raw.get("max_per_profile"), allow_zero=True
         ),
+        max_window_used=parse_max_window_used(raw.get("max_window_used")),
         name_prefix=_text("name_prefix", raw.get("name_prefix")),
         worktree_mode=parse_worktree_mode(raw.get("worktree_mode")),
         sandbox=sandbox,

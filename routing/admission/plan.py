@@ -138,6 +138,8 @@ class RoutePlan:
     # Planned from an item's stored route by an operator's retry (`plan_stored_route`): a
     # retry the caps defer keeps that route for whichever drain admits it later.
     retry: bool = False
+    # --max-window-used (None: domain.windows.DEFAULT_MAX_WINDOW_USED).
+    max_window_used: float | None = None
 
 
 def stored_route(
@@ -347,6 +349,8 @@ def plan_route(
             for step in spec["steps"]:
                 if step["id"] == step_id:
                     step["routing"]["maxPerProfile"] = max_per_profile
+                    if options.max_window_used is not None:  # failover reads it
+                        step["routing"]["maxWindowUsed"] = options.max_window_used
 
     account_policy = (
         "role-explicit" if any(pins.values()) else ("pool" if pool else "single")
@@ -439,6 +443,7 @@ def plan_route(
         refusal=refusal,
         task=task,
         route=stored_route(kind, envelope, options, scope=scope),
+        max_window_used=options.max_window_used,
     )
     check_plan_fits_columns(plan)  # bad input never reaches the admission lock
     return plan

@@ -241,6 +241,8 @@ def _admit(
             "accounts": {p: view.loads.get(p, 0) for p in plan.pool},
             "cooling": {p: until.isoformat() for p, until in view.cooling.items()},
         }
+        if view.windows:
+            pool_seen["windows"] = view.windows_snapshot()
         if view.assignment.deferred:
             decision = pool_deferral_decision(
                 scope=plan.scope,

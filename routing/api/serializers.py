@@ -434,6 +434,10 @@ class AccountDict(TypedDict):
     # Token usage reported by the agents over the last 5 hours and 7 days.
     usage5h: UsageDict | None
     usage7d: UsageDict | None
+    # Its rate-limit windows (docs/windows.md): window, used, status, resetsAt, source,
+    # observedAt; and `at window` / `near window` / None.
+    windows: list[dict[str, Any]]
+    windowMark: str | None
 
 
 class RegistryDict(TypedDict):
@@ -496,4 +500,6 @@ def account_to_dict(row: AccountRow, *, now: datetime) -> AccountDict:
         else None,
         usage5h=_usage_dict(row.usage_5h),
         usage7d=_usage_dict(row.usage_7d),
+        windows=[w.to_dict() for w in row.windows],
+        windowMark=row.window_mark,
     )

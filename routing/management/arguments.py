@@ -75,6 +75,10 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-per-profile",
         help="defer when every pool account carries this many steps (default 2; 0 disables)",
     )
+    add(
+        "--max-window-used",
+        help="defer a pool account once a rate-limit window is this used (0..1, default 0.9)",
+    )
     add("--name-prefix", help="prefix of generated workflow and loop names")
     add(
         "--max-attempts",

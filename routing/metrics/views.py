@@ -137,7 +137,32 @@ def collect(*, now: datetime) -> list[Family]:
         "gauge",
         "Cost the agents reported (claude) for steps that started in the window.",
     )
+    window_used = Family(
+        "loopsweb_account_window_used_ratio",
+        "gauge",
+        "Used fraction (0..1) of the account's rate-limit window (5h, 7d, ...): what its "
+        "CLI last reported, or loopsweb's estimate against the account's budget. Absent "
+        "when unknown or the window has reset.",
+    )
+    window_reset = Family(
+        "loopsweb_account_window_reset_timestamp_seconds",
+        "gauge",
+        "When the account's rate-limit window resets (Unix time). Absent when unknown.",
+    )
     for account in account_rows(configs, now=now):
+        for seen in account.windows:
+            if seen.over(now):
+                continue
+            if seen.used is not None:
+                window_used.add(
+                    round(seen.used, 6), account=account.profile, window=seen.name
+                )
+            if seen.resets_at is not None:
+                window_reset.add(
+                    int(seen.resets_at.timestamp()),
+                    account=account.profile,
+                    window=seen.name,
+                )
         if account.registered is not None:
             registered.add(
                 1,
@@ -216,6 +241,8 @@ def collect(*, now: datetime) -> list[Family]:
         registered,
         tokens,
         cost,
+        window_used,
+        window_reset,
         deferred,
         oldest,
         inbox,

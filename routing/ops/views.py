@@ -367,6 +367,7 @@ def accounts(request: HttpRequest) -> HttpResponse:
         "accounts",
         now=now,
         accounts=rows,
+        any_windows=any(r.windows for r in rows),
         load_chart=load_chart_svg(bars),
         timeline=timeline_svg([r.profile for r in rows], hours, starts),
         hours=hours,

@@ -131,6 +131,26 @@ def claude_config_dir(directory: Path) -> Path:
     return directory
 
 
+def claude_oauth_login(directory: Path, token: str) -> Path:
+    """A claude.ai-style login in `directory` (scope `user:inference`, not expiring)."""
+    path = directory / ".credentials.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(
+            {
+                "claudeAiOauth": {
+                    "accessToken": token,
+                    "refreshToken": f"{token}-refresh",
+                    "expiresAt": 4102444800000,
+                    "scopes": ["user:inference"],
+                    "subscriptionType": "max",
+                }
+            },
+            handle,
+        )
+    return path
+
+
 def opencode_home(directory: Path, base_url: str, key_variable: str) -> Path:
     config = directory / "config" / "opencode"
     config.mkdir(parents=True, exist_ok=True)
@@ -180,9 +200,13 @@ def register_account(
     *,
     key: str | None,
     env_key: str = KEY_VARIABLE,
+    oauth: bool = False,
 ) -> None:
     """`manage.py account add NAME` (in this process) for `provider`, its login directory
-    pointing at the stand-in and its key in a 0600 env file; `key` None: no login at all."""
+    pointing at the stand-in and its key in a 0600 env file; `key` None: no login at all.
+    claude with `oauth`: a subscription-style login instead (`.credentials.json` in its
+    config directory holding `key` as the OAuth access token), the login for which claude
+    reports its rate-limit window (docs/windows.md §1)."""
     from django.core.management import call_command
 
     home = directory / f"{name}-home"
@@ -196,6 +220,9 @@ def register_account(
         argv += ["--claude-config-dir", str(home), "--env"]
         argv.append(f"ANTHROPIC_BASE_URL={stand_in.url}")
         env_key = "ANTHROPIC_API_KEY"
+        if oauth and key:
+            claude_oauth_login(home, key)
+            key = None
     else:
         opencode_home(home, stand_in.url, env_key)
         argv += ["--opencode-home", str(home)]

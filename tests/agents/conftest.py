@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.agents import clis
 from tests.agents.clis import install_clis
 from tests.agents.provider import ProviderStandIn
 
@@ -24,3 +26,13 @@ def stand_in() -> Iterator[ProviderStandIn]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def binaries(cli_bin: Path, settings: Any) -> Path:
+    """The pinned CLIs as every provider's binary (LOOPSWEB_PROVIDER_BINARIES)."""
+    settings.LOOPSWEB_PROVIDER_BINARIES = {
+        provider: str(cli_bin / name)
+        for provider, (_, _, name) in clis.CLI_PACKAGES.items()
+    }
+    return cli_bin

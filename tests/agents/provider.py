@@ -29,6 +29,15 @@ Modes, global (`mode`) or per API key (`modes[key]`):
 - `slow`: the final message streams for `slow_seconds`, one text delta every 0.5 s;
 - `hang`: the request is read and never answered (until the server stops).
 
+Rate-limit windows (docs/windows.md §1): `windows[key]` is the 5-hour window's used fraction
+for that API key (the weekly one is `weekly_used`), resetting `window_reset_seconds` from
+the start; every answer to that key (streams and errors alike) carries the headers the real
+backends send: codex's `x-codex-{primary,secondary}-{used-percent,window-minutes,reset-at}`
+on the OpenAI APIs, Anthropic's `anthropic-ratelimit-unified-*` (status `allowed`, with the
+90 % surpassed threshold `allowed_warning`, at 100 % `rejected`) on the Messages API. With
+`window_step` set, each answered model call adds that much to the key's fraction; past 1.0
+the key gets 429s (`rejected`, with the headers) until the window resets.
+
 Every request is recorded (`requests`): method, path, the API key it carried (`x-api-key`
 or `Authorization: Bearer`), model, mode, time and the usage answered.
 """
@@ -43,6 +52,8 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.agents.provider_windows import window_headers
 
 # In a system prompt, or (claude) a system reminder in the first user message.
 _CWD_RE = re.compile(r"[Ww]orking directory:\s*(/[^\s\"\\<>]*)")
@@ -78,6 +89,10 @@ class ProviderStandIn:
     mode: str = "ok"
     modes: dict[str, str] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
+    windows: dict[str, float] = field(default_factory=dict)
+    weekly_used: float = 0.17
+    window_reset_seconds: int = 3600
+    window_step: float = 0.0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -148,6 +163,26 @@ class ProviderStandIn:
         with self._lock:
             self.requests.append(request)
 
+    def window_of(self, key: str | None) -> float | None:
+        with self._lock:
+            return self.windows.get(key or "")
+
+    def spend(self, key: str | None) -> None:
+        """One answered model call of `key`: its window grows by `window_step`."""
+        with self._lock:
+            if self.window_step and key in self.windows:
+                self.windows[key] = self.windows[key] + self.window_step
+
+    def window_headers(self, api: str | None, key: str | None) -> dict[str, str]:
+        used = self.window_of(key)
+        if used is None or api is None:
+            return {}
+        started = getattr(self, "_window_epoch", None) or int(time.time())
+        self._window_epoch = started
+        reset_5h = started + self.window_reset_seconds
+        reset_7d = started + 7 * 86400
+        return window_headers(api, used, self.weekly_used, reset_5h, reset_7d)
+
     def _usage(self) -> dict[str, int]:
         return {
             "input_tokens": self.input_tokens,
@@ -217,14 +252,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(data)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
+        for name, value in self._window_headers().items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
+
+    def _window_headers(self) -> dict[str, str]:
+        api = {
+            "/v1/responses": "responses",
+            "/v1/chat/completions": "chat",
+            "/v1/messages": "messages",
+        }.get(self.path.split("?", 1)[0])
+        return self.owner.window_headers(api, self._key())
 
     def _stream_start(self) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
         self.send_header("connection", "close")
+        for name, value in self._window_headers().items():
+            self.send_header(name, value)
         self.end_headers()
         self.close_connection = True
 
@@ -269,7 +316,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.owner._stopping.wait()
             return
-        if request.mode == "429":
+        used = self.owner.window_of(request.key)
+        if request.mode == "429" or (used is not None and used >= 1.0):
             self._error(api, 429)
             return
         if request.mode in ("401", "500"):
@@ -302,7 +350,8 @@ class _Handler(BaseHTTPRequestHandler):
             else "Incorrect API key provided."
         )
         headers = {"retry-after": str(self.owner.retry_after)} if limited else {}
-        if limited and api == "responses" and self.owner.usage_limit_seconds:
+        spent = (self.owner.window_of(self._key()) or 0.0) >= 1.0
+        if limited and api == "responses" and (self.owner.usage_limit_seconds or spent):
             self._json(
                 status,
                 {
@@ -310,8 +359,13 @@ class _Handler(BaseHTTPRequestHandler):
                         "type": "usage_limit_reached",
                         "message": "The usage limit has been reached",
                         "plan_type": "plus",
-                        "resets_at": int(time.time()) + self.owner.usage_limit_seconds,
-                        "resets_in_seconds": self.owner.usage_limit_seconds,
+                        "resets_at": int(time.time())
+                        + (
+                            self.owner.usage_limit_seconds
+                            or self.owner.window_reset_seconds
+                        ),
+                        "resets_in_seconds": self.owner.usage_limit_seconds
+                        or self.owner.window_reset_seconds,
                     }
                 },
                 headers,
@@ -381,6 +435,7 @@ class _Handler(BaseHTTPRequestHandler):
         usage = self.owner._usage()
         request.usage = usage
         request.answer = "tool" if plan else "text"
+        self.owner.spend(request.key)
         self._stream_start()
         self._send(
             _sse(
@@ -487,6 +542,7 @@ class _Handler(BaseHTTPRequestHandler):
         usage = self.owner._usage()
         request.usage = usage
         request.answer = "tool" if plan else "text"
+        self.owner.spend(request.key)
         self._stream_start()
         self._send(
             _sse(
@@ -586,6 +642,7 @@ class _Handler(BaseHTTPRequestHandler):
         usage = self.owner._usage()
         request.usage = usage
         request.answer = "tool" if plan else "text"
+        self.owner.spend(request.key)
         model = request.model or "stub-model"
 
         def chunk(

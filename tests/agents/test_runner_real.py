@@ -56,15 +56,6 @@ PROVIDERS = clis.on_each_cli(*clis.REAL_CLIS)
 KEY_A, KEY_B = "key-of-acct-a-0123", "key-of-acct-b-4567"
 
 
-@pytest.fixture
-def binaries(cli_bin: Path, settings: Any) -> Path:
-    settings.LOOPSWEB_PROVIDER_BINARIES = {
-        provider: str(cli_bin / name)
-        for provider, (_, _, name) in clis.CLI_PACKAGES.items()
-    }
-    return cli_bin
-
-
 def _route(project: Path, provider: str, **raw: Any) -> WorkflowRun:
     event = {
         "id": f"evt-{time.time_ns()}",

@@ -200,5 +200,7 @@ def test_reason_codes_are_listed_and_labelled() -> None:
         "cooldown",
         "account_disabled",
         "login_failed",
+        "window_exhausted",
+        "window_paced",
     )
     assert set(reasons.LABELS) == set(reasons.ALL)

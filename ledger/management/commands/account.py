@@ -2,9 +2,17 @@
 assigned, their running cap and the environment that selects their login.
 
 `add NAME --provider P [--codex-home DIR | --claude-config-dir DIR | --opencode-home DIR]
-[--env-file PATH] [--env KEY=VALUE ...] [--max-running N] [--notes TEXT] [--dry-run]`,
+[--env-file PATH] [--env KEY=VALUE ...] [--max-running N] [--window 5h=TOKENS ...]
+[--window-pace] [--notes TEXT] [--dry-run]`, `edit NAME [--window 5h=TOKENS ...]
+[--no-windows] [--window-pace | --no-window-pace] [--dry-run]`,
 `list [--json]`, `check NAME [--json]`, `disable NAME`, `enable NAME`,
 `remove NAME [--dry-run]`.
+
+`--window NAME=TOKENS` gives the account a token budget per rate-limit window (`5h`, `7d`,
+`90m`): loopsweb estimates those windows from the tokens its step runs used where the CLI
+reports nothing (docs/windows.md §3); `--window-pace` spreads each window over its length
+(docs/windows.md §4). `list` prints each account's windows (used, reset,
+source, age of the observation), with control characters escaped.
 
 The environment says where the provider's CLI keeps the login: `--codex-home DIR` sets
 `CODEX_HOME` (its `config.toml` and `auth.json` stay there), `--claude-config-dir DIR` sets
@@ -29,12 +37,15 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from domain.bounds import option_type
+from domain.controls import terminal_text
 from domain.errors import ApplicationError
 from ledger import services
 from ledger.models import Account
 from ledger.providers import ADAPTERS, PROVIDERS
+from ledger.windows import window_state
 
 
 def _iso(value: Any) -> str | None:
@@ -42,7 +53,9 @@ def _iso(value: Any) -> str | None:
 
 
 class Command(BaseCommand):
-    help = "Manage the account registry: add, list, check, disable, enable, remove."
+    help = (
+        "Manage the account registry: add, edit, list, check, disable, enable, remove."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True)
@@ -78,8 +91,33 @@ class Command(BaseCommand):
             "--max-running", type=option_type("--max-running"), default=None
         )
         add.add_argument("--notes", default="")
+        add.add_argument("--window", action="append", default=[], help=WINDOW_HELP)
+        add.add_argument("--window-pace", action="store_true", help=PACE_HELP)
         add.add_argument("--dry-run", action="store_true", help="check, write nothing")
         add.add_argument("--json", action="store_true", help="print JSON")
+        edit = actions.add_parser("edit", help="change an account's window budgets")
+        edit.add_argument("name")
+        edit.add_argument("--window", action="append", default=[], help=WINDOW_HELP)
+        edit.add_argument(
+            "--no-windows", action="store_true", help="remove every window budget"
+        )
+        pace = edit.add_mutually_exclusive_group()
+        pace.add_argument(
+            "--window-pace",
+            dest="pace",
+            action="store_const",
+            const=True,
+            help=PACE_HELP,
+        )
+        pace.add_argument(
+            "--no-window-pace",
+            dest="pace",
+            action="store_const",
+            const=False,
+            help="stop pacing its windows",
+        )
+        edit.add_argument("--dry-run", action="store_true", help="check, write nothing")
+        edit.add_argument("--json", action="store_true", help="print JSON")
         listing = actions.add_parser("list", help="list accounts")
         listing.add_argument("--json", action="store_true", help="print JSON")
         check = actions.add_parser(
@@ -105,6 +143,8 @@ class Command(BaseCommand):
         try:
             if action == "add":
                 self._add(options)
+            elif action == "edit":
+                self._edit(options)
             elif action == "list":
                 self._list(as_json=options["json"])
             elif action == "check":
@@ -142,6 +182,8 @@ class Command(BaseCommand):
             notes=options["notes"],
             dry_run=options["dry_run"],
             env_file=options["env_file"],
+            window_budgets=services.account_window_budgets(options["window"]),
+            window_pace=options["window_pace"],
         )
         variable = ADAPTERS[provider].account_variable
         if variable and variable not in env and not options["env_file"]:
@@ -151,6 +193,28 @@ class Command(BaseCommand):
             )
         verb = "would add" if options["dry_run"] else "added"
         self._say(options, f"account: {verb} {row.name} ({provider})", row, result=verb)
+
+    def _edit(self, options: dict[str, Any]) -> None:
+        budgets_given = bool(options["window"]) or options["no_windows"]
+        if not budgets_given and options["pace"] is None:
+            raise CommandError(
+                "account edit: give --window NAME=TOKENS, --no-windows, --window-pace "
+                "or --no-window-pace"
+            )
+        if options["window"] and options["no_windows"]:
+            raise CommandError(
+                "account edit: --window and --no-windows exclude each other"
+            )
+        row = services.account_edit(
+            name=options["name"],
+            window_budgets=services.account_window_budgets(options["window"])
+            if budgets_given
+            else None,
+            window_pace=options["pace"],
+            dry_run=options["dry_run"],
+        )
+        verb = "would edit" if options["dry_run"] else "edited"
+        self._say(options, f"account: {verb} {row.name}", row, result=verb)
 
     def _check(self, options: dict[str, Any]) -> None:
         test = services.account_self_test(name=options["name"])
@@ -187,7 +251,11 @@ class Command(BaseCommand):
             self.stdout.write(text)
 
     def _list(self, *, as_json: bool) -> None:
-        entries = [_entry(row) for row in Account.objects.order_by("name")]
+        windows = window_state(now=timezone.now())
+        entries = [
+            {**_entry(row), "windows": [w.to_dict() for w in windows.get(row.name, [])]}
+            for row in Account.objects.order_by("name")
+        ]
         if as_json:
             self.stdout.write(json.dumps(entries))
             return
@@ -207,6 +275,35 @@ class Command(BaseCommand):
                 f"{e['name']}  provider={e['provider']}  {state}  max_running={cap}  "
                 f"env={env}{env_file}"
             )
+            budgets = e["windowBudgets"] or {}
+            if budgets:
+                listed = " ".join(f"{k}={v}" for k, v in sorted(budgets.items()))
+                self.stdout.write(f"  window budgets: {listed}")
+            if e["windowPace"]:
+                self.stdout.write("  window pace: on")
+            for w in e["windows"]:
+                self.stdout.write("  " + terminal_text(window_line(w)))
+
+
+WINDOW_HELP = (
+    "token budget of a rate-limit window, NAME=TOKENS (5h=2000000); repeatable"
+)
+PACE_HELP = (
+    "spread each window over its length: defer the account (window_paced) while it has "
+    "used more of a window than has elapsed"
+)
+
+
+def window_line(w: dict[str, Any]) -> str:
+    """`window 5h: 42% used, allowed, resets 2026-…Z (codex rollout, seen 2026-…Z)`."""
+    used = f"{w['used'] * 100:.0f}% used" if w["used"] is not None else "used unknown"
+    parts = [used]
+    if w["status"]:
+        parts.append(str(w["status"]))
+    if w["resetsAt"]:
+        parts.append(f"resets {w['resetsAt']}")
+    seen = f", seen {w['observedAt']}" if w["observedAt"] else ""
+    return f"window {w['window']}: {', '.join(parts)} ({w['source']}{seen})"
 
 
 def _entry(row: Account) -> dict[str, Any]:
@@ -220,6 +317,8 @@ def _entry(row: Account) -> dict[str, Any]:
         "notes": row.notes,
         "loginFailedAt": _iso(row.login_failed_at),
         "loginFailedReason": row.login_failed_reason,
+        "windowBudgets": row.window_budgets or None,
+        "windowPace": bool(row.window_pace),
         "createdAt": _iso(row.created_at),
         "updatedAt": _iso(row.updated_at),
     }

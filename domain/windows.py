@@ -1,0 +1,228 @@
+"""Rate-limit windows of an account and the admission rule on them (docs/windows.md).
+
+Contract:
+1. A `Window` is the latest observation of one window of one account: its name (`5h`, `7d`,
+   or the provider's own), the used fraction (0..1, None when the provider did not say),
+   the provider's status (`allowed`, `allowed_warning`, `rejected`, None), when it resets
+   (None: unknown), where it came from and when it was seen.
+2. A window whose reset is at or before `now` is over: it counts for nothing.
+3. A window is exhausted when it is not over and its status is `rejected`, or its used
+   fraction is >= `max_used` (the route's --max-window-used, default 0.9).
+4. An account is exhausted when any of its windows is; it is free again at the LATEST reset
+   of its exhausted windows (None when one of them has no known reset).
+5. Headroom of an account = min over its windows (not over, used known) of 1 - used; an
+   account with no such window has headroom 1.0 (nothing known spent), so a pool where no
+   window is known is decided exactly as before.
+6. `window_filter` keeps the members (in their order) that are not exhausted, and names the
+   exhausted ones with the time each frees; `earliest_reset` is the first of those times.
+7. Pacing (an account with `window_pace`): a window of known length (`5h`, `7d`, `90m`),
+   used fraction and reset may be used only as far as its elapsed share: with L its length
+   and the window started at reset - L, the account is paced while used > elapsed / L, until
+   reset - L * (1 - used) (when the elapsed share catches up). Paced members are removed
+   after the exhausted ones; a pool left with none defers with `window_paced`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from domain.errors import ValidationError
+
+DEFAULT_MAX_WINDOW_USED = 0.9
+REJECTED = "rejected"
+STATUSES = ("allowed", "allowed_warning", "rejected")
+
+WINDOW_EXHAUSTED_REASON = "all {n} pool members at their window budget ({detail})"
+WINDOW_PACED_REASON = "all {n} pool members ahead of their window pace ({detail})"
+_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Window:
+    name: str
+    used: float | None = None
+    status: str | None = None
+    resets_at: datetime | None = None
+    source: str = ""
+    observed_at: datetime | None = None
+
+    def over(self, now: datetime) -> bool:
+        return self.resets_at is not None and self.resets_at <= now
+
+    def exhausted(self, now: datetime, max_used: float) -> bool:
+        if self.over(now):
+            return False
+        if self.status == REJECTED:
+            return True
+        return self.used is not None and self.used >= max_used
+
+    def label(self) -> str:
+        """`5h 95% until 2026-12-04T20:00:00Z` (what a deferral reason says)."""
+        parts = [self.name]
+        if self.used is not None:
+            parts.append(f"{self.used * 100:.0f}%")
+        if self.status:
+            parts.append(self.status)
+        if self.resets_at is not None:
+            parts.append(f"until {iso(self.resets_at)}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window": self.name,
+            "used": self.used,
+            "status": self.status,
+            "resetsAt": iso(self.resets_at) if self.resets_at else None,
+            "source": self.source,
+            "observedAt": iso(self.observed_at) if self.observed_at else None,
+        }
+
+
+def length_seconds(name: str) -> int | None:
+    """The length of a window named like `5h`, `7d`, `90m` (None for other names)."""
+    unit = _UNIT_SECONDS.get(name[-1:]) if name else None
+    digits = name[:-1]
+    if unit is None or not digits.isdigit() or digits.startswith("0"):
+        return None
+    return int(digits) * unit
+
+
+def paced_until(window: Window, now: datetime) -> datetime | None:
+    """Rule 7: when the window's pace lets the account start again (None: not paced)."""
+    length = length_seconds(window.name)
+    if (
+        length is None
+        or window.used is None
+        or window.resets_at is None
+        or window.over(now)
+    ):
+        return None
+    frees = window.resets_at - timedelta(seconds=length * (1.0 - window.used))
+    return frees if frees > now else None
+
+
+def iso(value: datetime) -> str:
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def clamp_fraction(value: Any) -> float | None:
+    """A used fraction from a number (bool and non-numbers: None), clamped to 0..1."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if value != value:  # NaN
+        return None
+    return min(max(float(value), 0.0), 1.0)
+
+
+def headroom(windows: Iterable[Window], now: datetime) -> float:
+    """Rule 5."""
+    rooms = [1.0 - w.used for w in windows if w.used is not None and not w.over(now)]
+    return min(rooms) if rooms else 1.0
+
+
+def frees_at(
+    windows: Iterable[Window], now: datetime, max_used: float
+) -> tuple[bool, datetime | None]:
+    """(exhausted, when it frees) of one account (rules 3 and 4)."""
+    spent = [w for w in windows if w.exhausted(now, max_used)]
+    if not spent:
+        return False, None
+    if any(w.resets_at is None for w in spent):
+        return True, None
+    return True, max(w.resets_at for w in spent if w.resets_at is not None)
+
+
+@dataclass(frozen=True)
+class WindowFilter:
+    kept: list[str]
+    exhausted: dict[str, datetime | None] = field(default_factory=dict)
+    headroom: dict[str, float] = field(default_factory=dict)
+    detail: dict[str, str] = field(default_factory=dict)
+    # Rule 7: members ahead of their pace, with when each may start again.
+    paced: dict[str, datetime] = field(default_factory=dict)
+
+    def paced_reason(self, members: Sequence[str]) -> str:
+        detail = "; ".join(
+            f"{name.strip()}: until {iso(self.paced[name])}"
+            for name in members
+            if name in self.paced
+        )
+        text = WINDOW_PACED_REASON.format(n=len(members), detail=detail)
+        return f"{text} until {iso(min(self.paced.values()))}" if self.paced else text
+
+    @property
+    def earliest_reset(self) -> datetime | None:
+        known = [t for t in self.exhausted.values() if t is not None]
+        return min(known) if known else None
+
+    def reason(self, members: Sequence[str]) -> str:
+        detail = "; ".join(
+            f"{name.strip()}: {self.detail[name]}"
+            for name in members
+            if name in self.detail
+        )
+        text = WINDOW_EXHAUSTED_REASON.format(n=len(members), detail=detail)
+        first = self.earliest_reset
+        return f"{text} until {iso(first)}" if first else text
+
+
+def window_filter(
+    members: Sequence[str],
+    windows: Mapping[str, Sequence[Window]],
+    now: datetime,
+    max_used: float = DEFAULT_MAX_WINDOW_USED,
+    paced: Collection[str] = (),
+) -> WindowFilter:
+    """Rules 6 and 7: the members that may take a step now, and why the others may not
+    (`paced`: the accounts whose windows are paced)."""
+    kept: list[str] = []
+    exhausted: dict[str, datetime | None] = {}
+    rooms: dict[str, float] = {}
+    detail: dict[str, str] = {}
+    ahead: dict[str, datetime] = {}
+    for member in members:
+        seen = windows.get(member.strip(), ())
+        spent, until = frees_at(seen, now, max_used)
+        if spent:
+            exhausted[member] = until
+            detail[member] = ", ".join(
+                w.label() for w in seen if w.exhausted(now, max_used)
+            )
+            continue
+        if member.strip() in paced:
+            frees = [t for w in seen if (t := paced_until(w, now)) is not None]
+            if frees:
+                ahead[member] = max(frees)
+                continue
+        kept.append(member)
+        if seen:
+            rooms[member] = headroom(seen, now)
+    return WindowFilter(
+        kept=kept, exhausted=exhausted, headroom=rooms, detail=detail, paced=ahead
+    )
+
+
+MAX_WINDOW_USED_INVALID = (
+    "--max-window-used must be a fraction above 0 and at most 1 (0.9: defer an account "
+    "once 90% of a window is used), not {value!r}"
+)
+
+
+def parse_max_window_used(value: Any) -> float | None:
+    """The route option --max-window-used: None (the default, 0.9) or a fraction in (0, 1]."""
+    if value is None:
+        return None
+    number: float | None = None
+    if isinstance(value, str) and value.strip():
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    if number is None or number != number or not 0 < number <= 1:
+        raise ValidationError(MAX_WINDOW_USED_INVALID.format(value=value))
+    return number

@@ -1,0 +1,265 @@
+"""The window ledger: recording what the agent CLIs say of each account's rate-limit windows,
+and reading the windows admission decides on (docs/windows.md).
+
+Rules:
+1. `windows_record` writes one `AccountWindow` row per observation (autocommit, no lock: an
+   observation changes no count) and prunes: per (account, window) only the newest
+   `KEEP_PER_WINDOW` rows stay, and rows older than LOOPSWEB_WINDOW_KEEP_DAYS are removed.
+2. `latest_windows` is the newest observation per (account, window), for the named accounts
+   (or all), seen within LOOPSWEB_WINDOW_KEEP_DAYS.
+3. The estimate: an account with window budgets (`account add/edit --window 5h=TOKENS`) gets,
+   for each budget window that no provider observation still covers (none, or its reset has
+   passed), the tokens (input + output) its step runs finished within the window's length
+   before now, divided by the budget; it resets when the oldest of those steps leaves the
+   window. Its source says `loopsweb estimate` with the tokens and the cost.
+4. `window_state` = the provider observations plus the estimates: what admission, failover,
+   /ops/, /metrics and the API read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from domain import reasons
+from domain.windows import DEFAULT_MAX_WINDOW_USED, Window, WindowFilter, window_filter
+from ledger.models import Account, AccountWindow, WorkflowStepRun
+from ledger.selectors import AccountState
+from ledger.window_rows import window_keep_days
+
+KEEP_PER_WINDOW = 10
+SOURCE_ESTIMATE = "loopsweb estimate"
+_DURATION = re.compile(r"^([1-9][0-9]{0,4})([mhd])$")
+_UNIT = {"m": 60, "h": 3600, "d": 86400}
+BUDGET_INVALID = (
+    "--window must be WINDOW=TOKENS with WINDOW like 5h, 7d or 90m and TOKENS a whole "
+    "number > 0, not {value!r}"
+)
+
+
+def window_seconds(name: str) -> int | None:
+    """The length of a window named `5h`, `7d`, `90m` (None for any other name)."""
+    found = _DURATION.match(name)
+    return int(found.group(1)) * _UNIT[found.group(2)] if found else None
+
+
+def parse_budgets(pairs: Iterable[str]) -> dict[str, int]:
+    """`["5h=2000000", "7d=9000000"]` → {"5h": 2000000, "7d": 9000000}; ValueError on bad
+    input (the message names the bad pair)."""
+    out: dict[str, int] = {}
+    for pair in pairs:
+        name, sep, tokens = str(pair).partition("=")
+        name = name.strip()
+        if not sep or window_seconds(name) is None or not tokens.strip().isdigit():
+            raise ValueError(BUDGET_INVALID.format(value=pair))
+        value = int(tokens.strip())
+        if not 0 < value <= 10**15:
+            raise ValueError(BUDGET_INVALID.format(value=pair))
+        out[name] = value
+    return out
+
+
+def windows_record(
+    *,
+    account: str,
+    provider: str | None,
+    windows: Sequence[Window],
+    step_run_id: str | None = None,
+    now: datetime | None = None,
+) -> int:
+    """Rule 1: record `windows` of `account`; returns how many rows were written."""
+    if not account or not windows:
+        return 0
+    now = now or timezone.now()
+    AccountWindow.objects.bulk_create(
+        [
+            AccountWindow(
+                account_profile=account,
+                provider=(provider or "")[:20],
+                window=w.name[:60],
+                used=w.used,
+                status=w.status,
+                resets_at=w.resets_at,
+                observed_at=w.observed_at or now,
+                source=w.source[:200],
+                step_run_id=step_run_id,
+            )
+            for w in windows
+        ]
+    )
+    for name in {w.name[:60] for w in windows}:
+        stale = list(
+            AccountWindow.objects.filter(account_profile=account, window=name)
+            .order_by("-observed_at")
+            .values_list("id", flat=True)[KEEP_PER_WINDOW:]
+        )
+        if stale:
+            AccountWindow.objects.filter(id__in=stale).delete()
+    AccountWindow.objects.filter(
+        observed_at__lt=now - timedelta(days=window_keep_days())
+    ).delete()
+    return len(windows)
+
+
+def _window(row: AccountWindow) -> Window:
+    return Window(
+        name=row.window,
+        used=row.used,
+        status=row.status,
+        resets_at=row.resets_at,
+        source=row.source,
+        observed_at=row.observed_at,
+    )
+
+
+def latest_windows(
+    accounts: Iterable[str] | None = None, *, now: datetime | None = None
+) -> dict[str, list[Window]]:
+    """Rule 2: account → its windows (the newest observation of each), by window name."""
+    now = now or timezone.now()
+    rows = AccountWindow.objects.filter(
+        observed_at__gte=now - timedelta(days=window_keep_days())
+    )
+    if accounts is not None:
+        names = sorted({str(a).strip() for a in accounts})
+        if not names:
+            return {}
+        rows = rows.filter(account_profile__in=names)
+    latest: dict[tuple[str, str], AccountWindow] = {}
+    for row in rows.order_by("observed_at", "id"):
+        latest[(row.account_profile, row.window)] = row
+    out: dict[str, list[Window]] = {}
+    for (account, _name), row in sorted(latest.items()):
+        out.setdefault(account, []).append(_window(row))
+    return out
+
+
+def _estimate(account: str, name: str, budget: int, now: datetime) -> Window | None:
+    length = window_seconds(name)
+    if length is None:
+        return None
+    since = now - timedelta(seconds=length)
+    tokens = 0
+    cost = 0.0
+    oldest: datetime | None = None
+    for inp, out, usd, finished in WorkflowStepRun.objects.filter(
+        Q(usage_input_tokens__isnull=False) | Q(usage_output_tokens__isnull=False),
+        account_profile=account,
+        finished_at__gte=since,
+    ).values_list(
+        "usage_input_tokens", "usage_output_tokens", "usage_cost_usd", "finished_at"
+    ):
+        tokens += (inp or 0) + (out or 0)
+        cost += usd or 0.0
+        if finished is not None and (oldest is None or finished < oldest):
+            oldest = finished
+    return Window(
+        name=name,
+        used=min(tokens / budget, 1.0),
+        resets_at=oldest + timedelta(seconds=length) if oldest else None,
+        source=f"{SOURCE_ESTIMATE}: {tokens} of {budget} tokens, ${cost:.2f}",
+        observed_at=now,
+    )
+
+
+def with_estimates(
+    observed: Mapping[str, Sequence[Window]],
+    budgets: Mapping[str, Mapping[str, Any] | None],
+    now: datetime,
+) -> dict[str, list[Window]]:
+    """Rule 3 over `observed` (account -> its newest windows): each budget window that no
+    observation still covers gets the estimate (one query per such window)."""
+    out = {name: list(seen) for name, seen in observed.items()}
+    for account, budget_map in sorted(budgets.items()):
+        if not isinstance(budget_map, Mapping):
+            continue
+        seen = {w.name: w for w in out.get(account, [])}
+        for name, budget in sorted(budget_map.items()):
+            current = seen.get(name)
+            if current is not None and not current.over(now):
+                continue  # the provider's word is fresher
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+                continue
+            estimate = _estimate(account, name, budget, now)
+            if estimate is not None:
+                kept = [w for w in out.get(account, []) if w.name != name]
+                out[account] = [*kept, estimate]
+    return out
+
+
+def window_state(
+    accounts: Iterable[str] | None = None, *, now: datetime | None = None
+) -> dict[str, list[Window]]:
+    """Rule 4: the observed windows plus the estimates of the windows nothing observes."""
+    now = now or timezone.now()
+    names = None if accounts is None else sorted({str(a).strip() for a in accounts})
+    budgets = Account.objects.exclude(window_budgets__isnull=True)
+    if names is not None:
+        budgets = budgets.filter(name__in=names)
+    return with_estimates(
+        latest_windows(names, now=now),
+        dict(budgets.values_list("name", "window_budgets")),
+        now,
+    )
+
+
+def state_windows(
+    state: AccountState, budgets: Mapping[str, Mapping[str, Any] | None], now: datetime
+) -> dict[str, list[Window]]:
+    """The windows of an `account_state(windows=True)` read plus the estimates of the
+    accounts in `budgets` (no statement unless one of them has a budget)."""
+    if not any(budgets.values()):
+        return state.windows
+    return with_estimates(state.windows, budgets, now)
+
+
+WAIT_WINDOW_EXHAUSTED = "account {profile} at its window budget ({detail})"
+
+
+def step_max_window_used(spec: dict[str, Any]) -> float:
+    """The --max-window-used a step was routed with (`routing.maxWindowUsed`), else 0.9."""
+    routing = spec.get("routing") if isinstance(spec, dict) else None
+    value = routing.get("maxWindowUsed") if isinstance(routing, dict) else None
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < value <= 1
+    ):
+        return float(value)
+    return DEFAULT_MAX_WINDOW_USED
+
+
+def pool_windows(
+    members: Sequence[str], spec: dict[str, Any], now: datetime
+) -> WindowFilter:
+    """The window rule (domain.windows) over `members` for a step about to start."""
+    return window_filter(
+        list(members), window_state(members, now=now), now, step_max_window_used(spec)
+    )
+
+
+def window_refusal(
+    profile: str, spec: dict[str, Any], now: datetime
+) -> tuple[str, str, datetime | None] | None:
+    """(window_exhausted, why, when it frees) for a step whose account's window is spent,
+    else None: a step start refuses it (and fails over when it can)."""
+    spent = pool_windows([profile], spec, now)
+    if profile not in spent.exhausted:
+        return None
+    reason = WAIT_WINDOW_EXHAUSTED.format(profile=profile, detail=spent.detail[profile])
+    return reasons.WINDOW_EXHAUSTED, reason, spent.exhausted[profile]
+
+
+def budgets_of(account: str) -> dict[str, int] | None:
+    """The window budgets of one registered account (None: none)."""
+    value = (
+        Account.objects.filter(pk=account)
+        .values_list("window_budgets", flat=True)
+        .first()
+    )
+    return value if isinstance(value, dict) else None

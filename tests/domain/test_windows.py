@@ -1,0 +1,225 @@
+"""The window rule (domain.windows) and its place in pool assignment (domain.pool)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from domain import reasons
+from domain.errors import ValidationError
+from domain.pool import assign_pool_auth_profiles
+from domain.windows import (
+    Window,
+    frees_at,
+    headroom,
+    paced_until,
+    parse_max_window_used,
+    window_filter,
+)
+
+NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+SOON = NOW + timedelta(hours=1)
+LATER = NOW + timedelta(hours=3)
+PAST = NOW - timedelta(minutes=1)
+P3 = ["acctA", "acctB", "acctC"]
+
+
+def w(name: str = "5h", used=None, status=None, resets=SOON) -> Window:
+    return Window(name=name, used=used, status=status, resets_at=resets, source="t")
+
+
+# (windows of one account, max_used) -> (exhausted, frees at)
+EXHAUSTED_CASES = [
+    ([], 0.9, (False, None)),
+    ([w(used=0.42)], 0.9, (False, None)),
+    ([w(used=0.9)], 0.9, (True, SOON)),  # at the limit counts as spent
+    ([w(used=0.95)], 0.9, (True, SOON)),
+    ([w(used=0.95)], 1.0, (False, None)),  # the route raised the limit
+    ([w(used=1.0)], 1.0, (True, SOON)),
+    ([w(status="rejected")], 0.9, (True, SOON)),  # claude: no number, rejected
+    ([w(status="allowed")], 0.9, (False, None)),
+    ([w(status="allowed_warning", used=0.93)], 0.9, (True, SOON)),
+    ([w(used=0.99, resets=PAST)], 0.9, (False, None)),  # the reset has passed
+    ([w(status="rejected", resets=NOW)], 0.9, (False, None)),  # resets exactly now
+    ([w(used=0.95, resets=None)], 0.9, (True, None)),  # spent, reset unknown
+    # both windows spent: free at the later reset
+    (
+        [w("5h", used=0.95, resets=SOON), w("7d", used=0.97, resets=LATER)],
+        0.9,
+        (True, LATER),
+    ),
+    # only the weekly one spent
+    (
+        [w("5h", used=0.1, resets=SOON), w("7d", used=0.97, resets=LATER)],
+        0.9,
+        (True, LATER),
+    ),
+]
+
+
+@pytest.mark.parametrize(("windows", "max_used", "expected"), EXHAUSTED_CASES)
+def test_an_account_is_spent_until_its_windows_reset(
+    windows, max_used, expected
+) -> None:
+    assert frees_at(windows, NOW, max_used) == expected
+
+
+HEADROOM_CASES = [
+    ([], 1.0),
+    ([w(status="allowed")], 1.0),  # no number: nothing known spent
+    ([w(used=0.25)], 0.75),
+    ([w("5h", used=0.25), w("7d", used=0.6)], 0.4),  # the tighter window counts
+    ([w(used=0.8, resets=PAST)], 1.0),  # over: counts for nothing
+]
+
+
+@pytest.mark.parametrize(("windows", "expected"), HEADROOM_CASES)
+def test_headroom_is_the_tightest_window_left(windows, expected) -> None:
+    assert headroom(windows, NOW) == pytest.approx(expected)
+
+
+def test_the_filter_keeps_order_and_names_the_spent_members() -> None:
+    found = window_filter(
+        P3,
+        {"acctA": [w(used=0.95)], "acctB": [w(used=0.5)], "acctC": []},
+        NOW,
+    )
+    assert found.kept == ["acctB", "acctC"]
+    assert found.exhausted == {"acctA": SOON}
+    assert found.headroom == {"acctB": pytest.approx(0.5)}
+    assert "acctA: 5h 95%" in found.reason(P3)
+    assert found.earliest_reset == SOON
+
+
+def test_an_account_at_95_percent_is_not_assigned() -> None:
+    spent = window_filter(P3, {"acctA": [w(used=0.95)]}, NOW)
+    for seed in ("task-42", "spread-me", "s", "a", "defer-1"):
+        got = assign_pool_auth_profiles(
+            P3, {}, seed, ["worker", "verifier"], 2, windows=spent
+        )
+        assert not got.deferred
+        assert "acctA" not in got.profiles.values()
+        assert got.profiles["worker"] != got.profiles["verifier"]
+
+
+def test_a_reset_makes_the_account_assignable_again() -> None:
+    windows = {name: [w(used=0.95)] for name in P3}
+    before = assign_pool_auth_profiles(
+        P3, {}, "task-42", ["worker"], 2, windows=window_filter(P3, windows, NOW)
+    )
+    assert before.deferred and before.reason_code == reasons.WINDOW_EXHAUSTED
+    after = assign_pool_auth_profiles(
+        P3,
+        {},
+        "task-42",
+        ["worker"],
+        2,
+        windows=window_filter(P3, windows, SOON + timedelta(seconds=1)),
+    )
+    assert not after.deferred
+    plain = assign_pool_auth_profiles(P3, {}, "task-42", ["worker"], 2)
+    assert after.profiles == plain.profiles
+
+
+def test_a_spent_pool_defers_naming_each_window_and_the_earliest_reset() -> None:
+    windows = {
+        "acctA": [w(used=0.95, resets=LATER)],
+        "acctB": [w(status="rejected", resets=SOON)],
+    }
+    got = assign_pool_auth_profiles(
+        ["acctA", "acctB"],
+        {"acctA": 1},
+        "s",
+        ["worker"],
+        2,
+        windows=window_filter(["acctA", "acctB"], windows, NOW),
+    )
+    assert got.deferred
+    assert got.reason_code == reasons.WINDOW_EXHAUSTED
+    assert "acctA: 5h 95%" in got.reason and "acctB: 5h rejected" in got.reason
+    assert got.reason.endswith("until 2026-12-04T13:00:00Z")
+    assert got.min_load == 0  # the least loaded member, as for every deferral
+
+
+def test_more_headroom_wins_a_tie_of_load_but_not_a_lower_load() -> None:
+    windows = {"acctA": [w(used=0.7)], "acctB": [w(used=0.2)], "acctC": [w(used=0.5)]}
+    spent = window_filter(P3, windows, NOW)
+    tie = assign_pool_auth_profiles(P3, {}, "task-42", ["worker"], 2, windows=spent)
+    assert tie.profiles == {"worker": "acctB"}
+    loaded = assign_pool_auth_profiles(
+        P3, {"acctB": 1}, "task-42", ["worker"], 2, windows=spent
+    )
+    assert loaded.profiles == {"worker": "acctC"}
+
+
+def test_cooldown_is_decided_before_windows() -> None:
+    spent = window_filter(["acctA"], {"acctA": [w(used=0.99)]}, NOW)
+    got = assign_pool_auth_profiles(
+        ["acctA"], {}, "s", ["worker"], 2, cooling=["acctA"], windows=spent
+    )
+    assert got.reason_code == reasons.COOLDOWN
+
+
+@given(
+    loads=st.dictionaries(st.sampled_from(P3), st.integers(0, 3)),
+    seed=st.text(max_size=8),
+    cap=st.sampled_from([None, 0, 1, 2]),
+)
+def test_with_no_window_known_the_assignment_is_unchanged(loads, seed, cap) -> None:
+    roles = ["worker", "verifier"]
+    empty = window_filter(P3, {}, NOW)
+    allowed_only = window_filter(P3, {p: [w(status="allowed")] for p in P3}, NOW)
+    plain = assign_pool_auth_profiles(P3, loads, seed, roles, cap)
+    assert (
+        assign_pool_auth_profiles(P3, loads, seed, roles, cap, windows=empty) == plain
+    )
+    assert (
+        assign_pool_auth_profiles(P3, loads, seed, roles, cap, windows=allowed_only)
+        == plain
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, None), (0.5, 0.5), ("0.8", 0.8), (1, 1.0)]
+)
+def test_max_window_used_accepts_a_fraction(value, expected) -> None:
+    assert parse_max_window_used(value) == expected
+
+
+@pytest.mark.parametrize("value", [0, -0.1, 1.5, "90%", "", True, "nan", [0.5]])
+def test_max_window_used_refuses_anything_else(value) -> None:
+    with pytest.raises(ValidationError, match="--max-window-used"):
+        parse_max_window_used(value)
+
+
+# Pacing (rule 7): a 5 h window resetting in 1 h has 80 % of its length elapsed.
+PACE_CASES = [
+    (w(used=0.5, resets=SOON), None),  # 50 % used, 80 % elapsed: on pace
+    (w(used=0.85, resets=SOON), SOON - timedelta(hours=5 * 0.15)),  # ahead: wait
+    (w(used=0.85, resets=PAST), None),  # over
+    (w(name="rate_limit", used=0.99, resets=SOON), None),  # no known length
+    (w(status="allowed", resets=SOON), None),  # no number
+]
+
+
+@pytest.mark.parametrize(("window", "expected"), PACE_CASES)
+def test_pacing_holds_an_account_ahead_of_its_window(window, expected) -> None:
+    assert paced_until(window, NOW) == expected
+
+
+def test_a_paced_pool_defers_with_window_paced_and_an_unpaced_member_is_kept() -> None:
+    windows = {"acctA": [w(used=0.85)], "acctB": [w(used=0.85)]}
+    both = window_filter(["acctA", "acctB"], windows, NOW, paced={"acctA", "acctB"})
+    got = assign_pool_auth_profiles(
+        ["acctA", "acctB"], {}, "s", ["worker"], 2, windows=both
+    )
+    assert got.deferred and got.reason_code == reasons.WINDOW_PACED
+    assert got.reason.endswith("until 2026-12-04T12:15:00Z")
+    one = window_filter(["acctA", "acctB"], windows, NOW, paced={"acctA"})
+    got = assign_pool_auth_profiles(
+        ["acctA", "acctB"], {}, "s", ["worker"], 2, windows=one
+    )
+    assert got.profiles == {"worker": "acctB"}

@@ -1,0 +1,250 @@
+"""The window ledger (ledger.windows) and admission steering by it, in-process on the real
+database with the fake agent: recording and pruning, the estimate from step runs, an account
+at 95 % not assigned, a spent pool deferring with window_exhausted, the dry-run plan making
+the same choice, the step start failing over from a spent account, a 429 recorded."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from domain import reasons
+from domain.windows import Window
+from ledger import services
+from ledger.models import (
+    Account,
+    AccountWindow,
+    RunStatus,
+    WorkflowEvent,
+    WorkItemDeferral,
+)
+from ledger.runner import run_workflow_run
+from ledger.services.failover import step_failover
+from ledger.windows import (
+    KEEP_PER_WINDOW,
+    latest_windows,
+    parse_budgets,
+    window_state,
+    windows_record,
+)
+from tests.factories import make_run, make_step_run
+from tests.ledger.runner_helpers import FakeAgent, route_generic, steps_of
+
+pytestmark = pytest.mark.django_db
+
+POOL = "acctA,acctB,acctC"
+
+
+def spend(account: str, used: float = 0.95, *, minutes: int = 60, name="5h") -> None:
+    windows_record(
+        account=account,
+        provider="codewith",
+        windows=[
+            Window(
+                name=name,
+                used=used,
+                resets_at=timezone.now() + timedelta(minutes=minutes),
+                source="test",
+            )
+        ],
+    )
+
+
+def test_the_latest_observation_per_window_counts_and_old_ones_are_pruned(
+    settings: Any,
+) -> None:
+    now = timezone.now()
+    for n in range(KEEP_PER_WINDOW + 5):
+        windows_record(
+            account="acctA",
+            provider="codex",
+            windows=[Window(name="5h", used=n / 100, source="codex rollout")],
+            now=now + timedelta(seconds=n),
+        )
+    spend("acctB", 0.3, name="7d")
+    assert (
+        AccountWindow.objects.filter(account_profile="acctA").count() == KEEP_PER_WINDOW
+    )
+    (latest,) = latest_windows(["acctA"], now=now + timedelta(minutes=1))["acctA"]
+    assert latest.used == pytest.approx((KEEP_PER_WINDOW + 4) / 100)
+    # Observations older than LOOPSWEB_WINDOW_KEEP_DAYS go with the next record.
+    settings.LOOPSWEB_WINDOW_KEEP_DAYS = 1
+    spend("acctC", 0.1, name="5h")
+    windows_record(
+        account="acctC",
+        provider="codex",
+        windows=[Window(name="5h", used=0.2)],
+        now=timezone.now() + timedelta(days=2),
+    )
+    assert not AccountWindow.objects.filter(account_profile="acctA").exists()
+
+
+def test_the_estimate_counts_the_accounts_tokens_in_the_window() -> None:
+    Account.objects.create(
+        name="acctA", provider="codewith", window_budgets=parse_budgets(["5h=1000"])
+    )
+    run = make_run()
+    now = timezone.now()
+    for i, (tokens, age) in enumerate(((300, 10), (400, 100), (5000, 400))):
+        make_step_run(
+            workflow_run=run,
+            step_id=f"s{i}",
+            account_profile="acctA",
+            status="succeeded",
+            finished_at=now - timedelta(minutes=age),
+            usage_input_tokens=tokens - 50,
+            usage_output_tokens=50,
+            usage_cost_usd=0.25,
+        )
+    (estimate,) = window_state(["acctA"], now=now)["acctA"]
+    assert estimate.used == pytest.approx(0.7)  # the step 400 min ago is outside 5 h
+    assert estimate.resets_at == now - timedelta(minutes=100) + timedelta(hours=5)
+    assert "700 of 1000 tokens, $0.50" in estimate.source
+    # A provider observation still in force is fresher than the estimate.
+    spend("acctA", 0.2)
+    (seen,) = window_state(["acctA"], now=now)["acctA"]
+    assert (seen.used, seen.source) == (0.2, "test")
+
+
+@pytest.mark.parametrize(
+    "bad", ["5h", "5h=", "5x=10", "5h=0", "5h=-1", "h=10", "5h=1e3"]
+)
+def test_bad_budgets_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="--window"):
+        parse_budgets([bad])
+
+
+def test_an_account_at_95_percent_is_not_assigned_and_the_dry_run_agrees(
+    tmp_path: Path,
+) -> None:
+    spend("acctA")
+    plan = route_generic(tmp_path, "evt-w-dry", auth_profile_pool=POOL, dry_run=True)
+    assert plan.account_profiles and "acctA" not in plan.account_profiles.values()
+    for n in range(3):
+        result = route_generic(
+            tmp_path, f"evt-w-{n}", auth_profile_pool=POOL, max_per_profile=0
+        )
+        assert result.run is not None
+        assert "acctA" not in (result.account_profiles or {}).values()
+    # --max-window-used 1 lets it take work again.
+    spend("acctB")
+    spend("acctC")
+    raised = route_generic(
+        tmp_path, "evt-w-raised", auth_profile_pool=POOL, max_window_used=1.0
+    )
+    assert raised.run is not None
+
+
+def test_a_spent_pool_defers_with_window_exhausted_until_the_earliest_reset(
+    tmp_path: Path,
+) -> None:
+    spend("acctA", minutes=30)
+    spend("acctB", minutes=90)
+    dry = route_generic(
+        tmp_path, "evt-x", auth_profile_pool="acctA,acctB", dry_run=True
+    )
+    assert dry.reason_code == reasons.WINDOW_EXHAUSTED
+    result = route_generic(tmp_path, "evt-x", auth_profile_pool="acctA,acctB")
+    assert result.run is None
+    assert result.reason_code == reasons.WINDOW_EXHAUSTED
+    first = (timezone.now() + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M")
+    assert first in (result.reason or "")
+    deferral = WorkItemDeferral.objects.get(work_item=result.work_item)
+    assert deferral.reason_code == reasons.WINDOW_EXHAUSTED
+    windows = deferral.counts_json["windows"]
+    assert {name: [w["used"] for w in seen] for name, seen in windows.items()} == {
+        "acctA": [0.95],
+        "acctB": [0.95],
+    }
+
+
+@pytest.mark.slow
+def test_a_step_whose_account_spent_its_window_after_admission_moves(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    run = route_generic(
+        tmp_path, "evt-w-move", auth_profile_pool=POOL, created=True
+    ).run
+    steps = steps_of(run)
+    worker, verifier = (
+        steps["worker"].account_profile,
+        steps["verifier"].account_profile,
+    )
+    free = ({"acctA", "acctB", "acctC"} - {worker, verifier}).pop()
+    spend(worker)
+
+    assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
+
+    assert steps_of(run)["worker"].account_profile == free
+    move = WorkflowEvent.objects.get(workflow_run=run, event_type="step_account_moved")
+    assert move.payload_json["code"] == reasons.WINDOW_EXHAUSTED
+    assert f"account {worker} at its window budget" in move.payload_json["reason"]
+
+
+@pytest.mark.slow
+def test_failover_never_moves_a_step_onto_a_spent_account(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    run = route_generic(
+        tmp_path, "evt-w-none", auth_profile_pool="acctA,acctB", created=True
+    ).run
+    steps = steps_of(run)
+    worker, verifier = (
+        steps["worker"].account_profile,
+        steps["verifier"].account_profile,
+    )
+    services.account_cooldown_record(
+        profile=worker,
+        tool="codewith",
+        until=timezone.now() + timedelta(minutes=10),
+        reason="429",
+    )
+    spend(verifier)  # the only other member: spent
+    step_failover(
+        run=run,
+        step=steps["worker"],
+        steps=list(steps.values()),
+        code="cooldown",
+        reason="cooling",
+        now=timezone.now(),
+    )
+    assert steps_of(run)["worker"].account_profile == worker
+
+
+@pytest.mark.slow
+def test_a_429_the_runner_sees_is_recorded_as_a_rejected_window(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    run = route_generic(
+        tmp_path, "evt-w-429", auth_profile_pool="acctA,acctB", created=True
+    ).run
+    first = steps_of(run)["worker"].account_profile
+    agent.configure(profiles={first: {"rate_limit": "HTTP 429 Too Many Requests"}})
+    run_workflow_run(run.id)
+    row = AccountWindow.objects.get(account_profile=first)
+    assert (row.window, row.status, row.source) == (
+        "rate_limit",
+        "rejected",
+        "429 seen by the runner",
+    )
+    assert row.resets_at is not None and row.resets_at > timezone.now()
+    assert row.step_run_id is not None
+
+
+def test_a_paced_account_waits_for_its_pace_and_a_paced_pool_defers(
+    tmp_path: Path,
+) -> None:
+    # 5 h windows resetting in 60 min: 80 % elapsed; 85 % used is ahead of the pace.
+    for name in ("acctA", "acctB"):
+        Account.objects.create(name=name, provider="codewith", window_pace=True)
+        spend(name, 0.85, minutes=60)
+    result = route_generic(tmp_path, "evt-pace", auth_profile_pool="acctA,acctB")
+    assert result.run is None and result.reason_code == reasons.WINDOW_PACED
+    services.account_edit(name="acctB", window_pace=False)
+    result = route_generic(tmp_path, "evt-pace-2", auth_profile_pool="acctA,acctB")
+    assert result.run is not None
+    assert set((result.account_profiles or {}).values()) == {"acctB"}
