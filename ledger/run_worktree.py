@@ -15,12 +15,11 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from domain.errors import ValidationError
 from domain.sandbox import WORKTREE_REQUIRED
 from ledger import services
 from ledger.dberrors import write_ledger
 from ledger.models import WorkflowRun
-from ledger.projects import REQUIRED_NOT_GIT, is_git_work_tree, project_dir_check
+from ledger.projects import WorktreeRequired, is_git_work_tree, project_dir_check
 from ledger.worktrees import (
     COMMIT_MESSAGE,
     NOT_COMMITTED,
@@ -60,7 +59,7 @@ class RunWorktree:
         project = project_dir_check(wanted[0])
         if not is_git_work_tree(project):
             if wanted[1] == WORKTREE_REQUIRED:
-                raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
+                raise WorktreeRequired(project)
             return None  # auto: the project directory, under the provider's own sandbox
         run = self.run
         if run.worktree_path and run.worktree_branch:

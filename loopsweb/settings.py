@@ -16,7 +16,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from domain.bounds import BOUNDS, bounded_int
+from domain.bounds import BOUNDS, TooLarge, bounded_int
 from domain.errors import ValidationError
 from loopsweb.installation import (
     DEV_SECRET_KEY_FILE,
@@ -63,21 +63,11 @@ def env_int(name: str, default: int) -> int:
         digits = text[1:] if text.startswith("-") else text
         if not (digits.isascii() and digits.isdigit()):
             message = f"{name} must be an integer"
-        elif text.startswith("-") or "at most" not in str(exc):
+        elif text.startswith("-") or not isinstance(exc, TooLarge):
             message = f"{name} must be >= {BOUNDS[name].minimum}"
         else:
             message = str(exc)
         raise ImproperlyConfigured(f"{message}, got {raw!r}") from None
-    return default if value is None else value
-
-
-def env_bounded(name: str, default: int) -> int:
-    """An integer setting within its row of domain.bounds (README "Numeric bounds")."""
-    raw = os.environ.get(name)
-    try:
-        value = bounded_int(name, raw)
-    except ValidationError as exc:
-        raise ImproperlyConfigured(f"{exc} (got {raw!r})") from None
     return default if value is None else value
 
 
@@ -425,19 +415,15 @@ if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}", LOOPSWEB_HOST_NAME):
         f"a letter or digit), got {LOOPSWEB_HOST_NAME!r}"
     )
 # A host not heard from this long is dead: its queued runs move to live hosts at once.
-LOOPSWEB_HOST_DEAD_SECONDS = env_bounded("LOOPSWEB_HOST_DEAD_SECONDS", 60)
+LOOPSWEB_HOST_DEAD_SECONDS = env_int("LOOPSWEB_HOST_DEAD_SECONDS", 60)
 # A run no live host serves (project roots, provider) waits this long, then fails.
-LOOPSWEB_NO_HOST_GRACE_SECONDS = env_bounded("LOOPSWEB_NO_HOST_GRACE_SECONDS", 900)
+LOOPSWEB_NO_HOST_GRACE_SECONDS = env_int("LOOPSWEB_NO_HOST_GRACE_SECONDS", 900)
 # The admission lock (ledger.lock, PostgreSQL): a transaction that holds it and sends nothing
 # for LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS (its process stopped, its network gone) is ended by
 # the server, which releases the lock; a wait for it gives up after
 # LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS. Both are errors that pass: the writer tries again.
-LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS = env_bounded(
-    "LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS", 10
-)
-LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS = env_bounded(
-    "LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS", 15
-)
+LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS = env_int("LOOPSWEB_LOCK_IDLE_TIMEOUT_SECONDS", 10)
+LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS = env_int("LOOPSWEB_LOCK_WAIT_TIMEOUT_SECONDS", 15)
 Q_CLUSTER = {
     "name": "loopsweb",
     "orm": "default",

@@ -54,7 +54,6 @@ ENV_READERS = {
     "env_str",
     "env_bool",
     "env_int",
-    "env_bounded",
     "env_list",
     "_exit_codes",
     "_passthrough",

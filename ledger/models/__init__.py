@@ -44,6 +44,7 @@ from ledger.models.statuses import (
     Overlap,
     RunStatus,
     SpecStatus,
+    StepReasonCode,
     StepStatus,
     WorkItemStatus,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "RunStatus",
     "RunWorker",
     "SpecStatus",
+    "StepReasonCode",
     "StepStatus",
     "TimestampedModel",
     "WorkItemDeferral",
