@@ -72,7 +72,7 @@ BOUNDS: dict[str, Bound] = {
     "--expires": Bound(
         1, 10 * YEAR
     ),  # api_token create: seconds (given as 90d, 12h, ...)
-    # settings: environment variables (loopsweb.settings.env_int)
+    # settings: environment variables (loopsweb.settings.env.env_int)
     "SQLITE_BUSY_TIMEOUT": Bound(1, 3_600),  # seconds
     "DATABASE_CONN_MAX_AGE": Bound(0, DAY),  # seconds
     "LOOPSWEB_LOGIN_FAILURE_LIMIT": Bound(1, 1_000),

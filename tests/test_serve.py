@@ -91,7 +91,7 @@ def settings_read_by_code() -> set[str]:
 
     providers = list(settings.LOOPSWEB_PROVIDER_BINARIES)
     names: set[str] = set()
-    sources = [ROOT / "loopsweb" / "settings.py"] + [
+    sources = [
         p
         for package in ("domain", "ledger", "routing", "loopsweb")
         for p in (ROOT / package).rglob("*.py")
