@@ -764,7 +764,9 @@ def test_recovery_fails_expired_running_runs_and_leaves_queued_and_live_ones(
         steps["worker"].error
         == "worker lease expired before completion (claimed_by=gone-host:99)"
     )
+    assert steps["worker"].reason_code == StepReasonCode.FAILED
     assert steps["verifier"].status == StepStatus.SKIPPED
+    assert steps["verifier"].reason_code == StepReasonCode.NONE
     item = expired.work_item
     item.refresh_from_db()
     assert item.status == WorkItemStatus.FAILED
