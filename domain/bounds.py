@@ -4,8 +4,9 @@ Every numeric command option, schedule option, API query parameter and numeric s
 (`loopsweb.settings` reads the environment through it) is parsed here, so a value too large
 for the code or the database (a 5,000-digit number, a bigint or smallint overflow, a timeout
 that overflows the clock) is a clear error naming the option or variable and its bound,
-before anything runs. README ("Numeric bounds") lists this table; a new numeric option or
-setting adds a row and calls `bounded_int` (commands: `option_type`).
+before anything runs. docs/options.md ("Numeric bounds") and docs/settings.md list this table
+(tests/test_settings_docs.py keeps them equal); a new numeric option or setting adds a row
+and calls `bounded_int` (commands: `option_type`).
 """
 
 from __future__ import annotations
@@ -98,9 +99,9 @@ BOUNDS: dict[str, Bound] = {
     "LOOPSWEB_STEP_PROVIDER_ERRORS": Bound(1, 100),
     "LOOPSWEB_POOL_WAIT_SECONDS": Bound(0, WEEK),
     "LOOPSWEB_OUTPUT_FLUSH_SECONDS": Bound(1, 3_600),
-    "LOOPSWEB_WEB_WORKERS": Bound(1, 1_000),
-    "LOOPSWEB_WEB_THREADS": Bound(1, 1_000),
-    "LOOPSWEB_WEB_TIMEOUT": Bound(5, DAY),  # seconds
+    "LOOPSWEB_WEB_WORKERS": Bound(1, 64),
+    "LOOPSWEB_WEB_THREADS": Bound(1, 64),
+    "LOOPSWEB_WEB_TIMEOUT": Bound(5, 3_600),  # seconds
     "LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS": Bound(0, WEEK),
     "LOOPSWEB_WORKTREE_KEEP_SECONDS": Bound(0, 10 * YEAR),
     "LOOPSWEB_MAX_INGEST_BYTES": Bound(1_024, 4 * GIB),

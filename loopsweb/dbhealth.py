@@ -1,4 +1,5 @@
-"""A damaged SQLite file is one clear line, not a traceback (README "Configuration").
+"""A damaged SQLite file is one clear line, not a traceback (docs/operations.md, "A damaged
+SQLite file").
 
 `manage.py` runs every command through `run_command`: a database error that says the SQLite
 file itself is damaged ("database disk image is malformed", "file is not a database") ends

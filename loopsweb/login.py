@@ -1,4 +1,4 @@
-"""The admin login's two lock-out rules (django-axes; README "Configuration").
+"""The admin login's two lock-out rules (django-axes; docs/settings.md).
 
 django-axes counts failed logins per rule in AXES_LOCKOUT_PARAMETERS and locks a rule out at
 one AXES_FAILURE_LIMIT for all rules. loopsweb wants two rules with two limits:

@@ -3,15 +3,19 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from routing.ops.health.views import healthz
+from routing.ops.health.views import healthz, installation_health, livez
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("ops/", include("routing.ops.urls")),
     path("api/v1/", include("routing.api.urls")),
     path("", include("routing.metrics.urls")),
-    # health for load balancers and systemd: no authentication, no data (routing.ops.health)
+    # health, no authentication, no data (routing.ops.health): this web process and its
+    # database for load balancers; the whole installation (clusters) for monitoring
     path("healthz", healthz, name="healthz"),
+    path("readyz", healthz, name="readyz"),
+    path("livez", livez, name="livez"),
+    path("health/installation", installation_health, name="health-installation"),
 ]
 
 # JSON under /api/ and /metrics, Django's pages elsewhere (routing.api.middleware).

@@ -11,6 +11,9 @@
 #   scripts/serve.sh cluster  only the main qcluster (drains, schedules, recovery) } each, for
 #   scripts/serve.sh runs     only the run qcluster (agent runs)                 } systemd or
 #                                                                                 a container
+#   scripts/serve.sh health   manage.py health once: the installation's health (the database,
+#                             both clusters), exit 1 when unhealthy; for monitoring
+#                             (deploy/loopsweb-health.timer). Load balancers ask GET /healthz.
 # Production settings: DEBUG is forced off, so SECRET_KEY and ALLOWED_HOSTS must be set (in
 # the environment or $LOOPSWEB_DATA_DIR/loopsweb.env; deploy/loopsweb.env.example lists every
 # setting). HTTPS settings are on unless LOOPSWEB_HTTPS=0 (plain HTTP on loopback, tests).
@@ -19,9 +22,9 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 mode=${1:-all}
 case "$mode" in
-  all | setup | web | cluster | runs) ;;
+  all | setup | web | cluster | runs | health) ;;
   *)
-    echo "usage: scripts/serve.sh [all|setup|web|cluster|runs]" >&2
+    echo "usage: scripts/serve.sh [all|setup|web|cluster|runs|health]" >&2
     exit 2
     ;;
 esac
@@ -52,6 +55,7 @@ case "$mode" in
   web) web ;;
   cluster) cluster ;;
   runs) runs ;;
+  health) exec "$PY" manage.py health ;;
 esac
 
 setup

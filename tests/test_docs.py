@@ -5,7 +5,8 @@ A citation is `docs/<page>.md` followed by what it points at: sections (`§3.2.6
 (`convention 2`). Every page a citation names must exist under `docs/`, and so must every
 section, rule and convention it names: a heading `## §3.2`, `### Rule 2` or
 `### Convention 2` in that page. In product code, tests, templates and the README every `§`
-belongs to such a citation, and nothing cites a document outside the repository. Inside the
+belongs to such a citation, no citation names its page twice (`docs/upstream.md
+docs/upstream.md §3`), and nothing cites a document outside the repository. Inside the
 docs, a bare `§N` means a section of the same page, and a markdown link `[x](page.md) §N`
 cites that page. No database.
 """
@@ -49,6 +50,9 @@ HEADING = re.compile(
     re.MULTILINE,
 )
 BARE_SECTION = re.compile(r"§\d")
+# Between two mentions of one page, nothing but spaces, line breaks, comment markers or a
+# slash: one citation that names its page twice (`docs/upstream.md / docs/upstream.md §3`).
+DOUBLING_GAP = re.compile(r"[\s#/*>\"'(]*")
 
 
 @dataclass(frozen=True)
@@ -114,11 +118,23 @@ def citation_problems(
                 )
                 problems.append(f"{where}: docs/{page} has no {label}")
 
+    previous: re.Match[str] | None = None
     for match in CITATION.finditer(text):
         refs = match["refs"] or ""
         wanted = [t for ref in REF.findall(refs) for t in targets(ref)]
         check(match["page"], wanted, match.start())
         covered.append(match.span())
+        if (
+            previous is not None
+            and previous["page"] == match["page"]
+            and not previous["refs"]
+            and DOUBLING_GAP.fullmatch(text, previous.end(), match.start())
+        ):
+            problems.append(
+                f"{origin}:{line_of(text, previous.start())}: names docs/{match['page']} "
+                "twice in one citation"
+            )
+        previous = match
 
     for match in BARE_SECTION.finditer(text):
         if any(start <= match.start() < end for start, end in covered):
@@ -229,6 +245,12 @@ PAGES = {
         ("the lock (DESIGN rule 2)", "cites 'DESIGN rule'"),
         ("pure (STYLE.md convention 2)", "cites 'STYLE.md'"),
         ("see ../shared/DESIGN.md", "cites '../shared'"),
+        ("docs/upstream.md / docs/upstream.md §3.2.1", "names docs/upstream.md twice"),
+        ("(docs/upstream.md\n# docs/upstream.md §3)", "names docs/upstream.md twice"),
+        ("(docs/design.md docs/design.md rule 1)", "names docs/design.md twice"),
+        ("docs/upstream.md §3.2.1 -> docs/upstream.md §3.2.2", None),
+        ("docs/upstream.md §3 and docs/design.md rule 1", None),
+        ("[upstream](upstream.md) and docs/upstream.md §3", None),
     ],
 )
 def test_the_check_catches_a_bad_citation(text: str, problem: str | None) -> None:

@@ -1,4 +1,4 @@
-"""The structure of the code map (README "Code map"), read from the source with `ast`:
+"""The structure of the code map (docs/development.md, "Code map"), read from the source with `ast`:
 
 - a module imports only from its own layer or below (module level and inside functions
   alike, so a lazy import cannot hide a dependency that goes up a layer);

@@ -1,13 +1,16 @@
 """The README quickstart, as a newcomer runs it: `make run` (scripts/run.sh) with the fake
 agent in one terminal; `ingest_events examples/todos-task.json` and a drain over two accounts
 in another; the qcluster runs the workflow to the end, and `/ops/accounts/` shows the two
-accounts with the steps they ran (issue 19)."""
+accounts with the steps they ran (issue 19); then the README's HTTP variant, a token and the
+example POSTed with `route=now`, runs to the end too (issue 42)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -114,5 +117,47 @@ def test_the_readme_quickstart_ends_with_a_finished_run_on_the_accounts_page(
         accounts = opener.open(f"{base}/ops/accounts/").read().decode()
         table = accounts.split('id="table"')[1].split("</section>")[0]
         assert "<code>acct-a</code>" in table and "<code>acct-b</code>" in table
+
+        # "The same over HTTP, routed in the request": a token, then the example with a new
+        # id POSTed with route=now and the pool; it routes as a todos task and runs.
+        token = subprocess.run(
+            manage + ["api_token", "create", "demo", "--scope", "ingest"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        body = (
+            example.replace("@PWD@", str(tmp_path))
+            .replace("evt-demo-1", "evt-demo-2")
+            .replace("DEMO-1", "DEMO-2")
+        )
+        request = urllib.request.Request(
+            f"{base}/api/v1/events?route=now&auth_profile_pool=acct-a,acct-b",
+            data=body.encode(),
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            routed = json.loads(answer.read())
+        assert routed["accepted"] and routed["kindFrom"] == "event type", routed
+        assert [r["kind"] for r in routed["results"]] == ["created"], routed
+        database = sqlite3.connect(data / "loopsweb.sqlite3", timeout=20)
+        try:
+            second = wait_for(
+                lambda: database.execute(
+                    "SELECT status FROM workflow_work_items WHERE subject_ref = 'DEMO-2'"
+                    " AND status IN ('succeeded', 'failed', 'cancelled')"
+                ).fetchone(),
+                timeout=180,
+                interval=0.5,
+                what="DEMO-2",
+            )
+        finally:
+            database.close()
+        assert second == ("succeeded",)
     finally:
         stop_make_run(server)

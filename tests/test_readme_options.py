@@ -1,5 +1,6 @@
-"""The README's option tables and the help texts agree with the code (issue 29 item 14):
-each command's argparse options are exactly the options its tables list."""
+"""The option tables (docs/options.md, issue 29 item 14; moved from the README in issue 42) and
+the help texts agree with the code: each command's argparse options are exactly the options
+its tables list, and the numeric bounds table is `domain/bounds.py`'s option rows."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command, load_command_class
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from domain.bounds import BOUNDS, Bound
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+OPTIONS = ROOT / "docs" / "options.md"
 COMMANDS = ("route_event", "drain", "schedule_drain", "ingest_events")
-# Options every Django command has; the README does not repeat them.
+# Options every Django command has; the tables do not repeat them.
 DJANGO_OPTIONS = {
     "--help",
     "--version",
@@ -25,15 +30,18 @@ DJANGO_OPTIONS = {
 }
 
 
+def section(title: str) -> str:
+    text = OPTIONS.read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
 def readme_tables() -> dict[str, set[str]]:
-    """Command -> options, from the tables under `### Command options`: each table names
+    """Command -> options, from the tables under `## Command options`: each table names
     its commands in the backticks of the line that introduces it."""
-    text = README.read_text()
-    section = text.split("### Command options", 1)[1].split("\n## ", 1)[0]
-    section = section.split("\n### ", 1)[0]
+    section_text = section("Command options")
     options: dict[str, set[str]] = {}
     commands: list[str] = []
-    for line in section.splitlines():
+    for line in section_text.splitlines():
         if line.startswith("|"):
             first = line.split("|")[1]
             for option in re.findall(r"`(--[a-z-]+)`", first):
@@ -57,7 +65,7 @@ def parser_options(command: str) -> set[str]:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_the_readme_lists_every_option_of_the_command_and_no_other(
+def test_the_tables_list_every_option_of_the_command_and_no_other(
     command: str,
 ) -> None:
     assert readme_tables().get(command, set()) == parser_options(command)
@@ -79,3 +87,25 @@ def test_drain_help_and_readme_say_one_item_unless_max_dispatch(capsys) -> None:
     assert "A drain admits one item unless `--max-dispatch` says more" in (
         README.read_text()
     )
+
+
+def documented_bounds() -> dict[str, Bound]:
+    """Bounds-table key -> the range its row gives (`routes list --limit` is the row
+    `routes --limit`, `schedule_drain --every` is `--every`)."""
+    found: dict[str, Bound] = {}
+    for line in section("Numeric bounds").splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        low, high = (int(n.replace(",", "")) for n in cells[1].split(" – "))
+        for name in re.findall(r"`([a-z_ ]*--[a-z-]+)`", cells[0]):
+            words = name.split()
+            key = f"{words[0]} {words[-1]}"
+            found[key if key in BOUNDS else words[-1]] = Bound(low, high)
+    return found
+
+
+def test_the_bounds_table_is_the_option_rows_of_domain_bounds() -> None:
+    options = {k: v for k, v in BOUNDS.items() if "--" in k}
+    assert len(options) > 15
+    assert documented_bounds() == options

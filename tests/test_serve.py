@@ -42,8 +42,10 @@ from tests.processes import (
 DEPLOY = ROOT / "deploy"
 SERVE = str(ROOT / "scripts" / "serve.sh")  # it changes into the checkout itself
 UNITS = sorted(
-    [*DEPLOY.glob("*.service"), *DEPLOY.glob("*.socket")], key=lambda p: p.name
+    [*DEPLOY.glob("*.service"), *DEPLOY.glob("*.socket"), *DEPLOY.glob("*.timer")],
+    key=lambda p: p.name,
 )
+UNITS_NAMES = {unit.name for unit in UNITS}
 STAFF_USER = "operator"
 STAFF_PASSWORD = "a-long-serve-test-password"
 HASHED = re.compile(r"\.[0-9a-f]{12}\.(css|js)$")
@@ -205,7 +207,11 @@ def test_units_and_procfile_start_each_process_alone() -> None:
         "loopsweb-web.service": "/opt/loopsweb/scripts/serve.sh web",
         "loopsweb-cluster.service": "/opt/loopsweb/scripts/serve.sh cluster",
         "loopsweb-runs.service": "/opt/loopsweb/scripts/serve.sh runs",
+        # monitoring, on its timer: the installation's health, not a process
+        "loopsweb-health.service": "/opt/loopsweb/scripts/serve.sh health",
     }
+    timer = (DEPLOY / "loopsweb-health.timer").read_text()
+    assert "OnUnitActiveSec=" in timer and "loopsweb-health.timer" in UNITS_NAMES
     for unit in UNITS:
         if unit.suffix == ".service":
             assert "EnvironmentFile=/etc/loopsweb/loopsweb.env" in unit.read_text()
@@ -255,6 +261,36 @@ def _serve(
         )
 
 
+def _serve_once(
+    env: dict[str, str], *mode: str, timeout: int = 120
+) -> subprocess.CompletedProcess[str]:
+    """`scripts/serve.sh MODE` to its end (setup, health, a refused start)."""
+    return subprocess.run(
+        ["bash", SERVE, *mode],
+        cwd=scratch_cwd(),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _production_env(
+    data: Path, port: int, database: str, **extra: str
+) -> dict[str, str]:
+    """Production settings on a free loopback port, one web worker, plain HTTP (the
+    documented switch for loopback, docs/operations.md "Production")."""
+    return _clean_env(
+        data,
+        DATABASE_URL=database,
+        SECRET_KEY=secrets.token_urlsafe(50),
+        LOOPSWEB_HTTPS="0",
+        LOOPSWEB_BIND=f"127.0.0.1:{port}",
+        LOOPSWEB_WEB_WORKERS="1",
+        **extra,
+    )
+
+
 def _stop(
     proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, *, group: bool = False
 ) -> int:
@@ -301,8 +337,11 @@ def _get(url: str) -> tuple[int, dict[str, str], bytes]:
         return exc.code, dict(exc.headers), exc.read()
 
 
-def _health(base: str) -> tuple[int, dict[str, Any]]:
-    status, _, body = _get(f"{base}/healthz")
+def _health(
+    base: str, path: str = "/health/installation"
+) -> tuple[int, dict[str, Any]]:
+    """The installation's health (clusters), or with `path="/healthz"` the web's own."""
+    status, _, body = _get(f"{base}{path}")
     return status, json.loads(body)
 
 
@@ -377,13 +416,71 @@ def test_web_alone_serves_on_the_socket_systemd_passes(tmp_path: Path) -> None:
             timeout=120,
             what="gunicorn on the passed socket",
         )
-        # not migrated: the database has no tables, so the health read fails, reported as such
+        # not migrated: the database answers, so the web is healthy, but it has no tables,
+        # so the installation's health read fails, reported as such
+        status, body = _health(f"http://127.0.0.1:{port}", "/healthz")
+        assert (status, body) == (200, {"status": "ok", "database": "ok"}), body
         status, body = _health(f"http://127.0.0.1:{port}")
         assert status == 503 and body["database"] == "unavailable", body
         assert not _answers(f"http://127.0.0.1:{unused}")
     finally:
         _stop(proc)
     assert "Listening at: http://127.0.0.1:" in log.read_text()
+
+
+@pytest.mark.slow
+def test_web_alone_is_healthy_while_no_cluster_runs_and_the_installation_is_not(
+    tmp_path: Path, serve_database: str
+) -> None:
+    # Issue 42 item 8: a load balancer probing /healthz keeps a web machine whose clusters
+    # are down; /health/installation and `manage.py health` say the installation is not
+    # working. Then the same web process with its database gone: /healthz 503, /livez 200.
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = _production_env(
+        tmp_path / "data", port, serve_database, ALLOWED_HOSTS="127.0.0.1"
+    )
+    setup = _serve_once(env, "setup", timeout=300)
+    assert setup.returncode == 0, setup.stderr
+    web = _serve(env, tmp_path / "web.log", "web")
+    try:
+        wait_until(lambda: _answers(base), timeout=120, what="gunicorn to answer")
+        for path in ("/healthz", "/readyz"):
+            assert _health(base, path) == (200, {"status": "ok", "database": "ok"})
+        assert _health(base, "/livez") == (200, {"status": "ok"})
+        status, headers, raw = _get(f"{base}/health/installation")
+        body = json.loads(raw)
+        assert status == 503 and headers["Retry-After"] == "10", body
+        assert body["status"] == "unhealthy" and body["database"] == "ok"
+        assert body["problems"] == [
+            "cluster loopsweb has never reported",
+            "cluster loopsweb-runs has never reported",
+        ]
+        done = manage(env, "health", "--json", check=False)
+        assert done.returncode == 1, done.stderr
+        assert json.loads(done.stdout) == body
+        # what deploy/loopsweb-health.service runs on its timer
+        done = _serve_once(env, "health")
+        assert done.returncode == 1, done.stderr
+        assert "problem: cluster loopsweb-runs has never reported" in done.stderr
+    finally:
+        assert _stop(web) == 0, (tmp_path / "web.log").read_text()[-2000:]
+
+    gone = {**env, "DATABASE_URL": f"postgres://lw:pw@127.0.0.1:{free_port()}/none"}
+    web = _serve(gone, tmp_path / "web-gone.log", "web")
+    try:
+        wait_until(lambda: _answers(base), timeout=120, what="gunicorn to answer")
+        assert _health(base, "/livez") == (200, {"status": "ok"})
+        status, headers, raw = _get(f"{base}/healthz")
+        assert status == 503 and headers["Retry-After"] == "10"
+        assert json.loads(raw) == {
+            "status": "unhealthy",
+            "database": "unavailable",
+            "problems": ["the database does not answer"],
+        }
+        assert _health(base)[0] == 503
+    finally:
+        assert _stop(web) == 0, (tmp_path / "web-gone.log").read_text()[-2000:]
 
 
 @pytest.mark.slow
@@ -401,15 +498,8 @@ def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
         # DEBUG=1 in the installation's file does not survive: serve forces DEBUG off
         ({"DEBUG": "1"}, "loopsweb: SECRET_KEY must be set when DEBUG is off"),
     ):
-        for mode in ((), ("web",), ("runs",)):
-            done = subprocess.run(
-                ["bash", SERVE, *mode],
-                cwd=scratch_cwd(),
-                env=_clean_env(data, **extra),
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+        for mode in ((), ("web",), ("runs",), ("health",)):
+            done = _serve_once(_clean_env(data, **extra), *mode)
             assert done.returncode == 2, (mode, done.stderr)
             assert message in done.stderr, (mode, done.stderr)
             assert "Traceback" not in done.stderr
@@ -417,14 +507,7 @@ def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
     database = data / "loopsweb.sqlite3"
     assert not database.exists() or database.stat().st_size == 0
     assert not (data / "static").exists()
-    bad = subprocess.run(
-        ["bash", SERVE, "everything"],
-        cwd=scratch_cwd(),
-        env=_clean_env(data),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = _serve_once(_clean_env(data), "everything")
     assert bad.returncode == 2 and "usage: scripts/serve.sh" in bad.stderr
 
 
@@ -448,15 +531,11 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     marker = f"LOOPSWEB_SERVE_TEST={secrets.token_hex(8)}"
-    env = _clean_env(
+    env = _production_env(
         tmp_path / "data",
-        DATABASE_URL=serve_database,
-        SECRET_KEY=secrets.token_urlsafe(50),
+        port,
+        serve_database,
         ALLOWED_HOSTS="127.0.0.1,localhost",
-        # plain HTTP on loopback: the documented switch (README "Production")
-        LOOPSWEB_HTTPS="0",
-        LOOPSWEB_BIND=f"127.0.0.1:{port}",
-        LOOPSWEB_WEB_WORKERS="1",
         LOOPSWEB_WEB_THREADS="2",
         Q_WORKERS="1",
         LOOPSWEB_RUN_WORKERS="1",
@@ -506,9 +585,9 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
         status, body = wait_until(
             lambda: (answering() == 200 and _health(base)) or None,
             timeout=180,
-            what="/healthz 200",
+            what="/health/installation 200",
         )
-        print(f"serve: /healthz 200 after {time.monotonic() - started:.0f} s")
+        print(f"serve: installation healthy after {time.monotonic() - started:.0f} s")
         assert body["status"] == "ok"
         assert body["database"] == "ok"
         assert body["clusters"]["loopsweb"]["status"] == "ok"
@@ -517,6 +596,7 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
             "status": "ok",
             "workers": 1,
         }
+        assert _health(base, "/healthz") == (200, {"status": "ok", "database": "ok"})
         # gunicorn's access log: the combined format
         assert re.search(
             r'127\.0\.0\.1 - - \[[^\]]+\] "GET /healthz HTTP/1\.1" 200 \d+ "-" "[^"]*"$',
@@ -544,8 +624,10 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
                 else None
             ),
             timeout=120,
-            what="/healthz 503 without a run cluster",
+            what="/health/installation 503 without a run cluster",
         )
+        # the web machine stays in rotation: its own health does not read the clusters
+        assert _health(base, "/healthz") == (200, {"status": "ok", "database": "ok"})
         assert body["status"] == "unhealthy"
         assert body["clusters"]["loopsweb"]["status"] == "ok"
         assert body["clusters"]["loopsweb-runs"]["status"] == "not reporting"
@@ -562,7 +644,9 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
         # the run cluster back: healthy again
         runs = _serve(env, tmp_path / "runs.log", "runs")
         wait_until(
-            lambda: _health(base)[0] == 200, timeout=120, what="/healthz 200 again"
+            lambda: _health(base)[0] == 200,
+            timeout=120,
+            what="/health/installation 200 again",
         )
         assert manage(env, "health").returncode == 0
     finally:

@@ -1,7 +1,7 @@
 """loopsweb settings, driven by the environment.
 
-Every setting an operator may change is read from an environment variable (the README lists
-them all). A bad value raises ImproperlyConfigured naming the variable, at start-up, rather
+Every setting an operator may change is read from an environment variable (docs/settings.md
+lists them all). A bad value raises ImproperlyConfigured naming the variable, at start-up, rather
 than failing later in a request or a worker.
 
 The settings are a package, one module per concern, read in this order (a later module reads

@@ -94,7 +94,7 @@ LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = env_int("LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS
 # --- end runner ---
 
 # --- isolation ---
-# Where agents may run (ledger.projects, ledger.worktrees; README "Isolation").
+# Where agents may run (ledger.projects, ledger.worktrees; docs/operations.md "Isolation").
 
 
 def _absolute_dirs(name: str, raw: list[str]) -> tuple[str, ...]:

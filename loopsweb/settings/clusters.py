@@ -31,7 +31,7 @@ if Q_RETRY <= Q_TIMEOUT:
 # broker's queue key (the cluster name); `name` (the signing salt) is shared.
 LOOPSWEB_RUN_CLUSTER = "loopsweb-runs"
 LOOPSWEB_RUN_WORKERS = env_int("LOOPSWEB_RUN_WORKERS", 8)
-# Several machines (ledger.hosts, README "Running on N machines"): each run cluster registers
+# Several machines (ledger.hosts, docs/operations.md "Several machines"): each run cluster registers
 # its host under this stable name and serves its own queue, `loopsweb-runs@<name>`.
 LOOPSWEB_HOST_NAME = env_str("LOOPSWEB_HOST_NAME") or socket.gethostname()
 if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}", LOOPSWEB_HOST_NAME):

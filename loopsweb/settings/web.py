@@ -44,13 +44,6 @@ LOOPSWEB_BIND = env_str("LOOPSWEB_BIND", _DEFAULT_BIND) or _DEFAULT_BIND
 LOOPSWEB_WEB_WORKERS = env_int("LOOPSWEB_WEB_WORKERS", 2)
 LOOPSWEB_WEB_THREADS = env_int("LOOPSWEB_WEB_THREADS", 4)
 LOOPSWEB_WEB_TIMEOUT = env_int("LOOPSWEB_WEB_TIMEOUT", 60)
-for _name, _value, _most in (
-    ("LOOPSWEB_WEB_WORKERS", LOOPSWEB_WEB_WORKERS, 64),
-    ("LOOPSWEB_WEB_THREADS", LOOPSWEB_WEB_THREADS, 64),
-    ("LOOPSWEB_WEB_TIMEOUT", LOOPSWEB_WEB_TIMEOUT, 3600),
-):
-    if _value > _most:
-        raise ImproperlyConfigured(f"{_name} must be <= {_most}, got {_value}")
 # --- end web server ---
 
 LOGIN_URL = "admin:login"
@@ -112,6 +105,6 @@ SECURE_PROXY_SSL_HEADER = (
     ("HTTP_X_FORWARDED_PROTO", "https") if LOOPSWEB_BEHIND_PROXY else None
 )
 # A load balancer's or systemd's health probe may speak plain HTTP to the web port.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [r"^(healthz|readyz|livez|health/installation)$"]
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"

@@ -1,10 +1,13 @@
 """Admission: one event in, one decision out (docs/upstream.md §3), under the admission lock; one
-path for one candidate or many.
+path for one candidate or many, in two stages (the names docs/design.md uses):
+stage 1, the plan, touches no store; stage 2, the admission transaction, reads, decides
+and writes under the admission lock.
 
 - `options`: route options and their validation;
 - `plan`: stage 1, the plan (no store access; every value checked against its column);
-- `decide`: the decision before any write: `Hold`, `precheck`, the pool view, `FullCaps`;
-- `rows`: the rows an admission writes and the created result;
+- `decide`: stage 2's decision, before any write: `Hold`, `precheck`, the pool view,
+  `FullCaps`;
+- `rows`: stage 2's writes: the rows an admission writes and the created result;
 - `transaction`: stage 2 for one plan (`admit`, `route_event`);
 - `batch`: stage 2 for many plans in one transaction (`admit_batch`), same decisions;
 - `retry`: an operator's retry re-admits the item with the route it stores;

@@ -1,6 +1,6 @@
-"""Admission of many plans in one transaction, one lock hold, with the decisions of one at a
-time (`transaction.admit`): plans are taken in order and each sees the counts as the ones
-before it left them. The decision is the same code (`decide.precheck`), the rows the same
+"""Stage 2 of admission for many plans: one transaction, one lock hold, with the decisions
+of one at a time (`transaction.admit`): plans are taken in order and each sees the counts as
+the ones before it left them. The decision is the same code (`decide.precheck`), the rows the same
 builders (`rows`); what changes is how often the database is asked:
   - the rows an admission may reuse, the cap counts and the account loads are read once per
     batch; counts and loads are then updated in memory as plans are admitted (safe: every

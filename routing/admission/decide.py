@@ -1,4 +1,4 @@
-"""The decision an admission makes before it writes, in one place for one candidate or many.
+"""Stage 2's decision, made before any write, in one place for one candidate or many.
 
 - `Hold`: a cap (or the pool) already full for an item that has not run. Nothing is written
   for it but, in a drain, its inbox row (reported as throttled with `precheck: true`).

@@ -114,8 +114,8 @@ class RoutePlan:
     # Loop-level retries stored on the admitted one-shot loop (max_attempts, retry_delay_ms).
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_delay_ms: int = DEFAULT_RETRY_BACKOFF_SECONDS * 1000
-    # Why this route is refused unless admission dedupes it first (docs/upstream.md
-    # docs/upstream.md §3.2.10: `--worktree-mode required` on a path that is not a git work tree).
+    # Why this route is refused unless admission dedupes it first (docs/upstream.md §3.2.10:
+    # `--worktree-mode required` on a path that is not a git work tree).
     refusal: str | None = None
     # The todos task as results report it (id, title, description, tags, project path).
     task: dict[str, Any] | None = None

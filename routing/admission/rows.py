@@ -1,6 +1,6 @@
 """The rows an admission writes, built once for one candidate (`transaction.admit`) and for
-many (`batch.admit_batch`): the event's invocation, the work item upsert (docs/upstream.md
-docs/upstream.md §2.4), the spec, the loop's description, and the created result.
+many (`batch.admit_batch`): the event's invocation, the work item upsert
+(docs/upstream.md §2.4), the spec, the loop's description, and the created result.
 
 Nothing here decides: the caller has made the decision (`decide`) under the admission lock.
 """

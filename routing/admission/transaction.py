@@ -103,7 +103,7 @@ def admit(
     early_dedupe: bool = False,
     hold_when_full: bool = False,
 ) -> RouteResult | Hold:
-    """Stage 3 for one plan (`_admit`); a result carries the plan's task and, when no
+    """Stage 2 for one plan (`_admit`); a result carries the plan's task and, when no
     spec row is part of it, the workflow body the plan rendered."""
     outcome = _admit(
         plan,
@@ -130,7 +130,7 @@ def _admit(
     early_dedupe: bool,
     hold_when_full: bool,
 ) -> RouteResult | Hold:
-    """Stage 3 for one plan, in one pass: call inside a transaction, after `admission_lock()`.
+    """Stage 2 for one plan, in one pass: call inside a transaction, after `admission_lock()`.
 
     Reads first, each once: the rows to reuse and the active counts in one statement, then
     (when the pool decides) the loads, cooldowns and the members' registry rows in another.

@@ -4,8 +4,8 @@
   the millionth row as at the first, and rows inserted meanwhile never shift a page.
 - Related rows come from `prefetch_related` (one query per relation, whatever the row count);
   large columns (step output, drain results) are deferred where a view does not show them.
-- Caps and account rows come from `routing.ops.selectors`, so the API, /metrics and the ops
-  pages agree on which cap applies.
+- Caps and account rows come from `routing.selectors` (the reads the web surfaces share), so
+  the API, /metrics and the ops pages agree on which cap applies.
 """
 
 from __future__ import annotations

@@ -131,8 +131,8 @@ def _plan_errors(
             and plan.refusal
             and plan.route_key != TODOS_TASK
         ):
-            # Only a todos task is deduped before its worktree check (docs/upstream.md
-            # docs/upstream.md §3.2.9); any other route with this refusal can never be admitted.
+            # Only a todos task is deduped before its worktree check
+            # (docs/upstream.md §3.2.9); any other route with this refusal can never be admitted.
             errors.append(
                 {"at": f"item {position}", "kind": kind, "error": plan.refusal}
             )
@@ -179,8 +179,8 @@ def _route_accepted(
             results.append({**compact_result(result.to_dict()), "routeKind": kind})
         except ApplicationError as exc:
             # A todos task refused after its early dedupe (worktree required, no git work
-            # tree) is a route error, skipped as a drain skips it (docs/upstream.md
-            # docs/upstream.md §5.2.3). Anything else planned successfully a moment ago, so it is rare (e.g.
+            # tree) is a route error, skipped as a drain skips it (docs/upstream.md §5.2.3).
+            # Anything else planned successfully a moment ago, so it is rare (e.g.
             # a template changed): recorded like a drain's fatal item. The batch goes on.
             failed = {
                 "kind": SKIPPED,

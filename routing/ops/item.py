@@ -26,7 +26,7 @@ from ledger.models import (
 )
 from routing.models import InboxState
 
-# The last lines of a running step's output the page shows (README: "the last few").
+# The last lines of a running step's output the page shows (docs/operations.md: "the last few").
 LIVE_LINES = 12
 # An item that ended so: its admitted inbox events read as the item does.
 ENDED_ITEM_STATES = (

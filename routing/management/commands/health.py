@@ -1,5 +1,7 @@
-"""`manage.py health [--json]`: what `GET /healthz` answers, for a terminal, cron or a
-container's health check. Exits 0 when healthy, 1 when not (routing.ops.health.selectors).
+"""`manage.py health [--json]`: the installation's health, what `GET /health/installation`
+answers (the database and both clusters), for a terminal, cron or a monitor. Exits 0 when
+healthy, 1 when not (routing.ops.health.selectors). A load balancer asks `/healthz`
+instead: this web process and its database only.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--json", action="store_true", help="print the /healthz JSON body"
+            "--json",
+            action="store_true",
+            help="print the /health/installation JSON body",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

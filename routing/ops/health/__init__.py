@@ -1,1 +1,3 @@
-"""Health of the installation: the database and both clusters (see selectors)."""
+"""Health: of this web process and its database (`/healthz`, `/readyz`, `/livez`) and of the
+installation, the database and both clusters (`/health/installation`, `manage.py health`).
+See selectors and views."""

@@ -1,7 +1,14 @@
-"""Is this installation working? The read behind `GET /healthz` and `manage.py health`.
+"""Two questions, answered apart so a load balancer never takes a web machine out for a late
+background worker:
 
-Three things must hold, each read from the database every process shares (so any web
-process on any machine gives the same answer):
+- `web_health`, behind `GET /healthz` (and `/readyz`): can THIS web process serve? Its
+  database answers. Nothing about the clusters: a web machine whose clusters are down still
+  serves the admin and `/ops/`, which say what is wrong.
+- `health_report`, behind `GET /health/installation` and `manage.py health`: is the whole
+  installation working? For monitoring, not for a load balancer's rotation.
+
+For the installation three things must hold, each read from the database every process
+shares (so any web process on any machine gives the same answer):
 
 - the database answers (`SELECT 1`);
 - the main cluster (`qcluster`: schedules, drains, lease recovery) finished a
@@ -106,6 +113,41 @@ class HealthReport:
         if not self.healthy:
             body["problems"] = self.problems
         return body
+
+
+@dataclass(frozen=True)
+class WebHealth:
+    database: str  # OK or UNAVAILABLE
+
+    @property
+    def healthy(self) -> bool:
+        return self.database == OK
+
+    def as_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "status": "ok" if self.healthy else "unhealthy",
+            "database": self.database,
+        }
+        if not self.healthy:
+            body["problems"] = ["the database does not answer"]
+        return body
+
+
+def database_answers() -> bool:
+    """One `SELECT 1`; an error is logged, never returned (it may name hosts)."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except DatabaseError as exc:
+        logger.error("health: the database does not answer: %s", exc)
+        return False
+    return True
+
+
+def web_health() -> WebHealth:
+    """This web process's health: one query, whatever the clusters do."""
+    return WebHealth(database=OK if database_answers() else UNAVAILABLE)
 
 
 def main_cluster_name() -> str:

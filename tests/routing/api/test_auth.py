@@ -206,8 +206,8 @@ def test_anonymous_visitors_reach_nothing_but_the_login_page(client: Client) -> 
         if url == login:
             assert client.get(url).status_code == 200
             continue
-        if url == "/healthz":
-            # Public on purpose (load balancers, systemd): statuses and ages, no data.
+        if url in ("/healthz", "/readyz", "/livez", "/health/installation"):
+            # Public on purpose (load balancers, systemd, monitors): statuses and ages, no data.
             body = client.get(url).json()
             assert set(body) <= {"database", "clusters", "problems", "status"}, body
             continue

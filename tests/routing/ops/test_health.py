@@ -1,5 +1,7 @@
-"""`GET /healthz` and `manage.py health`: 200 only when the database answers and both clusters
-reported within their interval, 503 naming what is wrong otherwise, no data, no login."""
+"""Health without login and without data. `GET /healthz` (and `/readyz`): this web process and
+its database only, 200 whatever the clusters do. `GET /health/installation` and `manage.py
+health`: 200 only when the database answers and both clusters reported within their
+interval, 503 naming what is wrong otherwise. `GET /livez`: the process answers."""
 
 from __future__ import annotations
 
@@ -49,8 +51,11 @@ def _run_worker_reported(at: datetime, pid: int = 4242) -> None:
     )
 
 
-def _get(client: Client) -> tuple[int, dict]:
-    response = client.get("/healthz")
+INSTALLATION = "/health/installation"
+
+
+def _get(client: Client, url: str = INSTALLATION) -> tuple[int, dict]:
+    response = client.get(url)
     assert response["Content-Type"] == "application/json"
     assert "no-cache" in response["Cache-Control"]
     return response.status_code, json.loads(response.content)
@@ -75,7 +80,7 @@ def test_both_clusters_fresh_is_200_without_login_and_without_host_names() -> No
     _main_cluster_finished(now - timedelta(seconds=20))
     _run_worker_reported(now - timedelta(seconds=3))
     _run_worker_reported(now - timedelta(seconds=4), pid=4243)
-    response = Client().get("/healthz")
+    response = Client().get(INSTALLATION)
     assert response.status_code == 200
     body = json.loads(response.content)
     assert body["status"] == "ok"
@@ -146,9 +151,28 @@ def test_main_cluster_counts_only_its_own_successful_probe_within_the_interval()
     assert health_report(now=now).healthy
 
 
+def test_healthz_and_readyz_are_200_while_no_cluster_has_ever_reported() -> None:
+    # A web machine whose clusters are down still serves: the load balancer keeps it.
+    assert not health_report().healthy
+    for url in ("/healthz", "/readyz"):
+        status, body = _get(Client(), url)
+        assert (status, body) == (200, {"status": "ok", "database": "ok"}), url
+    assert _get(Client(), INSTALLATION)[0] == 503
+    assert _get(Client(), "/livez") == (200, {"status": "ok"})
+
+
+def test_healthz_does_not_read_the_clusters(django_assert_num_queries) -> None:
+    with django_assert_num_queries(1):  # SELECT 1
+        assert Client().get("/healthz").status_code == 200
+    with django_assert_num_queries(0):
+        assert Client().get("/livez").status_code == 200
+
+
 def test_only_get_and_head() -> None:
-    assert Client().post("/healthz").status_code == 405
-    assert Client().head("/healthz").status_code == 503
+    for url in ("/healthz", "/readyz", "/livez", INSTALLATION):
+        assert Client().post(url).status_code == 405, url
+    assert Client().head("/healthz").status_code == 200
+    assert Client().head(INSTALLATION).status_code == 503
 
 
 def test_health_command_prints_the_same_and_exits_nonzero_when_unhealthy() -> None:
@@ -193,14 +217,18 @@ def test_a_plain_http_probe_is_not_redirected_when_https_is_on(settings) -> None
     settings.SECURE_SSL_REDIRECT = True
     assert Client().get("/admin/login/").status_code == 301
     assert Client().get("/ops/").status_code == 301
-    assert Client().get("/healthz").status_code == 503
+    assert Client().get("/healthz").status_code == 200
+    assert Client().get("/readyz").status_code == 200
+    assert Client().get("/livez").status_code == 200
+    assert Client().get(INSTALLATION).status_code == 503
 
 
 def test_nothing_else_is_open_without_login() -> None:
     now = timezone.now()
     _main_cluster_finished(now)
     _run_worker_reported(now)
-    assert Client().get("/healthz").status_code == 200
+    assert Client().get(INSTALLATION).status_code == 200
     assert Client().get("/ops/").status_code == 302  # to the login
     assert Client().get("/admin/").status_code == 302
     assert Client().get("/healthz/").status_code == 404
+    assert Client().get("/health/").status_code == 404
