@@ -65,6 +65,25 @@ SAFE_CONFIG: tuple[tuple[str, str], ...] = (
 )
 
 
+# A push (ledger.delivery) may reach a remote: only these settings change, each to the
+# operator's (LOOPSWEB_GIT_SSH_COMMAND, LOOPSWEB_GIT_CREDENTIAL_HELPER), never to a value
+# read from a repository's config; the other overrides above stay.
+TRANSPORT_SETTINGS = frozenset(
+    {"core.sshCommand", "credential.helper", "protocol.allow"}
+)
+TRANSPORT_PROTOCOLS = ("file", "ssh", "https", "http")
+
+
+def _transport_config() -> list[tuple[str, str]]:
+    config = [("core.sshCommand", settings.LOOPSWEB_GIT_SSH_COMMAND)]
+    config += [("credential.helper", "")]  # an empty value resets the list
+    if settings.LOOPSWEB_GIT_CREDENTIAL_HELPER:
+        config += [("credential.helper", settings.LOOPSWEB_GIT_CREDENTIAL_HELPER)]
+    config += [("protocol.allow", "never")]
+    config += [(f"protocol.{name}.allow", "always") for name in TRANSPORT_PROTOCOLS]
+    return config
+
+
 class GitError(ApplicationError):
     """A git command failed (its message is git's last line of error output)."""
 
@@ -118,6 +137,7 @@ def run_git(
     extra_env: Mapping[str, str] | None = None,
     stdin: bytes | None = None,
     check: bool = True,
+    transport: bool = False,
 ) -> GitResult:
     """Run `git ARGS` on the repository `git_dir` (module docstring); raises GitError when
     git cannot run, or (with `check`) exits non-zero.
@@ -127,7 +147,11 @@ def run_git(
     """
     ceiling = os.path.dirname(os.path.abspath(cwd)) if git_dir is None else None
     argv = [settings.LOOPSWEB_GIT_BIN, "--no-pager"]
-    for name, value in SAFE_CONFIG:
+    config = list(SAFE_CONFIG)
+    if transport:  # a push: ledger.delivery, TRANSPORT_SETTINGS
+        config = [c for c in config if c[0] not in TRANSPORT_SETTINGS]
+        config += _transport_config()
+    for name, value in config:
         argv += ["-c", f"{name}={value}"]
     argv += _no_diff_programs(args)
     try:

@@ -15,11 +15,16 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from domain.delivery import DELIVER_NONE
+from domain.errors import ApplicationError
 from domain.sandbox import WORKTREE_REQUIRED
 from ledger import services
 from ledger.dberrors import write_ledger
-from ledger.models import WorkflowRun
+from ledger.delivery import deliver_run, delivery_start
+from ledger.discard import discard_run_work
+from ledger.models import RunStatus, WorkflowRun, WorkflowStepRun
 from ledger.projects import WorktreeRequired, is_git_work_tree, project_dir_check
+from ledger.step_commits import commit_step, step_commit_record
 from ledger.worktrees import (
     COMMIT_MESSAGE,
     NOT_COMMITTED,
@@ -86,6 +91,9 @@ class RunWorktree:
                 run_id=run.id, worker=self.worker, path=None, branch=None
             )
             raise
+        # Where the work would go, read before any agent step (ledger.delivery, 1).
+        made = self.worktree
+        self._record(lambda: delivery_start(run, made))
         return self.worktree
 
     def save(self, step_id: str | None) -> None:
@@ -115,11 +123,47 @@ class RunWorktree:
             )
         )
 
+    def commit_step(self, step: WorkflowStepRun) -> None:
+        """Commit what `step` left on the run's branch, under its own name
+        (ledger.step_commits); a commit that cannot be made keeps the worktree, as `save`."""
+        if self.worktree is None or self.kept:
+            return
+        step = WorkflowStepRun.objects.filter(pk=step.id).first() or step
+        try:
+            commit = commit_step(self.worktree, self.run, step)
+        except (WorktreeError, OSError) as exc:
+            self.kept = self.saved = True
+            reason = NOT_COMMITTED.format(reason=exc, path=self.worktree.path)
+            logger.warning("run %s: %s", self.run.id, reason)
+            self._record(
+                lambda: services.run_commit_failed(run_id=self.run.id, error=reason)
+            )
+            return
+        if commit is not None:
+            self._record(lambda: step_commit_record(step.id, commit))
+
     def _record(self, write: Any) -> None:
         try:
             write_ledger(f"run {self.run.id}: its commit", write)
         except DatabaseError:
             logger.exception("could not record the commit of run %s", self.run.id)
+
+    def ended(self, status: str) -> None:
+        """The run ended with `status`: deliver its work (ledger.delivery; a failure is
+        recorded on the run, never raised), then remove the worktree after success."""
+        record: dict[str, Any] = {}
+        if self.worktree is not None and not self.kept:
+            try:
+                record = deliver_run(self.run.id)
+            except Exception:
+                logger.exception("could not deliver the work of run %s", self.run.id)
+        if status == RunStatus.SUCCEEDED:
+            self.remove()
+            if record.get("mode") == DELIVER_NONE:  # nothing of the run is kept
+                try:
+                    discard_run_work(self.run.id, reason="--deliver none")
+                except ApplicationError as exc:
+                    logger.warning("run %s: %s", self.run.id, exc)
 
     def remove(self) -> None:
         """After success only, and only when the work is committed; a failed run's worktree

@@ -197,6 +197,7 @@ class _RunExecution:
                 if start is None:
                     start = self._wait_for_start(step)
                 result, recorded = self._run_step_with_moves(start, specs[step.step_id])
+                self.work.commit_step(step)  # its work under its own name
             except _PoolWaitOver as over:
                 self.save_work(step.step_id)
                 self._complete(step, None, end=self._pool_wait_end(step, str(over)))
@@ -209,8 +210,7 @@ class _RunExecution:
             end = self._run_end(step, result, rest)
             self.save_work(step.step_id)
             self._complete(step, None if recorded else result, end=end)
-            if end.status == RunStatus.SUCCEEDED:
-                self._remove_worktree()
+            self.work.ended(end.status)  # delivery, then the worktree's removal
             return end.status
         return self._finalize(RunStatus.SUCCEEDED, None)
 
@@ -286,8 +286,7 @@ class _RunExecution:
             )
         except services.LedgerError:
             raise _LeaseLost() from None
-        if status == RunStatus.SUCCEEDED:
-            self._remove_worktree()
+        self.work.ended(status)
         return status
 
     def _prepare_worktree(self, specs: list[Mapping[str, Any]]) -> Worktree | None:
@@ -304,9 +303,6 @@ class _RunExecution:
     def save_work(self, step_id: str | None) -> None:
         """Commit what the agents left on the run's branch (ledger.run_worktree)."""
         self.work.save(step_id)
-
-    def _remove_worktree(self) -> None:
-        self.work.remove()
 
     def _isolated_target(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         """An agent step's target as it runs: checked again, and moved into the worktree."""

@@ -14,6 +14,7 @@ from django.conf import settings
 from django_q.conf import Conf
 from django_q.tasks import async_task
 
+from ledger.discard import run_branches_prune
 from ledger.hosts import (
     live_hosts,
     project_check_here,
@@ -101,4 +102,6 @@ def prune_host_worktrees() -> int:
     disk; the number removed."""
     pruned = [p for p in worktrees_prune() if p.error is None]
     orphans = [p for p in worktree_orphans_prune() if p.error is None]
-    return len(pruned) + len(orphans)
+    # Run branches that are done with (ledger.discard): no changes, or a closed PR.
+    branches = [d for d in run_branches_prune() if d.deleted]
+    return len(pruned) + len(orphans) + len(branches)

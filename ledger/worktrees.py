@@ -53,6 +53,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from domain.delivery import parse_git_author
 from domain.errors import ApplicationError
 from domain.sandbox import WORKTREE_AUTO, WORKTREE_REQUIRED
 from ledger import services
@@ -341,8 +342,6 @@ def worktree_remove(*, project: str | None, path: str, branch: str | None) -> No
                 _git(repo.common_dir, "update-ref", "-d", f"refs/heads/{branch}", head)
 
 
-COMMIT_AUTHOR = "loopsweb"
-COMMIT_EMAIL = "loopsweb@localhost"
 COMMIT_MESSAGE = (
     "loopsweb run {run_id}: work left by step {step_id} of work item {item}"
 )
@@ -418,11 +417,10 @@ def worktree_commit(worktree: Worktree, *, message: str) -> WorktreeCommit:
 
 
 def _identity() -> dict[str, str]:
-    return {
-        "GIT_AUTHOR_NAME": COMMIT_AUTHOR,
-        "GIT_AUTHOR_EMAIL": COMMIT_EMAIL,
-        "GIT_COMMITTER_NAME": COMMIT_AUTHOR,
-        "GIT_COMMITTER_EMAIL": COMMIT_EMAIL,
+    name, email = parse_git_author(settings.LOOPSWEB_GIT_AUTHOR)  # checked at start-up
+    return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email} | {
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
     }
 
 

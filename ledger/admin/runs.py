@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 
+from domain.errors import ApplicationError
 from ledger.admin.actions import (
     ARCHIVE_LOOPS,
     CANCEL_RUNS,
@@ -19,6 +21,7 @@ from ledger.admin.actions import (
     RESUME_LOOPS,
     RETRY_RUNS,
     STOP_LOOPS,
+    log_operator_action,
     run_lifecycle_action,
 )
 from ledger.admin.base import LedgerAdmin, admin_link, changelist_link
@@ -29,6 +32,9 @@ from ledger.admin.filters import (
     EventTypeFilter,
     ProviderFilter,
 )
+from ledger.delivery import deliver_run, redeliverable
+from ledger.delivery_view import delivery_line, pull_request, run_commits, run_patch
+from ledger.discard import discard_run_work
 from ledger.display import (
     UsageSum,
     attempts_story,
@@ -37,6 +43,7 @@ from ledger.display import (
     worktree_text,
 )
 from ledger.models import (
+    TERMINAL_RUN_STATUSES,
     Loop,
     LoopRun,
     WorkflowEvent,
@@ -124,6 +131,9 @@ class WorkflowRunAdmin(LedgerAdmin):
         "worktree",
         "work_left",
         "commit_diffstat",
+        "delivery_cell",
+        "commits_cell",
+        "patch_cell",
         "manifest_path",
         "goal_run_id",
         "events_link",
@@ -132,7 +142,7 @@ class WorkflowRunAdmin(LedgerAdmin):
     )
     readonly_fields = fields
     inlines = [StepRunInline]
-    actions = ("retry_runs", "cancel_runs")
+    actions = ("retry_runs", "cancel_runs", "discard_work", "deliver_again")
     change_form_template = "admin/ledger/workflowrun/change_form.html"
 
     def change_view(
@@ -163,6 +173,36 @@ class WorkflowRunAdmin(LedgerAdmin):
     ) -> TemplateResponse | None:
         return run_lifecycle_action(self, request, queryset, CANCEL_RUNS)
 
+    @admin.action(
+        description="Discard the work of selected runs (branch and worktree)",
+        permissions=["operate"],
+    )
+    def discard_work(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for run in queryset:
+            try:
+                done = discard_run_work(run.id, reason="discarded (admin)")
+            except ApplicationError as exc:
+                self.message_user(request, f"{run.id}: {exc}", messages.ERROR)
+                continue
+            log_operator_action(
+                request, WorkflowRun, run.id, "Discard the work (admin)", done.reason
+            )
+            self.message_user(request, f"{run.id}: work discarded", messages.SUCCESS)
+
+    @admin.action(description="Deliver selected runs again", permissions=["operate"])
+    def deliver_again(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for run in queryset:
+            if not redeliverable(run):
+                self.message_user(
+                    request, f"{run.id}: nothing to deliver again", messages.WARNING
+                )
+                continue
+            record = deliver_run(run.id)
+            level = messages.ERROR if record.get("error") else messages.SUCCESS
+            self.message_user(
+                request, f"{run.id}: {record.get('error') or 'delivered'}", level
+            )
+
     @admin.display(description="id", ordering="-id")
     def short_id_cell(self, obj: WorkflowRun) -> str:
         return short_id(obj.id)
@@ -170,6 +210,48 @@ class WorkflowRunAdmin(LedgerAdmin):
     @admin.display(description="status", ordering="status")
     def status_cell(self, obj: WorkflowRun) -> str:
         return status_badge(obj.status)
+
+    @admin.display(description="delivery")
+    def delivery_cell(self, obj: WorkflowRun) -> str:
+        line = delivery_line(obj) or "-"
+        pr = pull_request(obj)
+        if pr and pr.get("url"):
+            return format_html(
+                '{} <a class="pr-link" href="{}" rel="noopener noreferrer">#{}</a>',
+                line,
+                pr["url"],
+                pr.get("number"),
+            )
+        return line
+
+    @admin.display(description="commits")
+    def commits_cell(self, obj: WorkflowRun) -> str:
+        rows = [
+            (c["sha"][:12], c["stepId"], c["account"] or "-", c["provider"] or "-")
+            for c in run_commits(obj, [s for s, _, _ in self._steps(obj)])
+        ]
+        if not rows:
+            return "-"
+        return format_html_join(
+            "", "<div><code>{}</code> step {} on <code>{}</code> ({})</div>", rows
+        )
+
+    @admin.display(description="patch")
+    def patch_cell(self, obj: WorkflowRun) -> str:
+        patch = run_patch(obj) if obj.status in TERMINAL_RUN_STATUSES else None
+        if patch is None:
+            return "-"
+        if patch.error:
+            return patch.error
+        more = (
+            format_html(
+                '<p><a href="{}">show all</a></p>',
+                reverse("ops:run-patch", args=[obj.id]),
+            )
+            if patch.truncated
+            else ""
+        )
+        return format_html('<pre class="patch">{}</pre>{}', patch.text, more)
 
     @admin.display(description="duration")
     def duration_cell(self, obj: WorkflowRun) -> str:

@@ -87,6 +87,10 @@ class WorkflowRun(TimestampedModel):
     # loopsweb (0013): hosts that handed the run back since it was last claimed (placement
     # skips them: a hand-back never loops); emptied by the claim.
     hosts_declined = models.JSONField(default=list, null=True, blank=True)
+    # loopsweb (0021): what was delivered (ledger.delivery: mode, pushed ref and commit, PR
+    # number, URL and state, or the delivery's error) and when the work was discarded.
+    delivery_json = models.JSONField(null=True, blank=True)
+    work_discarded_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_runs"
@@ -149,7 +153,7 @@ class WorkflowStepRun(TimestampedModel):
     stdout = models.TextField(null=True, blank=True)
     stderr = models.TextField(null=True, blank=True)
     error = models.TextField(null=True, blank=True)
-    # loopsweb (0021): why it did not succeed (StepReasonCode; "" while pending, running or
+    # loopsweb (0022): why it did not succeed (StepReasonCode; "" while pending, running or
     # after success), set by `step_finish`.
     reason_code = models.CharField(
         max_length=20,
@@ -173,6 +177,10 @@ class WorkflowStepRun(TimestampedModel):
     processes_ended = models.PositiveIntegerField(null=True, blank=True)
     # When its agent last made progress (a model answer or a tool call; ledger.agent_step).
     progress_at = models.DateTimeField(null=True, blank=True)
+    # loopsweb (0021): the commit of what this step changed on the run's branch and its
+    # diffstat (ledger.step_commits); NULL when the step changed nothing.
+    commit_sha = models.CharField(max_length=64, null=True, blank=True)
+    commit_diffstat = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_step_runs"

@@ -67,7 +67,7 @@ class StepStatus(models.TextChoices):
 
 
 class StepReasonCode(models.TextChoices):
-    """Why a finished step did not succeed, as the runner recorded it (`reason_code`, 0021):
+    """Why a finished step did not succeed, as the runner recorded it (`reason_code`, 0022):
     counted by /metrics and the account pages, so no count reads the error's wording."""
 
     NONE = "", "none"

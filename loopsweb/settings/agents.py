@@ -4,10 +4,12 @@ roots, worktrees, the environment agents get)."""
 from __future__ import annotations
 
 import os
+import re
 
 from django.core.exceptions import ImproperlyConfigured
 
 from domain.bounds import bounded_int
+from domain.delivery import parse_git_author
 from domain.errors import ValidationError
 from loopsweb.settings.base import DATA_DIR
 from loopsweb.settings.env import (
@@ -122,6 +124,28 @@ LOOPSWEB_WORKTREE_KEEP_SECONDS = env_int(
 )
 # The git binary that creates and removes worktrees (a name on PATH or an absolute path).
 LOOPSWEB_GIT_BIN = env_str("LOOPSWEB_GIT_BIN") or "git"
+# Delivery of a run's work (docs/delivery.md): the commits' author and committer, the
+# forge's API, the file holding its token (a 0600 env file, a GITHUB_TOKEN= line) and the
+# console's address for links in a pull request.
+LOOPSWEB_GIT_AUTHOR = env_str("LOOPSWEB_GIT_AUTHOR") or "loopsweb <loopsweb@localhost>"
+try:
+    parse_git_author(LOOPSWEB_GIT_AUTHOR)
+except ValueError as _exc:
+    raise ImproperlyConfigured(str(_exc)) from None
+LOOPSWEB_GITHUB_API_URL = (
+    env_str("LOOPSWEB_GITHUB_API_URL") or "https://api.github.com"
+).rstrip("/")
+if not re.match(r"^https?://[^\s/]+", LOOPSWEB_GITHUB_API_URL):
+    raise ImproperlyConfigured("LOOPSWEB_GITHUB_API_URL must be an http(s) URL")
+LOOPSWEB_GITHUB_TOKEN_FILE = env_str("LOOPSWEB_GITHUB_TOKEN_FILE") or None
+LOOPSWEB_BASE_URL = env_str("LOOPSWEB_BASE_URL").rstrip("/")
+# How a push reaches the remote: the operator's ssh command and credential helper (never a
+# repository's config, which an agent can write); SSH_AUTH_SOCK is passed through.
+LOOPSWEB_GIT_SSH_COMMAND = env_str("LOOPSWEB_GIT_SSH_COMMAND") or "ssh"
+LOOPSWEB_GIT_CREDENTIAL_HELPER = env_str("LOOPSWEB_GIT_CREDENTIAL_HELPER")
+LOOPSWEB_BRANCH_KEEP_SECONDS = env_int("LOOPSWEB_BRANCH_KEEP_SECONDS", 7 * 24 * 3600)
+# How long a PR's state read from the forge is trusted by the review gate.
+LOOPSWEB_PR_STATE_CACHE_SECONDS = env_int("LOOPSWEB_PR_STATE_CACHE_SECONDS", 60)
 
 
 def _passthrough(name: str) -> tuple[str, ...]:

@@ -28,13 +28,12 @@ from domain.keys import (
     generic_event_key,
     generic_names,
     generic_pool_seed,
-    pr_fingerprint_from_task,
-    todos_task_key,
     todos_task_names,
 )
 from ledger.projects import repository_checkout
 from routing.admission.options import RouteOptions
 from routing.admission.results import SKIPPED, RouteResult
+from routing.admission.review_gate import todos_review_key
 from routing.admission.route_accounts import RouteAccounts
 
 
@@ -120,7 +119,17 @@ def _task_view(envelope: Envelope, options: RouteOptions) -> EventView | RouteRe
             dry_run=options.dry_run,
             task=_task(task_id, data, eligibility.tags, raw_path),
         )
-    key = todos_task_key(task_id, pr_fingerprint=pr_fingerprint_from_task(data))
+    # The key, and the PR review gate's skip (docs/upstream.md §3.2.11).
+    key, gated = todos_review_key(
+        data,
+        eligibility.tags,
+        task_id,
+        envelope,
+        _task(task_id, data, eligibility.tags, raw_path),
+        options,
+    )
+    if gated is not None:
+        return gated
     workflow_name, loop_name = todos_task_names(options.name_prefix, task_id, key)
     return EventView(
         envelope=envelope,

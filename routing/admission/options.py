@@ -10,6 +10,13 @@ from typing import Any
 
 from domain.bounds import bounded_int
 from domain.controls import control_refused
+from domain.delivery import (
+    DEFAULT_DELIVER,
+    DEFAULT_REMOTE,
+    parse_deliver,
+    parse_github_repo,
+    parse_remote,
+)
 from domain.errors import ValidationError
 from domain.pool import (
     PROFILE_NAME_INVALID,
@@ -84,6 +91,13 @@ class RouteOptions:
     # idleTimeoutMs into every agent step (domain.templates.render_workflow).
     step_timeout: int | None = None
     step_idle_timeout: int | None = None
+    # Delivery of the run's work (domain.delivery, ledger.delivery): none, branch (default),
+    # push or pull-request; the remote; whether failed runs are delivered (as drafts); the
+    # GitHub repository when the remote's URL does not name one.
+    deliver: str = DEFAULT_DELIVER
+    deliver_remote: str = DEFAULT_REMOTE
+    deliver_failed: bool = False
+    github_repo: str | None = None
     dry_run: bool = False
 
     @property
@@ -120,7 +134,12 @@ PIN_OPTIONS = {
     "worker_auth_profile": "worker",
     "verifier_auth_profile": "verifier",
 }
-_DEFAULTS = {"worktree_mode": DEFAULT_WORKTREE_MODE, "sandbox": DEFAULT_SANDBOX}
+_DEFAULTS = {
+    "worktree_mode": DEFAULT_WORKTREE_MODE,
+    "sandbox": DEFAULT_SANDBOX,
+    "deliver": DEFAULT_DELIVER,
+    "deliver_remote": DEFAULT_REMOTE,
+}
 OPTION_NAMES = (
     "template",
     "provider",
@@ -142,6 +161,10 @@ OPTION_NAMES = (
     "retry_backoff",
     "step_timeout",
     "step_idle_timeout",
+    "deliver",
+    "deliver_remote",
+    "deliver_failed",
+    "github_repo",
     "dry_run",
 )
 
@@ -185,6 +208,9 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
     break_glass = raw.get("manual_break_glass", False)
     if not isinstance(break_glass, bool):
         raise ValidationError("--manual-break-glass must be a boolean")
+    deliver_failed = raw.get("deliver_failed", False)
+    if not isinstance(deliver_failed, bool):
+        raise ValidationError("--deliver-failed must be a boolean")
     sandbox = parse_sandbox(raw.get("sandbox"))
     if sandbox == DANGER_FULL_ACCESS and not break_glass:
         raise ValidationError(DANGER_NEEDS_BREAK_GLASS)
@@ -218,6 +244,10 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
         step_idle_timeout=bounded_int(
             "--step-idle-timeout", raw.get("step_idle_timeout")
         ),
+        deliver=parse_deliver(raw.get("deliver")),
+        deliver_remote=parse_remote(raw.get("deliver_remote")),
+        deliver_failed=deliver_failed,
+        github_repo=parse_github_repo(raw.get("github_repo")),
         dry_run=dry_run,
     )
 

@@ -53,6 +53,9 @@ class RouteResult:
     task: dict[str, Any] | None = None
     workflow_body: dict[str, Any] | None = None
     workflow_name: str | None = None
+    # Fields of a PR review gate's skip (routing.admission.review_gate): routeError,
+    # prReviewRouting, freshnessSkip, prState.
+    extra: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "dryRun": self.dry_run}
@@ -109,6 +112,8 @@ class RouteResult:
             out["requeue"] = self.requeue
         if self.sandbox_preflight is not None:
             out["sandboxPreflight"] = self.sandbox_preflight
+        if self.extra:
+            out.update(self.extra)
         return out
 
     def human(self) -> str:

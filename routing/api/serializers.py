@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
+from ledger.delivery_view import delivery_fields
 from ledger.display import UsageSum, attempts_story, row_usage, step_usage
 from ledger.models import (
     WorkflowRun,
@@ -140,6 +141,8 @@ class StepDict(TypedDict):
     attemptsText: str
     # Tokens and cost over all its attempts; None when the agent reported none.
     usage: TokensDict | None
+    # The commit of what the step changed on the run's branch (issue 40), or None.
+    commitSha: str | None
 
 
 class RunDict(TypedDict):
@@ -162,6 +165,13 @@ class RunDict(TypedDict):
     branch: str | None
     commitHead: str | None
     workNotCommitted: str | None
+    # issue 40: the run's work (ledger.delivery_view.delivery_fields): its diffstat, one
+    # commit per step that changed files, what was delivered and its pull request.
+    diffstat: str | None
+    commits: list[dict[str, Any]]
+    delivery: dict[str, Any] | None
+    pullRequest: dict[str, Any] | None
+    workDiscardedAt: str | None
     steps: list[StepDict]
     # Tokens and cost of its steps; None when no step reported any.
     usage: TokensDict | None
@@ -267,6 +277,7 @@ def step_to_dict(step: WorkflowStepRun) -> StepDict:
         attempts=[attempt_to_dict(a) for a in attempts],
         attemptsText=attempts_story(step.step_id, attempts),
         usage=tokens_dict(step_usage(step, attempts)),
+        commitSha=step.commit_sha,
     )
 
 
@@ -296,6 +307,7 @@ def run_to_dict(run: WorkflowRun, *, attempt: int | None = None) -> RunDict:
         branch=run.worktree_branch,
         commitHead=run.commit_head,
         workNotCommitted=run.commit_error,
+        **delivery_fields(run),  # type: ignore[typeddict-item]
         steps=steps,
         usage=tokens_dict(run_usage(run)),
     )

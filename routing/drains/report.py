@@ -46,6 +46,7 @@ class DrainReport:
             DEDUPED: 0,
             THROTTLED: 0,
             SKIPPED: 0,
+            "freshnessClosed": 0,
             "fatal": 0,
         }
     )
@@ -96,6 +97,8 @@ class DrainReport:
             "deduped": self.counts[DEDUPED],
             "throttled": self.counts[THROTTLED],
             "skipped": self.counts[SKIPPED],
+            # docs/upstream.md §5.3: the review gate's freshness skips (merged/closed PRs).
+            "freshnessClosed": self.counts["freshnessClosed"],
             "fatal": self.counts["fatal"],
             "maxDispatch": self.options.max_dispatch,
             "dryRun": self.dry_run,
@@ -132,7 +135,8 @@ class DrainReport:
         line = (
             f"{prefix}drained {self.options.source} queue ({self.route_key}, scope {self.route_scope}): "
             f"considered={c['considered']} created={c[CREATED]} deduped={c[DEDUPED]} "
-            f"throttled={c[THROTTLED]} skipped={c[SKIPPED]} fatal={c['fatal']}"
+            f"throttled={c[THROTTLED]} skipped={c[SKIPPED]} "
+            f"freshnessClosed={c['freshnessClosed']} fatal={c['fatal']}"
             + (f" (held: {self.held_reason})" if self.held_reason else "")
         )
         verb = "would be admitted" if self.dry_run else "admitted"
@@ -167,6 +171,8 @@ COMPACT_FIELDS = (
     "queuedAtSource",
     "precheck",
     "routeError",
+    "freshnessSkip",
+    "prState",
     "fatal",
 )
 
@@ -193,6 +199,8 @@ def compact_result(result: Mapping[str, Any]) -> dict[str, Any]:
         "queuedAtSource": result.get("queuedAtSource"),
         "precheck": result.get("precheck"),
         "routeError": result.get("routeError"),
+        "freshnessSkip": result.get("freshnessSkip"),
+        "prState": result.get("prState"),
         "fatal": result.get("fatal"),
     }
     return {k: v for k, v in flat.items() if v is not None}
@@ -289,6 +297,8 @@ def report_count(report: DrainReport, result: dict[str, Any]) -> None:
     report.counts["considered"] += 1
     if result.get("fatal"):
         report.counts["fatal"] += 1
+    if result.get("freshnessSkip") and not report.dry_run:
+        report.counts["freshnessClosed"] += 1
     report.counts[result["kind"]] += 1
 
 

@@ -95,6 +95,21 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds each agent step may print nothing "
         "(default LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS, 600)",
     )
+    add(
+        "--deliver",
+        help="what becomes of the run's work: none, branch (default: kept on "
+        "loopsweb/run-<id>), push, pull-request",
+    )
+    add("--deliver-remote", help="the git remote pushed to (default origin)")
+    add(
+        "--deliver-failed",
+        action="store_true",
+        help="deliver a run whose verifier did not succeed too (a draft pull request)",
+    )
+    add(
+        "--github-repo",
+        help="OWNER/NAME of the pull request when the remote's URL is not a GitHub one",
+    )
     add("--dry-run", action="store_true", help="decide and report, write nothing")
     add("--json", action="store_true", help="print one JSON object")
 

@@ -13,11 +13,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from ledger.agent_output import summarize_output
+from ledger.delivery import redeliverable
+from ledger.delivery_view import (
+    Patch,
+    delivery_line,
+    pull_request,
+    run_commits,
+    run_patch,
+)
 from ledger.display import UsageSum, attempts_story, step_usage
 from ledger.item_read import WorkItemRead
 from ledger.models import (
+    TERMINAL_RUN_STATUSES,
     StepStatus,
     WorkflowRun,
     WorkflowStepAttempt,
@@ -51,6 +61,25 @@ class RunView:
     run: WorkflowRun
     steps: list[StepView] = field(default_factory=list)
     usage: UsageSum = field(default_factory=UsageSum)
+    # issue 40: the run's work (ledger.delivery_view): commits, delivery, patch, actions.
+    commits: list[dict[str, Any]] = field(default_factory=list)
+    delivery: str | None = None
+    pr: dict[str, Any] | None = None
+    patch: Patch | None = None
+    can_redeliver: bool = False
+    can_discard: bool = False
+
+
+def work_view(view: RunView, steps: list[WorkflowStepRun]) -> None:
+    """Fill in what the run left (its branch, commits, delivery, patch) on `view`."""
+    run = view.run
+    view.commits = run_commits(run, steps)
+    view.delivery = delivery_line(run)
+    view.pr = pull_request(run)
+    if run.status in TERMINAL_RUN_STATUSES and run.worktree_branch:
+        view.patch = run_patch(run)
+        view.can_redeliver = redeliverable(run)
+        view.can_discard = run.work_discarded_at is None
 
 
 def live_output(
@@ -93,6 +122,7 @@ def run_views(read: WorkItemRead, *, now: datetime) -> tuple[list[RunView], Usag
                 )
             )
             view.usage = view.usage + usage
+        work_view(view, read.steps.get(run.id, []))
         total = total + view.usage
         views.append(view)
     return views, total

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
+from routing.ops import run_work
 from routing.ops import views as ops_views
 
 app_name = "ops"
@@ -22,6 +23,8 @@ urlpatterns: list[URLPattern] = [
         ops_views.work_item_moved,
         name="work-item-moved",
     ),
+    path("runs/<str:run_id>/patch/", run_work.run_patch_all, name="run-patch"),
+    path("runs/<str:run_id>/<str:action>/", run_work.run_action, name="run-action"),
     path("accounts/", ops_views.accounts, name="accounts"),
     path("hosts/", ops_views.hosts, name="hosts"),
     path("drains/", ops_views.drains, name="drains"),

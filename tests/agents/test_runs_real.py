@@ -11,6 +11,7 @@ runner committed it); the usage on each step equals what the stand-in reported, 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,7 @@ def drain_and_run(
     timeout: float = 240,
     removed: bool = True,
     drain_args: tuple[str, ...] = (),
+    project_setup: Callable[[Path], None] | None = None,
 ) -> WorkflowRun:
     """Register acct-a and acct-b, ingest a task, drain it over the pool in a `manage.py
     drain` process, and wait for the run cluster to finish the run (and, with `removed`,
@@ -87,6 +89,8 @@ def drain_and_run(
     for name, key in KEYS.items():
         clis.register_account(provider, name, stand_in, tmp_path, key=key)
     project = git_project(tmp_path / "project")
+    if project_setup is not None:
+        project_setup(project)
     env = _run_env(provider, cli_bin, **(env_extra or {}))
     event = tmp_path / "task.json"
     event.write_text(json.dumps(_task(project, provider)))

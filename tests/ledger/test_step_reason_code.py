@@ -1,5 +1,5 @@
 """The step's stored reason code (issue 42): set by `step_finish`, cleared by a new start,
-and backfilled by migration 0021 from the rows written before it."""
+and backfilled by migration 0022 from the rows written before it."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_the_backfill_codes_old_failed_rows_from_the_runners_note() -> None:
         status=StepStatus.FAILED,
         reason_code=StepReasonCode.LOGIN_FAILED,
     )
-    migration = importlib.import_module("ledger.migrations.0021_step_reason_code")
+    migration = importlib.import_module("ledger.migrations.0022_step_reason_code")
 
     migration.backfill(apps, SimpleNamespace(connection=connection))
 

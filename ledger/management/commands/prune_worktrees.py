@@ -16,6 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from domain.bounds import option_type
+from ledger.discard import run_branches_prune
 from ledger.worktrees import worktree_orphans_prune, worktrees_prune
 
 
@@ -48,9 +49,14 @@ class Command(BaseCommand):
         pruned = worktrees_prune(keep_seconds=keep, dry_run=dry_run)
         if options["orphans"]:
             pruned += worktree_orphans_prune(dry_run=dry_run)
+        branches = run_branches_prune(dry_run=dry_run)
         failed = [p for p in pruned if p.error]
         if options["json"]:
-            report = {"dryRun": dry_run, "pruned": [p.to_dict() for p in pruned]}
+            report = {
+                "dryRun": dry_run,
+                "pruned": [p.to_dict() for p in pruned],
+                "branches": [b.to_dict() for b in branches],
+            }
             self.stdout.write(json.dumps(report, indent=2))
         else:
             for entry in pruned:
@@ -60,5 +66,11 @@ class Command(BaseCommand):
                 )
             verb = "would remove" if dry_run else "removed"
             self.stdout.write(f"{verb} {len(pruned) - len(failed)} worktree(s)")
+            for gone in branches:
+                self.stdout.write(
+                    f"  branch {gone.branch} of {gone.run_id}: {gone.reason}"
+                )
+            verb = "would delete" if dry_run else "deleted"
+            self.stdout.write(f"{verb} {len(branches)} run branch(es)")
         if failed:
             raise CommandError(f"{len(failed)} worktree(s) could not be removed")

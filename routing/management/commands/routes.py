@@ -26,7 +26,9 @@ from django.core.management.base import CommandError, CommandParser
 from django.db.models import Prefetch
 
 from domain.bounds import BOUNDS, bounded_int
+from domain.delivery import DEFAULT_DELIVER, DEFAULT_REMOTE
 from domain.errors import ApplicationError, ValidationError
+from ledger.delivery_view import delivery_fields, delivery_line
 from ledger.management.terminal import TerminalCommand
 from ledger.models import (
     WorkflowInvocation,
@@ -82,6 +84,10 @@ def _run_dict(run: WorkflowRun, attempt: int) -> dict[str, Any]:
         "error": run.error,
         # loopsweb: each step with its attempts (an account per try) and its usage
         "steps": [step_to_dict(step) for step in run.step_runs.all()],
+        # issue 40: branch, commits, diffstat, delivery and pull request
+        "branch": run.worktree_branch,
+        **delivery_fields(run),
+        "deliveryText": delivery_line(run),
     }
 
 
@@ -104,6 +110,19 @@ def item_runs(item: WorkflowWorkItem) -> list[dict[str, Any]]:
         )
     )
     return [_run_dict(run, attempt) for run, attempt in with_attempts(runs)]
+
+
+def route_delivery(item: WorkflowWorkItem) -> dict[str, Any]:
+    """The item's route's delivery options (`--deliver` ...), defaults filled in."""
+    route: Any = item.route_options_json
+    stored = route.get("options") if isinstance(route, dict) else None
+    options = stored if isinstance(stored, dict) else {}
+    return {
+        "deliver": options.get("deliver") or DEFAULT_DELIVER,
+        "deliverRemote": options.get("deliver_remote") or DEFAULT_REMOTE,
+        "deliverFailed": options.get("deliver_failed") is True,
+        "githubRepo": options.get("github_repo"),
+    }
 
 
 class Command(TerminalCommand):
@@ -220,6 +239,7 @@ class Command(TerminalCommand):
             if item.loop
             else None,
             "runs": item_runs(item),
+            "deliver": route_delivery(item),
         }
         wi = value["workItem"]
         lines = [
@@ -228,6 +248,13 @@ class Command(TerminalCommand):
             f"  reason: {wi['lastReason'] or '-'}",
             f"  invocation {invocation.id} ({invocation.template_id})",
         ]
+        deliver = value["deliver"]
+        lines.append(
+            f"  deliver {deliver['deliver']} (remote {deliver['deliverRemote']}"
+            + (", failed runs too" if deliver["deliverFailed"] else "")
+            + (f", GitHub {deliver['githubRepo']}" if deliver["githubRepo"] else "")
+            + ")"
+        )
         if item.workflow:
             lines.append(f"  workflow {item.workflow_id} {item.workflow.name}")
         if item.loop:
@@ -239,6 +266,8 @@ class Command(TerminalCommand):
                 f"  run {run['id']} attempt {run['attempt']}: {run['status']}"
                 + (f" — {run['error']}" if run["error"] else "")
             )
+            if run["deliveryText"]:
+                lines.append(f"    delivery: {run['deliveryText']}")
             for step in run["steps"]:
                 if step["attemptsText"]:
                     lines.append(f"    {step['attemptsText']}")

@@ -32,7 +32,7 @@ def backfill(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("ledger", "0020_host_projects"),
+        ("ledger", "0021_run_delivery"),
     ]
 
     operations = [

@@ -1,0 +1,143 @@
+"""The PR review gate of a todos task (docs/upstream.md §3.2.11, docs/delivery.md §6).
+
+A task with a PR fingerprint and a merge or approve intent (domain.freshness) has its PR
+looked up before admission: through the forge (`GET /repos/{owner}/{repo}/pulls/{number}`,
+ledger.github) when LOOPSWEB_GITHUB_TOKEN_FILE is set, each answer cached for
+LOOPSWEB_PR_STATE_CACHE_SECONDS; else (or when the forge does not answer) the `pr_state=`
+the task states, as upstream 0.4.12 reads it.
+
+- merged or closed: `skipped` with `routeError: true`, `prReviewRouting`,
+  `freshnessSkip: true` and `prState` (`MERGED` / `CLOSED`); nothing is written.
+- open, its head moved since the task was made (the task names the head it was made for):
+  the task's key names the new head, so it is a new item and the PR is reviewed again.
+
+The lookup is made while planning, outside any transaction (a forge call never holds the
+admission lock); a deviation from upstream's order, where the gate comes after the early
+dedupe: a review task for a PR merged since it was admitted is skipped, not deduped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.conf import settings
+
+from domain.events import Envelope
+from domain.freshness import (
+    head_moved,
+    review_intent,
+    review_key,
+    stated_pr_state,
+    task_head,
+)
+from domain.keys import pr_fingerprint_from_task, todos_task_key
+from ledger.github import ForgeError, get_pull_request
+from routing.admission.results import SKIPPED, RouteResult
+
+FRESHNESS_SKIP = "pull request {pr} is {state}: nothing to {intent}"
+_cache: dict[str, tuple[float, str, str | None]] = {}
+_lock = threading.Lock()
+
+
+def _forge_state(fingerprint: str) -> tuple[str, str | None] | None:
+    """(STATE, head sha) of the PR from the forge (cached), or None without an answer."""
+    if not settings.LOOPSWEB_GITHUB_TOKEN_FILE:
+        return None
+    now = time.monotonic()
+    with _lock:
+        cached = _cache.get(fingerprint)
+    if cached is not None and cached[0] > now:
+        return cached[1], cached[2]
+    repo, _, number = fingerprint.partition("#")
+    if not number.isdigit() or repo.count("/") != 1:
+        return None
+    try:
+        pr = get_pull_request(repo, int(number))
+    except ForgeError:
+        return None
+    state = pr.state.upper()
+    with _lock:
+        _cache[fingerprint] = (
+            now + settings.LOOPSWEB_PR_STATE_CACHE_SECONDS,
+            state,
+            pr.head_sha,
+        )
+    return state, pr.head_sha
+
+
+def forget_pr_states() -> None:
+    """Empty the cache (tests, and an operator's `routes` retry after a merge)."""
+    with _lock:
+        _cache.clear()
+
+
+def todos_review_key(
+    data: Mapping[str, Any],
+    tags: Sequence[str],
+    task_id: str,
+    envelope: Envelope,
+    task: dict[str, Any] | None,
+    options: Any,
+) -> tuple[str, RouteResult | None]:
+    """The todos task's idempotency key (docs/upstream.md §3.2.7) through the gate: the
+    key to admit under, and the gate's skipped result or None (`options`: RouteOptions)."""
+    fingerprint = pr_fingerprint_from_task(data)
+    return review_gate(
+        data,
+        tags,
+        key=todos_task_key(task_id, pr_fingerprint=fingerprint),
+        fingerprint=fingerprint,
+        envelope=envelope,
+        task=task,
+        dry_run=options.dry_run,
+    )
+
+
+def review_gate(
+    data: Mapping[str, Any],
+    tags: Sequence[str],
+    *,
+    key: str,
+    fingerprint: str | None,
+    envelope: Envelope,
+    task: dict[str, Any] | None,
+    dry_run: bool,
+) -> tuple[str, RouteResult | None]:
+    """(the key to admit under, a skipped result or None): module docstring."""
+    intent = review_intent(data, tuple(tags)) if fingerprint else None
+    if fingerprint is None or intent is None:
+        return key, None
+    answer = _forge_state(fingerprint)
+    state, head = answer if answer is not None else (stated_pr_state(data), None)
+    routing = {
+        "intent": intent,
+        "pr": fingerprint,
+        "prState": state,
+        "source": "forge" if answer is not None else "task",
+        "head": head,
+    }
+    if state in ("MERGED", "CLOSED"):
+        result = RouteResult(
+            kind=SKIPPED,
+            idempotency_key=key,
+            event=envelope,
+            reason=FRESHNESS_SKIP.format(
+                pr=fingerprint, state=state.lower(), intent=intent
+            ),
+            task_id=task["id"] if task else None,
+            dry_run=dry_run,
+            task=task,
+            extra={
+                "routeError": True,
+                "prReviewRouting": routing,
+                "freshnessSkip": True,
+                "prState": state,
+            },
+        )
+        return key, result
+    if head is not None and head_moved(task_head(data), head):
+        return review_key(key, head), None
+    return key, None

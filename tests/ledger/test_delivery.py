@@ -1,0 +1,332 @@
+"""Delivery of a run's work (issue 40 item 2): real git with a bare repository on local disk
+as the project's `origin`, a GitHub stand-in on 127.0.0.1 (tests/forge_standin.py), the
+fake agent (and the hostile one) in this process."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from ledger.models import RunStatus, WorkflowEvent, WorkflowRun
+from ledger.runner import run_workflow_run
+from ledger.worktrees import worktree_branch
+from tests.forge_standin import Forge, start_forge
+from tests.ledger.runner_helpers import FakeAgent, git, git_project, route_generic
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+TOKEN = "ghp_standin_token_0123456789"
+HOSTILE_AGENT = Path(__file__).resolve().parents[1] / "hostile_agent.py"
+
+
+@pytest.fixture
+def forge(settings: Any, tmp_path: Path) -> Iterator[Forge]:
+    standin, server = start_forge()
+    token_file = tmp_path / "github.env"
+    token_file.write_text(f"GITHUB_TOKEN={TOKEN}\n")
+    token_file.chmod(0o600)
+    settings.LOOPSWEB_GITHUB_API_URL = standin.url
+    settings.LOOPSWEB_GITHUB_TOKEN_FILE = str(token_file)
+    settings.LOOPSWEB_BASE_URL = "https://loops.example"
+    try:
+        yield standin
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def project_with_origin(tmp_path: Path) -> tuple[Path, Path]:
+    """A project whose `origin` is a bare repository on local disk, main pushed to it."""
+    origin = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+    project = git_project(tmp_path / "repo")
+    git(project, "remote", "add", "origin", str(origin))
+    git(project, "push", "-q", "origin", "main")
+    return project, origin
+
+
+def remote_branches(origin: Path) -> dict[str, str]:
+    out = git(origin, "for-each-ref", "--format=%(refname:short) %(objectname)")
+    return dict(line.split(" ", 1) for line in out.splitlines() if line)
+
+
+def _run(project: Path, **options: Any) -> WorkflowRun:
+    run = route_generic(
+        project, title="Add the note", message="Write note.txt", created=True, **options
+    ).run
+    run_workflow_run(run.id)
+    run.refresh_from_db()
+    return run
+
+
+def test_pull_request_delivery_pushes_the_branch_and_opens_a_pr_with_the_runs_story(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, origin = project_with_origin(tmp_path)
+    agent.configure(
+        steps={
+            "worker": {"write": "note.txt"},
+            "verifier": {"output": "VERIFIED: the note is there"},
+        }
+    )
+    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    assert run.status == RunStatus.SUCCEEDED
+    branch = worktree_branch(run.id)
+    # The agent's file is on loopsweb/run-<id> in the bare remote, at the run's head.
+    assert remote_branches(origin)[branch] == run.commit_head
+    assert git(origin, "show", f"{branch}:note.txt") == run.id
+    [request] = forge.requests
+    assert (request["method"], request["path"]) == ("POST", "/repos/acme/widgets/pulls")
+    assert request["authorization"] == f"Bearer {TOKEN}"
+    body = request["body"]
+    assert (body["head"], body["base"], body["draft"]) == (branch, "main", False)
+    assert body["title"] == "Add the note"
+    text = body["body"]
+    assert "Add the note" in text and run.id in text
+    for step in run.step_runs.all():
+        assert f"| {step.step_id} | {step.account_profile or '-'} |" in text
+    assert "VERIFIED: the note is there" in text
+    assert f"https://loops.example/ops/items/{run.work_item_id}/" in text
+    delivery = run.delivery_json
+    assert delivery["state"] == "delivered" and delivery["error"] is None
+    assert (delivery["ref"], delivery["commit"]) == (
+        f"refs/heads/{branch}",
+        run.commit_head,
+    )
+    assert delivery["pr"]["number"] == 1
+    assert delivery["pr"]["url"] == "https://github.example/acme/widgets/pull/1"
+    assert delivery["pr"]["state"] == "open"
+    # The token is in no row: not in the run, not in its events.
+    events = list(
+        WorkflowEvent.objects.filter(workflow_run_id=run.id).values_list(
+            "payload_json", flat=True
+        )
+    )
+    assert TOKEN not in json.dumps(delivery) + json.dumps(events)
+    assert "delivered" in WorkflowEvent.objects.filter(
+        workflow_run_id=run.id
+    ).values_list("event_type", flat=True)
+
+
+def test_push_delivery_pushes_only_the_runs_branch(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, origin = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    before = remote_branches(origin)
+    run = _run(project, deliver="push")
+    assert run.status == RunStatus.SUCCEEDED
+    after = remote_branches(origin)
+    assert after == {**before, worktree_branch(run.id): run.commit_head}
+    assert run.delivery_json["state"] == "delivered" and "pr" not in run.delivery_json
+    assert forge.requests == []
+
+
+def test_the_default_keeps_the_branch_and_pushes_nothing(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, origin = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    before = remote_branches(origin)
+    run = _run(project)
+    assert run.status == RunStatus.SUCCEEDED
+    assert remote_branches(origin) == before and forge.requests == []
+    assert (
+        run.delivery_json["mode"] == "branch" and run.delivery_json["state"] == "kept"
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "answer", "message"),
+    [
+        (401, {"message": "Bad credentials"}, "GitHub answered 401: Bad credentials"),
+        (
+            422,
+            {
+                "message": "Validation Failed",
+                "errors": [{"message": "No commits between main and x"}],
+            },
+            "GitHub answered 422: Validation Failed; No commits between main and x",
+        ),
+        (502, {"message": "Server Error"}, "GitHub answered 502: Server Error"),
+    ],
+)
+def test_a_forge_refusal_fails_the_delivery_not_the_run_and_deliver_again_retries(
+    agent: FakeAgent,
+    forge: Forge,
+    tmp_path: Path,
+    status: int,
+    answer: dict[str, Any],
+    message: str,
+) -> None:
+    project, origin = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    forge.fail_next(status, answer)
+    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    assert run.status == RunStatus.SUCCEEDED and run.error is None
+    assert run.delivery_json["state"] == "failed"
+    assert run.delivery_json["error"] == f"delivery failed: {message}"
+    assert worktree_branch(run.id) in remote_branches(
+        origin
+    )  # pushed before the refusal
+    types = list(
+        WorkflowEvent.objects.filter(workflow_run_id=run.id).values_list(
+            "event_type", flat=True
+        )
+    )
+    assert "delivery_failed" in types
+
+    out = io.StringIO()
+    call_command("deliver_run", run.id, "--json", stdout=out)
+    record = json.loads(out.getvalue())
+    assert record["state"] == "delivered" and record["pr"]["number"] == 1
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and run.delivery_json["pr"]["number"] == 1
+    posts = [r for r in forge.requests if r["method"] == "POST"]
+    assert len(posts) == 2 and len(forge.pulls) == 1
+    # Delivered: nothing to deliver again, and no second pull request.
+    with pytest.raises(CommandError, match="nothing to deliver again"):
+        call_command("deliver_run", run.id)
+    assert len(forge.pulls) == 1
+
+
+def test_a_refused_push_fails_the_delivery_and_opens_no_pull_request(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, origin = project_with_origin(tmp_path)
+    # A hook of the remote refuses every push (the remote's own, which is git's to run).
+    hook = origin / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\necho 'pushes are closed today' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    assert run.status == RunStatus.SUCCEEDED
+    error = run.delivery_json["error"]
+    assert error.startswith("delivery failed: git push to ") and "refused" in error
+    assert forge.requests == []
+    with pytest.raises(CommandError, match="delivery failed"):
+        call_command("deliver_run", run.id)
+
+
+def test_a_failed_run_is_delivered_only_with_deliver_failed_and_then_as_a_draft(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, origin = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}, "verifier": {"exit": 2}})
+    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    assert run.status == RunStatus.FAILED
+    assert run.delivery_json["state"] == "skipped" and forge.requests == []
+    assert worktree_branch(run.id) not in remote_branches(origin)
+
+    run = _run(
+        project, deliver="pull-request", github_repo="acme/widgets", deliver_failed=True
+    )
+    assert run.status == RunStatus.FAILED
+    assert run.delivery_json["state"] == "delivered"
+    [request] = forge.requests
+    assert request["body"]["draft"] is True
+
+
+def test_no_token_file_fails_the_delivery_with_a_clear_message(
+    agent: FakeAgent, forge: Forge, tmp_path: Path, settings: Any
+) -> None:
+    project, _ = project_with_origin(tmp_path)
+    loose = tmp_path / "loose.env"
+    loose.write_text(f"GITHUB_TOKEN={TOKEN}\n")
+    loose.chmod(0o644)
+    settings.LOOPSWEB_GITHUB_TOKEN_FILE = str(loose)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    assert run.status == RunStatus.SUCCEEDED
+    assert (
+        "must be 0600" in run.delivery_json["error"]
+        and TOKEN not in run.delivery_json["error"]
+    )
+    assert forge.requests == []
+
+
+def test_a_hostile_agents_push_config_runs_nothing_and_sends_nothing_to_its_url(
+    forge: Forge, tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project, origin = project_with_origin(tmp_path)
+    decoy = tmp_path / "decoy.git"
+    git(tmp_path, "init", "-q", "--bare", str(decoy))
+    hostile = tmp_path / "hostile"
+    settings.LOOPSWEB_PROVIDER_BINARIES = {
+        p: str(HOSTILE_AGENT) for p in settings.LOOPSWEB_PROVIDER_BINARIES
+    }
+    settings.LOOPSWEB_AGENT_ENV_PASSTHROUGH = ("HOSTILE_*",)
+    monkeypatch.setenv("HOSTILE_DIR", str(hostile))
+    monkeypatch.setenv("HOSTILE_DECOY_URL", str(decoy))
+    monkeypatch.setenv(
+        "PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    )
+    run = route_generic(
+        project,
+        message="HOSTILE_CASES=push-config",
+        created=True,
+        deliver="pull-request",
+        github_repo="acme/widgets",
+    ).run
+    run_workflow_run(run.id)
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    # The agent did plant its config (else this test proves nothing) ...
+    planted = git(project, "config", "--get", "remote.origin.url").strip()
+    assert planted == str(decoy)
+    # ... and loopsweb ran none of it and sent nothing to its URL.
+    assert not (hostile / "marks").exists(), (hostile / "marks").read_text()
+    assert remote_branches(decoy) == {}
+    assert remote_branches(origin)[worktree_branch(run.id)] == run.commit_head
+    assert run.delivery_json["state"] == "delivered"
+    assert run.delivery_json["url"] == str(origin)
+
+
+def test_a_pull_request_opened_before_an_answer_was_lost_is_adopted_not_doubled(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, _ = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    assert run.delivery_json["pr"]["number"] == 1
+    # As if the forge's 201 never reached loopsweb: the run knows of no pull request.
+    lost = {k: v for k, v in run.delivery_json.items() if k != "pr"}
+    WorkflowRun.objects.filter(pk=run.id).update(
+        delivery_json={**lost, "state": "failed", "error": "delivery failed: timed out"}
+    )
+    out = io.StringIO()
+    call_command("deliver_run", run.id, "--json", stdout=out)
+    record = json.loads(out.getvalue())
+    assert record["state"] == "delivered" and record["pr"]["number"] == 1
+    assert len(forge.pulls) == 1
+    assert [(r["method"], r["path"]) for r in forge.requests[-2:]] == [
+        ("POST", "/repos/acme/widgets/pulls"),
+        ("GET", "/repos/acme/widgets/pulls"),
+    ]
+    assert (
+        forge.requests[-1]["query"]
+        == f"head=acme%3A{worktree_branch(run.id).replace('/', '%2F')}&state=all"
+    )
+
+
+def test_deliver_none_keeps_nothing_of_a_succeeded_run(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, origin = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    before = remote_branches(origin)
+    run = _run(project, deliver="none")
+    assert run.status == RunStatus.SUCCEEDED
+    branches = git(project, "branch", "--list", "--format=%(refname:short)").split()
+    assert worktree_branch(run.id) not in branches and "main" in branches
+    assert run.work_discarded_at is not None and run.delivery_json["mode"] == "none"
+    assert remote_branches(origin) == before and forge.requests == []
