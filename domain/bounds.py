@@ -25,6 +25,14 @@ LIMIT_TOO_LARGE = "{flag} must be at most {maximum}"
 LIMIT_TOO_SMALL = "{flag} must be at least {minimum}"
 
 
+class TooLarge(ValidationError):
+    """A number above its bound (LIMIT_TOO_LARGE); `maximum` is the bound it broke."""
+
+    def __init__(self, flag: str, maximum: int) -> None:
+        super().__init__(LIMIT_TOO_LARGE.format(flag=flag, maximum=maximum))
+        self.maximum = maximum
+
+
 @dataclass(frozen=True)
 class Bound:
     minimum: int
@@ -65,7 +73,7 @@ BOUNDS: dict[str, Bound] = {
     "--expires": Bound(
         1, 10 * YEAR
     ),  # api_token create: seconds (given as 90d, 12h, ...)
-    # settings: environment variables (loopsweb.settings.env_int)
+    # settings: environment variables (loopsweb.settings.env.env_int)
     "SQLITE_BUSY_TIMEOUT": Bound(1, 3_600),  # seconds
     "DATABASE_CONN_MAX_AGE": Bound(0, DAY),  # seconds
     "LOOPSWEB_LOGIN_FAILURE_LIMIT": Bound(1, 1_000),
@@ -128,7 +136,8 @@ def bounded_int(
     """Parse a whole number given as int or decimal text, within the bounds of `flag`.
 
     ``None`` and blank text mean "unset" (None). Floats, bools, signs, non-ASCII digits and
-    numbers outside [minimum, maximum] raise ValidationError naming the flag. The length of
+    numbers outside [minimum, maximum] raise ValidationError naming the flag (`TooLarge`
+    above the maximum). The length of
     the text is checked before int() runs, so no input can make the conversion itself slow
     or fail (Python refuses more than 4,300 digits). `key` names the table row when it is not
     the flag itself (`routes --limit`).
@@ -156,7 +165,7 @@ def bounded_int(
             raise ValidationError(message)
         text = text.lstrip("0") or "0"
         if len(text) > len(str(high)):
-            raise ValidationError(LIMIT_TOO_LARGE.format(flag=flag, maximum=high))
+            raise TooLarge(flag, high)
         number = int(text)
     else:
         raise ValidationError(message)
@@ -165,7 +174,7 @@ def bounded_int(
             raise ValidationError(LIMIT_TOO_SMALL.format(flag=flag, minimum=low))
         raise ValidationError(message)
     if number > high:
-        raise ValidationError(LIMIT_TOO_LARGE.format(flag=flag, maximum=high))
+        raise TooLarge(flag, high)
     return number
 
 

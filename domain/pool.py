@@ -128,6 +128,36 @@ def drop_blank(pool: Iterable[str]) -> list[str]:
     return [entry for entry in pool if entry.strip()]
 
 
+def parse_pool(value: object) -> list[str]:
+    """A pool as an option, a stored drain or an event gives it: comma-separated text
+    (members trimmed) or a list (members kept as given, blank ones dropped: ``drop_blank``);
+    anything else (None, a number) is no pool. The one parse of a pool."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, list | tuple):
+        return drop_blank([str(member) for member in value])
+    return []
+
+
+# --max-per-profile when a routed pool has none (upstream's default).
+DEFAULT_MAX_PER_PROFILE = 2
+
+
+def max_per_profile_recorded(option: int | None, *, pool_routes: bool) -> int | None:
+    """The --max-per-profile a route records: the option, or DEFAULT_MAX_PER_PROFILE when
+    its pool routes and none was given (0 stays 0: the guard is off)."""
+    return DEFAULT_MAX_PER_PROFILE if pool_routes and option is None else option
+
+
+def max_per_profile_in_force(option: int | None, *, pool_routes: bool) -> int | None:
+    """The per-profile guard that applies: ``max_per_profile_recorded``, None when the
+    pool does not route or the option is 0. The one home of that rule (admission, the
+    drains' caps, /ops/ and /metrics read it)."""
+    if not pool_routes:
+        return None
+    return max_per_profile_recorded(option, pool_routes=True) or None
+
+
 def select_least_loaded(
     pool: Sequence[str],
     load_counts: Mapping[str, int],

@@ -19,15 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from domain.keys import TODOS_TASK
+from domain.statuses import TERMINAL_WORK_ITEM_STATES
 
 MAX_TODOS_TASK_ROUTE_REDISPATCHES = 8
-
-ACTIVE_STATUSES: frozenset[str] = frozenset({"admitted", "running"})
-TERMINAL_STATUSES: frozenset[str] = frozenset(
-    {"succeeded", "failed", "dead_letter", "cancelled"}
-)
-# "Uncleared" items dedupe a new delivery; queued/deferred ones are re-evaluated.
-UNCLEARED_STATUSES: frozenset[str] = ACTIVE_STATUSES | TERMINAL_STATUSES
 
 READMIT_REASON = (
     "re-admitted from {status}: todos task still actionable after prior run "
@@ -54,7 +48,7 @@ def readmission_decision(
     finished_at: datetime | None,
     now: datetime,
 ) -> Readmission:
-    if route_key != TODOS_TASK or status not in TERMINAL_STATUSES:
+    if route_key != TODOS_TASK or status not in TERMINAL_WORK_ITEM_STATES:
         return Readmission(readmit=False)
     if attempts >= MAX_TODOS_TASK_ROUTE_REDISPATCHES:
         return Readmission(readmit=False)

@@ -54,6 +54,8 @@ TEMPLATES_BY_ROUTE_KEY: dict[str, tuple[str, ...]] = {
 GENERATED_TEMPLATES: frozenset[str] = frozenset(TEMPLATE_ROLES)
 
 POOL_PROVIDER = "codewith"
+# The provider of a route, drain or schedule that names none (--provider).
+DEFAULT_PROVIDER = "codewith"
 
 ROLE_INSTRUCTIONS: dict[str, str] = {
     "triage": (
@@ -97,12 +99,6 @@ def roles_for_template(template_id: str) -> tuple[str, ...]:
         return TEMPLATE_ROLES[template_id]
     except KeyError:
         raise ValidationError(f"unknown workflow template: {template_id}") from None
-
-
-def parse_pool(text: str | None) -> list[str]:
-    if not text:
-        return []
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _pin(pins: Mapping[str, str | None], role: str) -> str | None:

@@ -62,20 +62,45 @@ def commit_text(run: WorkflowRun) -> str:
     )
 
 
+def duration_text(total: float) -> str:
+    """A duration in whole seconds, the one way the admin, /ops/ and the commands say one:
+    `42 s`, `5 min 3 s`, `2 h 10 min`, `3 d 4 h` (two units at most; a second unit of 0 is
+    left out: `5 min`, `24 h`; days from 48 hours on)."""
+    whole = max(0, int(total))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return _two_units(whole, (60, "min"), (1, "s"))
+    if whole < 2 * 86400:
+        return _two_units(whole, (3600, "h"), (60, "min"))
+    return _two_units(whole, (86400, "d"), (3600, "h"))
+
+
+def _two_units(whole: int, big: tuple[int, str], small: tuple[int, str]) -> str:
+    count, rest = divmod(whole, big[0])
+    part = rest // small[0]
+    return f"{count} {big[1]} {part} {small[1]}" if part else f"{count} {big[1]}"
+
+
+def since_text(value: datetime | None, now: datetime) -> str:
+    """How long ago `value` was (`duration_text`; `in ...` for a time still to come), blank
+    when unknown: `3 min 5 s ago`, `in 12 min`."""
+    if value is None:
+        return ""
+    delta = (now - value).total_seconds()
+    text = duration_text(abs(delta))
+    return f"in {text}" if delta < 0 else f"{text} ago"
+
+
 def seconds(ms: int | None) -> str:
-    """A duration in milliseconds as seconds and minutes: `12.3 s`, `12 min 34 s`,
-    `2 h 5 min` (blank when unknown)."""
+    """A duration in milliseconds: tenths of a second under 100 s (`12.3 s`), else
+    `duration_text` (`12 min 34 s`, `2 h 5 min`); blank when unknown."""
     if ms is None:
         return ""
     value = ms / 1000
     if value < 100:
         return f"{value:.1f} s"
-    whole = int(round(value))
-    if whole < 3600:
-        minutes, rest = divmod(whole, 60)
-        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
-    hours, rest = divmod(whole, 3600)
-    return f"{hours} h {rest // 60} min" if rest // 60 else f"{hours} h"
+    return duration_text(round(value))
 
 
 # How an attempt ended, as the story of a step reads it.

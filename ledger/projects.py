@@ -58,6 +58,18 @@ class ProjectPathError(ValidationError):
     """A project path outside the roots, malformed, or with no roots configured."""
 
 
+class PathOutsideRoots(ProjectPathError):
+    """A project path that resolves outside the roots (PATH_OUTSIDE)."""
+
+
+class WorktreeRequired(ValidationError):
+    """worktreeMode=required and the project is no git work tree (REQUIRED_NOT_GIT): a
+    route error (docs/upstream.md §5), which a drain skips and goes on."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(REQUIRED_NOT_GIT.format(path=path))
+
+
 def project_roots() -> tuple[str, ...]:
     """The configured roots, real paths (symlinks of the roots themselves followed)."""
     return tuple(os.path.realpath(root) for root in settings.LOOPSWEB_PROJECT_ROOTS)
@@ -88,7 +100,7 @@ def _checked_real(path: str | None, roots: Sequence[str]) -> tuple[str, str]:
         ) from None
     root = _inside(real, roots)
     if root is None:
-        raise ProjectPathError(PATH_OUTSIDE.format(path=path, real=real))
+        raise PathOutsideRoots(PATH_OUTSIDE.format(path=path, real=real))
     return real, root
 
 
@@ -127,12 +139,10 @@ def project_path_admit(path: str | None) -> tuple[str, bool]:
     real_roots = [os.path.realpath(root) for root in roots]
     try:
         project = project_path_resolve(path, roots=real_roots)
-    except ProjectPathError as exc:
-        if str(exc).endswith(PATH_OUTSIDE.rsplit(",", 1)[1]):
-            raise ProjectPathError(
-                ADMISSION_NO_HOST.format(path=path, roots=", ".join(roots))
-            ) from None
-        raise
+    except PathOutsideRoots:
+        raise ProjectPathError(
+            ADMISSION_NO_HOST.format(path=path, roots=", ".join(roots))
+        ) from None
     project_check_here(
         project
     )  # this machine, when it is a host, says whether it has it

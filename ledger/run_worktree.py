@@ -16,14 +16,14 @@ from typing import Any
 from django.db import DatabaseError
 
 from domain.delivery import DELIVER_NONE
-from domain.errors import ApplicationError, ValidationError
+from domain.errors import ApplicationError
 from domain.sandbox import WORKTREE_REQUIRED
 from ledger import services
 from ledger.dberrors import write_ledger
 from ledger.delivery import deliver_run, delivery_start
 from ledger.discard import discard_run_work
 from ledger.models import RunStatus, WorkflowRun, WorkflowStepRun
-from ledger.projects import REQUIRED_NOT_GIT, is_git_work_tree, project_dir_check
+from ledger.projects import WorktreeRequired, is_git_work_tree, project_dir_check
 from ledger.step_commits import commit_step, step_commit_record
 from ledger.worktrees import (
     COMMIT_MESSAGE,
@@ -64,7 +64,7 @@ class RunWorktree:
         project = project_dir_check(wanted[0])
         if not is_git_work_tree(project):
             if wanted[1] == WORKTREE_REQUIRED:
-                raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
+                raise WorktreeRequired(project)
             return None  # auto: the project directory, under the provider's own sandbox
         run = self.run
         if run.worktree_path and run.worktree_branch:

@@ -484,12 +484,13 @@ class _RunExecution:
         status, error = watch.outcome(result, timeout_ms=timeout_ms, idle_ms=idle_ms)
         usage = None
         note = None
+        login_failed = False
         if is_agent and result.timeout is None:
             note = self._record_rate_limit(step, provider, result, watch.signal)
             if note and error:
                 error += note
             elif status != StepStatus.SUCCEEDED:
-                self._record_login_failure(step, result, error)
+                login_failed = self._record_login_failure(step, result, error)
         if is_agent:
             usage = parse_usage(provider, result.stdout)
         return _step_result(
@@ -498,6 +499,7 @@ class _RunExecution:
             error=error,
             usage=usage,
             rate_limited=note is not None and status != StepStatus.SUCCEEDED,
+            login_failed=login_failed,
         )
 
     def _record_rate_limit(
@@ -539,22 +541,26 @@ class _RunExecution:
 
     def _record_login_failure(
         self, step: WorkflowStepRun, result: ProcessResult, error: str | None
-    ) -> None:
+    ) -> bool:
         """A failed step whose agent names an authentication error marks its account
         `login failed` with the agent's words (ledger.services.cooldowns): pool
-        assignment and failover skip it until `account check` or `account enable`."""
+        assignment and failover skip it until `account check` or `account enable`.
+        True when the agent named one (the step's reason_code)."""
         signal = detect_login_failure(
             output=f"{result.stdout}\n{result.stderr}", exit_code=result.exit_code
         )
         profile = step.account_profile
-        if signal is None or not profile:
-            return
+        if signal is None:
+            return False
+        if not profile:
+            return True
         write_ledger(
             f"run {self.run.id}: the login failure of account {profile}",
             lambda: services.account_login_failed_record(
                 profile=profile, reason=error or signal.snippet
             ),
         )
+        return True
 
 
 def _step_result(
@@ -564,6 +570,7 @@ def _step_result(
     error: str | None,
     usage: Usage | None = None,
     rate_limited: bool = False,
+    login_failed: bool = False,
 ) -> services.StepResult:
     return services.StepResult(
         status=status,
@@ -576,6 +583,7 @@ def _step_result(
         usage=usage,
         processes_ended=result.ended if result.pid is not None else None,
         rate_limited=rate_limited,
+        login_failed=login_failed,
     )
 
 

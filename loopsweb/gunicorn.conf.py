@@ -1,7 +1,7 @@
 """gunicorn's configuration for loopsweb: `gunicorn -c loopsweb/gunicorn.conf.py loopsweb.wsgi`
 (scripts/serve.sh web does this).
 
-Every value comes from loopsweb's settings (loopsweb/settings.py, "web server"), so the
+Every value comes from loopsweb's settings (loopsweb/settings/web.py, "web server"), so the
 environment, `$LOOPSWEB_DATA_DIR/loopsweb.env` and deploy/loopsweb.env.example say it all:
 LOOPSWEB_BIND, LOOPSWEB_WEB_WORKERS, LOOPSWEB_WEB_THREADS, LOOPSWEB_WEB_TIMEOUT. Under
 systemd socket activation (deploy/loopsweb-web.socket) gunicorn listens on the socket systemd

@@ -1,5 +1,5 @@
 """One installation, one configuration: the files in LOOPSWEB_DATA_DIR that every process of an
-installation reads at start-up (settings.py calls these before it reads the environment).
+installation reads at start-up (loopsweb/settings/base.py calls these before it reads the environment).
 
 - `loopsweb.env`: the installation's settings as `NAME=value` lines (`#` comments). `make run`
   writes `DEBUG=1` and `LOOPSWEB_HTTPS=0` there on its first start, so a command typed in a

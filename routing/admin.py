@@ -22,9 +22,11 @@ from django.utils.html import format_html
 from ledger.admin.actions import LifecycleAction, run_lifecycle_action
 from ledger.admin.base import LedgerAdmin, admin_link
 from ledger.admin.display import age, short_id, status_badge
+from ledger.admin.work_items import ItemSection, add_item_section
 from routing.api.tokens import token_state
 from routing.drains.inbox import inbox_discard, inbox_reopen
 from routing.models import ApiToken, InboxEvent
+from routing.ops import selectors as ops_selectors
 
 REOPEN = LifecycleAction(
     name="reopen_events",
@@ -196,3 +198,13 @@ class ApiTokenAdmin(LedgerAdmin):
     @admin.display(description="State")
     def state_cell(self, obj: ApiToken) -> str:
         return status_badge(token_state(obj, timezone.now()))
+
+
+# The work-item page of the ledger's admin lists the item's inbox deliveries: routing adds
+# the section (the ledger never reads routing's tables), with the read /ops/ lists.
+add_item_section(
+    ItemSection(
+        template="admin/routing/item_inbox.html",
+        read=lambda item: ops_selectors.item_inbox_events(item.id),
+    )
+)

@@ -37,13 +37,13 @@ from domain.windows import DEFAULT_MAX_WINDOW_USED, Window
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     AccountCooldown,
+    StepReasonCode,
     StepStatus,
     WorkflowStepAttempt,
     WorkflowStepRun,
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.runner import RATE_LIMIT_NOTE
 from ledger.selectors import (
     RegisteredAccount,
     account_registry,
@@ -63,8 +63,6 @@ FAILED_STEP_STATUSES = (StepStatus.FAILED, StepStatus.TIMED_OUT)
 # which bounds the primary-key range the time-window counts read: 9 days of steps for a
 # 7-day window, not the whole history.
 STEP_START_SLACK = timedelta(days=2)
-# The runner appends this to the error of a step that hit a provider rate limit.
-RATE_LIMIT_MARK = RATE_LIMIT_NOTE.split(":")[0].strip("; ")
 
 
 # --- accounts ---------------------------------------------------------------------------------
@@ -292,7 +290,7 @@ def step_activity(*, now: datetime) -> list[dict[str, Any]]:
         .annotate(
             n=Count("id"),
             failed=Count("id", filter=Q(status__in=FAILED_STEP_STATUSES)),
-            rate_limited=Count("id", filter=Q(error__contains=RATE_LIMIT_MARK)),
+            rate_limited=Count("id", filter=Q(reason_code=StepReasonCode.RATE_LIMITED)),
         )
         .order_by()
     )

@@ -7,7 +7,9 @@
 - no module imports another module's underscore name (`from x import _y`);
 - no product module is over 700 lines (migrations excluded);
 - `domain` imports only the standard library and itself (no Django, nothing of loopsweb);
-  `ledger` imports nothing of `routing`.
+  `ledger` imports nothing of `routing`, and reaches no routing table through a reverse
+  relation either (`item.inbox_events`: a query of routing's table no import shows), in its
+  code or its templates (templates/admin/ledger/).
 
 Each check is a function over source text, and each has a test that feeds it a violation.
 """
@@ -49,6 +51,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "ledger reads (selectors, account loads, display, capacity)",
         (
             "ledger.selectors",
+            "ledger.item_read",
             "ledger.loads",
             "ledger.display",
             "ledger.capacity",
@@ -334,6 +337,49 @@ def test_ledger_imports_nothing_of_routing() -> None:
     assert violations == [], "\n".join(violations)
 
 
+def routing_reverse_names() -> set[str]:
+    """The reverse accessors routing's models give ledger's rows: each ForeignKey's or
+    OneToOneField's `related_name` in routing/models.py (and the default `<model>_set`)."""
+    names = set()
+    for node in ast.walk(ast.parse((ROOT / "routing" / "models.py").read_text())):
+        if isinstance(node, ast.ClassDef):
+            names.add(f"{node.name.lower()}_set")
+        if isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                if keyword.arg == "related_name" and isinstance(
+                    keyword.value, ast.Constant
+                ):
+                    names.add(str(keyword.value.value))
+    return names - {"+"}
+
+
+def reverse_reads(source: str, names: set[str], path: str) -> list[str]:
+    """`path:line reads .<name>` for each attribute named like a routing reverse accessor."""
+    return [
+        f"{path}:{node.lineno} reads .{node.attr}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr in names
+    ]
+
+
+def test_ledger_reaches_no_routing_table_through_a_reverse_relation() -> None:
+    names = routing_reverse_names()
+    assert "inbox_events" in names
+    violations = [
+        v
+        for path in sorted((ROOT / "ledger").rglob("*.py"))
+        for v in reverse_reads(path.read_text(), names, str(path.relative_to(ROOT)))
+    ]
+    for path in sorted((ROOT / "templates" / "admin" / "ledger").rglob("*.html")):
+        text = path.read_text()
+        violations += [
+            f"{path.relative_to(ROOT)} reads .{name}"
+            for name in sorted(names)
+            if f".{name}" in text
+        ]
+    assert violations == [], "\n".join(violations)
+
+
 # --- each check catches what it is for ----------------------------------------------------------
 
 
@@ -419,4 +465,11 @@ def test_the_check_catches_ledger_importing_routing() -> None:
     source = "from domain.keys import TODOS_TASK\nimport routing.models\n"
     assert foreign_imports(source, ledger_may_import, "l.py") == [
         "l.py:2 imports routing.models"
+    ]
+
+
+def test_the_check_catches_a_reverse_read_of_a_routing_table() -> None:
+    source = "def page(item):\n    return list(item.inbox_events.all())\n"
+    assert reverse_reads(source, routing_reverse_names(), "l.py") == [
+        "l.py:2 reads .inbox_events"
     ]

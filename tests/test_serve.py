@@ -56,7 +56,6 @@ ENV_READERS = {
     "env_str",
     "env_bool",
     "env_int",
-    "env_bounded",
     "env_list",
     "_exit_codes",
     "_passthrough",
@@ -94,7 +93,7 @@ def settings_read_by_code() -> set[str]:
 
     providers = list(settings.LOOPSWEB_PROVIDER_BINARIES)
     names: set[str] = set()
-    sources = [ROOT / "loopsweb" / "settings.py"] + [
+    sources = [
         p
         for package in ("domain", "ledger", "routing", "loopsweb")
         for p in (ROOT / package).rglob("*.py")

@@ -17,14 +17,15 @@ from domain.bounds import BOUNDS
 from tests.processes import manage
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = ROOT / "loopsweb" / "settings.py"
+SETTINGS = sorted((ROOT / "loopsweb" / "settings").glob("*.py"))  # the settings package
 HUGE = "99999999999999"
 
 
 def _env_int_names() -> list[str]:
-    """The variables settings.py reads with env_int (read from its source, not imported)."""
+    """The variables the settings read with env_int (read from their source, not imported)."""
     names = []
-    for node in ast.walk(ast.parse(SETTINGS.read_text())):
+    trees = [ast.parse(path.read_text()) for path in SETTINGS]
+    for node in (node for tree in trees for node in ast.walk(tree)):
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)

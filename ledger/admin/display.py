@@ -13,6 +13,7 @@ from typing import Any
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ledger.display import duration_text
 from ledger.display import seconds as seconds  # shared with the runner's messages
 
 # Status -> badge colour class (templates/admin/ledger/_styles.html holds the colours).
@@ -51,17 +52,11 @@ def status_badge(status: str | None) -> SafeString | str:
 
 
 def age(value: datetime | None, now: datetime) -> str:
-    """`45 s`, `12 min`, `3 h`, `5 d` (how long ago)."""
+    """How long ago, as /ops/ says it (ledger.display.duration_text): `45 s`, `12 min 5 s`,
+    `3 h`, `5 d 2 h`; blank when unknown."""
     if value is None:
         return ""
-    delta = max(0.0, (now - value).total_seconds())
-    if delta < 60:
-        return f"{int(delta)} s"
-    if delta < 3600:
-        return f"{int(delta // 60)} min"
-    if delta < 86400 * 2:
-        return f"{int(delta // 3600)} h"
-    return f"{int(delta // 86400)} d"
+    return duration_text((now - value).total_seconds())
 
 
 def project_basename(path: str | None) -> SafeString | str:

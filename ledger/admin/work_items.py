@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin
@@ -50,6 +52,7 @@ from ledger.admin.filters import (
 )
 from ledger.agent_output import strip_ansi, summarize_output
 from ledger.display import attempts_story, step_usage
+from ledger.item_read import work_item_read
 from ledger.models import (
     WorkflowInvocation,
     WorkflowRun,
@@ -58,7 +61,6 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.selectors import step_attempts
 
 # --- admins -----------------------------------------------------------------------------------
 
@@ -375,22 +377,16 @@ def item_page_context(
     deferral history, the inbox deliveries, the action history and the action buttons.
     A fixed number of queries, each bounded."""
     now = timezone.now()
-    runs = list(
-        WorkflowRun.objects.filter(work_item_id=item.id).order_by("-id")[:RUNS_SHOWN]
-    )
+    read = work_item_read(item, output=True)
+    runs = read.runs
     steps: dict[str, list[dict[str, Any]]] = {}
-    step_rows = list(
-        WorkflowStepRun.objects.filter(
-            workflow_run_id__in=[r.id for r in runs]
-        ).order_by("sequence")
-    )
-    attempts = step_attempts(s.id for s in step_rows)
-    for step in step_rows:
+    for step in read.every_step():
+        attempts = read.attempts[step.id]
         steps.setdefault(step.workflow_run_id, []).append(
             {
                 "step": step,
-                "attempts": attempts_story(step.step_id, attempts[step.id], now),
-                "usage": step_usage(step, attempts[step.id]).text(),
+                "attempts": attempts_story(step.step_id, attempts, now),
+                "usage": step_usage(step, attempts).text(),
                 "duration": seconds(step.duration_ms)
                 or (
                     seconds(int((now - step.started_at).total_seconds() * 1000))
@@ -403,11 +399,6 @@ def item_page_context(
             }
         )
     deferrals = list(item.deferrals.order_by("-created_at", "-id")[:DEFERRALS_SHOWN])
-    inbox = list(
-        item.inbox_events.order_by("-received_at").defer("data", "metadata")[
-            :INBOX_SHOWN
-        ]
-    )
     history = action_history(
         [(WorkflowWorkItem, [item.id]), (WorkflowRun, [r.id for r in runs])]
     )
@@ -441,7 +432,9 @@ def item_page_context(
             for run in runs
         ],
         "item_deferrals": deferrals,
-        "item_inbox": inbox,
+        "item_sections": [
+            (section.template, section.read(item)) for section in ITEM_SECTIONS
+        ],
         "item_history": history,
         "item_buttons": buttons,
         "item_pk": item.pk,
@@ -449,9 +442,27 @@ def item_page_context(
     }
 
 
-RUNS_SHOWN = 10
 DEFERRALS_SHOWN = 20
-INBOX_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class ItemSection:
+    """A block another app adds to the work-item page below the ledger's own: routing adds
+    the item's inbox deliveries (routing.admin), so this page never reads routing's
+    tables itself. `template` is included with `section` = `read(item)`."""
+
+    template: str
+    read: Callable[[WorkflowWorkItem], Any]
+
+
+ITEM_SECTIONS: list[ItemSection] = []
+
+
+def add_item_section(section: ItemSection) -> None:
+    """Add `section` to every work-item page (once: a second call with the same template
+    replaces the first)."""
+    ITEM_SECTIONS[:] = [s for s in ITEM_SECTIONS if s.template != section.template]
+    ITEM_SECTIONS.append(section)
 
 
 @admin.register(WorkflowInvocation)

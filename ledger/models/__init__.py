@@ -45,6 +45,7 @@ from ledger.models.statuses import (
     Overlap,
     RunStatus,
     SpecStatus,
+    StepReasonCode,
     StepStatus,
     WorkItemStatus,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "RunStatus",
     "RunWorker",
     "SpecStatus",
+    "StepReasonCode",
     "StepStatus",
     "TimestampedModel",
     "WorkItemDeferral",

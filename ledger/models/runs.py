@@ -8,7 +8,7 @@ from django.db.models import Q
 from ledger.models.base import TimestampedModel, id_field
 from ledger.models.loops import Loop, LoopRun
 from ledger.models.specs import WorkflowInvocation, WorkflowSpec
-from ledger.models.statuses import RunStatus, StepStatus
+from ledger.models.statuses import RunStatus, StepReasonCode, StepStatus
 
 
 class WorkflowRun(TimestampedModel):
@@ -153,6 +153,15 @@ class WorkflowStepRun(TimestampedModel):
     stdout = models.TextField(null=True, blank=True)
     stderr = models.TextField(null=True, blank=True)
     error = models.TextField(null=True, blank=True)
+    # loopsweb (0022): why it did not succeed (StepReasonCode; "" while pending, running or
+    # after success), set by `step_finish`.
+    reason_code = models.CharField(
+        max_length=20,
+        choices=StepReasonCode.choices,
+        blank=True,
+        default=StepReasonCode.NONE,
+        db_default=StepReasonCode.NONE,
+    )
     # The account the step ran on (0.4.12): the resolved auth profile and the provider tool.
     account_profile = models.CharField(max_length=200, null=True, blank=True)
     account_tool = models.CharField(max_length=100, null=True, blank=True)

@@ -5,35 +5,37 @@ from __future__ import annotations
 
 from django.db import models
 
+from domain.statuses import (
+    ACTIVE_WORK_ITEM_STATES,
+    TERMINAL_WORK_ITEM_STATES,
+    UNCLEARED_WORK_ITEM_STATES,
+    WorkItemState,
+)
+
 
 class WorkItemStatus(models.TextChoices):
-    QUEUED = "queued"
-    DEFERRED = "deferred"
-    ADMITTED = "admitted"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    DEAD_LETTER = "dead_letter"
-    CANCELLED = "cancelled"
+    """The model's choices of domain.statuses.WorkItemState (one member each, same names
+    and values: tests/ledger/test_statuses.py)."""
+
+    QUEUED = WorkItemState.QUEUED.value
+    DEFERRED = WorkItemState.DEFERRED.value
+    ADMITTED = WorkItemState.ADMITTED.value
+    RUNNING = WorkItemState.RUNNING.value
+    SUCCEEDED = WorkItemState.SUCCEEDED.value
+    FAILED = WorkItemState.FAILED.value
+    DEAD_LETTER = WorkItemState.DEAD_LETTER.value
+    CANCELLED = WorkItemState.CANCELLED.value
+
+
+def _work_item_statuses(states: frozenset[str]) -> tuple[WorkItemStatus, ...]:
+    return tuple(status for status in WorkItemStatus if status in states)
 
 
 # Active work occupies a cap slot (docs/upstream.md §1.2).
-ACTIVE_WORK_ITEM_STATUSES = (WorkItemStatus.ADMITTED, WorkItemStatus.RUNNING)
+ACTIVE_WORK_ITEM_STATUSES = _work_item_statuses(ACTIVE_WORK_ITEM_STATES)
 # Statuses an upsert never changes and an early dedupe stops on (docs/upstream.md §2.4, §3.2.9).
-KEEP_WORK_ITEM_STATUSES = (
-    WorkItemStatus.SUCCEEDED,
-    WorkItemStatus.ADMITTED,
-    WorkItemStatus.RUNNING,
-    WorkItemStatus.FAILED,
-    WorkItemStatus.DEAD_LETTER,
-    WorkItemStatus.CANCELLED,
-)
-TERMINAL_WORK_ITEM_STATUSES = (
-    WorkItemStatus.SUCCEEDED,
-    WorkItemStatus.FAILED,
-    WorkItemStatus.DEAD_LETTER,
-    WorkItemStatus.CANCELLED,
-)
+KEEP_WORK_ITEM_STATUSES = _work_item_statuses(UNCLEARED_WORK_ITEM_STATES)
+TERMINAL_WORK_ITEM_STATUSES = _work_item_statuses(TERMINAL_WORK_ITEM_STATES)
 
 
 class RunStatus(models.TextChoices):
@@ -62,6 +64,16 @@ class StepStatus(models.TextChoices):
     TIMED_OUT = "timed_out"
     SKIPPED = "skipped"
     CANCELLED = "cancelled"
+
+
+class StepReasonCode(models.TextChoices):
+    """Why a finished step did not succeed, as the runner recorded it (`reason_code`, 0022):
+    counted by /metrics and the account pages, so no count reads the error's wording."""
+
+    NONE = "", "none"
+    RATE_LIMITED = "rate_limited", "rate limited"
+    LOGIN_FAILED = "login_failed", "login failed"
+    FAILED = "failed", "failed"  # any other failure (failed or timed out)
 
 
 class SpecStatus(models.TextChoices):

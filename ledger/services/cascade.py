@@ -20,6 +20,7 @@ from ledger.models import (
     LoopStatus,
     RunStatus,
     SpecStatus,
+    StepReasonCode,
     StepStatus,
     WorkflowRun,
     WorkflowStepRun,
@@ -66,6 +67,9 @@ def finish_open_steps(
             step.finished_at = now
             step.duration_ms = to_ms(now - step.started_at) if step.started_at else None
             step.error = error
+            # Ended with its run (recovery, the run's deadline): an other failure.
+            failed = running_to in (StepStatus.FAILED, StepStatus.TIMED_OUT)
+            step.reason_code = StepReasonCode.FAILED if failed else StepReasonCode.NONE
             attempt_close(step, now=now)
         else:
             # A step that never started gets no error of its own: the run's error explains it.
@@ -76,6 +80,7 @@ def finish_open_steps(
                 "finished_at",
                 "duration_ms",
                 "error",
+                "reason_code",
                 "updated_at",
             ]
         )

@@ -17,6 +17,7 @@ from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
     RunStatus,
+    StepReasonCode,
     StepStatus,
     WorkflowRun,
     WorkflowStepRun,
@@ -87,6 +88,17 @@ class StepResult:
     usage: Usage | None = None
     processes_ended: int | None = None  # left running, ended by the step guard
     rate_limited: bool = False  # the agent reported a provider rate limit
+    login_failed: bool = False  # the agent named an authentication error
+
+    def reason_code(self) -> str:
+        """The step's stored `reason_code` (StepReasonCode) for this ending."""
+        if self.status == StepStatus.SUCCEEDED:
+            return StepReasonCode.NONE
+        if self.rate_limited:
+            return StepReasonCode.RATE_LIMITED
+        if self.login_failed:
+            return StepReasonCode.LOGIN_FAILED
+        return StepReasonCode.FAILED
 
 
 @dataclass(frozen=True)
@@ -260,6 +272,7 @@ def _start_locked(
     step.stdout = None
     step.stderr = None
     step.error = None
+    step.reason_code = StepReasonCode.NONE
     step.progress_at = None
     step.save()
     attempt_open(step, now=now)
@@ -427,6 +440,7 @@ def _finish_locked(
     step.stdout = clean_text(result.stdout)
     step.stderr = clean_text(result.stderr)
     step.error = clean_text(result.error)
+    step.reason_code = result.reason_code()
     step.usage_input_tokens = usage.input_tokens if usage else None
     step.usage_output_tokens = usage.output_tokens if usage else None
     step.usage_cached_tokens = usage.cached_tokens if usage else None

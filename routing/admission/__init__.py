@@ -26,7 +26,6 @@ from routing.admission.decide import (
     scope_hold,
 )
 from routing.admission.options import (
-    DEFAULT_MAX_PER_PROFILE,
     OPTION_NAMES,
     PIN_OPTIONS,
     RouteOptions,
@@ -55,7 +54,6 @@ from routing.admission.transaction import RouteRefused, admit, hand_over, route_
 __all__ = [
     "CREATED",
     "DEDUPED",
-    "DEFAULT_MAX_PER_PROFILE",
     "OPTION_NAMES",
     "PIN_OPTIONS",
     "SKIPPED",

@@ -18,7 +18,11 @@ from domain.delivery import (
     parse_remote,
 )
 from domain.errors import ValidationError
-from domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
+from domain.pool import (
+    PROFILE_NAME_INVALID,
+    parse_pool,
+    valid_profile_name,
+)
 from domain.retry import parse_max_attempts, parse_retry_backoff
 from domain.sandbox import (
     DANGER_FULL_ACCESS,
@@ -27,9 +31,7 @@ from domain.sandbox import (
     parse_sandbox,
     parse_worktree_mode,
 )
-from domain.templates import (
-    parse_pool,
-)
+from domain.templates import DEFAULT_PROVIDER
 from domain.throttle import (
     ThrottleLimits,
     parse_limit,
@@ -46,7 +48,6 @@ POOL_METADATA_KEYS = (
     "profile_pool",
     "profilePool",
 )
-DEFAULT_MAX_PER_PROFILE = 2
 # Refused with the options, so no drain, schedule, route_event or API call fails its events
 # on it one by one at the sandbox preflight (domain.sandbox, DANGER_WITHOUT_BREAK_GLASS).
 DANGER_NEEDS_BREAK_GLASS = (
@@ -63,7 +64,7 @@ class RouteOptions:
     """The upstream `routes create` options (validated; see `route_options`)."""
 
     template: str | None = None
-    provider: str = "codewith"
+    provider: str = DEFAULT_PROVIDER
     # Whether --provider was given: when not, the provider of the named accounts, if they
     # agree, is the route's (`route_provider`). Not an option of its own (never recorded,
     # not compared: options rebuilt from a record name the provider and are the same route).
@@ -193,14 +194,13 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
     if unknown:
         raise ValidationError(f"unknown route option: {unknown[0]}")
     given = _text("provider", raw.get("provider"))
-    provider = given or "codewith"
+    provider = given or DEFAULT_PROVIDER
     if provider not in PROVIDERS:
         raise ValidationError(f"--provider must be one of {', '.join(PROVIDERS)}")
     pool_raw = raw.get("auth_profile_pool")
-    if isinstance(pool_raw, (list, tuple)):
-        pool = tuple(drop_blank([str(p) for p in pool_raw]))
-    else:
-        pool = tuple(parse_pool(_text("auth_profile_pool", pool_raw)))
+    if not isinstance(pool_raw, list | tuple):
+        pool_raw = _text("auth_profile_pool", pool_raw)  # refuses what is no text
+    pool = tuple(parse_pool(pool_raw))
     auth_profile = _text("auth_profile", raw.get("auth_profile"))
     pins = {role: _text(flag, raw.get(flag)) for flag, role in PIN_OPTIONS.items()}
     for name in (*pool, auth_profile, *pins.values()):

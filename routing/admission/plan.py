@@ -14,26 +14,18 @@ from typing import Any
 from django.db import models
 
 from domain.controls import control_refused
-from domain.eligibility import task_route_eligibility, todos_task_id
 from domain.errors import ValidationError
 from domain.events import (
     Envelope,
-    first_string,
-    generic_project_path_hint,
     parse_envelope,
     project_group_hint,
-    task_field,
-    todos_project_path_hint,
 )
 from domain.keys import (
     TODOS_TASK,
-    generic_event_key,
     generic_names,
-    generic_pool_seed,
     route_key_for_kind,
     todos_task_names,
 )
-from domain.pool import PROFILE_NAME_INVALID, drop_blank, valid_profile_name
 from domain.retry import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF_SECONDS
 from domain.sandbox import (
     WORKTREE_REQUIRED,
@@ -42,11 +34,8 @@ from domain.sandbox import (
 )
 from domain.scope import resolve_route_scope
 from domain.templates import (
-    parse_pool,
     pool_roles_by_step,
-    pool_routing_active,
     render_workflow,
-    resolve_role_profiles,
     roles_for_template,
     step_account,
     template_for,
@@ -65,20 +54,18 @@ from ledger.models import (
 )
 from ledger.projects import (
     REQUIRED_NOT_GIT,
+    WorktreeRequired,
     project_path_admit,
-    repository_checkout,
 )
 from ledger.selectors import registered_providers
+from routing.admission.event_view import EventView, event_view, invocation_fields
 from routing.admission.options import (
-    DEFAULT_MAX_PER_PROFILE,
-    POOL_METADATA_KEYS,
-    ROLES,
     RouteOptions,
     route_options,
     route_provider,
 )
-from routing.admission.results import SKIPPED, RouteResult
-from routing.admission.review_gate import todos_review_key
+from routing.admission.results import RouteResult
+from routing.admission.route_accounts import RouteAccounts, route_accounts
 
 # --- stage 1: the plan (no store access) ------------------------------------------------------
 
@@ -161,17 +148,6 @@ def stored_route(
     return {"kind": kind, "options": stored.to_dict(), "event": event}
 
 
-def _event_pool(envelope: Envelope) -> list[str]:
-    for record in (envelope.data, envelope.metadata):
-        value = first_string(dict(record), POOL_METADATA_KEYS)
-        if value:
-            return parse_pool(value)
-        for key in POOL_METADATA_KEYS:
-            if isinstance(record.get(key), list):
-                return drop_blank([str(p) for p in record[key]])
-    return []
-
-
 def retry_pending(item: WorkflowWorkItem) -> bool:
     """Whether `item` waits (queued or deferred) after a retry the caps deferred: the
     admission that takes it next uses its stored route, not the caller's options."""
@@ -226,62 +202,122 @@ def plan_route(
     """
     route_key = route_key_for_kind(kind)
     template_id = template_for(route_key, options.template)
-    data, metadata = envelope.data, envelope.metadata
-    task_id: str | None = None
-    task: dict[str, Any] | None = None
-    if route_key == TODOS_TASK:
-        task_id = todos_task_id(data)
-        eligibility = task_route_eligibility(data, metadata)
-        raw_path = todos_project_path_hint(
-            data,
-            metadata,
-            option=options.project_path,
-            find_checkout=repository_checkout,
-        )
-        task = {
-            "id": task_id,
-            "title": task_field(data, "title"),
-            "description": task_field(data, "description"),
-            "tags": list(eligibility.tags),
-            "projectPath": raw_path,
-        }
-        if not eligibility.eligible:
-            return RouteResult(
-                kind=SKIPPED,
-                idempotency_key=None,
-                event=envelope,
-                reason=eligibility.reason,
-                task_id=task_id,
-                eligibility=eligibility.to_dict(),
-                dry_run=options.dry_run,
-                task=task,
-            )
-        # The key, and the PR review gate's skip (docs/upstream.md §3.2.11).
-        key, gated = todos_review_key(
-            data, eligibility.tags, task_id, envelope, task, options
-        )
-        if gated is not None:
-            return gated
-        workflow_name, loop_name = todos_task_names(options.name_prefix, task_id, key)
-        seed = task_id
-        subject_ref = task_id
-        title = task_field(data, "title")
-        body = task_field(data, "description")
-    else:
-        raw_path = generic_project_path_hint(
-            data, metadata, option=options.project_path
-        )
-        key = generic_event_key(envelope.source, envelope.type, envelope.id)
-        workflow_name, loop_name = generic_names(
-            options.name_prefix, envelope.source, envelope.type, envelope.id
-        )
-        seed = generic_pool_seed(envelope.source, envelope.type, envelope.id)
-        subject_ref = envelope.subject or envelope.id
-        title = first_string(dict(data), ("title", "summary"))
-        body = first_string(dict(data), ("message", "description", "body"))
+    view = event_view(route_key, envelope, options)
+    if isinstance(view, RouteResult):
+        return view  # an ineligible todos task: skipped
+    project_path, git_work_tree = _project_admit(view.raw_path)
+    project_group = project_group_hint(
+        envelope.data, envelope.metadata, option=options.project_group
+    )
+    scope = resolve_route_scope(
+        explicit=options.max_active_scope, env=env, route_key=route_key
+    )
+    roles = roles_for_template(template_id)
+    accounts = route_accounts(
+        envelope, options, roles=roles, seed=view.seed, registered=registered
+    )
+    spec, preflight = _render(
+        view,
+        options,
+        accounts,
+        template_id=template_id,
+        project_path=project_path,
+        git_work_tree=git_work_tree,
+    )
+    plan = _assemble(
+        kind,
+        view,
+        options,
+        accounts,
+        _Rendered(template_id, roles, spec, tuple(preflight)),
+        project_path=project_path,
+        project_group=project_group,
+        git_work_tree=git_work_tree,
+        scope=scope,
+    )
+    check_plan_fits_columns(plan)  # bad input never reaches the admission lock
+    return plan
 
-    # Inside LOOPSWEB_PROJECT_ROOTS or refused, before anything is written; never the
-    # directory of the process that routes (no cwd fallback).
+
+@dataclass(frozen=True)
+class _Rendered:
+    template_id: str
+    roles: tuple[str, ...]
+    spec: dict[str, Any]
+    preflight: tuple[dict[str, str], ...]
+
+
+def _assemble(
+    kind: str,
+    view: EventView,
+    options: RouteOptions,
+    accounts: RouteAccounts,
+    rendered: _Rendered,
+    *,
+    project_path: str,
+    project_group: str | None,
+    git_work_tree: bool,
+    scope: str,
+) -> RoutePlan:
+    """The plan from its stages' results, with the invocation's fields."""
+    envelope = view.envelope
+    template_id = rendered.template_id
+    fields = invocation_fields(
+        view,
+        template_id=template_id,
+        project_path=project_path,
+        project_group=project_group,
+        scope=scope,
+        options=options,
+        accounts=accounts,
+    )
+    return RoutePlan(
+        route_key=view.route_key,
+        envelope=envelope,
+        task_id=view.task_id,
+        idempotency_key=view.key,
+        subject_ref=view.subject_ref,
+        project_path=project_path,
+        project_group=project_group,
+        scope=scope,
+        limits=options.limits,
+        template_id=template_id,
+        roles=rendered.roles,
+        provider=accounts.provider,
+        pool=accounts.pool,
+        pool_active=accounts.pool_active,
+        max_per_profile=accounts.max_per_profile,
+        seed=view.seed,
+        workflow_name=view.workflow_name,
+        loop_name=view.loop_name,
+        spec=rendered.spec,
+        invocation_fields=fields,
+        sandbox_preflight=rendered.preflight,
+        max_attempts=options.max_attempts or DEFAULT_MAX_ATTEMPTS,
+        retry_delay_ms=1000
+        * (
+            options.retry_backoff
+            if options.retry_backoff is not None
+            else DEFAULT_RETRY_BACKOFF_SECONDS
+        ),
+        # docs/upstream.md §3.2.10: the worktree check comes after the early dedupe, so the
+        # plan only records it; admission raises it once the lookup found nothing to
+        # dedupe (`transaction.admit`).
+        refusal=(
+            REQUIRED_NOT_GIT.format(path=project_path)
+            if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree
+            else None
+        ),
+        task=view.task(project_path),
+        route=stored_route(kind, envelope, options, scope=scope),
+        max_window_used=options.max_window_used,
+    )
+
+
+def _project_admit(raw_path: str | None) -> tuple[str, bool]:
+    """The route's project (inside LOOPSWEB_PROJECT_ROOTS, or the hosts' roots) and
+    whether it is a git work tree; refused before anything is written, and never the
+    directory of the process that routes (no cwd fallback)."""
     if raw_path is not None and _utf8_size(raw_path) > MAX_INDEX_ENTRY_BYTES:
         # Refused before the file system is asked (a path that long is no directory anyway).
         raise ValidationError(
@@ -291,48 +327,27 @@ def plan_route(
                 limit=MAX_INDEX_ENTRY_BYTES,
             )
         )
-    project_path, git_work_tree = project_path_admit(raw_path)
-    if task is not None:
-        task["projectPath"] = project_path
-    # docs/upstream.md §3.2.9 -> docs/upstream.md §3.2.10: the worktree check comes after the early dedupe,
-    # so the plan only records it; admission raises it once the lookup found nothing to
-    # dedupe (`transaction.admit`).
-    refusal = (
-        REQUIRED_NOT_GIT.format(path=project_path)
-        if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree
-        else None
-    )
-    project_group = project_group_hint(data, metadata, option=options.project_group)
-    scope = resolve_route_scope(
-        explicit=options.max_active_scope, env=env, route_key=route_key
-    )
-    roles = roles_for_template(template_id)
-    pool = list(options.auth_profile_pool) or (
-        [] if options.auth_profile else _event_pool(envelope)
-    )
-    for member in pool:
-        # The event's own pool reaches here unchecked by route_options.
-        if not valid_profile_name(member.strip()):
-            raise ValidationError(PROFILE_NAME_INVALID.format(name=member))
-    pins = {role: options.pins.get(role) for role in ROLES}
-    provider = route_provider(options, registered, pool)
-    pool_active = pool_routing_active(
-        provider=provider, pool=pool, pins=pins, registered=registered
-    )
-    max_per_profile = options.max_per_profile
-    if pool_active and max_per_profile is None:
-        max_per_profile = DEFAULT_MAX_PER_PROFILE
-    profiles = resolve_role_profiles(
-        roles=roles, pool=pool, seed=seed, auth_profile=options.auth_profile, pins=pins
-    )
+    return project_path_admit(raw_path)
+
+
+def _render(
+    view: EventView,
+    options: RouteOptions,
+    accounts: RouteAccounts,
+    *,
+    template_id: str,
+    project_path: str,
+    git_work_tree: bool,
+) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """The workflow spec of the route and its sandbox preflight (docs/upstream.md §3.3)."""
     spec = render_workflow(
         template_id=template_id,
-        provider=provider,
-        title=title,
-        description=body,
+        provider=accounts.provider,
+        title=view.title,
+        description=view.body,
         project_path=project_path,
-        route_key=route_key,
-        profiles=profiles,
+        route_key=view.route_key,
+        profiles=accounts.profiles,
         sandbox=options.sandbox,
         worktree_mode=options.worktree_mode,
         manual_break_glass=options.manual_break_glass,
@@ -343,110 +358,15 @@ def plan_route(
         spec["steps"],
         worktree=worktree_enabled(options.worktree_mode, git_work_tree=git_work_tree),
     )
-    if pool_active and max_per_profile:
+    if accounts.guard is not None:
         # The runner re-checks the account's cap when a step starts (no stacking at start).
-        for step_id in pool_roles_by_step(spec, provider):
+        for step_id in pool_roles_by_step(spec, accounts.provider):
             for step in spec["steps"]:
                 if step["id"] == step_id:
-                    step["routing"]["maxPerProfile"] = max_per_profile
+                    step["routing"]["maxPerProfile"] = accounts.guard
                     if options.max_window_used is not None:  # failover reads it
                         step["routing"]["maxWindowUsed"] = options.max_window_used
-
-    account_policy = (
-        "role-explicit" if any(pins.values()) else ("pool" if pool else "single")
-    )
-    if route_key == TODOS_TASK:
-        subject = {
-            "kind": "task",
-            "id": task_id,
-            "path": project_path,
-            "raw": {"title": title, "description": body},
-        }
-        raw_source = {
-            "type": envelope.type,
-            "source": envelope.source,
-            "subject": envelope.subject,
-        }
-    else:
-        subject = {
-            "kind": "event",
-            "id": subject_ref,
-            "path": project_path,
-            "raw": {"message": body},
-        }
-        raw_source = {"source": envelope.source, "type": envelope.type}
-    invocation_fields = {
-        "template_id": template_id,
-        "source_id": envelope.id,
-        "source_json": {
-            "kind": "event",
-            "id": envelope.id,
-            "dedupeKey": key,
-            "raw": raw_source,
-        },
-        "subject_kind": subject["kind"],
-        "subject_id": subject["id"],
-        "subject_path": project_path,
-        "subject_json": subject,
-        "intent": "route",
-        "scope_json": {
-            "projectPath": project_path,
-            "projectGroup": project_group,
-            "worktreePolicy": options.worktree_mode,
-            "permissions": "bypass",
-            "manualBreakGlass": options.manual_break_glass,
-            "sandbox": options.sandbox,
-            "accountPolicy": account_policy,
-            "providerRouting": {
-                "provider": provider,
-                "pool": pool,
-                "poolRouting": pool_active,
-            },
-            "concurrencyGroup": project_group or project_path,
-            "routeScope": scope,
-            "routeThrottle": {
-                **options.limits.to_dict(),
-                "maxPerProfile": max_per_profile,
-            },
-        },
-        "output_policy_json": {"report": "always", "createTask": "on_failure"},
-    }
-    plan = RoutePlan(
-        route_key=route_key,
-        envelope=envelope,
-        task_id=task_id,
-        idempotency_key=key,
-        subject_ref=subject_ref,
-        project_path=project_path,
-        project_group=project_group,
-        scope=scope,
-        limits=options.limits,
-        template_id=template_id,
-        roles=roles,
-        provider=provider,
-        pool=tuple(pool),
-        pool_active=pool_active,
-        max_per_profile=max_per_profile,
-        seed=seed,
-        workflow_name=workflow_name,
-        loop_name=loop_name,
-        spec=spec,
-        invocation_fields=invocation_fields,
-        sandbox_preflight=tuple(preflight),
-        max_attempts=options.max_attempts or DEFAULT_MAX_ATTEMPTS,
-        retry_delay_ms=1000
-        * (
-            options.retry_backoff
-            if options.retry_backoff is not None
-            else DEFAULT_RETRY_BACKOFF_SECONDS
-        ),
-        refusal=refusal,
-        task=task,
-        route=stored_route(kind, envelope, options, scope=scope),
-        max_window_used=options.max_window_used,
-    )
-    check_plan_fits_columns(plan)  # bad input never reaches the admission lock
-    return plan
+    return spec, preflight
 
 
 def _column_limit(model: type[models.Model], name: str) -> int:
@@ -557,7 +477,7 @@ def route_options_check(
             )
         project, git_work_tree = project_path_admit(options.project_path)
         if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree:
-            raise ValidationError(REQUIRED_NOT_GIT.format(path=project))
+            raise WorktreeRequired(project)
 
 
 def route_options_resolve(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -33,7 +34,7 @@ from domain.errors import ValidationError
 from domain.events import Envelope, load_envelope, parse_envelope
 from domain.keys import TODOS_TASK
 from domain.readmission import readmission_decision
-from domain.throttle import ThrottleCounts, pool_deferral_decision
+from domain.throttle import AdmissionDecision, ThrottleCounts, pool_deferral_decision
 from ledger.lock import admission_lock
 from ledger.models import (
     KEEP_WORK_ITEM_STATUSES,
@@ -43,9 +44,15 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.queue import enqueue_run_workflow
-from ledger.selectors import admission_rows, registered_providers
+from ledger.selectors import AdmissionRows, admission_rows, registered_providers
 from ledger.services import work_item_admit
-from routing.admission.decide import Hold, pool_assignment_now, precheck
+from routing.admission.decide import (
+    Hold,
+    PoolView,
+    Precheck,
+    pool_assignment_now,
+    precheck,
+)
 from routing.admission.options import RouteOptions
 from routing.admission.plan import (
     RoutePlan,
@@ -140,7 +147,100 @@ def _admit(
     - `enqueue=False`: the caller hands a created run to the runner (`enqueue_run_workflow`)
       itself, after its own writes in the same transaction.
     """
-    envelope = plan.envelope
+    found, existing = _lookup(plan)
+    stored = _stored_retry(plan, existing)
+    if stored is not None:
+        return _admit(
+            stored,
+            now=now,
+            dry_run=dry_run,
+            enqueue=enqueue,
+            early_dedupe=early_dedupe,
+            hold_when_full=hold_when_full,
+        )
+    known = _Known(
+        found=found,
+        existing=existing,
+        routed=existing is not None and existing.status in KEEP_WORK_ITEM_STATUSES,
+    )
+    deduped = _dedupe(plan, known, now=now, dry_run=dry_run, early_dedupe=early_dedupe)
+    if deduped is not None:
+        return deduped
+    checked, counts = _precheck(plan, found, now)
+    if checked.hold is not None and hold_when_full and not known.routed:
+        return checked.hold
+    decision, pool_seen = _pool_decision(plan, checked, counts)
+    denied = decision if decision is not None and not decision.allowed else None
+    item, invocation = _upsert(plan, known, denied)
+    if denied is not None:
+        return _defer(plan, item, invocation, denied, pool_seen, dry_run=dry_run)
+    return _create(
+        plan,
+        item,
+        invocation,
+        checked.view,
+        decision,
+        spec_id=found.spec_id,
+        now=now,
+        dry_run=dry_run,
+        enqueue=enqueue,
+    )
+
+
+@dataclass
+class _Known:
+    """What admission found of the plan's item before it decides: the lookup, the item
+    (None: new), whether it was routed (KEEP_WORK_ITEM_STATUSES), and the invocation a
+    routed item reuses once its dedupe is decided."""
+
+    found: AdmissionRows
+    existing: WorkflowWorkItem | None
+    routed: bool
+    invocation: WorkflowInvocation | None = None
+    invocation_created: bool = False
+
+
+def _stored_retry(
+    plan: RoutePlan, existing: WorkflowWorkItem | None
+) -> RoutePlan | None:
+    """The plan of a retry the caps deferred: admitted (or held) with its own stored route,
+    whichever drain or delivery meets it (routing.admission.retry); None otherwise."""
+    if existing is None or plan.retry or not retry_pending(existing):
+        return None
+    stored = plan_stored_route(
+        existing.route_options_json or {}, registered=registered_providers()
+    )
+    return stored if isinstance(stored, RoutePlan) else None
+
+
+def _upsert(
+    plan: RoutePlan, known: _Known, denied: AdmissionDecision | None
+) -> tuple[WorkflowWorkItem, WorkflowInvocation]:
+    """The item, queued (or deferred when `denied`), with its invocation (reused, or made
+    now when the dedupe did not already)."""
+    invocation = known.invocation
+    if invocation is None:
+        invocation, known.invocation_created = invocation_reuse_or_create(
+            plan, known.found.invocation_id, known.existing
+        )
+    item = work_item_upsert(
+        existing=known.existing,
+        plan=plan,
+        invocation=invocation,
+        status=WorkItemStatus.DEFERRED if denied else WorkItemStatus.QUEUED,
+        reason=denied.reason if denied else None,
+        reason_code=denied.reason_code if denied else None,
+        save=denied is not None,
+    )
+    if (
+        not known.invocation_created
+    ):  # a row made from this plan already holds these values
+        invocation_refresh(invocation, plan)
+    return item, invocation
+
+
+def _lookup(plan: RoutePlan) -> tuple[AdmissionRows, WorkflowWorkItem | None]:
+    """The rows to reuse and the active counts (one statement), and the item, if any."""
     found = admission_rows(
         route_key=plan.route_key,
         idempotency_key=plan.idempotency_key,
@@ -150,31 +250,24 @@ def _admit(
         project_key=plan.project_path,
         project_group=plan.project_group,
     )
-    existing = None
-    if found.work_item_id is not None:
-        existing = WorkflowWorkItem.objects.select_related(
-            "invocation", "workflow", "loop"
-        ).get(pk=found.work_item_id)
-        if not plan.retry and retry_pending(existing):
-            # A retry the caps deferred: admitted (or held) with its own stored route,
-            # whichever drain or delivery meets it (routing.admission.retry).
-            stored = plan_stored_route(
-                existing.route_options_json or {}, registered=registered_providers()
-            )
-            if isinstance(stored, RoutePlan):
-                return _admit(
-                    stored,
-                    now=now,
-                    dry_run=dry_run,
-                    enqueue=enqueue,
-                    early_dedupe=early_dedupe,
-                    hold_when_full=hold_when_full,
-                )
-    routed = existing is not None and existing.status in KEEP_WORK_ITEM_STATUSES
-    invocation: WorkflowInvocation | None = None
-    invocation_created = False
+    if found.work_item_id is None:
+        return found, None
+    existing = WorkflowWorkItem.objects.select_related(
+        "invocation", "workflow", "loop"
+    ).get(pk=found.work_item_id)
+    return found, existing
+
+
+def _dedupe(
+    plan: RoutePlan, known: _Known, *, now: datetime, dry_run: bool, early_dedupe: bool
+) -> RouteResult | None:
+    """The dedupe of an item that ran or runs (docs/upstream.md §3.2.9): early (writing
+    nothing) or after its invocation is reused; the plan's refusal raised in between
+    (docs/upstream.md §3.2.10); a finished item due for re-admission requeued. None: go on
+    to decide."""
+    existing = known.existing
     readmission = None
-    if existing is not None and routed:
+    if existing is not None and known.routed:
         readmission = readmission_decision(
             route_key=plan.route_key,
             status=existing.status,
@@ -183,41 +276,48 @@ def _admit(
             now=now,
         )
         if not readmission.readmit and early_dedupe:
-            return RouteResult(
-                kind=DEDUPED,
-                idempotency_key=plan.idempotency_key,
-                event=envelope,
-                work_item=existing,
-                invocation=existing.invocation,
-                workflow=existing.workflow,
-                loop=existing.loop,
-                task_id=plan.task_id,
-            )
+            return _deduped(plan, existing, existing.invocation)
     if plan.refusal is not None:
-        # docs/upstream.md §3.2.9 -> docs/upstream.md §3.2.10: refused only now that the early dedupe found
-        # nothing to dedupe; nothing has been written yet.
+        # Refused only now that the early dedupe found nothing to dedupe; nothing has been
+        # written yet.
         raise refusal_of(plan)
-    if existing is not None and routed:
-        assert readmission is not None
-        invocation, invocation_created = invocation_reuse_or_create(
-            plan, found.invocation_id, existing
-        )
-        if not readmission.readmit:
-            return RouteResult(
-                kind=DEDUPED,
-                idempotency_key=plan.idempotency_key,
-                event=envelope,
-                work_item=existing,
-                invocation=invocation,
-                workflow=existing.workflow,
-                loop=existing.loop,
-                task_id=plan.task_id,
-                dry_run=dry_run,
-            )
-        # A finished item is requeued (not active before or after: the counts still hold).
-        existing.requeue(readmission.reason or "")
+    if existing is None or readmission is None:
+        return None
+    known.invocation, known.invocation_created = invocation_reuse_or_create(
+        plan, known.found.invocation_id, existing
+    )
+    if not readmission.readmit:
+        return _deduped(plan, existing, known.invocation, dry_run=dry_run)
+    # A finished item is requeued (not active before or after: the counts still hold).
+    existing.requeue(readmission.reason or "")
+    return None
 
-    # Throttle first (docs/upstream.md §3.7 order), then the pool: both read rows inside this transaction.
+
+def _deduped(
+    plan: RoutePlan,
+    item: WorkflowWorkItem,
+    invocation: WorkflowInvocation | None,
+    *,
+    dry_run: bool = False,
+) -> RouteResult:
+    return RouteResult(
+        kind=DEDUPED,
+        idempotency_key=plan.idempotency_key,
+        event=plan.envelope,
+        work_item=item,
+        invocation=invocation,
+        workflow=item.workflow,
+        loop=item.loop,
+        task_id=plan.task_id,
+        dry_run=dry_run,
+    )
+
+
+def _precheck(
+    plan: RoutePlan, found: AdmissionRows, now: datetime
+) -> tuple[Precheck, ThrottleCounts | None]:
+    """Throttle first (docs/upstream.md §3.7 order), then the pool: both read rows inside
+    this transaction."""
     seen = found.active
     counts = (
         None
@@ -231,88 +331,100 @@ def _admit(
         counts=lambda: counts or ThrottleCounts(),
         view=lambda: pool_assignment_now(plan, now),
     )
-    if checked.hold is not None and hold_when_full and not routed:
-        return checked.hold
-    decision = checked.decision
-    view = checked.view
-    pool_seen: dict[str, Any] = {}
-    if view is not None:
-        pool_seen = {
-            "accounts": {p: view.loads.get(p, 0) for p in plan.pool},
-            "cooling": {p: until.isoformat() for p, until in view.cooling.items()},
-        }
-        if view.windows:
-            pool_seen["windows"] = view.windows_snapshot()
-        if view.assignment.deferred:
-            decision = pool_deferral_decision(
-                scope=plan.scope,
-                project_path=plan.project_path,
-                project_group=plan.project_group,
-                counts=counts,
-                limits=plan.limits,
-                reason=view.deferral_reason,
-                reason_code=view.assignment.reason_code or reasons.PROFILE_CAP,
-            )
-    if invocation is None:
-        invocation, invocation_created = invocation_reuse_or_create(
-            plan, found.invocation_id, existing
-        )
+    return checked, counts
 
-    denied = decision if decision is not None and not decision.allowed else None
-    deferred = denied is not None
-    item = work_item_upsert(
-        existing=existing,
-        plan=plan,
-        invocation=invocation,
-        status=WorkItemStatus.DEFERRED if deferred else WorkItemStatus.QUEUED,
-        reason=denied.reason if denied else None,
-        reason_code=denied.reason_code if denied else None,
-        save=deferred,
-    )
-    requeue: dict[str, Any] | None = None
+
+def _pool_decision(
+    plan: RoutePlan, checked: Precheck, counts: ThrottleCounts | None
+) -> tuple[AdmissionDecision | None, dict[str, Any]]:
+    """The decision (the throttle's, or the pool's deferral) and what the pool showed."""
+    decision, view = checked.decision, checked.view
+    if view is None:
+        return decision, {}
+    pool_seen = {
+        "accounts": {p: view.loads.get(p, 0) for p in plan.pool},
+        "cooling": {p: until.isoformat() for p, until in view.cooling.items()},
+    }
+    if view.windows:
+        pool_seen["windows"] = view.windows_snapshot()
+    if view.assignment.deferred:
+        decision = pool_deferral_decision(
+            scope=plan.scope,
+            project_path=plan.project_path,
+            project_group=plan.project_group,
+            counts=counts,
+            limits=plan.limits,
+            reason=view.deferral_reason,
+            reason_code=view.assignment.reason_code or reasons.PROFILE_CAP,
+        )
+    return decision, pool_seen
+
+
+def _requeue_of(item: WorkflowWorkItem) -> dict[str, Any] | None:
+    """What a re-admitted item's result reports of its previous attempt."""
     if item.attempts > 0 and item.status == WorkItemStatus.QUEUED:
-        requeue = {
+        return {
             "previousWorkItemId": item.id,
             "previousAttempts": item.attempts,
             "reason": item.last_reason,
         }
-    if not invocation_created:  # a row made from this plan already holds these values
-        invocation_refresh(invocation, plan)
+    return None
 
-    if deferred:
-        assert decision is not None
-        WorkItemDeferral.objects.create(
-            work_item=item,
-            reason_code=decision.reason_code or "",
-            reason=decision.reason or "",
-            route_scope=plan.scope,
-            project_key=plan.project_path,
-            project_group=plan.project_group,
-            counts_json={
-                **decision.counts.to_dict(include_group=bool(plan.project_group)),
-                **pool_seen,
-            },
-            limits_json={
-                **plan.limits.to_dict(),
-                "maxPerProfile": plan.max_per_profile,
-            },
-        )
-        return RouteResult(
-            kind=THROTTLED,
-            idempotency_key=plan.idempotency_key,
-            event=envelope,
-            reason=decision.reason,
-            reason_code=decision.reason_code,
-            work_item=item,
-            invocation=invocation,
-            throttle=decision,
-            task_id=plan.task_id,
-            requeue=requeue,
-            dry_run=dry_run,
-        )
 
+def _defer(
+    plan: RoutePlan,
+    item: WorkflowWorkItem,
+    invocation: WorkflowInvocation,
+    decision: AdmissionDecision,
+    pool_seen: Mapping[str, Any],
+    *,
+    dry_run: bool,
+) -> RouteResult:
+    """The deferral the caps or the pool decided: recorded, the item deferred."""
+    WorkItemDeferral.objects.create(
+        work_item=item,
+        reason_code=decision.reason_code or "",
+        reason=decision.reason or "",
+        route_scope=plan.scope,
+        project_key=plan.project_path,
+        project_group=plan.project_group,
+        counts_json={
+            **decision.counts.to_dict(include_group=bool(plan.project_group)),
+            **pool_seen,
+        },
+        limits_json={**plan.limits.to_dict(), "maxPerProfile": plan.max_per_profile},
+    )
+    return RouteResult(
+        kind=THROTTLED,
+        idempotency_key=plan.idempotency_key,
+        event=plan.envelope,
+        reason=decision.reason,
+        reason_code=decision.reason_code,
+        work_item=item,
+        invocation=invocation,
+        throttle=decision,
+        task_id=plan.task_id,
+        requeue=_requeue_of(item),
+        dry_run=dry_run,
+    )
+
+
+def _create(
+    plan: RoutePlan,
+    item: WorkflowWorkItem,
+    invocation: WorkflowInvocation,
+    view: PoolView | None,
+    decision: AdmissionDecision | None,
+    *,
+    spec_id: str | None,
+    now: datetime,
+    dry_run: bool,
+    enqueue: bool,
+) -> RouteResult:
+    """The admission: the spec (reused or new), the one-shot loop and its queued run."""
+    requeue = _requeue_of(item)
     body, account_profiles = pool_body(plan, view.assignment if view else None)
-    spec = spec_reuse_or_create(plan, body, found.spec_id)
+    spec = spec_reuse_or_create(plan, body, spec_id)
     loop, run = work_item_admit(
         item=item,
         spec=spec,

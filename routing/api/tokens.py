@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from domain.bounds import BOUNDS, bounded_int
+from domain.bounds import BOUNDS, TooLarge, bounded_int
 from domain.errors import ApplicationError, ValidationError
 from routing.models import ApiToken
 
@@ -66,9 +66,9 @@ def token_lifetime(text: str) -> timedelta:
     unit = _UNIT_SECONDS[match.group(2)]
     try:  # bounded_int: no int() of a 5,000-digit text
         count = bounded_int("--expires", match.group(1), maximum=EXPIRES_MAX_SECONDS)
-    except ValidationError as exc:
-        if "at most" in str(exc):
-            raise ValidationError(EXPIRES_TOO_LARGE) from None
+    except TooLarge:
+        raise ValidationError(EXPIRES_TOO_LARGE) from None
+    except ValidationError:
         raise ValidationError(EXPIRES_INVALID) from None
     assert count is not None
     if count * unit > EXPIRES_MAX_SECONDS:

@@ -20,8 +20,9 @@ from django_q.models import Schedule
 
 from domain.bounds import bounded_int
 from domain.errors import ValidationError
-from domain.templates import parse_pool, pool_routing_active
-from routing.admission import DEFAULT_MAX_PER_PROFILE, PIN_OPTIONS
+from domain.pool import max_per_profile_in_force, parse_pool
+from domain.templates import DEFAULT_PROVIDER, pool_routing_active
+from routing.admission import PIN_OPTIONS
 from routing.models import DrainRecord
 
 # The django-q2 function every scheduled drain runs (routing.management.commands.schedule_drain).
@@ -50,7 +51,7 @@ class DrainConfig:
     # Decided without the account registry: a pool of registered non-codewith accounts
     # routes too (domain.templates 4), which `per_profile_cap(registered)` knows.
     max_per_profile: int | None = None
-    provider: str = "codewith"
+    provider: str = DEFAULT_PROVIDER
     pinned: bool = False
     max_per_profile_option: int | None = None
 
@@ -62,15 +63,13 @@ class DrainConfig:
         routes; None when the pool does not route or the option is 0."""
         if registered is None:
             return self.max_per_profile
-        if not pool_routing_active(
+        routes = pool_routing_active(
             provider=self.provider,
             pool=self.pool,
             pins={"worker": "pinned" if self.pinned else None},
             registered=registered,
-        ):
-            return None
-        option = self.max_per_profile_option
-        return (DEFAULT_MAX_PER_PROFILE if option is None else option) or None
+        )
+        return max_per_profile_in_force(self.max_per_profile_option, pool_routes=routes)
 
 
 @dataclass(frozen=True)
@@ -97,25 +96,17 @@ def drain_config(
     options: Mapping[str, Any],
 ) -> DrainConfig:
     """A DrainConfig from stored drain options (`DrainOptions.to_dict()` shape)."""
-    raw_pool = options.get("auth_profile_pool")
-    pool = (
-        [str(p).strip() for p in raw_pool if str(p).strip()]
-        if isinstance(raw_pool, (list, tuple))
-        else parse_pool(raw_pool if isinstance(raw_pool, str) else None)
-    )
-    provider = options.get("provider") or "codewith"
+    pool = parse_pool(options.get("auth_profile_pool"))
+    provider = options.get("provider") or DEFAULT_PROVIDER
     pins = {
         role: options.get(flag) if isinstance(options.get(flag), str) else None
         for flag, role in PIN_OPTIONS.items()
     }
     per_profile_option = _int(options.get("max_per_profile"), "--max-per-profile")
-    per_profile = per_profile_option
-    if pool_routing_active(provider=provider, pool=pool, pins=pins):
-        if per_profile is None:
-            per_profile = DEFAULT_MAX_PER_PROFILE  # what admission applies to a pool
-        effective = per_profile or None  # 0 disables the guard
-    else:
-        effective = None
+    effective = max_per_profile_in_force(
+        per_profile_option,
+        pool_routes=pool_routing_active(provider=provider, pool=pool, pins=pins),
+    )
     return DrainConfig(
         origin=origin,
         label=label,

@@ -49,7 +49,7 @@ from domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from ledger.dberrors import error_passes
 from ledger.lock import admission_lock, drain_lock
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
-from ledger.projects import REQUIRED_NOT_GIT
+from ledger.projects import WorktreeRequired
 from ledger.selectors import registered_providers
 from routing.admission import (
     CREATED,
@@ -58,6 +58,7 @@ from routing.admission import (
     FullCaps,
     Hold,
     RoutePlan,
+    RouteRefused,
     RouteResult,
     admit,
     hand_over,
@@ -97,8 +98,6 @@ from routing.drains.sources import (
 from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
 
 logger = logging.getLogger(__name__)
-
-WORKTREE_REQUIRED_ERROR = REQUIRED_NOT_GIT.split("{")[0]
 
 Progress = Callable[[DrainReport], None]
 """Called with the report after each result (the drain command's progress line)."""
@@ -521,7 +520,7 @@ def _failed(
     stop_if_connection_lost(exc)
     envelope = candidate.envelope
     assert envelope is not None
-    if str(exc).startswith(WORKTREE_REQUIRED_ERROR):
+    if isinstance(exc, RouteRefused | WorktreeRequired):
         # A route error, not a task error (docs/upstream.md §5): skipped, the drain goes on.
         result: dict[str, Any] = {
             "kind": SKIPPED,

@@ -16,6 +16,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from domain import reasons
+from ledger.display import duration_text, since_text
 
 
 def utc_text(value: datetime | None) -> str:
@@ -26,37 +27,17 @@ def utc_text(value: datetime | None) -> str:
 
 
 def relative_age(value: datetime | None, now: datetime) -> str:
-    """`3 min ago`, `2 h 5 min ago`, `in 12 min`, `4 days ago`."""
-    if value is None:
-        return ""
-    seconds = (now - value).total_seconds()
-    future = seconds < 0
-    seconds = abs(seconds)
-    if seconds < 60:
-        text = f"{int(seconds)} s"
-    elif seconds < 3600:
-        text = f"{int(seconds // 60)} min"
-    elif seconds < 86400 * 2:
-        hours, minutes = int(seconds // 3600), int(seconds % 3600 // 60)
-        text = f"{hours} h {minutes} min" if minutes and hours < 10 else f"{hours} h"
-    else:
-        days = int(seconds // 86400)
-        text = f"{days} days"
-    return f"in {text}" if future else f"{text} ago"
+    """`3 min 5 s ago`, `2 h 5 min ago`, `in 12 min`, `4 d ago` (ledger.display.since_text,
+    the admin's `age` with `ago`)."""
+    return since_text(value, now)
 
 
 def elapsed(value: datetime | None, now: datetime) -> str:
-    """`42 s`, `5 min 3 s`, `2 h 10 min`, `3 d 4 h` since `value` (blank when unknown)."""
+    """`42 s`, `5 min 3 s`, `2 h 10 min`, `3 d 4 h` since `value` (blank when unknown):
+    ledger.display.duration_text, as the admin's `age`."""
     if value is None:
         return ""
-    total = max(0, int((now - value).total_seconds()))
-    if total < 60:
-        return f"{total} s"
-    if total < 3600:
-        return f"{total // 60} min {total % 60} s"
-    if total < 86400:
-        return f"{total // 3600} h {total % 3600 // 60} min"
-    return f"{total // 86400} d {total % 86400 // 3600} h"
+    return duration_text((now - value).total_seconds())
 
 
 def reason_label(code: str | None) -> str:

@@ -4,8 +4,8 @@ succeeded in 1.4 s`), its tokens and cost, its error, and for a running step the
 lines it printed; each run's and the item's tokens and cost; the inbox events' state as it
 follows the item.
 
-Queries: the attempts of all the steps in one (ledger.selectors.step_attempts), and the
-output of the running steps in one, only when a step runs.
+Queries: those of the item's read (ledger.item_read.work_item_read, the admin's page reads
+the same), and the output of the running steps in one, only when a step runs.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ledger.delivery_view import (
     run_patch,
 )
 from ledger.display import UsageSum, attempts_story, step_usage
+from ledger.item_read import WorkItemRead
 from ledger.models import (
     TERMINAL_RUN_STATUSES,
     StepStatus,
@@ -33,7 +34,6 @@ from ledger.models import (
     WorkflowStepRun,
     WorkItemStatus,
 )
-from ledger.selectors import step_attempts
 from routing.models import InboxState
 
 # The last lines of a running step's output the page shows (docs/operations.md: "the last few").
@@ -101,22 +101,16 @@ def live_output(
     return found
 
 
-def run_views(
-    runs: Sequence[WorkflowRun],
-    steps: dict[str, list[WorkflowStepRun]],
-    *,
-    now: datetime,
-) -> tuple[list[RunView], UsageSum]:
-    """Each run with its steps as the page shows them, and the item's total usage."""
-    every = [s for run in runs for s in steps.get(run.id, [])]
-    attempts = step_attempts(s.id for s in every)
-    live = live_output(every)
+def run_views(read: WorkItemRead, *, now: datetime) -> tuple[list[RunView], UsageSum]:
+    """Each run of the item's read (ledger.item_read) with its steps as the page shows
+    them, and the item's total usage."""
+    live = live_output(read.every_step())
     views = []
     total = UsageSum()
-    for run in runs:
+    for run in read.runs:
         view = RunView(run=run)
-        for step in steps.get(run.id, []):
-            tries = attempts.get(step.id, [])
+        for step in read.steps.get(run.id, []):
+            tries = read.attempts.get(step.id, [])
             usage = step_usage(step, tries)
             view.steps.append(
                 StepView(
@@ -128,7 +122,7 @@ def run_views(
                 )
             )
             view.usage = view.usage + usage
-        work_view(view, steps.get(run.id, []))
+        work_view(view, read.steps.get(run.id, []))
         total = total + view.usage
         views.append(view)
     return views, total

@@ -20,14 +20,12 @@ from typing import Any
 
 from django.db.models import (
     Count,
-    F,
     Max,
     Min,
     Q,
     QuerySet,
-    Window,
 )
-from django.db.models.functions import RowNumber, TruncHour
+from django.db.models.functions import TruncHour
 from django_q.models import Schedule
 
 from ledger.agent_output import knows_progress, summarize_output
@@ -182,67 +180,18 @@ def oldest_deferred_inbox(*, limit: int = 20) -> list[InboxEvent]:
     )
 
 
-def work_item_runs(item_id: str, *, limit: int = 20) -> list[WorkflowRun]:
-    """The item's latest runs, newest first, each with `attempt`: its number among the runs
-    of its loop (one admission; a loop-level retry is the next attempt)."""
+# The inbox deliveries a work-item page lists (the /ops/ item page and the admin's, which
+# routing adds to it: routing.admin).
+INBOX_SHOWN = 20
+
+
+def item_inbox_events(item_id: str, *, limit: int = INBOX_SHOWN) -> list[InboxEvent]:
+    """The inbox events that produced the item, oldest first, without their payloads."""
     return list(
-        WorkflowRun.objects.filter(work_item_id=item_id)
-        .annotate(
-            attempt=Window(
-                RowNumber(), partition_by=[F("loop_id")], order_by=F("id").asc()
-            )
-        )
-        .order_by("-id")
-        .only(
-            "id",
-            "workflow_name",
-            "status",
-            "loop_id",
-            "scheduled_for",
-            "started_at",
-            "finished_at",
-            "created_at",
-            "error",
-            "worktree_path",
-            "worktree_branch",
-            "worktree_removed_at",
-            "commit_head",
-            "commit_diffstat",
-            "commit_error",
-        )[:limit]
+        InboxEvent.objects.filter(work_item_id=item_id)
+        .order_by("received_at")
+        .defer("data", "metadata")[:limit]
     )
-
-
-def work_item_steps(runs: list[WorkflowRun]) -> dict[str, list[WorkflowStepRun]]:
-    """The step runs of `runs` by run id, in step order: one query however many runs."""
-    steps: dict[str, list[WorkflowStepRun]] = {run.id: [] for run in runs}
-    if not runs:
-        return steps
-    for step in (
-        WorkflowStepRun.objects.filter(workflow_run_id__in=list(steps))
-        .order_by("workflow_run_id", "sequence", "id")
-        .only(
-            "id",
-            "workflow_run_id",
-            "step_id",
-            "sequence",
-            "status",
-            "account_profile",
-            "account_tool",
-            "exit_code",
-            "started_at",
-            "finished_at",
-            "duration_ms",
-            "processes_ended",
-            "error",
-            "usage_input_tokens",
-            "usage_output_tokens",
-            "usage_cached_tokens",
-            "usage_cost_usd",
-        )
-    ):
-        steps[step.workflow_run_id].append(step)
-    return steps
 
 
 # --- drains -----------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from ledger.admin.actions import log_operator_action
 from ledger.admin.base import CappedCountPaginator
 from ledger.admin.display import task_description, task_title
 from ledger.capacity import hosts_view
+from ledger.item_read import work_item_read
 from ledger.lock import SLOW_WAIT_SECONDS, lock_state
 from ledger.models import WorkflowWorkItem
 from routing import selectors as shared
@@ -236,20 +237,18 @@ def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
         }
         for d in page.object_list
     ]
-    runs = sel.work_item_runs(item.id)
-    steps = sel.work_item_steps(runs)
-    run_rows, item_usage = ops_item.run_views(runs, steps, now=now)
+    read = work_item_read(item)
+    run_rows, item_usage = ops_item.run_views(read, now=now)
     subject = item.invocation.subject_json if item.invocation_id else None
     accounts: dict[str, dict[str, Any]] = {}
-    for run_steps in steps.values():
-        for step in run_steps:
-            if step.account_profile:
-                entry = accounts.setdefault(
-                    step.account_profile,
-                    {"profile": step.account_profile, "tool": None, "steps": []},
-                )
-                entry["tool"] = entry["tool"] or step.account_tool
-                entry["steps"].append(step.step_id)
+    for step in read.every_step():
+        if step.account_profile:
+            entry = accounts.setdefault(
+                step.account_profile,
+                {"profile": step.account_profile, "tool": None, "steps": []},
+            )
+            entry["tool"] = entry["tool"] or step.account_tool
+            entry["steps"].append(step.step_id)
     return _render(
         request,
         "ops/work_item.html",
@@ -263,9 +262,7 @@ def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
         task_description=task_description(subject),
         inbox_events=[
             (event, ops_item.inbox_state(event.state, item.status))
-            for event in InboxEvent.objects.filter(work_item_id=item.id)
-            .order_by("received_at")
-            .defer("data", "metadata")[:20]
+            for event in sel.item_inbox_events(item.id)
         ],
         runs=run_rows,
         item_usage=item_usage,

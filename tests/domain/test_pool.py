@@ -6,11 +6,15 @@ from hypothesis import strategies as st
 
 from domain import reasons
 from domain.pool import (
+    DEFAULT_MAX_PER_PROFILE,
     ROLE_ORDER,
     PoolAssignment,
     assign_pool_auth_profiles,
     fnv1a_32,
+    max_per_profile_in_force,
+    max_per_profile_recorded,
     order_roles,
+    parse_pool,
     render_time_profile,
     role_offset,
     select_least_loaded,
@@ -414,3 +418,30 @@ def test_with_no_registry_facts_the_result_is_upstreams(
     assert plain == assign_pool_auth_profiles(
         P3, loads, seed, LIFECYCLE, limit, disabled=(), account_caps={}
     )
+
+
+def test_parse_pool_trims_text_keeps_list_members_and_drops_blanks() -> None:
+    assert parse_pool(" a, b ,,c , ") == ["a", "b", "c"]
+    assert parse_pool(None) == []
+    assert parse_pool("") == []
+    assert parse_pool(7) == []
+    # A list keeps its members as given (upstream hashes them untrimmed), blanks dropped.
+    assert parse_pool(["a", " b", "", "  "]) == ["a", " b"]
+    assert parse_pool(("a", 3)) == ["a", "3"]
+
+
+@pytest.mark.parametrize(
+    ("option", "routes", "recorded", "in_force"),
+    [
+        (None, True, DEFAULT_MAX_PER_PROFILE, DEFAULT_MAX_PER_PROFILE),
+        (3, True, 3, 3),
+        (0, True, 0, None),  # 0 switches the guard off
+        (None, False, None, None),  # no pool routing: no guard
+        (3, False, 3, None),
+    ],
+)
+def test_the_max_per_profile_default_is_one_rule(
+    option: int | None, routes: bool, recorded: int | None, in_force: int | None
+) -> None:
+    assert max_per_profile_recorded(option, pool_routes=routes) == recorded
+    assert max_per_profile_in_force(option, pool_routes=routes) == in_force

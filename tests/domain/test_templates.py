@@ -7,7 +7,6 @@ import pytest
 from domain.errors import ValidationError
 from domain.templates import (
     apply_pool_profiles,
-    parse_pool,
     pool_roles_by_step,
     pool_routing_active,
     render_workflow,
@@ -183,12 +182,6 @@ def test_any_role_pin_disables_pool_routing(role: str) -> None:
 def test_blank_pins_do_not_disable_pool_routing() -> None:
     pins = {**NO_PINS, "worker": "  "}
     assert pool_routing_active(provider="codewith", pool=["a", "b"], pins=pins)
-
-
-def test_parse_pool_trims_and_drops_blanks() -> None:
-    assert parse_pool(" a, b ,,c , ") == ["a", "b", "c"]
-    assert parse_pool(None) == []
-    assert parse_pool("") == []
 
 
 def test_pool_profiles_replace_render_time_choices_on_codewith_steps() -> None:

@@ -19,7 +19,13 @@ from django.core.management import call_command
 from domain import reasons
 from domain.pool import assign_pool_auth_profiles
 from ledger import services
-from ledger.models import Account, RunStatus, WorkflowEvent, WorkflowStepRun
+from ledger.models import (
+    Account,
+    RunStatus,
+    StepReasonCode,
+    WorkflowEvent,
+    WorkflowStepRun,
+)
 from ledger.ratelimit import detect_login_failure
 from ledger.runner import run_workflow_run
 from routing.admission import THROTTLED
@@ -107,6 +113,7 @@ def test_a_refused_login_marks_the_account_and_no_later_step_is_assigned_to_it(
     assert account.login_failed_at is not None
     assert account.login_failed_at >= failed.started_at
     assert "401 Unauthorized" in (account.login_failed_reason or "")
+    assert failed.reason_code == StepReasonCode.LOGIN_FAILED
     assert Account.objects.get(pk="acctB").login_failed_at is None
 
     # Every later admission leaves acctA out; its runs succeed on acctB.

@@ -17,6 +17,7 @@ from ledger.models import (
     LoopStatus,
     RunStatus,
     SpecStatus,
+    StepReasonCode,
     StepStatus,
     WorkflowRun,
     WorkItemStatus,
@@ -589,6 +590,7 @@ def test_a_rate_limited_step_cools_its_account_until_the_named_time(
     assert step.error == (
         "Retry-After: 120 (exit code 1); provider rate limit: Error: HTTP 429 Too Many Requests"
     )
+    assert step.reason_code == StepReasonCode.RATE_LIMITED  # what /metrics counts
 
 
 def test_a_usage_limit_names_its_reset_time_and_overlapping_reports_keep_the_latest_deadline(
@@ -762,7 +764,9 @@ def test_recovery_fails_expired_running_runs_and_leaves_queued_and_live_ones(
         steps["worker"].error
         == "worker lease expired before completion (claimed_by=gone-host:99)"
     )
+    assert steps["worker"].reason_code == StepReasonCode.FAILED
     assert steps["verifier"].status == StepStatus.SKIPPED
+    assert steps["verifier"].reason_code == StepReasonCode.NONE
     item = expired.work_item
     item.refresh_from_db()
     assert item.status == WorkItemStatus.FAILED

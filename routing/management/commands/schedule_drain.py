@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_q.models import Schedule
 
-from domain.bounds import BOUNDS, bounded_int
+from domain.bounds import BOUNDS, TooLarge, bounded_int
 from domain.errors import ValidationError
 from ledger.management.terminal import TerminalCommand
 from routing.management.arguments import (
@@ -51,11 +51,11 @@ def parse_every(text: str) -> int:
             match.group(1),
             maximum=bound.maximum // 60 if hours else bound.maximum,
         )
-    except ValidationError as exc:
-        if str(exc).startswith("--every must be at most"):
-            raise CommandError(
-                f"--every must be at most {bound.maximum}m ({bound.maximum // 60}h)"
-            ) from None
+    except TooLarge:
+        raise CommandError(
+            f"--every must be at most {bound.maximum}m ({bound.maximum // 60}h)"
+        ) from None
+    except ValidationError:
         raise CommandError(EVERY_INVALID) from None
     assert value is not None
     return value * 60 if hours else value

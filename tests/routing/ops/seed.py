@@ -18,6 +18,7 @@ from django.utils import timezone
 from ledger.models import (
     AccountCooldown,
     RunStatus,
+    StepReasonCode,
     StepStatus,
     WorkflowStepRun,
     WorkflowWorkItem,
@@ -125,6 +126,7 @@ def account_history(
             started_at=now - timedelta(hours=1, minutes=10),
             finished_at=now - timedelta(hours=1),
             error="agent exited with code 1; provider rate limit: HTTP 429 Too Many Requests",
+            reason_code=StepReasonCode.RATE_LIMITED,
         )
         account_cooldown_record(
             profile=profile,

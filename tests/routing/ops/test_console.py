@@ -348,7 +348,8 @@ def test_the_overview_shows_what_runs_now_and_what_waits_for_an_account(
     html = body(admin_client, reverse("ops:overview"))
     running = section(html, "running")
     assert "Running now (1)" in running and "worker" in running and "acct-00" in running
-    assert " min " in running  # elapsed, e.g. "5 min 0 s"
+    # elapsed, e.g. "5 min" (ledger.display.duration_text)
+    assert re.search(r">\d+ min( \d+ s)?<", running)
     waits = section(html, "waiting")
     assert "Waiting for an account (1)" in waits
     assert waiting.step_id in waits and "cooldown" in waits and "acct-00" in waits

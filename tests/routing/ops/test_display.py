@@ -7,18 +7,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from ledger.admin.display import age as admin_age
+from ledger.display import duration_text, seconds
 from ledger.ids import new_id
 from ledger.selectors import id_floor
 from routing.drains.configs import drain_config, strictest
 from routing.ops.display import (
     LoadBar,
     deferral_snapshot,
+    elapsed,
     load_chart_svg,
     relative_age,
     timeline_svg,
     utc_text,
 )
-from routing.selectors import RATE_LIMIT_MARK
 
 NOW = datetime(2026, 11, 29, 16, 40, 3, tzinfo=UTC)
 
@@ -27,15 +29,45 @@ NOW = datetime(2026, 11, 29, 16, 40, 3, tzinfo=UTC)
     ("delta", "text"),
     [
         (timedelta(seconds=5), "5 s ago"),
-        (timedelta(minutes=3, seconds=59), "3 min ago"),
+        (timedelta(minutes=3, seconds=59), "3 min 59 s ago"),
+        (timedelta(minutes=3), "3 min ago"),
         (timedelta(hours=2, minutes=5), "2 h 5 min ago"),
         (timedelta(hours=24), "24 h ago"),
-        (timedelta(days=3, hours=1), "3 days ago"),
-        (-timedelta(minutes=12, seconds=1), "in 12 min"),
+        (timedelta(days=3, hours=1), "3 d 1 h ago"),
+        (-timedelta(minutes=12, seconds=1), "in 12 min 1 s"),
     ],
 )
 def test_relative_ages_read_like_a_person_would_say_them(delta, text) -> None:
     assert relative_age(NOW - delta, NOW) == text
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        timedelta(seconds=0),
+        timedelta(seconds=59),
+        timedelta(minutes=12, seconds=5),
+        timedelta(hours=9, minutes=59, seconds=59),
+        timedelta(hours=47),
+        timedelta(days=5, hours=2),
+        timedelta(days=400),
+    ],
+)
+def test_the_admin_and_ops_say_one_age_the_same_way(delta) -> None:
+    """One formatter (ledger.display.duration_text): the admin's age column, the /ops/
+    elapsed cells and relative ages describe one row alike (issue 42)."""
+    then = NOW - delta
+    assert (
+        admin_age(then, NOW)
+        == elapsed(then, NOW)
+        == duration_text(delta.total_seconds())
+    )
+    assert relative_age(then, NOW) == f"{admin_age(then, NOW)} ago"
+    assert seconds(int(delta.total_seconds() * 1000)) == (
+        f"{delta.total_seconds():.1f} s"
+        if delta < timedelta(seconds=100)
+        else admin_age(then, NOW)
+    )
 
 
 def test_times_are_shown_in_utc() -> None:
@@ -132,10 +164,3 @@ def test_drain_options_give_the_caps_admission_applies() -> None:
     assert pinned.max_per_profile is None  # pins switch pool routing off
     best = strictest([pool, disabled], lambda c: c.max_active or None)
     assert best is not None and best.source is pool
-
-
-def test_the_rate_limit_marker_matches_what_the_runner_writes() -> None:
-    from ledger.runner import RATE_LIMIT_NOTE
-
-    assert RATE_LIMIT_MARK == "provider rate limit"
-    assert RATE_LIMIT_MARK in RATE_LIMIT_NOTE.format(snippet="429")

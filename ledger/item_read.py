@@ -1,0 +1,124 @@
+"""One read of a work item's page (issue 42): the admin's work-item page
+(ledger.admin.work_items) and the /ops/ item page (routing.ops.views.work_item) both render
+`work_item_read`, so they show the same runs, steps and attempts, with the same limits.
+
+Queries, each bounded: the runs (at most RUNS_SHOWN, newest first), their step runs (one
+query however many runs) and the steps' attempts (one). The step output (tails of up to LOOPSWEB_OUTPUT_TAIL_BYTES each) is read
+only when the caller shows it (`output=True`). What other apps add to the page (routing's
+inbox deliveries) they read themselves, as each page reads its deferral history (the admin
+the latest few, /ops/ all of it, a page at a time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
+
+from ledger.models import (
+    WorkflowRun,
+    WorkflowStepAttempt,
+    WorkflowStepRun,
+    WorkflowWorkItem,
+)
+from ledger.selectors import step_attempts
+
+RUNS_SHOWN = 20
+
+_RUN_FIELDS = (
+    "id",
+    "workflow_name",
+    "status",
+    "loop_id",
+    "scheduled_for",
+    "started_at",
+    "finished_at",
+    "created_at",
+    "duration_ms",
+    "error",
+    "worktree_path",
+    "worktree_branch",
+    "worktree_removed_at",
+    "commit_head",
+    "commit_diffstat",
+    "commit_error",
+)
+_STEP_FIELDS = (
+    "id",
+    "workflow_run_id",
+    "step_id",
+    "sequence",
+    "status",
+    "reason_code",
+    "account_profile",
+    "account_tool",
+    "exit_code",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "processes_ended",
+    "error",
+    "usage_input_tokens",
+    "usage_output_tokens",
+    "usage_cached_tokens",
+    "usage_cost_usd",
+)
+
+
+@dataclass(frozen=True)
+class WorkItemRead:
+    item: WorkflowWorkItem
+    # Newest first, each with `attempt`: its number among the runs of its loop (one
+    # admission; a loop-level retry is the next attempt).
+    runs: list[WorkflowRun]
+    steps: dict[str, list[WorkflowStepRun]]  # by run id, in step order
+    attempts: dict[str, list[WorkflowStepAttempt]]  # by step run id, oldest first
+
+    def every_step(self) -> list[WorkflowStepRun]:
+        return [step for run in self.runs for step in self.steps.get(run.id, [])]
+
+
+def work_item_runs(item_id: str, *, limit: int = RUNS_SHOWN) -> list[WorkflowRun]:
+    """The item's latest runs, newest first, each with `attempt` (see WorkItemRead)."""
+    return list(
+        WorkflowRun.objects.filter(work_item_id=item_id)
+        .annotate(
+            attempt=Window(
+                RowNumber(), partition_by=[F("loop_id")], order_by=F("id").asc()
+            )
+        )
+        .order_by("-id")
+        .only(*_RUN_FIELDS)[:limit]
+    )
+
+
+def work_item_steps(
+    runs: list[WorkflowRun], *, output: bool = False
+) -> dict[str, list[WorkflowStepRun]]:
+    """The step runs of `runs` by run id, in step order: one query however many runs;
+    with their output tails when `output`."""
+    steps: dict[str, list[WorkflowStepRun]] = {run.id: [] for run in runs}
+    if not runs:
+        return steps
+    fields = (*_STEP_FIELDS, "stdout", "stderr") if output else _STEP_FIELDS
+    for step in (
+        WorkflowStepRun.objects.filter(workflow_run_id__in=list(steps))
+        .order_by("workflow_run_id", "sequence", "id")
+        .only(*fields)
+    ):
+        steps[step.workflow_run_id].append(step)
+    return steps
+
+
+def work_item_read(item: WorkflowWorkItem, *, output: bool = False) -> WorkItemRead:
+    """What a work-item page shows of `item` (see the module docstring)."""
+    runs = work_item_runs(item.id)
+    steps = work_item_steps(runs, output=output)
+    every = [step.id for run in runs for step in steps[run.id]]
+    return WorkItemRead(
+        item=item,
+        runs=runs,
+        steps=steps,
+        attempts=step_attempts(every),
+    )
