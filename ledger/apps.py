@@ -12,6 +12,9 @@ class LedgerConfig(AppConfig):
         from django_q.signals import post_spawn
 
         from ledger.capacity import on_worker_spawn
+        from ledger.cluster_start import install
 
         # Run-cluster workers report themselves (busy / total on /ops/).
         post_spawn.connect(on_worker_spawn, dispatch_uid="loopsweb-run-worker")
+        # A run cluster starts as an instance of its own (ledger.cluster_start).
+        install()

@@ -3,7 +3,8 @@
 - Every worker process of a run cluster reports itself every HEARTBEAT_SECONDS from a small
   thread started when django-q2 spawns it (`post_spawn`, connected in ledger.apps); a row not
   seen for LIVE_WITHIN is a worker that is gone (stopped, killed, its machine down).
-- Busy workers are the live ones holding a running run (`claimed_by` = `<host>:<pid>`), read
+- Busy workers are the live ones holding a running run (`claimed_by`: ledger.instances
+  `WorkerId`, `<host>:<pid>@<instance>`), read
   from the runs themselves: nothing else to keep in step.
 - Waiting too long: queued runs (and parked runs past their due time) older than
   WAITING_TOO_LONG, the horizon after which a run whose task is lost has been handed out again.
@@ -26,12 +27,10 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from ledger.hosts import dead_after, host_report, local_providers
+from ledger.instances import WorkerId, instance_seen, process_instance
 from ledger.models import Host, RunStatus, RunWorker, WorkflowRun
-from ledger.queue import (
-    host_projects_refresh,
-    host_queue_release_fetched,
-    hosts_release_dead,
-)
+from ledger.queue import host_projects_refresh, hosts_release_dead
+from ledger.services import runs_end_on_gone_hosts
 
 logger = logging.getLogger(__name__)
 
@@ -43,73 +42,53 @@ WAITING_TOO_LONG = timedelta(minutes=2)
 
 
 def run_worker_report(
-    *, cluster: str, host: str, pid: int, cluster_pid: int, now: datetime | None = None
+    *,
+    cluster: str,
+    host: str,
+    pid: int,
+    cluster_pid: int,
+    instance: str = "",
+    now: datetime | None = None,
 ) -> None:
-    """Record that this worker is alive (upsert on host and pid); forget long-gone workers."""
+    """Record that this worker is alive (upsert on host and pid: a pid its host reuses
+    takes the old row over, with its instance); forget long-gone workers."""
     now = now or timezone.now()
+    fields = {"cluster": cluster, "cluster_pid": cluster_pid, "instance": instance}
     with transaction.atomic():
         updated = RunWorker.objects.filter(host=host, pid=pid).update(
-            cluster=cluster, cluster_pid=cluster_pid, seen_at=now, updated_at=now
+            seen_at=now, updated_at=now, **fields
         )
         if not updated:
-            RunWorker.objects.create(
-                cluster=cluster,
-                host=host,
-                pid=pid,
-                cluster_pid=cluster_pid,
-                seen_at=now,
-            )
+            RunWorker.objects.create(host=host, pid=pid, seen_at=now, **fields)
         RunWorker.objects.filter(seen_at__lt=now - FORGET_AFTER).delete()
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether `pid` runs on this machine; a zombie (killed, not yet reaped: a killed
-    cluster's sentinel, whose parent died with it) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
-def _cluster_starting(*, host: str, cluster_pid: int) -> bool:
-    """No worker of this cluster has reported yet, and no other run cluster of this host
-    (the same machine: its sentinel's pid is checked here) is still running."""
-    others = set(
-        RunWorker.objects.filter(
-            host=host, seen_at__gte=timezone.now() - FORGET_AFTER
-        ).values_list("cluster_pid", flat=True)
-    )
-    if cluster_pid in others:
-        return False
-    return not any(_process_alive(pid) for pid in others)
 
 
 def _heartbeat(cluster: str, stop: threading.Event) -> None:
     host, pid, parent = settings.LOOPSWEB_HOST_NAME, os.getpid(), os.getppid()
     # The providers this machine has: looked up once (PATH does not change under a worker).
     providers = local_providers()
-    first = True
+    instance = process_instance()
     while True:
         try:
             close_old_connections()
-            if first and _cluster_starting(host=host, cluster_pid=parent):
-                # The first worker of a new run cluster on this host, and no other cluster
-                # of this host is live: what a killed predecessor fetched runs again now.
-                host_queue_release_fetched()
-            first = False
-            run_worker_report(cluster=cluster, host=host, pid=pid, cluster_pid=parent)
+            # What a killed predecessor of this cluster left was taken over at its start
+            # (ledger.cluster_start); each beat says this worker and its instance live.
+            now = timezone.now()
+            run_worker_report(
+                cluster=cluster,
+                host=host,
+                pid=pid,
+                cluster_pid=parent,
+                instance=instance,
+                now=now,
+            )
+            instance_seen(instance, now)
             # The host's own row (ledger.hosts), then any dead host's queue moved to the
             # live ones: a dead host's waiting runs are placed again within one beat.
             host_report(workers=int(settings.LOOPSWEB_RUN_WORKERS), providers=providers)
             hosts_release_dead()
+            # ... and the runs that were on a dead host end (ledger.services.hostloss).
+            runs_end_on_gone_hosts()
             # Which projects this host has (placement knows the checkout, ledger.hosts).
             host_projects_refresh()
         except DatabaseError:
@@ -185,7 +164,7 @@ def run_capacity(*, now: datetime) -> RunCapacity:
     for worker in workers:
         key = (worker.cluster, worker.host, worker.cluster_pid)
         totals[key] += 1
-        if holding.get(f"{worker.host}:{worker.pid}"):
+        if holding.get(str(WorkerId(worker.host, worker.pid, worker.instance))):
             busy[key] += 1
         seen[key] = max(seen.get(key, worker.seen_at), worker.seen_at)
     cutoff = now - WAITING_TOO_LONG
@@ -254,11 +233,11 @@ def hosts_view(*, now: datetime) -> HostsView:
             status=RunStatus.RUNNING, claimed_by__isnull=False
         ).values_list("claimed_by", flat=True)
     )
-    for host, pid in RunWorker.objects.filter(
+    for host, pid, instance in RunWorker.objects.filter(
         seen_at__gte=now - LIVE_WITHIN
-    ).values_list("host", "pid"):
+    ).values_list("host", "pid", "instance"):
         workers[host] += 1
-        if f"{host}:{pid}" in holding:
+        if str(WorkerId(host, pid, instance)) in holding:
             busy[host] += 1
     running = dict(
         WorkflowRun.objects.filter(status=RunStatus.RUNNING, host__isnull=False)

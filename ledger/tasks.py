@@ -30,7 +30,12 @@ from ledger.queue import (
     runs_with_a_task,
 )
 from ledger.runner import HANDED_BACK, NOT_DUE, run_workflow_run
-from ledger.services import runs_fail_unserved, runs_queued_stale, runs_recover_expired
+from ledger.services import (
+    runs_end_on_gone_hosts,
+    runs_fail_unserved,
+    runs_queued_stale,
+    runs_recover_expired,
+)
 from ledger.worktrees import worktree_orphans_prune, worktrees_prune
 
 logger = logging.getLogger(__name__)
@@ -72,6 +77,7 @@ def recover_expired_runs() -> int:
     queued or parked runs whose task is gone (dropped, never delivered, row deleted) to the
     run cluster again."""
     hosts_release_dead()
+    runs_end_on_gone_hosts()
     recovered = len(runs_recover_expired())
     runs_fail_unserved(grace=timedelta(seconds=settings.LOOPSWEB_NO_HOST_GRACE_SECONDS))
     for run_id in runs_queued_stale(

@@ -4,7 +4,6 @@ one, docs/upstream.md §2), status sets, errors, row locks in the documented ord
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,6 +23,7 @@ from domain.templates import (
     TODOS_TASK_WORKER_VERIFIER,
 )
 from ledger.ids import new_id
+from ledger.instances import WorkerId
 from ledger.models import (
     StepStatus,
     WorkflowEvent,
@@ -137,8 +137,15 @@ class NotFound(LedgerError):
 
 
 def worker_identity() -> str:
-    """`<host>:<pid>` of this process: stored as `claimed_by`; recovery reads the host back."""
-    return f"{settings.LOOPSWEB_HOST_NAME}:{os.getpid()}"
+    """This process as a worker (`WorkerId`: `<host>:<pid>@<instance>`), stored as
+    `claimed_by`."""
+    return str(WorkerId.here())
+
+
+def worker_host(worker: str) -> str:
+    """The host of a worker identity (the identity itself when it is not one)."""
+    parsed = WorkerId.parse(worker)
+    return parsed.host if parsed is not None else worker
 
 
 def now_or_default(now: datetime | None) -> datetime:
