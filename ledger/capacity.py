@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -27,7 +27,12 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from ledger.hosts import dead_after, host_report, local_providers
-from ledger.instances import WorkerId, instance_seen, process_instance
+from ledger.instances import (
+    WorkerId,
+    host_conflicts,
+    instance_seen,
+    process_instance,
+)
 from ledger.models import Host, RunStatus, RunWorker, WorkflowRun
 from ledger.queue import host_projects_refresh, hosts_release_dead
 from ledger.services import runs_end_on_gone_hosts
@@ -205,6 +210,10 @@ class HostRow:
     busy: int  # of them, holding a running run
     running: int  # runs running on this host now
     queued: int  # tasks in its queue (running and waiting)
+    machine_id: str = ""
+    conflict: str | None = (
+        None  # live clusters of other machines or roots report this name
+    )
 
 
 @dataclass(frozen=True)
@@ -216,15 +225,56 @@ class WaitingForHost:
 
 
 @dataclass(frozen=True)
+class LostRun:
+    run_id: str
+    workflow_name: str
+    host: str
+    ended_at: datetime | None
+    branch: str | None  # the run's branch (its commit, if it made one, is on it there)
+    commit_head: str | None
+
+
+@dataclass(frozen=True)
 class HostsView:
     hosts: list[HostRow]
     waiting: list[WaitingForHost]  # runs no live host serves (oldest first, at most 50)
     waiting_total: int
+    lost: list[LostRun] = field(default_factory=list)  # newest first, at most 50
+
+    @property
+    def conflicts(self) -> list[HostRow]:
+        return [h for h in self.hosts if h.conflict]
+
+
+def lost_runs(limit: int = 50) -> list[LostRun]:
+    """The runs that ended because their host was gone (ledger.services.hostloss)."""
+    rows = WorkflowRun.objects.filter(lost_with_host__isnull=False).order_by(
+        "-finished_at"
+    )
+    return [
+        LostRun(
+            run_id=r["id"],
+            workflow_name=r["workflow_name"],
+            host=r["lost_with_host"],
+            ended_at=r["finished_at"],
+            branch=r["worktree_branch"],
+            commit_head=r["commit_head"],
+        )
+        for r in rows.values(
+            "id",
+            "workflow_name",
+            "lost_with_host",
+            "finished_at",
+            "worktree_branch",
+            "commit_head",
+        )[:limit]
+    ]
 
 
 def hosts_view(*, now: datetime) -> HostsView:
     """Every registered host with its heartbeat, workers, roots, providers and runs now,
-    and the runs no live host serves (ledger.hosts). Six queries whatever the history."""
+    the runs no live host serves (ledger.hosts), host names reported by clusters of different
+    machines or roots, and the runs lost with their host. Eight queries whatever the history."""
     hosts = list(Host.objects.order_by("name"))
     workers: Counter[str] = Counter()
     busy: Counter[str] = Counter()
@@ -251,6 +301,7 @@ def hosts_view(*, now: datetime) -> HostsView:
         .annotate(n=Count("id"))
         .values_list("key", "n")
     )
+    conflicts = host_conflicts(now=now, live_within=dead_after())
     waiting_rows = WorkflowRun.objects.filter(
         status=RunStatus.QUEUED, host_wait_since__isnull=False
     )
@@ -278,9 +329,12 @@ def hosts_view(*, now: datetime) -> HostsView:
                 busy=busy[h.name],
                 running=int(running.get(h.name, 0)),
                 queued=int(queued.get(h.queue, 0)),
+                machine_id=h.machine_id,
+                conflict=conflicts.get(h.name),
             )
             for h in hosts
         ],
         waiting=waiting,
         waiting_total=len(waiting) if len(waiting) < 50 else waiting_rows.count(),
+        lost=lost_runs(),
     )

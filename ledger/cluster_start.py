@@ -73,9 +73,7 @@ def start_refusal(
     return None
 
 
-def predecessors_end(
-    host: str, instance: str, now: datetime
-) -> tuple[list[str], bool]:
+def predecessors_end(host: str, instance: str, now: datetime) -> tuple[list[str], bool]:
     """End the earlier instances of `host` known dead; (their ids, whether any other
     instance of this host may still run)."""
     others = list(
@@ -86,9 +84,7 @@ def predecessors_end(
     gone, running = [], False
     for row in others:
         fate = instance_fate(row)
-        if fate == DEAD or (
-            fate == ELSEWHERE and row.seen_at < now - dead_after()
-        ):
+        if fate == DEAD or (fate == ELSEWHERE and row.seen_at < now - dead_after()):
             gone.append(row.instance)
         else:
             running = True
@@ -121,8 +117,11 @@ def cluster_start(now: datetime | None = None) -> str:
                 len(released),
             )
     finally:
-        # The sentinel forks next: no connection crosses the fork.
-        connections.close_all()
+        # The sentinel forks next: no connection crosses the fork (one inside a
+        # transaction is a caller's, a test's).
+        for connection in connections.all(initialized_only=True):
+            if not connection.in_atomic_block:
+                connection.close()
     return instance
 
 

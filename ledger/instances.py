@@ -26,7 +26,7 @@ import secrets
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -196,3 +196,23 @@ def process_space_of(instance: str) -> bool:
         return True
     row = ClusterInstance.objects.filter(instance=instance).first()
     return row is not None and same_process_space(row)
+
+
+def host_conflicts(*, now: datetime, live_within: timedelta) -> dict[str, str]:
+    """Host names that live run clusters of different machines or roots report at once
+    (ledger.cluster_start refuses the second; one that slipped past is shown loudly):
+    name -> what differs."""
+    rows = ClusterInstance.objects.filter(
+        ended_at__isnull=True, seen_at__gte=now - live_within
+    ).values_list("host", "machine_id", "roots")
+    seen: dict[str, set[tuple[str, tuple[str, ...]]]] = {}
+    for host, machine, roots in rows:
+        seen.setdefault(host, set()).add((machine, tuple(sorted(roots or []))))
+    return {
+        host: "; ".join(
+            f"machine {machine}, roots {', '.join(roots) or 'none'}"
+            for machine, roots in sorted(kinds)
+        )
+        for host, kinds in seen.items()
+        if len(kinds) > 1
+    }
