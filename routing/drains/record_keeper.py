@@ -3,8 +3,8 @@ leaves the record of what it had admitted.
 
 - At its start (holding its scope's drain lock, ledger.lock) a drain that records itself
   writes its record at once, unfinished (`finished_at` NULL, `error` UNFINISHED), and
-  updates it as results come in: after each admission at most every CHECKPOINT_SECONDS, so
-  a killed drain's record lacks at most that last moment. Its end completes the same record
+  updates it as results come in: at its first result, then at most every
+  CHECKPOINT_SECONDS, so a killed drain's record lacks at most that last moment. Its end completes the same record
   (report.drain_record_save).
 - Any other unfinished record of its scope is a killed drain's (two drains of one scope never
   run at once: the drain lock), so the drain that starts next completes it: `finished_at`
@@ -69,7 +69,6 @@ class RecordKeeper:
                 report.route_key,
                 first_line(exc),
             )
-        self.last = time.monotonic()
 
         def watched(report: DrainReport) -> None:
             self.checkpoint(report)
