@@ -52,6 +52,7 @@ from ledger.agent_output import (
     provider_error,
     summarize_output,
 )
+from ledger.dberrors import OutageNotice, error_passes
 from ledger.display import seconds
 from ledger.models import StepStatus
 from ledger.processes import ProcessResult, run_process
@@ -60,6 +61,8 @@ from ledger.ratelimit import RateLimitSignal
 from ledger.redaction import Redactor
 
 logger = logging.getLogger(__name__)
+# A step's output written while it runs: one line per outage (it is written again at the end).
+_OUTPUT_NOTICE = OutageNotice("the output of running steps")
 
 STEP_TIMED_OUT = "step timed out after {ms} ms"
 STEP_IDLE_TIMED_OUT = "no progress for {duration} (idle limit)"
@@ -215,8 +218,14 @@ class StepWatch:
             )
             self.written_progress_at = progress_at
             self.flushes += 1
-        except DatabaseError:  # the output is written again when the step ends
-            logger.exception("could not write the output of step %s", self.step_run_id)
+            _OUTPUT_NOTICE.ok()
+        except DatabaseError as exc:  # the output is written again when the step ends
+            if not error_passes(exc):
+                logger.exception(
+                    "could not write the output of step %s", self.step_run_id
+                )
+                return
+            _OUTPUT_NOTICE.failed(exc)
 
     def keep(self, stdout: str, stderr: str) -> None:
         """The tails of a step whose run was taken away (cancelled, recovered)."""

@@ -26,6 +26,7 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 from django_q.models import OrmQ
 
+from ledger.dberrors import OutageNotice
 from ledger.hosts import dead_after, host_report, local_providers
 from ledger.instances import (
     WorkerId,
@@ -73,6 +74,7 @@ def _heartbeat(cluster: str, stop: threading.Event) -> None:
     # The providers this machine has: looked up once (PATH does not change under a worker).
     providers = local_providers()
     instance = process_instance()
+    notice = OutageNotice(f"run worker {host}:{pid} could not report itself")
     while True:
         try:
             close_old_connections()
@@ -96,8 +98,9 @@ def _heartbeat(cluster: str, stop: threading.Event) -> None:
             runs_end_on_gone_hosts()
             # Which projects this host has (placement knows the checkout, ledger.hosts).
             host_projects_refresh()
-        except DatabaseError:
-            logger.warning("run worker %s:%s could not report itself", host, pid)
+            notice.ok()
+        except DatabaseError as exc:
+            notice.failed(exc)  # one line per outage
         except Exception:  # a bug must not end the heartbeat: the host would look dead
             logger.exception("run worker %s:%s heartbeat failed", host, pid)
         finally:

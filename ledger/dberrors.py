@@ -140,11 +140,12 @@ def retry_passing(
     passes: Callable[[BaseException], bool] = error_passes,
 ) -> T:
     """`write()`, tried again while it fails with an error that `passes`, for up to
-    `seconds`; each retry logs one warning naming `what`. The last error is raised when the
+    `seconds`; the first retry logs one warning naming `what` (the others: debug). The last error is raised when the
     time is up, and any other error at once. A lost connection is dropped before the next
     try (outside a transaction only: inside one, the caller's block must end first)."""
     deadline = time.monotonic() + seconds
     pause = 0.25
+    first = True
     while True:
         try:
             return write()
@@ -155,9 +156,12 @@ def retry_passing(
             if connection_lost(exc):
                 drop_connection()
             pause = min(pause, left)
-            logger.warning(
-                RETRYING.format(what=what, error=first_line(exc), pause=pause)
+            # One line per write that waits (the first retry); the rest at debug level.
+            logger.log(
+                logging.WARNING if first else logging.DEBUG,
+                RETRYING.format(what=what, error=first_line(exc), pause=pause),
             )
+            first = False
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
 
@@ -170,3 +174,20 @@ def write_ledger(what: str, write: Callable[[], T]) -> T:
     return retry_passing(
         write, seconds=float(settings.LOOPSWEB_RUN_LEASE_SECONDS), what=what
     )
+
+
+class OutageNotice:
+    """One warning line per outage for a process that polls the database (a heartbeat, a
+    broker): the first passing error is logged, the next ones are not until a success."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.down = False
+
+    def failed(self, exc: BaseException) -> None:
+        if not self.down:
+            logger.warning("%s: the database is away (%s)", self.what, first_line(exc))
+        self.down = True
+
+    def ok(self) -> None:
+        self.down = False

@@ -450,6 +450,8 @@ Q_CLUSTER = {
     "poll": 0.5,
     "save_limit": 1000,
     "sync": env_bool("Q_SYNC", False),
+    # The ORM broker, patient with a passing database error (ledger.queue.PatientQueue).
+    "broker_class": "ledger.queue.PatientQueue",
     "ALT_CLUSTERS": {
         LOOPSWEB_RUN_CLUSTER: {
             "workers": LOOPSWEB_RUN_WORKERS,
