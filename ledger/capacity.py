@@ -1,7 +1,7 @@
 """Run capacity: which run workers exist (busy / total per cluster) and which runs wait too long.
 
 - Every worker process of a run cluster reports itself every HEARTBEAT_SECONDS from a small
-  thread started when django-q2 spawns it (`post_spawn`, connected in ledger.apps); a row not
+  thread started when django-q2 spawns it (ledger.heartbeat); a row not
   seen for LIVE_WITHIN is a worker that is gone (stopped, killed, its machine down).
 - Busy workers are the live ones holding a running run (`claimed_by`: ledger.instances
   `WorkerId`, `<host>:<pid>@<instance>`), read
@@ -13,30 +13,22 @@
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import cast
 
-from django.conf import settings
-from django.db import DatabaseError, close_old_connections, transaction
+from django.db import transaction
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from ledger.dberrors import OutageNotice
-from ledger.hosts import dead_after, host_report, local_providers
+from ledger.hosts import dead_after
 from ledger.instances import (
     WorkerId,
     host_conflicts,
-    instance_seen,
-    process_instance,
 )
 from ledger.models import Host, RunStatus, RunWorker, WorkflowRun
-from ledger.queue import host_projects_refresh, hosts_release_dead
-from ledger.services import runs_end_on_gone_hosts
 
 logger = logging.getLogger(__name__)
 
@@ -67,62 +59,6 @@ def run_worker_report(
         if not updated:
             RunWorker.objects.create(host=host, pid=pid, seen_at=now, **fields)
         RunWorker.objects.filter(seen_at__lt=now - FORGET_AFTER).delete()
-
-
-def _heartbeat(cluster: str, stop: threading.Event) -> None:
-    host, pid, parent = settings.LOOPSWEB_HOST_NAME, os.getpid(), os.getppid()
-    # The providers this machine has: looked up once (PATH does not change under a worker).
-    providers = local_providers()
-    instance = process_instance()
-    notice = OutageNotice(f"run worker {host}:{pid} could not report itself")
-    while True:
-        try:
-            close_old_connections()
-            # What a killed predecessor of this cluster left was taken over at its start
-            # (ledger.cluster_start); each beat says this worker and its instance live.
-            now = timezone.now()
-            run_worker_report(
-                cluster=cluster,
-                host=host,
-                pid=pid,
-                cluster_pid=parent,
-                instance=instance,
-                now=now,
-            )
-            instance_seen(instance, now)
-            # The host's own row (ledger.hosts), then any dead host's queue moved to the
-            # live ones: a dead host's waiting runs are placed again within one beat.
-            host_report(workers=int(settings.LOOPSWEB_RUN_WORKERS), providers=providers)
-            hosts_release_dead()
-            # ... and the runs that were on a dead host end (ledger.services.hostloss).
-            runs_end_on_gone_hosts()
-            # Which projects this host has (placement knows the checkout, ledger.hosts).
-            host_projects_refresh()
-            notice.ok()
-        except DatabaseError as exc:
-            notice.failed(exc)  # one line per outage
-        except Exception:  # a bug must not end the heartbeat: the host would look dead
-            logger.exception("run worker %s:%s heartbeat failed", host, pid)
-        finally:
-            # This thread's own connection: kept between beats only with persistent
-            # connections (DATABASE_CONN_MAX_AGE), checked again before the next beat.
-            close_old_connections()
-        if stop.wait(HEARTBEAT_SECONDS):
-            return
-
-
-def on_worker_spawn(sender: Any, proc_name: str = "", **kwargs: Any) -> None:
-    """django-q2 `post_spawn` receiver: a run-cluster worker starts reporting itself."""
-    from django_q.conf import Conf
-
-    if Conf.CLUSTER_NAME != settings.LOOPSWEB_RUN_CLUSTER:
-        return
-    threading.Thread(
-        target=_heartbeat,
-        args=(Conf.CLUSTER_NAME, threading.Event()),
-        name="loopsweb-run-worker-heartbeat",
-        daemon=True,
-    ).start()
 
 
 @dataclass(frozen=True)
@@ -258,7 +194,7 @@ def lost_runs(limit: int = 50) -> list[LostRun]:
         LostRun(
             run_id=r["id"],
             workflow_name=r["workflow_name"],
-            host=r["lost_with_host"],
+            host=str(r["lost_with_host"]),  # not NULL: the filter above
             ended_at=r["finished_at"],
             branch=r["worktree_branch"],
             commit_head=r["commit_head"],

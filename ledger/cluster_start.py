@@ -144,4 +144,4 @@ def install() -> None:
         return original(self, *args, **options)
 
     handle.loopsweb_start = True  # type: ignore[attr-defined]
-    qcluster.Command.handle = handle  # type: ignore[method-assign]
+    qcluster.Command.handle = handle

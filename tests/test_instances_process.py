@@ -212,7 +212,8 @@ def test_a_cluster_restarted_in_a_fresh_pid_namespace_takes_over_at_once(
         retry.status == RunStatus.SUCCEEDED
         and retry.work_item_id == failed.work_item_id
     )
-    assert WorkerId.parse(retry.claimed_by).instance == after.instance  # type: ignore[union-attr]
+    retried_by = WorkerId.parse(retry.claimed_by)
+    assert retried_by is not None and retried_by.instance == after.instance
     assert _claims()[fetched] == 1
     assert "fetched runs queued again" in a.log_text()
     assert_account_counts_match_rows()

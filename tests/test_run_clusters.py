@@ -33,6 +33,12 @@ pytestmark = [
 RUNS = 20
 
 
+def _worker(claimed_by: str | None) -> WorkerId:
+    parsed = WorkerId.parse(claimed_by)
+    assert parsed is not None, claimed_by
+    return parsed
+
+
 def _process_group(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
@@ -91,7 +97,7 @@ def test_two_run_clusters_share_twenty_runs_and_run_each_exactly_once(
         # Which machine ran each run: the worker pid's process group is its cluster's.
         claimed_by = dict(WorkflowRun.objects.values_list("id", "claimed_by"))
         machine_of = {
-            run_id: _process_group(WorkerId.parse(worker).pid)  # type: ignore[union-attr]
+            run_id: _process_group(_worker(worker).pid)
             for run_id, worker in claimed_by.items()
         }
     finally:

@@ -138,14 +138,16 @@ def runs_end_of_instances(
             if parsed is None or parsed.instance != instance:
                 continue
 
-            def still(run: WorkflowRun, worker: str = worker) -> bool:
-                return run.claimed_by == worker
+            holder = str(parsed)
+
+            def still(run: WorkflowRun, holder: str = holder) -> bool:
+                return run.claimed_by == holder
 
             if _end_lost(
                 run_id,
                 still=still,
-                error=INSTANCE_GONE_ERROR.format(host=parsed.host, worker=worker),
-                payload={"recovery": "instance_gone", "claimedBy": worker},
+                error=INSTANCE_GONE_ERROR.format(host=parsed.host, worker=holder),
+                payload={"recovery": "instance_gone", "claimedBy": holder},
                 now=now,
             ):
                 ended.append(run_id)
