@@ -27,9 +27,10 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import CommandError
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
+from ledger.dberrors import error_passes, first_line
 from ledger.hosts import dead_after, host_name, local_roots
 from ledger.instances import (
     DEAD,
@@ -46,6 +47,7 @@ from ledger.services import runs_end_of_instances
 
 logger = logging.getLogger(__name__)
 
+DATABASE_AWAY = "run cluster not started: the database is away ({error})"
 REFUSED = (
     "run cluster refused: host name {host} is taken by a live run cluster {why} (seen "
     "{seen} s ago); give this machine its own LOOPSWEB_HOST_NAME, or stop that cluster"
@@ -57,7 +59,7 @@ def start_refusal(
 ) -> str | None:
     """Why a run cluster of `host` with `roots` may not start here now (None: it may)."""
     live = ClusterInstance.objects.filter(
-        host=host, ended_at__isnull=True, seen_at__gte=now - dead_after()
+        host=host, cluster=True, ended_at__isnull=True, seen_at__gte=now - dead_after()
     ).exclude(instance=exclude)
     for row in live.order_by("-seen_at"):
         if instance_fate(row) == DEAD:
@@ -73,13 +75,24 @@ def start_refusal(
     return None
 
 
+def _start_refusal_or_away(
+    host: str, roots: Sequence[str], now: datetime
+) -> str | None:
+    try:
+        return start_refusal(host, roots, now)
+    except DatabaseError as exc:
+        if not error_passes(exc):
+            raise
+        return DATABASE_AWAY.format(error=first_line(exc))
+
+
 def predecessors_end(host: str, instance: str, now: datetime) -> tuple[list[str], bool]:
     """End the earlier instances of `host` known dead; (their ids, whether any other
     instance of this host may still run)."""
     others = list(
-        ClusterInstance.objects.filter(host=host, ended_at__isnull=True).exclude(
-            instance=instance
-        )
+        ClusterInstance.objects.filter(
+            host=host, cluster=True, ended_at__isnull=True
+        ).exclude(instance=instance)
     )
     gone, running = [], False
     for row in others:
@@ -99,7 +112,7 @@ def cluster_start(now: datetime | None = None) -> str:
     instance = new_instance()
     os.environ[INSTANCE_ENV] = instance
     try:
-        refusal = start_refusal(host, roots, now)
+        refusal = _start_refusal_or_away(host, roots, now)
         if refusal is not None:
             raise CommandError(refusal)
         instance_register(instance, host=host, roots=roots, now=now)

@@ -140,12 +140,11 @@ def retry_passing(
     passes: Callable[[BaseException], bool] = error_passes,
 ) -> T:
     """`write()`, tried again while it fails with an error that `passes`, for up to
-    `seconds`; the first retry logs one warning naming `what` (the others: debug). The last error is raised when the
+    `seconds`; each retry logs one warning naming `what`. The last error is raised when the
     time is up, and any other error at once. A lost connection is dropped before the next
     try (outside a transaction only: inside one, the caller's block must end first)."""
     deadline = time.monotonic() + seconds
     pause = 0.25
-    first = True
     while True:
         try:
             return write()
@@ -156,12 +155,9 @@ def retry_passing(
             if connection_lost(exc):
                 drop_connection()
             pause = min(pause, left)
-            # One line per write that waits (the first retry); the rest at debug level.
-            logger.log(
-                logging.WARNING if first else logging.DEBUG,
-                RETRYING.format(what=what, error=first_line(exc), pause=pause),
+            logger.warning(
+                RETRYING.format(what=what, error=first_line(exc), pause=pause)
             )
-            first = False
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
 

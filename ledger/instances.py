@@ -166,21 +166,51 @@ def instance_fate(row: ClusterInstance) -> str:
 
 
 def instance_register(
-    instance: str, *, host: str, roots: Sequence[str], now: datetime
+    instance: str,
+    *,
+    host: str,
+    roots: Sequence[str],
+    now: datetime,
+    cluster: bool = True,
 ) -> ClusterInstance:
     """This process (a qcluster starting) as `instance` of `host`."""
     pid = os.getpid()
-    return ClusterInstance.objects.create(
+    row, _ = ClusterInstance.objects.get_or_create(
         instance=instance,
-        host=host,
-        machine_id=machine_id(),
-        boot_id=boot_id(),
-        pid_namespace=pid_namespace(),
-        pid=pid,
-        pid_started=start_ticks(pid),
-        roots=list(roots),
-        seen_at=now,
+        defaults={
+            "host": host,
+            "machine_id": machine_id(),
+            "boot_id": boot_id(),
+            "pid_namespace": pid_namespace(),
+            "pid": pid,
+            "pid_started": start_ticks(pid),
+            "roots": list(roots),
+            "seen_at": now,
+            "cluster": cluster,
+        },
     )
+    return row
+
+
+_process_registered = False
+
+
+def process_register(now: datetime) -> None:
+    """A process outside any run cluster that claims runs (`manage.py run_workflow`): its
+    instance recorded once (`cluster` false), so that a process of its machine, boot and PID
+    namespace (`loop stop`, a cancel) may signal its steps. A run cluster's own workers are
+    recorded by its start already."""
+    global _process_registered
+    if _process_registered or os.environ.get(INSTANCE_ENV):
+        return
+    instance_register(
+        process_instance(),
+        host=str(settings.LOOPSWEB_HOST_NAME),
+        roots=[],
+        now=now,
+        cluster=False,
+    )
+    _process_registered = True
 
 
 def instance_seen(instance: str, now: datetime) -> None:
@@ -203,7 +233,7 @@ def host_conflicts(*, now: datetime, live_within: timedelta) -> dict[str, str]:
     (ledger.cluster_start refuses the second; one that slipped past is shown loudly):
     name -> what differs."""
     rows = ClusterInstance.objects.filter(
-        ended_at__isnull=True, seen_at__gte=now - live_within
+        cluster=True, ended_at__isnull=True, seen_at__gte=now - live_within
     ).values_list("host", "machine_id", "roots")
     seen: dict[str, set[tuple[str, tuple[str, ...]]]] = {}
     for host, machine, roots in rows:

@@ -5,7 +5,8 @@ from, beside its name), `loopsweb_run_workers.instance` (the worker's cluster in
 claims are `<host>:<pid>@<instance>`), all with a database default of ''; the nullable
 `workflow_runs.lost_with_host` (the run ended because its host was gone); and the new table
 `loopsweb_cluster_instances` (one row per run cluster start: machine id, boot id, PID
-namespace, the qcluster's pid and start time, roots, heartbeat).
+namespace, the qcluster's pid and start time, roots, heartbeat; `cluster` false for a
+process outside any run cluster that claims runs).
 """
 
 from django.db import migrations, models
@@ -74,6 +75,7 @@ class Migration(migrations.Migration):
                 ("roots", models.JSONField(default=list)),
                 ("seen_at", models.DateTimeField()),
                 ("ended_at", models.DateTimeField(blank=True, null=True)),
+                ("cluster", models.BooleanField(default=True)),
             ],
             options={
                 "db_table": "loopsweb_cluster_instances",

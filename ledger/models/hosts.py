@@ -67,6 +67,9 @@ class ClusterInstance(TimestampedModel):
     roots = models.JSONField(default=list)
     seen_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
+    # False: a process outside any run cluster that claims runs (`manage.py run_workflow`),
+    # recorded only so that its steps can be signalled from its machine.
+    cluster = models.BooleanField(default=True)
 
     class Meta:
         db_table = "loopsweb_cluster_instances"

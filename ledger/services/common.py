@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import Subquery
 from django.utils import timezone
 
@@ -23,7 +23,7 @@ from domain.templates import (
     TODOS_TASK_WORKER_VERIFIER,
 )
 from ledger.ids import new_id
-from ledger.instances import WorkerId
+from ledger.instances import WorkerId, process_register
 from ledger.models import (
     StepStatus,
     WorkflowEvent,
@@ -138,7 +138,12 @@ class NotFound(LedgerError):
 
 def worker_identity() -> str:
     """This process as a worker (`WorkerId`: `<host>:<pid>@<instance>`), stored as
-    `claimed_by`."""
+    `claimed_by`; a process outside any run cluster records its instance once
+    (ledger.instances.process_register; tried again next time if the database is away)."""
+    try:
+        process_register(timezone.now())
+    except DatabaseError:
+        pass  # its steps are then signalled by itself only (its lease renewal)
     return str(WorkerId.here())
 
 

@@ -62,6 +62,9 @@ class Command(BaseCommand):
                 "providers": h.providers,
                 "workers": h.workers,
                 "queue": h.queue,
+                "machineId": h.machine_id,
+                "bootId": h.boot_id,
+                "instance": h.instance,
             }
             for h in Host.objects.order_by("name")
         ]
