@@ -27,6 +27,9 @@ from ledger.queue import host_projects_refresh, hosts_release_dead
 from ledger.services import runs_end_on_gone_hosts
 
 logger = logging.getLogger(__name__)
+# Beats in a row (HEARTBEAT_SECONDS apart) the database must have taken before this worker
+# ends the runs of hosts it sees dead: every live host has reported again by then.
+STEADY_BEATS = 2
 
 
 def heartbeat(cluster: str, stop: threading.Event) -> None:
@@ -35,6 +38,7 @@ def heartbeat(cluster: str, stop: threading.Event) -> None:
     providers = local_providers()
     instance = process_instance()
     notice = OutageNotice(f"run worker {host}:{pid} could not report itself")
+    steady = 0  # beats in a row the database took
     while True:
         try:
             close_old_connections()
@@ -54,13 +58,19 @@ def heartbeat(cluster: str, stop: threading.Event) -> None:
             # live ones: a dead host's waiting runs are placed again within one beat.
             host_report(workers=int(settings.LOOPSWEB_RUN_WORKERS), providers=providers)
             hosts_release_dead()
-            # ... and the runs that were on a dead host end (ledger.services.hostloss).
-            runs_end_on_gone_hosts()
+            # ... and the runs that were on a dead host end (ledger.services.hostloss),
+            # once this worker has had the database for STEADY_BEATS beats: after an
+            # outage longer than the dead-host time every host looks dead until it has
+            # reported again, and a live host's runs must not end for that.
+            if steady >= STEADY_BEATS:
+                runs_end_on_gone_hosts()
             # Which projects this host has (placement knows the checkout, ledger.hosts).
             host_projects_refresh()
             notice.ok()
+            steady += 1
         except DatabaseError as exc:
             notice.failed(exc)  # one line per outage
+            steady = 0
         except Exception:  # a bug must not end the heartbeat: the host would look dead
             logger.exception("run worker %s:%s heartbeat failed", host, pid)
         finally:

@@ -31,7 +31,6 @@ from ledger.queue import (
 )
 from ledger.runner import HANDED_BACK, NOT_DUE, run_workflow_run
 from ledger.services import (
-    runs_end_on_gone_hosts,
     runs_fail_unserved,
     runs_queued_stale,
     runs_recover_expired,
@@ -77,7 +76,6 @@ def recover_expired_runs() -> int:
     queued or parked runs whose task is gone (dropped, never delivered, row deleted) to the
     run cluster again."""
     hosts_release_dead()
-    runs_end_on_gone_hosts()
     recovered = len(runs_recover_expired())
     runs_fail_unserved(grace=timedelta(seconds=settings.LOOPSWEB_NO_HOST_GRACE_SECONDS))
     for run_id in runs_queued_stale(

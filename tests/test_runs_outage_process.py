@@ -15,7 +15,7 @@ import pytest
 
 from tests.hostsim import sim_host
 from tests.ledger.runner_helpers import git_project
-from tests.pgserver import PrivateServer
+from tests.pgserver import PrivateServer, private_server
 from tests.processes import generic_event, manage, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("hosts")]
@@ -25,11 +25,8 @@ OUTAGE_SECONDS = 20
 
 @pytest.fixture
 def server() -> Iterator[PrivateServer]:
-    pg = PrivateServer()
-    try:
+    with private_server() as pg:
         yield pg
-    finally:
-        pg.destroy()
 
 
 def _rows(url: str, sql: str) -> list[tuple[object, ...]]:

@@ -1,8 +1,9 @@
 """Runs that outlive what they ran on: a host that is gone, a run cluster instance that is gone.
 
-- `runs_end_on_gone_hosts`: a host declared dead (not seen for LOOPSWEB_HOST_DEAD_SECONDS)
-  or forgotten (`hosts --forget`) takes its runs with it: every `running` run whose
-  worktree is on it (parked between steps, holding no worker, or running) or that a worker
+- `runs_end_on_gone_hosts` (a live host's heartbeat, ledger.heartbeat, once it has had
+  the database for a while) and `runs_end_on_host` (`hosts --forget`): a host declared dead
+  (not seen for LOOPSWEB_HOST_DEAD_SECONDS) or forgotten takes its runs with it: every
+  `running` run whose worktree is on it (parked between steps, holding no worker, or running) or that a worker
   of it holds ends `failed` with HOST_GONE_ERROR, and `lost_with_host` names the host
   (/ops/hosts/ lists the work lost with a host). Ending it frees its caps and account loads
   (the cascade); its item is retried by its loop within `--max-attempts`, as a new run that

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from routing.drains.record_keeper import UNFINISHED
-from tests.pgserver import PrivateServer
+from tests.pgserver import PrivateServer, private_server
 from tests.processes import MANAGE_PY, manage, scratch_cwd
 from tests.routing.helpers import generic_event
 
@@ -29,11 +29,8 @@ EVENTS = 600
 
 @pytest.fixture
 def server() -> Iterator[PrivateServer]:
-    pg = PrivateServer()
-    try:
+    with private_server() as pg:
         yield pg
-    finally:
-        pg.destroy()
 
 
 def _env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
