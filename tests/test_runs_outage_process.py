@@ -1,7 +1,7 @@
 """A database outage while runs run (issue 43 #3), on a private PostgreSQL server the test
 really stops (tests/pgserver.py): a run cluster whose agents end while the database is away
-records each run's commit and outcome once it is back, and says so without a traceback or a
-django-q2 worker that dies."""
+records each run's commit and outcome once it is back, and it and the main cluster say so
+without a traceback or a django-q2 process that dies."""
 
 from __future__ import annotations
 
@@ -13,10 +13,16 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.hostsim import sim_host
+from tests.hostsim import host_env, sim_host
 from tests.ledger.runner_helpers import git_project
 from tests.pgserver import PrivateServer, private_server
-from tests.processes import generic_event, manage, wait_until
+from tests.processes import (
+    generic_event,
+    manage,
+    start_qcluster,
+    stop_process_group,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("hosts")]
 RUNS = 3
@@ -62,6 +68,11 @@ def test_runs_ending_during_an_outage_record_their_commit_when_it_is_back(
     )
     manage(host.env, "ingest_events", str(events), timeout=120)
     manage(host.env, "drain", "generic", "--max-dispatch", str(RUNS), timeout=120)
+    # The main cluster too (schedules: recovery every minute, its scheduler and monitor).
+    manage(host.env, "sync_schedules", timeout=120)
+    main_env = {**host_env(tmp_path / "main", "main", []), "DATABASE_URL": url}
+    main_log = tmp_path / "main-cluster.log"
+    main = start_qcluster(main_env, main_log)
     host.start()
     try:
         wait_until(
@@ -89,10 +100,11 @@ def test_runs_ending_during_an_outage_record_their_commit_when_it_is_back(
         wait_until(done, timeout=600, what="the runs to end")
     finally:
         host.stop()
+        stop_process_group(main)
     runs = _rows(url, "SELECT status, commit_head, commit_error FROM workflow_runs")
     assert len(runs) == RUNS
     assert {r[0] for r in runs} == {"succeeded"}, runs
     assert all(r[1] and not r[2] for r in runs), runs
-    log = host.log_text()
-    assert "Traceback" not in log, log[-6000:]
-    assert "reincarnated" not in log, log[-6000:]
+    for log in (host.log_text(), main_log.read_text(errors="replace")):
+        assert "Traceback" not in log, log[-6000:]
+        assert "reincarnated" not in log, log[-6000:]
