@@ -5,6 +5,7 @@ taken host name, a dead predecessor's claims, a dead host's parked run, /ops/hos
 from __future__ import annotations
 
 import os
+import subprocess
 from datetime import timedelta
 
 import pytest
@@ -27,7 +28,8 @@ from ledger.instances import (
     pid_namespace,
     start_ticks,
 )
-from ledger.models import ClusterInstance, Host, RunStatus, WorkflowRun
+from ledger.models import ClusterInstance, Host, RunStatus, StepStatus, WorkflowRun
+from ledger.processes import kill_step_process_group
 from ledger.services import (
     HOST_GONE_ERROR,
     run_claim,
@@ -36,7 +38,8 @@ from ledger.services import (
 )
 from routing.admission import CREATED, route_event, route_options
 from tests.account_loads import assert_account_counts_match_rows
-from tests.processes import generic_event
+from tests.factories import make_step_run
+from tests.processes import generic_event, scratch_cwd
 
 pytestmark = pytest.mark.django_db
 
@@ -180,3 +183,37 @@ def test_the_hosts_page_shows_a_name_two_machines_report_loudly(admin_client) ->
     html = admin_client.get(reverse("ops:hosts")).content.decode()
     assert 'id="host-conflicts"' in html and "m1/a" in html and "m2/b" in html
     assert "name conflict" in html
+
+
+@pytest.mark.slow
+def test_a_step_is_signalled_only_from_where_its_instance_runs() -> None:
+    """`loop stop` on another machine that shares the host name (and, by chance, the pid)
+    must not kill a stranger: only the instance's own process space signals it."""
+    me = settings.LOOPSWEB_HOST_NAME
+    elsewhere = _instance("far0001", me, machine_id="m2/else")
+    here = _instance(
+        "near0001", me, pid=1
+    )  # another cluster of this machine and namespace
+    stranger = subprocess.Popen(
+        ["sleep", "600"], start_new_session=True, cwd=scratch_cwd()
+    )
+    try:
+        step = make_step_run(
+            status=StepStatus.RUNNING,
+            pid=stranger.pid,
+            started_at=timezone.now() - timedelta(seconds=5),
+        )
+        for worker in (
+            f"{me}:{stranger.pid}",
+            str(WorkerId(me, 4, elsewhere.instance)),
+        ):
+            assert not kill_step_process_group(step, claimed_by=worker)
+            assert stranger.poll() is None, worker
+        assert kill_step_process_group(
+            step, claimed_by=str(WorkerId(me, 4, here.instance)), grace_seconds=5
+        )
+        assert stranger.wait(timeout=30) is not None
+    finally:
+        if stranger.poll() is None:
+            stranger.kill()
+            stranger.wait()
