@@ -24,7 +24,7 @@ from tests.processes import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("hosts")]
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 RUNS = 3
 OUTAGE_SECONDS = 20
 
