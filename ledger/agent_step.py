@@ -54,6 +54,7 @@ from ledger.agent_output import (
     provider_error,
     summarize_output,
 )
+from ledger.dberrors import OutageNotice, error_passes
 from ledger.display import seconds
 from ledger.models import StepStatus
 from ledger.processes import ProcessResult, run_process
@@ -63,6 +64,8 @@ from ledger.redaction import Redactor
 from ledger.window_watch import WindowWatch
 
 logger = logging.getLogger(__name__)
+# A step's output written while it runs: one line per outage (it is written again at the end).
+_OUTPUT_NOTICE = OutageNotice("the output of running steps")
 
 STEP_TIMED_OUT = "step timed out after {ms} ms"
 STEP_IDLE_TIMED_OUT = "no progress for {duration} (idle limit)"
@@ -233,8 +236,14 @@ class StepWatch:
             self.flushes += 1
             if self.windows is not None:
                 self.windows.seen(self.secrets.redact(stdout))
-        except DatabaseError:  # the output is written again when the step ends
-            logger.exception("could not write the output of step %s", self.step_run_id)
+            _OUTPUT_NOTICE.ok()
+        except DatabaseError as exc:  # the output is written again when the step ends
+            if not error_passes(exc):
+                logger.exception(
+                    "could not write the output of step %s", self.step_run_id
+                )
+                return
+            _OUTPUT_NOTICE.failed(exc)
 
     def keep(self, stdout: str, stderr: str) -> None:
         """The tails of a step whose run was taken away (cancelled, recovered)."""

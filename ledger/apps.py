@@ -11,7 +11,10 @@ class LedgerConfig(AppConfig):
     def ready(self) -> None:
         from django_q.signals import post_spawn
 
-        from ledger.capacity import on_worker_spawn
+        from ledger.cluster_start import install
+        from ledger.heartbeat import on_worker_spawn
 
         # Run-cluster workers report themselves (busy / total on /ops/).
         post_spawn.connect(on_worker_spawn, dispatch_uid="loopsweb-run-worker")
+        # A run cluster starts as an instance of its own (ledger.cluster_start).
+        install()

@@ -1,9 +1,10 @@
 """Run capacity: which run workers exist (busy / total per cluster) and which runs wait too long.
 
 - Every worker process of a run cluster reports itself every HEARTBEAT_SECONDS from a small
-  thread started when django-q2 spawns it (`post_spawn`, connected in ledger.apps); a row not
+  thread started when django-q2 spawns it (ledger.heartbeat); a row not
   seen for LIVE_WITHIN is a worker that is gone (stopped, killed, its machine down).
-- Busy workers are the live ones holding a running run (`claimed_by` = `<host>:<pid>`), read
+- Busy workers are the live ones holding a running run (`claimed_by`: ledger.instances
+  `WorkerId`, `<host>:<pid>@<instance>`), read
   from the runs themselves: nothing else to keep in step.
 - Waiting too long: queued runs (and parked runs past their due time) older than
   WAITING_TOO_LONG, the horizon after which a run whose task is lost has been handed out again.
@@ -12,26 +13,22 @@
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import cast
 
-from django.conf import settings
-from django.db import DatabaseError, close_old_connections, transaction
+from django.db import transaction
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from ledger.hosts import dead_after, host_report, local_providers
-from ledger.models import Host, RunStatus, RunWorker, WorkflowRun
-from ledger.queue import (
-    host_projects_refresh,
-    host_queue_release_fetched,
-    hosts_release_dead,
+from ledger.hosts import dead_after
+from ledger.instances import (
+    WorkerId,
+    host_conflicts,
 )
+from ledger.models import Host, RunStatus, RunWorker, WorkflowRun
 
 logger = logging.getLogger(__name__)
 
@@ -43,99 +40,25 @@ WAITING_TOO_LONG = timedelta(minutes=2)
 
 
 def run_worker_report(
-    *, cluster: str, host: str, pid: int, cluster_pid: int, now: datetime | None = None
+    *,
+    cluster: str,
+    host: str,
+    pid: int,
+    cluster_pid: int,
+    instance: str = "",
+    now: datetime | None = None,
 ) -> None:
-    """Record that this worker is alive (upsert on host and pid); forget long-gone workers."""
+    """Record that this worker is alive (upsert on host and pid: a pid its host reuses
+    takes the old row over, with its instance); forget long-gone workers."""
     now = now or timezone.now()
+    fields = {"cluster": cluster, "cluster_pid": cluster_pid, "instance": instance}
     with transaction.atomic():
         updated = RunWorker.objects.filter(host=host, pid=pid).update(
-            cluster=cluster, cluster_pid=cluster_pid, seen_at=now, updated_at=now
+            seen_at=now, updated_at=now, **fields
         )
         if not updated:
-            RunWorker.objects.create(
-                cluster=cluster,
-                host=host,
-                pid=pid,
-                cluster_pid=cluster_pid,
-                seen_at=now,
-            )
+            RunWorker.objects.create(host=host, pid=pid, seen_at=now, **fields)
         RunWorker.objects.filter(seen_at__lt=now - FORGET_AFTER).delete()
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether `pid` runs on this machine; a zombie (killed, not yet reaped: a killed
-    cluster's sentinel, whose parent died with it) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
-def _cluster_starting(*, host: str, cluster_pid: int) -> bool:
-    """No worker of this cluster has reported yet, and no other run cluster of this host
-    (the same machine: its sentinel's pid is checked here) is still running."""
-    others = set(
-        RunWorker.objects.filter(
-            host=host, seen_at__gte=timezone.now() - FORGET_AFTER
-        ).values_list("cluster_pid", flat=True)
-    )
-    if cluster_pid in others:
-        return False
-    return not any(_process_alive(pid) for pid in others)
-
-
-def _heartbeat(cluster: str, stop: threading.Event) -> None:
-    host, pid, parent = settings.LOOPSWEB_HOST_NAME, os.getpid(), os.getppid()
-    # The providers this machine has: looked up once (PATH does not change under a worker).
-    providers = local_providers()
-    first = True
-    while True:
-        try:
-            close_old_connections()
-            if first and _cluster_starting(host=host, cluster_pid=parent):
-                # The first worker of a new run cluster on this host, and no other cluster
-                # of this host is live: what a killed predecessor fetched runs again now.
-                host_queue_release_fetched()
-            first = False
-            run_worker_report(cluster=cluster, host=host, pid=pid, cluster_pid=parent)
-            # The host's own row (ledger.hosts), then any dead host's queue moved to the
-            # live ones: a dead host's waiting runs are placed again within one beat.
-            host_report(workers=int(settings.LOOPSWEB_RUN_WORKERS), providers=providers)
-            hosts_release_dead()
-            # Which projects this host has (placement knows the checkout, ledger.hosts).
-            host_projects_refresh()
-        except DatabaseError:
-            logger.warning("run worker %s:%s could not report itself", host, pid)
-        except Exception:  # a bug must not end the heartbeat: the host would look dead
-            logger.exception("run worker %s:%s heartbeat failed", host, pid)
-        finally:
-            # This thread's own connection: kept between beats only with persistent
-            # connections (DATABASE_CONN_MAX_AGE), checked again before the next beat.
-            close_old_connections()
-        if stop.wait(HEARTBEAT_SECONDS):
-            return
-
-
-def on_worker_spawn(sender: Any, proc_name: str = "", **kwargs: Any) -> None:
-    """django-q2 `post_spawn` receiver: a run-cluster worker starts reporting itself."""
-    from django_q.conf import Conf
-
-    if Conf.CLUSTER_NAME != settings.LOOPSWEB_RUN_CLUSTER:
-        return
-    threading.Thread(
-        target=_heartbeat,
-        args=(Conf.CLUSTER_NAME, threading.Event()),
-        name="loopsweb-run-worker-heartbeat",
-        daemon=True,
-    ).start()
 
 
 @dataclass(frozen=True)
@@ -185,7 +108,7 @@ def run_capacity(*, now: datetime) -> RunCapacity:
     for worker in workers:
         key = (worker.cluster, worker.host, worker.cluster_pid)
         totals[key] += 1
-        if holding.get(f"{worker.host}:{worker.pid}"):
+        if holding.get(str(WorkerId(worker.host, worker.pid, worker.instance))):
             busy[key] += 1
         seen[key] = max(seen.get(key, worker.seen_at), worker.seen_at)
     cutoff = now - WAITING_TOO_LONG
@@ -226,6 +149,10 @@ class HostRow:
     busy: int  # of them, holding a running run
     running: int  # runs running on this host now
     queued: int  # tasks in its queue (running and waiting)
+    machine_id: str = ""
+    conflict: str | None = (
+        None  # live clusters of other machines or roots report this name
+    )
 
 
 @dataclass(frozen=True)
@@ -237,15 +164,56 @@ class WaitingForHost:
 
 
 @dataclass(frozen=True)
+class LostRun:
+    run_id: str
+    workflow_name: str
+    host: str
+    ended_at: datetime | None
+    branch: str | None  # the run's branch (its commit, if it made one, is on it there)
+    commit_head: str | None
+
+
+@dataclass(frozen=True)
 class HostsView:
     hosts: list[HostRow]
     waiting: list[WaitingForHost]  # runs no live host serves (oldest first, at most 50)
     waiting_total: int
+    lost: list[LostRun] = field(default_factory=list)  # newest first, at most 50
+
+    @property
+    def conflicts(self) -> list[HostRow]:
+        return [h for h in self.hosts if h.conflict]
+
+
+def lost_runs(limit: int = 50) -> list[LostRun]:
+    """The runs that ended because their host was gone (ledger.services.hostloss)."""
+    rows = WorkflowRun.objects.filter(lost_with_host__isnull=False).order_by(
+        "-finished_at"
+    )
+    return [
+        LostRun(
+            run_id=r["id"],
+            workflow_name=r["workflow_name"],
+            host=str(r["lost_with_host"]),  # not NULL: the filter above
+            ended_at=r["finished_at"],
+            branch=r["worktree_branch"],
+            commit_head=r["commit_head"],
+        )
+        for r in rows.values(
+            "id",
+            "workflow_name",
+            "lost_with_host",
+            "finished_at",
+            "worktree_branch",
+            "commit_head",
+        )[:limit]
+    ]
 
 
 def hosts_view(*, now: datetime) -> HostsView:
     """Every registered host with its heartbeat, workers, roots, providers and runs now,
-    and the runs no live host serves (ledger.hosts). Six queries whatever the history."""
+    the runs no live host serves (ledger.hosts), host names reported by clusters of different
+    machines or roots, and the runs lost with their host. Eight queries whatever the history."""
     hosts = list(Host.objects.order_by("name"))
     workers: Counter[str] = Counter()
     busy: Counter[str] = Counter()
@@ -254,11 +222,11 @@ def hosts_view(*, now: datetime) -> HostsView:
             status=RunStatus.RUNNING, claimed_by__isnull=False
         ).values_list("claimed_by", flat=True)
     )
-    for host, pid in RunWorker.objects.filter(
+    for host, pid, instance in RunWorker.objects.filter(
         seen_at__gte=now - LIVE_WITHIN
-    ).values_list("host", "pid"):
+    ).values_list("host", "pid", "instance"):
         workers[host] += 1
-        if f"{host}:{pid}" in holding:
+        if str(WorkerId(host, pid, instance)) in holding:
             busy[host] += 1
     running = dict(
         WorkflowRun.objects.filter(status=RunStatus.RUNNING, host__isnull=False)
@@ -272,6 +240,7 @@ def hosts_view(*, now: datetime) -> HostsView:
         .annotate(n=Count("id"))
         .values_list("key", "n")
     )
+    conflicts = host_conflicts(now=now, live_within=dead_after())
     waiting_rows = WorkflowRun.objects.filter(
         status=RunStatus.QUEUED, host_wait_since__isnull=False
     )
@@ -299,9 +268,12 @@ def hosts_view(*, now: datetime) -> HostsView:
                 busy=busy[h.name],
                 running=int(running.get(h.name, 0)),
                 queued=int(queued.get(h.queue, 0)),
+                machine_id=h.machine_id,
+                conflict=conflicts.get(h.name),
             )
             for h in hosts
         ],
         waiting=waiting,
         waiting_total=len(waiting) if len(waiting) < 50 else waiting_rows.count(),
+        lost=lost_runs(),
     )

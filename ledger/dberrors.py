@@ -170,3 +170,48 @@ def write_ledger(what: str, write: Callable[[], T]) -> T:
     return retry_passing(
         write, seconds=float(settings.LOOPSWEB_RUN_LEASE_SECONDS), what=what
     )
+
+
+class OutageNotice:
+    """One warning line per outage for a process that polls the database (a heartbeat, a
+    broker): the first passing error is logged, the next ones are not until a success."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.down = False
+
+    def failed(self, exc: BaseException) -> None:
+        if not self.down:
+            logger.warning("%s: the database is away (%s)", self.what, first_line(exc))
+        self.down = True
+
+    def ok(self) -> None:
+        self.down = False
+
+
+class PassingErrorLine(logging.Filter):
+    """A logging filter (settings.LOGGING, on django-q2's logger): a record that carries a
+    passing database error (a lost connection, the server away) becomes one line without
+    its traceback, and the same line again within QUIET_SECONDS is dropped: an outage is a
+    line per process, not a traceback per poll of the scheduler or the monitor."""
+
+    QUIET_SECONDS = 300.0
+
+    def __init__(self, name: str = "") -> None:
+        super().__init__(name)
+        self.said: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or not error_passes(exc):
+            return True
+        text = record.getMessage()
+        now = time.monotonic()
+        if now - self.said.get(text, -self.QUIET_SECONDS) < self.QUIET_SECONDS:
+            return False
+        self.said[text] = now
+        record.msg = f"{text}: the database is away ({first_line(exc)})"
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
+        return True

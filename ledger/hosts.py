@@ -46,6 +46,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django_q.models import OrmQ
 
+from ledger.instances import boot_id, machine_id, process_instance
 from ledger.models import Host, WorkflowRun
 
 NO_HOST_SERVES = "no host serves {project} for {provider}"
@@ -107,6 +108,9 @@ def host_report(
         "workers": workers,
         "seen_at": now,
         "released_at": None,
+        "machine_id": machine_id(),
+        "boot_id": boot_id(),
+        "instance": process_instance(),
     }
     # A row an older loopsweb wrote (projects NULL): from now on this host says what it has.
     says = Coalesce("projects", Value({}, output_field=JSONField()))

@@ -10,7 +10,8 @@ the step unrecorded.
   exits, anything it left running in its group is killed.
 - `kill_step_process_group` / `kill_leftovers`: a group a step left behind on this host
   (the ledger ended the step: a cancel, a lease recovery), found by pid and start time so a
-  reused pid is never signalled.
+  reused pid is never signalled, and only where the claiming cluster instance's processes
+  are (ledger.instances), never by host name.
 
 No database writes here: the runner records what happened through the services (which call
 `kill_leftovers` after the commit that ended a step).
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from ledger.instances import WorkerId, process_space_of
 from ledger.models import WorkflowStepRun
 from ledger.providers import Invocation
 
@@ -367,14 +369,18 @@ def kill_step_process_group(
 ) -> bool:
     """Kill a step's process group if it still lives on this host. True when signalled.
 
-    Only the claiming host can see the process. The pid is trusted only when it still leads
-    its own group (the runner starts every step in a new session) and started no earlier
-    than the step did, so a reused pid is never killed.
+    Only the run cluster instance that started it, or a process that sees its processes
+    (the same machine, boot and PID namespace: ledger.instances), signals it; never a
+    process that only shares its host name (pids repeat across machines and containers).
+    The pid is trusted only when it still leads its own group (the runner starts every step
+    in a new session) and started no earlier than the step did, so a reused pid is never
+    killed.
     """
     pid = step.pid
     if not pid or not claimed_by or not step.started_at:
         return False
-    if claimed_by.rsplit(":", 1)[0] != settings.LOOPSWEB_HOST_NAME:
+    worker = WorkerId.parse(claimed_by)
+    if worker is None or not process_space_of(worker.instance):
         return False
     try:
         if os.getpgid(pid) != pid:

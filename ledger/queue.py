@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django_q.brokers.orm import ORM
@@ -27,6 +27,7 @@ from django_q.models import OrmQ, Schedule
 from django_q.signing import BadSignature, SignedPackage
 from django_q.tasks import async_task
 
+from ledger.dberrors import OutageNotice, drop_connection, error_passes
 from ledger.hosts import (
     NO_HOST_HAS,
     dead_after,
@@ -148,7 +149,49 @@ class _DelayedOrm(ORM):
         return int(row.pk)
 
 
-class HostQueue(ORM):
+class PatientQueue(ORM):
+    """The ORM broker, patient with the database (Q_CLUSTER `broker_class`): a passing
+    database error while fetching tasks is one warning line per outage and a pause, not a
+    traceback and a pusher process the sentinel must start again (ledger.dberrors)."""
+
+    notice = OutageNotice("the task queue")
+
+    def dequeue(self) -> list[tuple[int, str]] | None:
+        try:
+            found = self.fetch()
+        except DatabaseError as exc:
+            if not error_passes(exc):
+                raise
+            self.notice.failed(exc)
+            drop_connection()
+            time.sleep(max(Conf.POLL, 1.0))
+            return None
+        self.notice.ok()
+        if found:
+            return found
+        time.sleep(Conf.POLL)
+        return None
+
+    def fetch(self) -> list[tuple[int, str]]:
+        return self.take(self.list_key)
+
+    def take(self, key: str) -> list[tuple[int, str]]:
+        """Rows of queue `key` that are due, each taken with a compare-and-set on its lock
+        (of two clusters, one takes a row)."""
+        taken = []
+        for row in self.get_connection().filter(key=key, lock__lt=timezone.now())[
+            : Conf.BULK
+        ]:
+            if (
+                self.get_connection()
+                .filter(id=row.id, lock=row.lock)
+                .update(lock=self.timeout(row))
+            ):
+                taken.append((row.pk, row.payload))
+        return taken
+
+
+class HostQueue(PatientQueue):
     """The run cluster's broker (Q_CLUSTER's run cluster `broker_class`): the ORM broker on
     this host's own queue (`loopsweb-runs@<LOOPSWEB_HOST_NAME>`), then on the shared run
     queue (tasks queued before any host registered, and retries' one-off schedules).
@@ -163,25 +206,11 @@ class HostQueue(ORM):
         super().__init__(list_key=host_queue(host_name()) if own else list_key)
         self.also: str | None = shared if own else None
 
-    def dequeue(self) -> list[tuple[int, str]] | None:
+    def fetch(self) -> list[tuple[int, str]]:
         for key in (self.list_key, self.also):
-            if key is None:
-                continue
-            taken = []
-            for row in self.get_connection().filter(key=key, lock__lt=timezone.now())[
-                : Conf.BULK
-            ]:
-                # Compare-and-set on the lock: of two clusters, one takes the row.
-                if (
-                    self.get_connection()
-                    .filter(id=row.id, lock=row.lock)
-                    .update(lock=self.timeout(row))
-                ):
-                    taken.append((row.pk, row.payload))
-            if taken:
+            if key is not None and (taken := self.take(key)):
                 return taken
-        time.sleep(Conf.POLL)
-        return None
+        return []
 
 
 def hand_back_elsewhere(run_id: str, project: str | None) -> None:

@@ -31,7 +31,11 @@ from ledger.queue import (
     runs_with_a_task,
 )
 from ledger.runner import HANDED_BACK, NOT_DUE, run_workflow_run
-from ledger.services import runs_fail_unserved, runs_queued_stale, runs_recover_expired
+from ledger.services import (
+    runs_fail_unserved,
+    runs_queued_stale,
+    runs_recover_expired,
+)
 from ledger.worktrees import worktree_orphans_prune, worktrees_prune
 
 logger = logging.getLogger(__name__)

@@ -35,6 +35,11 @@ class SimHost:
     # This host's own view of paths (root only): directory bound over a path, in a mount
     # namespace of its own (`unshare --mount`), so two hosts see different disks there.
     binds: dict[Path, Path] = field(default_factory=dict)
+    # A PID namespace of its own at each start (root only: `unshare --pid --fork`), as a
+    # container has: its qcluster is pid 1 every time, and its workers' pids repeat.
+    own_pids: bool = False
+    # Another machine's node name (root only: `unshare --uts`): another machine id.
+    node_name: str | None = None
 
     @property
     def worktrees(self) -> Path:
@@ -43,20 +48,12 @@ class SimHost:
     def start(self) -> SimHost:
         log = self.base / f"run-cluster-{len(self.logs)}.log"
         self.logs.append(log)
-        if not self.binds:
+        if not self.binds and not self.own_pids and self.node_name is None:
             self.proc = start_qcluster(self.env, log, cluster="loopsweb-runs")
             return self
-        mounts = " && ".join(
-            f"mount --bind {shlex.quote(str(src))} {shlex.quote(str(dst))}"
-            for src, dst in self.binds.items()
-        )
-        command = (
-            f"{mounts} && exec {shlex.quote(sys.executable)} "
-            f"{shlex.quote(MANAGE_PY)} qcluster"
-        )
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
+                self.namespaced(f"{shlex.quote(MANAGE_PY)} qcluster"),
                 cwd=scratch_cwd(),
                 env={**self.env, "Q_CLUSTER_NAME": "loopsweb-runs"},
                 stdout=out,
@@ -64,6 +61,22 @@ class SimHost:
                 start_new_session=True,
             )
         return self
+
+    def namespaced(self, manage_args: str) -> list[str]:
+        """`manage.py <manage_args>` in this host's namespaces (binds, PIDs, node name)."""
+        steps = [
+            f"mount --bind {shlex.quote(str(src))} {shlex.quote(str(dst))}"
+            for src, dst in self.binds.items()
+        ]
+        if self.node_name is not None:
+            steps.append(f"hostname {shlex.quote(self.node_name)}")
+        steps.append(f"exec {shlex.quote(sys.executable)} {manage_args}")
+        unshare = ["unshare", "--mount", "--propagation", "private"]
+        if self.own_pids:
+            unshare += ["--pid", "--fork", "--mount-proc"]
+        if self.node_name is not None:
+            unshare.append("--uts")
+        return [*unshare, "sh", "-c", " && ".join(steps)]
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -64,3 +66,13 @@ class PrivateServer:
 
     def destroy(self) -> None:
         _bash("pg_stop", self._env())
+
+
+@contextmanager
+def private_server() -> Iterator[PrivateServer]:
+    """A PrivateServer for the length of the block, removed after it (a test's fixture)."""
+    pg = PrivateServer()
+    try:
+        yield pg
+    finally:
+        pg.destroy()

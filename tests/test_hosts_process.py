@@ -32,7 +32,7 @@ from ledger.models import (
     WorkflowWorkItem,
 )
 from ledger.queue import RUN_TASK, run_id_of
-from ledger.services import runs_fail_unserved
+from ledger.services import HOST_GONE_ERROR, runs_fail_unserved
 from routing.admission import CREATED, route_event, route_options
 from tests.account_loads import assert_account_counts_match_rows
 from tests.hostsim import SimHost, main_cluster, sim_host
@@ -360,7 +360,9 @@ def test_a_killed_hosts_fetched_run_runs_elsewhere_within_two_minutes(
     assert host_a.released_at is not None and moved.started_at is not None
     assert host_a.released_at - host_a.seen_at >= timedelta(seconds=dead)
     assert host_a.released_at <= moved.started_at
-    assert "lease expired" in (failed.error or "")
+    # A's run ended when A was found dead (sooner than its lease): its worktree stayed there.
+    assert failed.error == HOST_GONE_ERROR.format(host="host-a")
+    assert failed.lost_with_host == "host-a"
     runs = list(WorkflowRun.objects.all())
     retry = [r for r in runs if r.id not in (held, fetched)]
     assert len(retry) == 1 and retry[0].status == RunStatus.SUCCEEDED

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from ledger.instances import WorkerId
 from ledger.models import RunStatus, WorkflowEvent, WorkflowRun
 from routing.admission import CREATED, route_event, route_options
 from tests.ledger.runner_helpers import child_database_url
@@ -30,6 +31,12 @@ pytestmark = [
 ]
 
 RUNS = 20
+
+
+def _worker(claimed_by: str | None) -> WorkerId:
+    parsed = WorkerId.parse(claimed_by)
+    assert parsed is not None, claimed_by
+    return parsed
 
 
 def _process_group(pid: int) -> int | None:
@@ -90,7 +97,7 @@ def test_two_run_clusters_share_twenty_runs_and_run_each_exactly_once(
         # Which machine ran each run: the worker pid's process group is its cluster's.
         claimed_by = dict(WorkflowRun.objects.values_list("id", "claimed_by"))
         machine_of = {
-            run_id: _process_group(int(worker.rsplit(":", 1)[1]))
+            run_id: _process_group(_worker(worker).pid)
             for run_id, worker in claimed_by.items()
         }
     finally:

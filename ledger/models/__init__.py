@@ -24,7 +24,7 @@ import X`), which is also what makes Django see every model of the app:
 
 from ledger.models.accounts import Account, AccountCooldown, AccountLoadCount
 from ledger.models.base import TimestampedModel, id_field
-from ledger.models.hosts import Host
+from ledger.models.hosts import ClusterInstance, Host
 from ledger.models.loops import Loop, LoopRun
 from ledger.models.runs import (
     WorkflowEvent,
@@ -62,6 +62,7 @@ __all__ = [
     "AccountCooldown",
     "AccountLoadCount",
     "AccountWindow",
+    "ClusterInstance",
     "CatchUp",
     "Host",
     "Intent",

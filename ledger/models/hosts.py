@@ -30,6 +30,12 @@ class Host(TimestampedModel):
     seen_at = models.DateTimeField()
     # When another host moved this host's queued runs away (it was dead); None while alive.
     released_at = models.DateTimeField(null=True, blank=True)
+    # loopsweb (0021): what cannot repeat, beside the name (ledger.instances): the machine
+    # (/etc/machine-id with the node name) and boot it last reported from, and the run
+    # cluster instance (random, one per cluster start) that reported last.
+    machine_id = models.CharField(max_length=300, default="", db_default="", blank=True)
+    boot_id = models.CharField(max_length=64, default="", db_default="", blank=True)
+    instance = models.CharField(max_length=40, default="", db_default="", blank=True)
 
     class Meta:
         db_table = "loopsweb_hosts"
@@ -37,3 +43,39 @@ class Host(TimestampedModel):
 
     def __str__(self) -> str:
         return f"host {self.name}"
+
+
+class ClusterInstance(TimestampedModel):
+    """loopsweb (0021): one start of a run cluster (ledger.instances): a random id that never
+    repeats, with what tells its processes apart from any other machine's or start's (the
+    machine id, boot id and PID namespace, its qcluster's pid and that pid's start time).
+
+    Workers report `seen_at` with their heartbeat; a starting cluster of the same host name
+    takes over (`ended_at`) the instances it knows dead, and refuses to start beside a live
+    one of another machine or other roots.
+    """
+
+    instance = models.CharField(max_length=40, unique=True)
+    host = models.CharField(max_length=80)
+    machine_id = models.CharField(max_length=300)
+    boot_id = models.CharField(max_length=64)
+    pid_namespace = models.CharField(max_length=64)
+    pid = models.IntegerField()
+    # The qcluster's start, clock ticks after boot (/proc/<pid>/stat field 22): a reused
+    # pid is never taken for it.
+    pid_started = models.BigIntegerField(null=True, blank=True)
+    roots = models.JSONField(default=list)
+    seen_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # False: a process outside any run cluster that claims runs (`manage.py run_workflow`),
+    # recorded only so that its steps can be signalled from its machine.
+    cluster = models.BooleanField(default=True)
+
+    class Meta:
+        db_table = "loopsweb_cluster_instances"
+        indexes = [
+            models.Index(fields=["host", "seen_at"], name="idx_cluster_inst_host_seen")
+        ]
+
+    def __str__(self) -> str:
+        return f"run cluster {self.instance} of {self.host}"

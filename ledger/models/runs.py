@@ -82,6 +82,9 @@ class WorkflowRun(TimestampedModel):
     # live host serves fails after LOOPSWEB_NO_HOST_GRACE_SECONDS with that reason.
     host = models.CharField(max_length=80, null=True, blank=True)
     worktree_host = models.CharField(max_length=80, null=True, blank=True)
+    # loopsweb (0021): the run ended because this host was gone (dead or forgotten) while
+    # the run was on it: /ops/hosts/ lists the work lost with a host.
+    lost_with_host = models.CharField(max_length=80, null=True, blank=True)
     host_wait_reason = models.TextField(null=True, blank=True)
     host_wait_since = models.DateTimeField(null=True, blank=True)
     # loopsweb (0013): hosts that handed the run back since it was last claimed (placement

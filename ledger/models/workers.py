@@ -20,6 +20,9 @@ class RunWorker(TimestampedModel):
     pid = models.IntegerField()
     # The worker's qcluster (its sentinel's pid): two clusters on one host stay apart.
     cluster_pid = models.IntegerField()
+    # loopsweb (0021): the run cluster instance it belongs to (ledger.instances); its claims
+    # are `<host>:<pid>@<instance>`. Empty: a worker of an older loopsweb.
+    instance = models.CharField(max_length=40, default="", db_default="", blank=True)
     seen_at = models.DateTimeField()
 
     class Meta:

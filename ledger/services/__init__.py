@@ -7,6 +7,7 @@
 - `cascade`: the end of a run and its cascade to steps, work item, loop and spec;
 - `retries`: loop-level retries (the next attempt of a failed run);
 - `recovery`: lease recovery, runs whose task may be lost;
+- `hostloss`: runs whose host (or run cluster instance) is gone;
 - `steps`: step start (account cap and cooldown from the rows), process record, finish, skip;
 - `accounts`: the account registry (add, enable/disable, remove);
 - `cooldowns`: account cooldowns after rate limits;
@@ -66,6 +67,12 @@ from ledger.services.failover import (
     run_pool,
     step_move_after_rate_limit,
 )
+from ledger.services.hostloss import (
+    HOST_GONE_ERROR,
+    runs_end_of_instances,
+    runs_end_on_gone_hosts,
+    runs_end_on_host,
+)
 from ledger.services.loops import (
     LOOP_ACTIONS,
     LoopChange,
@@ -113,6 +120,10 @@ from ledger.services.work_items import (
 )
 
 __all__ = [
+    "HOST_GONE_ERROR",
+    "runs_end_of_instances",
+    "runs_end_on_gone_hosts",
+    "runs_end_on_host",
     "CANCEL_REASON_DEFAULT",
     "CANCELLABLE_STATUSES",
     "DEAD_LETTERABLE_STATUSES",

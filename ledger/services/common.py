@@ -4,7 +4,6 @@ one, docs/upstream.md §2), status sets, errors, row locks in the documented ord
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -12,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import Subquery
 from django.utils import timezone
 
@@ -24,6 +23,7 @@ from domain.templates import (
     TODOS_TASK_WORKER_VERIFIER,
 )
 from ledger.ids import new_id
+from ledger.instances import WorkerId, process_register
 from ledger.models import (
     StepStatus,
     WorkflowEvent,
@@ -137,8 +137,20 @@ class NotFound(LedgerError):
 
 
 def worker_identity() -> str:
-    """`<host>:<pid>` of this process: stored as `claimed_by`; recovery reads the host back."""
-    return f"{settings.LOOPSWEB_HOST_NAME}:{os.getpid()}"
+    """This process as a worker (`WorkerId`: `<host>:<pid>@<instance>`), stored as
+    `claimed_by`; a process outside any run cluster records its instance once
+    (ledger.instances.process_register; tried again next time if the database is away)."""
+    try:
+        process_register(timezone.now())
+    except DatabaseError:
+        pass  # its steps are then signalled by itself only (its lease renewal)
+    return str(WorkerId.here())
+
+
+def worker_host(worker: str) -> str:
+    """The host of a worker identity (the identity itself when it is not one)."""
+    parsed = WorkerId.parse(worker)
+    return parsed.host if parsed is not None else worker
 
 
 def now_or_default(now: datetime | None) -> datetime:
@@ -179,13 +191,15 @@ def lock_step(
     on its accounts before and after the change (ledger.loads).
 
     `with_item`: the run's work item and its invocation come in the same statement (read,
-    not locked), for a transaction that ends the run (`maybe_archive_spec` reads them)."""
+    not locked), for a transaction that ends the run (`maybe_archive_spec` reads them). The
+    run's own invocation always does: a step start reads its pool routing
+    (ledger.services.failover.run_pool)."""
     related = ("work_item__invocation",) if with_item else ()
     try:
         # The run row found through the step and locked in one statement (as `lock_run`).
         run = (
             WorkflowRun.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("workflow", "loop", *related)
+            .select_related("workflow", "loop", "invocation", *related)
             .get(
                 pk=Subquery(
                     WorkflowStepRun.objects.filter(pk=step_run_id).values(

@@ -35,6 +35,7 @@ from ledger.services.common import (
     lease_duration,
     lock_run,
     now_or_default,
+    worker_host,
 )
 
 
@@ -68,7 +69,7 @@ def run_claim(
             claimed_by=worker,
             lease_expires_at=now + lease_duration(),
             updated_at=now,
-            host=worker.rsplit(":", 1)[0],
+            host=worker_host(worker),
             host_wait_reason=None,
             host_wait_since=None,
             hosts_declined=[],
@@ -152,7 +153,7 @@ def run_resume(
             claimed_by=worker,
             lease_expires_at=now + lease_duration(),
             updated_at=now,
-            host=worker.rsplit(":", 1)[0],
+            host=worker_host(worker),
         )
     if resumed != 1:
         return None
@@ -192,7 +193,7 @@ def run_worktree_record(
         ).update(
             worktree_path=path,
             worktree_branch=branch,
-            worktree_host=worker.rsplit(":", 1)[0] if path else None,
+            worktree_host=worker_host(worker) if path else None,
             updated_at=now,
         )
     return updated == 1

@@ -61,6 +61,8 @@ Q_CLUSTER = {
     "poll": 0.5,
     "save_limit": 1000,
     "sync": env_bool("Q_SYNC", False),
+    # The ORM broker, patient with a passing database error (ledger.queue.PatientQueue).
+    "broker_class": "ledger.queue.PatientQueue",
     "ALT_CLUSTERS": {
         LOOPSWEB_RUN_CLUSTER: {
             "workers": LOOPSWEB_RUN_WORKERS,
@@ -83,7 +85,10 @@ if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"one_line_warning": {"()": "loopsweb.middleware.OneLineWarning"}},
+    "filters": {
+        "one_line_warning": {"()": "loopsweb.middleware.OneLineWarning"},
+        "passing_db_error": {"()": "ledger.dberrors.PassingErrorLine"},
+    },
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {
         "handlers": ["console"],
@@ -92,5 +97,7 @@ LOGGING = {
     "loggers": {
         # A bad Host header is a client's mistake (400), not our error: one WARNING line.
         "django.security.DisallowedHost": {"filters": ["one_line_warning"]},
+        # A passing database error in django-q2's own processes: one line per outage.
+        "django-q": {"filters": ["passing_db_error"]},
     },
 }

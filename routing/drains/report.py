@@ -302,28 +302,39 @@ def report_count(report: DrainReport, result: dict[str, Any]) -> None:
     report.counts[result["kind"]] += 1
 
 
-def drain_record_save(report: DrainReport) -> DrainRecord:
+def drain_record_fields(report: DrainReport) -> dict[str, Any]:
+    """The drain record's columns from the report, finished now."""
     c = report.counts
-    return DrainRecord.objects.create(
-        kind=report.route_key,
-        name=report.options.name,
-        route_scope=report.route_scope,
-        source=report.options.source,
-        dry_run=report.dry_run,
-        options_json=report.options.to_dict(),
-        started_at=report.started_at,
-        finished_at=timezone.now(),
-        duration_ms=report.duration_ms,
-        scanned=report.scanned,
-        candidates=report.candidates,
-        considered=c["considered"],
-        created=c[CREATED],
-        deduped=c[DEDUPED],
-        throttled=c[THROTTLED],
-        skipped=c[SKIPPED],
-        fatal=c["fatal"],
-        results_json=report.compact_results(),
-        evidence_path=report.evidence_path,
-        error=report.error,
-        held_reason=report.held_reason,
-    )
+    return {
+        "kind": report.route_key,
+        "name": report.options.name,
+        "route_scope": report.route_scope,
+        "source": report.options.source,
+        "dry_run": report.dry_run,
+        "options_json": report.options.to_dict(),
+        "started_at": report.started_at,
+        "finished_at": timezone.now(),
+        "duration_ms": report.duration_ms,
+        "scanned": report.scanned,
+        "candidates": report.candidates,
+        "considered": c["considered"],
+        "created": c[CREATED],
+        "deduped": c[DEDUPED],
+        "throttled": c[THROTTLED],
+        "skipped": c[SKIPPED],
+        "fatal": c["fatal"],
+        "results_json": report.compact_results(),
+        "evidence_path": report.evidence_path,
+        "error": report.error,
+        "held_reason": report.held_reason,
+    }
+
+
+def drain_record_save(report: DrainReport) -> DrainRecord:
+    """The drain's record, complete: the one written at its start (drains.record_keeper)
+    finished, or a new one."""
+    fields = drain_record_fields(report)
+    if report.record_id is not None:
+        if DrainRecord.objects.filter(pk=report.record_id).update(**fields):
+            return DrainRecord.objects.get(pk=report.record_id)
+    return DrainRecord.objects.create(**fields)

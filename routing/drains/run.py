@@ -80,6 +80,7 @@ from routing.drains.outcomes import (
     record_failure,
     route_record,
 )
+from routing.drains.record_keeper import RecordKeeper
 from routing.drains.report import (
     DrainReport,
     drain_record_save,
@@ -337,6 +338,8 @@ def _execute(
 ) -> DrainReport:
     options = report.options
     evidence_dir: str | None = None  # once it is ready
+    if not report.dry_run:  # its record as it goes (drains.record_keeper)
+        progress = RecordKeeper(report).start(progress)
     try:
         if options.evidence_dir:  # refused before anything is admitted (recorded)
             evidence_dir_prepare(options.evidence_dir)

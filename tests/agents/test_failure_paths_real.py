@@ -21,12 +21,11 @@ from ledger.models import RunStatus, StepStatus, WorkflowEvent
 from ledger.runner import run_workflow_run
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
-from tests.agents.test_runner_real import _route, binaries
+from tests.agents.test_runner_real import _route
 from tests.agents.test_runs_real import KEYS, drain_and_run
 from tests.ledger.runner_helpers import git_project, steps_of
 from tests.waiting import hang_deadline
 
-__all__ = ["binaries"]  # the fixture, shared with test_runner_real
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("agent_clis_runner")]
 

@@ -17,6 +17,7 @@ import pytest
 from django.utils import timezone
 
 from ledger import services
+from ledger.instances import WorkerId
 from ledger.models import (
     LoopStatus,
     RunStatus,
@@ -141,7 +142,8 @@ def test_a_sigkilled_worker_is_recovered_after_its_lease_and_the_next_item_is_ad
         assert run.error == (
             f"workflow run lease expired before completion (claimed_by={run.claimed_by})"
         )
-        assert run.claimed_by.endswith(f":{child.pid}")
+        worker = WorkerId.parse(run.claimed_by)
+        assert worker is not None and worker.pid == child.pid
         steps = steps_of(run)
         assert steps["worker"].status == StepStatus.FAILED
         assert steps["worker"].error == (

@@ -6,7 +6,8 @@
 A host stays registered after it stops (its roots keep admitting work, which waits for it and
 fails after LOOPSWEB_NO_HOST_GRACE_SECONDS); `--forget` removes a decommissioned one. A live
 host (seen within LOOPSWEB_HOST_DEAD_SECONDS) is refused: it would register again at its
-next heartbeat. Forgetting empties its queue into the live hosts first.
+next heartbeat. Forgetting empties its queue into the live hosts first and ends the runs
+that were on it (ledger.services.hostloss).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from django.utils import timezone
 from ledger.hosts import dead_after, hosts_read_forget
 from ledger.models import Host
 from ledger.queue import hosts_release_dead
+from ledger.services import runs_end_on_host
 
 
 class Command(BaseCommand):
@@ -43,10 +45,13 @@ class Command(BaseCommand):
                     "ago): stop its run cluster first"
                 )
             hosts_release_dead(now)  # its queue to the live hosts, if not done yet
+            # ... and its runs end (their worktrees stay with it), if not done yet.
+            ended = runs_end_on_host(name, now=now)
             with transaction.atomic():
                 Host.objects.filter(pk=host.pk, seen_at__lt=now - dead_after()).delete()
             hosts_read_forget()
-            self.stdout.write(f"forgot host {name}")
+            lost = f" ({len(ended)} runs on it ended)" if ended else ""
+            self.stdout.write(f"forgot host {name}{lost}")
             return
         rows = [
             {
@@ -57,6 +62,9 @@ class Command(BaseCommand):
                 "providers": h.providers,
                 "workers": h.workers,
                 "queue": h.queue,
+                "machineId": h.machine_id,
+                "bootId": h.boot_id,
+                "instance": h.instance,
             }
             for h in Host.objects.order_by("name")
         ]
