@@ -44,6 +44,11 @@
    runner stops with `database-unavailable` and writes nothing more: the run is left as it
    was, and its expired lease is recovered like that of any worker that went away.
 
+Where each part lives: the step start, the wait for an account and the park
+(ledger.step_start); one step as a process and what it says about its account
+(ledger.step_process); the run's worktree, its commits and delivery (ledger.run_worktree);
+how the execution stops early (ledger.run_signals).
+
 Nothing here holds a transaction across a process or a sleep: on SQLite every transaction
 holds the database write lock, and admissions must not wait on an agent.
 """
@@ -52,22 +57,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.utils import timezone
 
 from domain.errors import ValidationError
-from domain.sandbox import step_isolation
 from domain.steps import PlanError, execution_order
 from ledger import services
 from ledger.agent_step import (
     StepWatch,
-    step_limits,
     task_deadline,
 )
 from ledger.dberrors import (
@@ -78,19 +80,10 @@ from ledger.dberrors import (
     write_ledger,
 )
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
-from ledger.processes import ProcessResult
-from ledger.projects import (
-    project_dir_check,
-)
-from ledger.providers import (
-    ProviderError,
-    agent_invocation,
-    command_invocation,
-    rate_limit_exit_codes,
-)
-from ledger.ratelimit import RateLimitSignal, detect_login_failure, detect_rate_limit
+from ledger.run_signals import HandedBack, LeaseLost, PoolWaitOver
 from ledger.run_worktree import RunWorktree, WorktreeLeaseLost
-from ledger.usage import Usage, parse_usage
+from ledger.step_process import StepProcess
+from ledger.step_start import HandBack, StepStarter
 from ledger.worktrees import Worktree, WorktreeError
 
 logger = logging.getLogger(__name__)
@@ -119,23 +112,6 @@ RUN_LEFT_AS_IT_WAS = (
 # --- the run ----------------------------------------------------------------------------------
 
 
-class _LeaseLost(Exception):
-    """The run is no longer this worker's (cancelled, recovered): stop writing."""
-
-
-class _HandedBack(Exception):
-    """The run waits for its step's account in the queue, not in this worker."""
-
-
-class _PoolWaitOver(Exception):
-    """Every account of the step's pool stayed rate limited past LOOPSWEB_POOL_WAIT_SECONDS."""
-
-
-# `hand_back(run_id, delay_seconds)`: enqueue the run's task again, due in `delay_seconds`.
-# Called inside the transaction that parks the run, so both happen or neither does.
-HandBack = Callable[[str, float], None]
-
-
 class _RunExecution:
     def __init__(
         self,
@@ -145,15 +121,21 @@ class _RunExecution:
         deadline: float | None = None,
     ) -> None:
         self.run = run
-        self.deadline = deadline  # the task's (ledger.agent_step.task_deadline)
         self.worker = worker
-        self.hand_back = hand_back
         lease = float(settings.LOOPSWEB_RUN_LEASE_SECONDS)
         # Three renewals per lease: one slow write (SQLite busy wait) cannot lose the lease.
         self.keep_alive_every = max(0.05, lease / 3)
-        self.poll_seconds = float(settings.LOOPSWEB_STEP_START_POLL_SECONDS)
-        self.rate_limited: str | None = None  # the last attempt's rate-limit snippet
         self.work = RunWorktree(run, worker)
+        self.starter = StepStarter(
+            run, worker, hand_back, self.keep_alive, self.keep_alive_every
+        )
+        self.process = StepProcess(
+            run,
+            lambda: self.work.worktree,
+            self.keep_alive,
+            self.keep_alive_every,
+            deadline,
+        )
 
     # Renewal: any False is final; a database hiccup is not (the lease may still hold, and
     # if it does not, recovery cleans up).
@@ -195,10 +177,10 @@ class _RunExecution:
             rest = todo[index + 1 :]
             try:
                 if start is None:
-                    start = self._wait_for_start(step)
+                    start = self.starter.wait(step)
                 result, recorded = self._run_step_with_moves(start, specs[step.step_id])
                 self.work.commit_step(step)  # its work under its own name
-            except _PoolWaitOver as over:
+            except PoolWaitOver as over:
                 self.save_work(step.step_id)
                 self._complete(step, None, end=self._pool_wait_end(step, str(over)))
                 return RunStatus.FAILED
@@ -273,7 +255,7 @@ class _RunExecution:
                 StepWatch(step.id, None, is_agent=False).keep(
                     result.stdout or "", result.stderr or ""
                 )
-            raise _LeaseLost() from None
+            raise LeaseLost() from None
 
     def _finalize(self, status: str, error: str | None) -> str:
         self.save_work(None)
@@ -285,7 +267,7 @@ class _RunExecution:
                 ),
             )
         except services.LedgerError:
-            raise _LeaseLost() from None
+            raise LeaseLost() from None
         self.work.ended(status)
         return status
 
@@ -294,7 +276,7 @@ class _RunExecution:
         try:
             return self.work.prepare(specs)
         except WorktreeLeaseLost:
-            raise _LeaseLost() from None
+            raise LeaseLost() from None
 
     @property
     def worktree(self) -> Worktree | None:
@@ -303,56 +285,6 @@ class _RunExecution:
     def save_work(self, step_id: str | None) -> None:
         """Commit what the agents left on the run's branch (ledger.run_worktree)."""
         self.work.save(step_id)
-
-    def _isolated_target(self, spec: Mapping[str, Any]) -> dict[str, Any]:
-        """An agent step's target as it runs: checked again, and moved into the worktree."""
-        target = dict(spec.get("target") or {})
-        cwd = target.get("cwd")
-        if isinstance(cwd, str) and cwd:
-            project_dir_check(cwd)
-            if self.worktree is not None:
-                target["cwd"] = self.worktree.translate(cwd)
-        if "worktreeMode" in target:
-            # Generated steps passed the preflight at admission against the worktree they
-            # expected; the run may not have got one (the project stopped being a git tree).
-            step_isolation(spec, worktree=self.worktree is not None)
-        return target
-
-    def _wait_for_start(self, step: WorkflowStepRun) -> services.StepStart:
-        next_renewal = time.monotonic() + self.keep_alive_every
-        while True:
-            try:
-                outcome = write_ledger(
-                    f"run {self.run.id}: the start of step {step.step_id}",
-                    lambda: services.step_start(
-                        step_run_id=step.id, worker=self.worker
-                    ),
-                )
-            except services.LedgerError:
-                raise _LeaseLost() from None
-            if outcome.started:
-                return outcome
-            if outcome.wait_code == services.POOL_WAIT_OVER_CODE:
-                raise _PoolWaitOver(outcome.wait_reason)
-            # Debug only: the first refusal of each kind is a `step_waiting` event already.
-            logger.debug(
-                "run %s step %s waits: %s",
-                self.run.id,
-                step.step_id,
-                outcome.wait_reason,
-            )
-            delay = self.poll_seconds
-            if outcome.retry_at is not None:
-                until = (outcome.retry_at - timezone.now()).total_seconds()
-                delay = max(0.01, min(delay, until))
-            if self.hand_back is not None:
-                self._park(delay)
-            # A refused start renewed the lease; sleep no longer than a renewal interval.
-            time.sleep(min(delay, self.keep_alive_every))
-            if time.monotonic() >= next_renewal:
-                next_renewal = time.monotonic() + self.keep_alive_every
-                if not self.keep_alive():
-                    raise _LeaseLost()
 
     def _run_step_with_moves(
         self, start: services.StepStart, spec: Mapping[str, Any]
@@ -364,15 +296,15 @@ class _RunExecution:
 
         When no member is free and every one is cooling, the step waits for the earliest
         cooldown (parked, holding no worker: failover rule 5) and runs again; a wait that is
-        over raises `_PoolWaitOver`.
+        over raises `PoolWaitOver`.
 
         Returns the last attempt's result and whether it is recorded already (a rate-limited
         attempt that found no member to move to); otherwise the caller records it."""
         moves = 0
         while True:
-            self.rate_limited = None
-            result = self._run_step(start, spec)
-            if result.status == StepStatus.SUCCEEDED or self.rate_limited is None:
+            result = self.process.execute(start, spec)
+            rate_limited = self.process.rate_limited
+            if result.status == StepStatus.SUCCEEDED or rate_limited is None:
                 return result, False
             if moves >= int(settings.LOOPSWEB_RATE_LIMIT_MOVES):
                 return result, False
@@ -383,14 +315,14 @@ class _RunExecution:
                 partial(
                     services.step_move_after_rate_limit,
                     step_run_id=step.id,
-                    reason=self.rate_limited,
+                    reason=rate_limited,
                 ),
             )
             if moved is None:
                 if services.run_pool(self.run) is None:
                     return result, True
                 # Every member is busy or cooling: wait for one (parked), then go on.
-                start = self._wait_for_start(step)
+                start = self.starter.wait(step)
                 moves = 0
                 continue
             moves += 1
@@ -400,191 +332,7 @@ class _RunExecution:
                 step.step_id,
                 moved,
             )
-            start = self._wait_for_start(step)
-
-    def _park(self, delay: float) -> None:
-        """Free this worker: the run's task comes back in `delay` seconds (see run_park)."""
-        assert self.hand_back is not None
-        hand_back = self.hand_back
-        resume_at = timezone.now() + timedelta(seconds=delay)
-
-        def park() -> bool:
-            with transaction.atomic():
-                if not services.run_park(
-                    run_id=self.run.id, worker=self.worker, resume_at=resume_at
-                ):
-                    return False
-                hand_back(self.run.id, delay)
-                return True
-
-        if not write_ledger(f"run {self.run.id}: its hand-back", park):
-            raise _LeaseLost()
-        raise _HandedBack()
-
-    def _run_step(
-        self, start: services.StepStart, spec: Mapping[str, Any]
-    ) -> services.StepResult:
-        """Run a started step's process; its result, not yet recorded."""
-        step = start.step_run
-        target = found if isinstance(found := spec.get("target"), dict) else {}
-        kind = target.get("type") or spec.get("kind")
-        is_agent = kind == "agent"
-        try:
-            if is_agent:
-                target = self._isolated_target(spec)
-                invocation = agent_invocation(
-                    target=target,
-                    profile=step.account_profile or target.get("authProfile"),
-                    tool=step.account_tool,
-                    run_id=self.run.id,
-                    step_id=step.step_id,
-                    # The start read the account's registry row; no second read.
-                    registry=(
-                        {step.account_profile: start.account} if start.account else {}
-                    )
-                    if step.account_profile
-                    else None,
-                )
-            elif kind == "command":
-                invocation = command_invocation(
-                    target=target, run_id=self.run.id, step_id=step.step_id
-                )
-            else:
-                raise ProviderError(STEP_KIND_UNKNOWN.format(kind=kind))
-        except (ProviderError, ValidationError) as exc:
-            return services.StepResult(status=StepStatus.FAILED, error=str(exc))
-        timeout_ms, idle_ms = step_limits(spec, target, is_agent=is_agent)
-        provider = invocation.provider
-        watch = StepWatch(
-            step.id, provider, is_agent=is_agent, account=step.account_profile
-        )
-        try:
-            result = watch.run(  # redacts the step's secrets (ledger.agent_step)
-                invocation=invocation,
-                timeout_seconds=timeout_ms / 1000 if timeout_ms else None,
-                idle_timeout_seconds=idle_ms / 1000 if idle_ms else None,
-                tail_bytes=int(settings.LOOPSWEB_OUTPUT_TAIL_BYTES),
-                grace_seconds=float(settings.LOOPSWEB_KILL_GRACE_SECONDS),
-                on_spawn=lambda pid: write_ledger(
-                    f"run {self.run.id}: the process of step {step.step_id}",
-                    lambda: services.step_process_record(step_run_id=step.id, pid=pid),
-                ),
-                keep_alive=self.keep_alive,
-                keep_alive_every=self.keep_alive_every,
-                deadline=self.deadline,
-                output_every=float(settings.LOOPSWEB_OUTPUT_FLUSH_SECONDS),
-            )
-        finally:
-            invocation.remove_files()
-        if result.lost:
-            watch.keep(result.stdout, result.stderr)
-            raise _LeaseLost()
-        if result.spawn_error:
-            return _step_result(result, StepStatus.FAILED, error=result.spawn_error)
-        status, error = watch.outcome(result, timeout_ms=timeout_ms, idle_ms=idle_ms)
-        usage = None
-        note = None
-        login_failed = False
-        if is_agent and result.timeout is None:
-            note = self._record_rate_limit(step, provider, result, watch.signal)
-            if note and error:
-                error += note
-            elif status != StepStatus.SUCCEEDED:
-                login_failed = self._record_login_failure(step, result, error)
-        if is_agent:
-            usage = parse_usage(provider, result.stdout)
-        return _step_result(
-            result,
-            status,
-            error=error,
-            usage=usage,
-            rate_limited=note is not None and status != StepStatus.SUCCEEDED,
-            login_failed=login_failed,
-        )
-
-    def _record_rate_limit(
-        self,
-        step: WorkflowStepRun,
-        provider: str | None,
-        result: ProcessResult,
-        live: RateLimitSignal | None = None,
-    ) -> str | None:
-        signal_seen = live or detect_rate_limit(
-            output=f"{result.stdout}\n{result.stderr}",
-            exit_code=result.exit_code,
-            rate_limit_exit_codes=rate_limit_exit_codes(provider),
-            now=timezone.now(),
-        )
-        if signal_seen is None:
-            return None
-        self.rate_limited = signal_seen.snippet
-        if step.account_profile:
-            # Recorded before the step is finished, so no other step can start on the
-            # account in between and hit the same limit.
-            profile = step.account_profile
-            write_ledger(
-                f"run {self.run.id}: the cooldown of account {profile}",
-                lambda: services.account_cooldown_record(
-                    profile=profile,
-                    tool=step.account_tool or provider,
-                    until=signal_seen.until,
-                    reason=COOLDOWN_REASON.format(
-                        provider=provider,
-                        step_id=step.step_id,
-                        run_id=self.run.id,
-                        snippet=signal_seen.snippet,
-                    ),
-                    step_run=step,
-                ),
-            )
-        return RATE_LIMIT_NOTE.format(snippet=signal_seen.snippet)
-
-    def _record_login_failure(
-        self, step: WorkflowStepRun, result: ProcessResult, error: str | None
-    ) -> bool:
-        """A failed step whose agent names an authentication error marks its account
-        `login failed` with the agent's words (ledger.services.cooldowns): pool
-        assignment and failover skip it until `account check` or `account enable`.
-        True when the agent named one (the step's reason_code)."""
-        signal = detect_login_failure(
-            output=f"{result.stdout}\n{result.stderr}", exit_code=result.exit_code
-        )
-        profile = step.account_profile
-        if signal is None:
-            return False
-        if not profile:
-            return True
-        write_ledger(
-            f"run {self.run.id}: the login failure of account {profile}",
-            lambda: services.account_login_failed_record(
-                profile=profile, reason=error or signal.snippet
-            ),
-        )
-        return True
-
-
-def _step_result(
-    result: ProcessResult,
-    status: str,
-    *,
-    error: str | None,
-    usage: Usage | None = None,
-    rate_limited: bool = False,
-    login_failed: bool = False,
-) -> services.StepResult:
-    return services.StepResult(
-        status=status,
-        exit_code=result.exit_code,
-        pid=result.pid,
-        duration_ms=result.duration_ms,
-        stdout=result.stdout,
-        stderr=result.stderr,
-        error=error,
-        usage=usage,
-        processes_ended=result.ended if result.pid is not None else None,
-        rate_limited=rate_limited,
-        login_failed=login_failed,
-    )
+            start = self.starter.wait(step)
 
 
 def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
@@ -637,10 +385,10 @@ def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
     execution = _RunExecution(run, worker, hand_back, deadline)
     try:
         return execution.execute()
-    except _HandedBack:
+    except HandedBack:
         logger.debug("workflow run %s handed back to the queue", run_id)
         return HANDED_BACK
-    except _LeaseLost:
+    except LeaseLost:
         execution.save_work(None)
         current = (
             WorkflowRun.objects.filter(pk=run_id)

@@ -26,7 +26,6 @@ from tests.agents.test_runs_real import KEYS, drain_and_run
 from tests.ledger.runner_helpers import git_project, steps_of
 from tests.waiting import hang_deadline
 
-
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("agent_clis_runner")]
 
 

@@ -1,0 +1,251 @@
+"""One started step as a process (ledger.runner, module docstring 4-5): its invocation (the
+agent's target checked again and moved into the run's worktree, or a command), the process
+under its watch (ledger.agent_step), and what it said about its account: a provider rate
+limit puts the account in cooldown, an authentication error marks its login failed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from domain.errors import ValidationError
+from domain.sandbox import step_isolation
+from ledger import services
+from ledger.agent_step import StepWatch, step_limits
+from ledger.dberrors import write_ledger
+from ledger.models import StepStatus, WorkflowRun, WorkflowStepRun
+from ledger.processes import ProcessResult
+from ledger.projects import project_dir_check
+from ledger.providers import (
+    Invocation,
+    ProviderError,
+    agent_invocation,
+    command_invocation,
+    rate_limit_exit_codes,
+)
+from ledger.ratelimit import RateLimitSignal, detect_login_failure, detect_rate_limit
+from ledger.run_signals import LeaseLost
+from ledger.usage import Usage, parse_usage
+from ledger.worktrees import Worktree
+
+STEP_KIND_UNKNOWN = "unknown step kind: {kind}"
+RATE_LIMIT_NOTE = "; provider rate limit: {snippet}"
+COOLDOWN_REASON = "{provider} rate limit on step {step_id} of run {run_id}: {snippet}"
+
+
+class StepProcess:
+    """Runs a run's started steps as processes; `execute(start, spec)` returns the step's
+    result, not yet recorded, and `rate_limited` the rate-limit snippet of that attempt."""
+
+    def __init__(
+        self,
+        run: WorkflowRun,
+        worktree: Callable[[], Worktree | None],
+        keep_alive: Callable[[], bool],
+        keep_alive_every: float,
+        deadline: float | None,
+    ) -> None:
+        self.run = run
+        self._worktree = worktree  # the run's, once it is prepared
+        self.keep_alive = keep_alive
+        self.keep_alive_every = keep_alive_every
+        self.deadline = deadline  # the task's (ledger.agent_step.task_deadline)
+        self.rate_limited: str | None = None
+
+    @property
+    def worktree(self) -> Worktree | None:
+        return self._worktree()
+
+    def execute(
+        self, start: services.StepStart, spec: Mapping[str, Any]
+    ) -> services.StepResult:
+        """Run a started step's process; its result, not yet recorded."""
+        self.rate_limited = None
+        step = start.step_run
+        target = found if isinstance(found := spec.get("target"), dict) else {}
+        kind = target.get("type") or spec.get("kind")
+        is_agent = kind == "agent"
+        try:
+            target, invocation = self._invocation(start, spec, target, kind)
+        except (ProviderError, ValidationError) as exc:
+            return services.StepResult(status=StepStatus.FAILED, error=str(exc))
+        timeout_ms, idle_ms = step_limits(spec, target, is_agent=is_agent)
+        provider = invocation.provider
+        watch = StepWatch(
+            step.id, provider, is_agent=is_agent, account=step.account_profile
+        )
+        try:
+            result = watch.run(  # redacts the step's secrets (ledger.agent_step)
+                invocation=invocation,
+                timeout_seconds=timeout_ms / 1000 if timeout_ms else None,
+                idle_timeout_seconds=idle_ms / 1000 if idle_ms else None,
+                tail_bytes=int(settings.LOOPSWEB_OUTPUT_TAIL_BYTES),
+                grace_seconds=float(settings.LOOPSWEB_KILL_GRACE_SECONDS),
+                on_spawn=lambda pid: write_ledger(
+                    f"run {self.run.id}: the process of step {step.step_id}",
+                    lambda: services.step_process_record(step_run_id=step.id, pid=pid),
+                ),
+                keep_alive=self.keep_alive,
+                keep_alive_every=self.keep_alive_every,
+                deadline=self.deadline,
+                output_every=float(settings.LOOPSWEB_OUTPUT_FLUSH_SECONDS),
+            )
+        finally:
+            invocation.remove_files()
+        if result.lost:
+            watch.keep(result.stdout, result.stderr)
+            raise LeaseLost()
+        if result.spawn_error:
+            return _step_result(result, StepStatus.FAILED, error=result.spawn_error)
+        status, error = watch.outcome(result, timeout_ms=timeout_ms, idle_ms=idle_ms)
+        usage = None
+        note = None
+        login_failed = False
+        if is_agent and result.timeout is None:
+            note = self._record_rate_limit(step, provider, result, watch.signal)
+            if note and error:
+                error += note
+            elif status != StepStatus.SUCCEEDED:
+                login_failed = self._record_login_failure(step, result, error)
+        if is_agent:
+            usage = parse_usage(provider, result.stdout)
+        return _step_result(
+            result,
+            status,
+            error=error,
+            usage=usage,
+            rate_limited=note is not None and status != StepStatus.SUCCEEDED,
+            login_failed=login_failed,
+        )
+
+    def _invocation(
+        self,
+        start: services.StepStart,
+        spec: Mapping[str, Any],
+        target: dict[str, Any],
+        kind: object,
+    ) -> tuple[dict[str, Any], Invocation]:
+        """The step's target as it runs and its invocation (ProviderError, ValidationError
+        when it cannot run)."""
+        step = start.step_run
+        if kind == "agent":
+            target = self._isolated_target(spec)
+            return target, agent_invocation(
+                target=target,
+                profile=step.account_profile or target.get("authProfile"),
+                tool=step.account_tool,
+                run_id=self.run.id,
+                step_id=step.step_id,
+                # The start read the account's registry row; no second read.
+                registry=(
+                    {step.account_profile: start.account} if start.account else {}
+                )
+                if step.account_profile
+                else None,
+            )
+        if kind == "command":
+            return target, command_invocation(
+                target=target, run_id=self.run.id, step_id=step.step_id
+            )
+        raise ProviderError(STEP_KIND_UNKNOWN.format(kind=kind))
+
+    def _isolated_target(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """An agent step's target as it runs: checked again, and moved into the worktree."""
+        target = dict(spec.get("target") or {})
+        cwd = target.get("cwd")
+        if isinstance(cwd, str) and cwd:
+            project_dir_check(cwd)
+            if self.worktree is not None:
+                target["cwd"] = self.worktree.translate(cwd)
+        if "worktreeMode" in target:
+            # Generated steps passed the preflight at admission against the worktree they
+            # expected; the run may not have got one (the project stopped being a git tree).
+            step_isolation(spec, worktree=self.worktree is not None)
+        return target
+
+    def _record_rate_limit(
+        self,
+        step: WorkflowStepRun,
+        provider: str | None,
+        result: ProcessResult,
+        live: RateLimitSignal | None = None,
+    ) -> str | None:
+        signal_seen = live or detect_rate_limit(
+            output=f"{result.stdout}\n{result.stderr}",
+            exit_code=result.exit_code,
+            rate_limit_exit_codes=rate_limit_exit_codes(provider),
+            now=timezone.now(),
+        )
+        if signal_seen is None:
+            return None
+        self.rate_limited = signal_seen.snippet
+        if step.account_profile:
+            # Recorded before the step is finished, so no other step can start on the
+            # account in between and hit the same limit.
+            profile = step.account_profile
+            write_ledger(
+                f"run {self.run.id}: the cooldown of account {profile}",
+                lambda: services.account_cooldown_record(
+                    profile=profile,
+                    tool=step.account_tool or provider,
+                    until=signal_seen.until,
+                    reason=COOLDOWN_REASON.format(
+                        provider=provider,
+                        step_id=step.step_id,
+                        run_id=self.run.id,
+                        snippet=signal_seen.snippet,
+                    ),
+                    step_run=step,
+                ),
+            )
+        return RATE_LIMIT_NOTE.format(snippet=signal_seen.snippet)
+
+    def _record_login_failure(
+        self, step: WorkflowStepRun, result: ProcessResult, error: str | None
+    ) -> bool:
+        """A failed step whose agent names an authentication error marks its account
+        `login failed` with the agent's words (ledger.services.cooldowns): pool
+        assignment and failover skip it until `account check` or `account enable`.
+        True when the agent named one (the step's reason_code)."""
+        signal = detect_login_failure(
+            output=f"{result.stdout}\n{result.stderr}", exit_code=result.exit_code
+        )
+        profile = step.account_profile
+        if signal is None:
+            return False
+        if not profile:
+            return True
+        write_ledger(
+            f"run {self.run.id}: the login failure of account {profile}",
+            lambda: services.account_login_failed_record(
+                profile=profile, reason=error or signal.snippet
+            ),
+        )
+        return True
+
+
+def _step_result(
+    result: ProcessResult,
+    status: str,
+    *,
+    error: str | None,
+    usage: Usage | None = None,
+    rate_limited: bool = False,
+    login_failed: bool = False,
+) -> services.StepResult:
+    return services.StepResult(
+        status=status,
+        exit_code=result.exit_code,
+        pid=result.pid,
+        duration_ms=result.duration_ms,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        error=error,
+        usage=usage,
+        processes_ended=result.ended if result.pid is not None else None,
+        rate_limited=rate_limited,
+        login_failed=login_failed,
+    )
