@@ -42,6 +42,28 @@ from ledger.worktrees import (
 logger = logging.getLogger(__name__)
 
 
+def lost_work_branch(run: WorkflowRun) -> str | None:
+    """The branch of the latest earlier run of `run`'s item that ended because its host was
+    gone (ledger.services.hostloss), or None: a retry starts from the work that run had
+    committed there when this machine's project has that branch (a project on storage
+    both hosts see), else from the project's HEAD (ledger.worktrees.worktree_create)."""
+    lost = (
+        WorkflowRun.objects.filter(
+            work_item_id=run.work_item_id,
+            lost_with_host__isnull=False,
+            worktree_branch__isnull=False,
+        )
+        .exclude(pk=run.pk)
+        .order_by("-created_at")
+        .values_list("id", "worktree_branch")
+        .first()
+    )
+    # Only the branch loopsweb named after that run (never a name read as an option).
+    if lost is None or lost[1] != worktree_branch(lost[0]):
+        return None
+    return lost[1]
+
+
 class WorktreeLeaseLost(Exception):
     """The run stopped being this worker's while its worktree was being recorded."""
 
@@ -84,7 +106,9 @@ class RunWorktree:
         ):
             raise WorktreeLeaseLost()
         try:
-            self.worktree = worktree_create(project=project, run_id=run.id)
+            self.worktree = worktree_create(
+                project=project, run_id=run.id, start_from=lost_work_branch(run)
+            )
         except WorktreeError:
             # Nothing was left behind (worktree_create cleaned up): forget the record too.
             services.run_worktree_record(

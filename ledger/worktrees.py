@@ -200,13 +200,17 @@ def _git(git_dir: str, *args: str) -> GitResult:
         raise WorktreeError(WORKTREE_FAILED.format(error=exc)) from None
 
 
-def worktree_create(*, project: str, run_id: str) -> Worktree:
-    """A new worktree of `project` (its HEAD) on a new branch named after the run: git
-    records it (`worktree add --no-checkout`), loopsweb writes its files
-    (ledger.worktree_files) and its index (`read-tree`)."""
+def worktree_create(
+    *, project: str, run_id: str, start_from: str | None = None
+) -> Worktree:
+    """A new worktree of `project` (its HEAD, or the head of the branch `start_from` when
+    the project has it) on a new branch named after the run: git records it (`worktree add
+    --no-checkout`), loopsweb writes its files (ledger.worktree_files) and its index
+    (`read-tree`)."""
     repo = project_repository(project)
     path, branch = worktree_dir(run_id), worktree_branch(run_id)
-    head = resolve_commit(repo.git_dir, "HEAD")
+    head = _branch_head(repo.common_dir, start_from) if start_from else None
+    head = head or resolve_commit(repo.git_dir, "HEAD")
     if head is None:
         raise WorktreeError(
             WORKTREE_FAILED.format(error=NO_COMMIT.format(path=project))

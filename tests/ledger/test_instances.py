@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -30,15 +31,24 @@ from ledger.instances import (
 )
 from ledger.models import ClusterInstance, Host, RunStatus, StepStatus, WorkflowRun
 from ledger.processes import kill_step_process_group
+from ledger.runner import run_workflow_run
 from ledger.services import (
     HOST_GONE_ERROR,
     run_claim,
     run_park,
     runs_end_on_gone_hosts,
 )
+from ledger.worktrees import worktree_branch, worktree_dir
 from routing.admission import CREATED, route_event, route_options
 from tests.account_loads import assert_account_counts_match_rows
 from tests.factories import make_step_run
+from tests.ledger.runner_helpers import (
+    FakeAgent,
+    git,
+    git_project,
+    route_generic,
+    steps_of,
+)
 from tests.processes import generic_event, scratch_cwd
 
 pytestmark = pytest.mark.django_db
@@ -217,3 +227,55 @@ def test_a_step_is_signalled_only_from_where_its_instance_runs() -> None:
         if stranger.poll() is None:
             stranger.kill()
             stranger.wait()
+
+
+@pytest.mark.slow
+def test_a_retry_after_its_host_was_gone_starts_from_the_work_on_the_lost_runs_branch(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    """The lost run's branch, where host A committed its worker's step (a project on
+    storage both hosts see), is where the retry on this host starts: the agent finds the
+    file, and the retry's branch carries it."""
+    project = git_project(tmp_path / "repo")
+    agent.env(write="note.txt")  # and list what the worktree holds
+    for name, age in (("host-a", settings.LOOPSWEB_HOST_DEAD_SECONDS + 5), (None, 0)):
+        name = name or settings.LOOPSWEB_HOST_NAME
+        Host.objects.create(
+            name=name,
+            queue=host_queue(name),
+            roots=[str(tmp_path)],
+            providers=["codewith"],
+            workers=1,
+            seen_at=timezone.now() - timedelta(seconds=age),
+            projects=None,
+        )
+    hosts_read_forget()
+    first = route_generic(project, created=True, max_attempts=2, retry_backoff=0).run
+    assert run_claim(run_id=first.id, worker="host-a:7@00aa") is not None
+    branch = worktree_branch(first.id)
+    scratch = tmp_path / "host-a-worktree"
+    git(project, "worktree", "add", "-q", "-b", branch, str(scratch))
+    (scratch / "partial.txt").write_text("the first half of the work\n")
+    git(scratch, "add", "partial.txt")
+    git(scratch, "commit", "-q", "-m", "step worker")
+    git(project, "worktree", "remove", str(scratch))
+    WorkflowRun.objects.filter(pk=first.id).update(
+        worktree_path=str(worktree_dir(first.id)),
+        worktree_branch=branch,
+        worktree_host="host-a",
+    )
+    assert runs_end_on_gone_hosts() == [first.id]
+
+    retry = WorkflowRun.objects.exclude(pk=first.id).get(
+        work_item_id=first.work_item_id
+    )
+    assert run_workflow_run(retry.id) == RunStatus.SUCCEEDED
+    assert '"partial.txt"' in steps_of(retry)["worker"].stdout
+    retry_branch = worktree_branch(retry.id)
+    assert git(project, "show", f"{retry_branch}:partial.txt") == (
+        "the first half of the work\n"
+    )
+    # A plain run of another item starts from the project's HEAD, as before.
+    other = route_generic(project, created=True).run
+    assert run_workflow_run(other.id) == RunStatus.SUCCEEDED
+    assert '"partial.txt"' not in steps_of(other)["worker"].stdout
