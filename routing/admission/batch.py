@@ -12,7 +12,7 @@ A plan that meets existing rows (an item seen before, a reused invocation or spe
 admitted by `transaction.admit`, in the same transaction, after the rows decided before it
 are written; the counts are read again after it.
 
-The caller (a drain, `routing.drains.batch`) opens the transaction and takes the admission
+The caller (a drain, `routing.drains.inbox_batch`) opens the transaction and takes the admission
 lock; `admit_batch` never sees inbox rows: `claimable` tells it which plans it may decide.
 """
 

@@ -18,7 +18,7 @@
    recorded as `fatal` and the batch continues. Once the scope (or a pool every candidate
    shares) is full, the rest are held unread, and a full project or group holds its later
    candidates without another count. By default candidates are decided in batches
-   (`routing.drains.batch`), with the same decisions; one at a time after a failed batch,
+   (`routing.drains.inbox_batch`), with the same decisions; one at a time after a failed batch,
    with LOOPSWEB_DRAIN_BATCH_SIZE=1, and in dry runs.
 3. Store a drain record (options, scope, timing, counts, compact results) and, with
    `evidence_dir`, write the full report as a private JSON file.
@@ -65,8 +65,8 @@ from routing.admission import (
     plan_route,
     scope_hold,
 )
-from routing.drains.batch import route_batch
 from routing.drains.candidates import fair_order, passes_filters
+from routing.drains.inbox_batch import route_batch
 from routing.drains.options import DrainOptions
 from routing.drains.outage import (
     ConnectionLost,
@@ -114,7 +114,7 @@ class _Full(FullCaps):
     def record_held_rows(self, now: datetime) -> None:
         """One UPDATE for the rows held because everything was full (still open ones only:
         a row another drain routed meanwhile keeps its outcome). It locks the rows in id
-        order, as a batch does (routing.drains.batch), so concurrent drains never deadlock
+        order, as a batch does (routing.drains.inbox_batch), so concurrent drains never deadlock
         on PostgreSQL."""
         if self.held_rows and self.every is not None:
             hold = self.every
@@ -568,7 +568,7 @@ def _route_batch(
     registered: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any] | None]:
     """Route `candidates` in order as `_route_one` would, the admissions in one transaction
-    (routing.drains.batch). Returns one result per candidate it handled, in order (None for
+    (routing.drains.inbox_batch). Returns one result per candidate it handled, in order (None for
     a row another drain claimed): all of them, or those up to the one that made the drain's
     max_dispatch-th admission. Once the scope (or the shared pool) fills, the rest are held
     unread as the drain loop would (`_hold_unread`, with the plans made here). Raises, having
