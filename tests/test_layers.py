@@ -103,6 +103,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("admission", ("routing.models", "routing.migrations", "routing.admission")),
     ("drains", ("routing.drains", "routing.tasks")),
     ("reads shared by the web surfaces (API, /ops, /metrics)", ("routing.selectors",)),
+    ("web toolkit shared by the admin and /ops (cells, paging, audit)", ("ledger.webkit",)),
     (
         "web surfaces",
         (

@@ -38,13 +38,13 @@ from django_q.models import Schedule
 from domain import reasons
 from domain.errors import ApplicationError
 from ledger import services
-from ledger.admin.actions import log_operator_action
-from ledger.admin.base import CappedCountPaginator
-from ledger.admin.display import task_description, task_title
 from ledger.capacity import hosts_view
 from ledger.item_read import work_item_read
 from ledger.lock import SLOW_WAIT_SECONDS, lock_state
 from ledger.models import WorkflowWorkItem
+from ledger.webkit.audit import log_operator_action
+from ledger.webkit.display import task_description, task_title
+from ledger.webkit.paging import CappedCountPaginator
 from routing import selectors as shared
 from routing.admission import retry_outcome
 from routing.drains import configs as drain_configs
