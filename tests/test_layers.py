@@ -51,11 +51,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        "ledger reads (selectors, account loads, display, capacity)",
+        "ledger reads (selectors, display, capacity, windows)",
         (
             "ledger.selectors",
             "ledger.item_read",
-            "ledger.loads",
             "ledger.display",
             "ledger.capacity",
             "ledger.windows",
@@ -103,7 +102,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("admission", ("routing.models", "routing.migrations", "routing.admission")),
     ("drains", ("routing.drains", "routing.tasks")),
     ("reads shared by the web surfaces (API, /ops, /metrics)", ("routing.selectors",)),
-    ("web toolkit shared by the admin and /ops (cells, paging, audit)", ("ledger.webkit",)),
+    (
+        "web toolkit shared by the admin and /ops (cells, paging, audit)",
+        ("ledger.webkit",),
+    ),
     (
         "web surfaces",
         (

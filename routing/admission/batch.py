@@ -28,7 +28,6 @@ from django.db.models import Model
 
 from domain.keys import TODOS_TASK
 from domain.throttle import AdmissionDecision, ThrottleCounts
-from ledger.loads import LoadDelta, apply_load_delta
 from ledger.models import (
     KEEP_WORK_ITEM_STATUSES,
     Loop,
@@ -49,6 +48,7 @@ from ledger.selectors import (
     active_counts_by_key,
 )
 from ledger.services import work_item_admit_rows
+from ledger.services.account_loads import LoadDelta, apply_load_delta
 from ledger.windows import state_windows
 from routing.admission.decide import (
     FullCaps,
