@@ -85,6 +85,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "ledger execution (worktrees, runner)",
         (
             "ledger.worktrees",
+            "ledger.worktree_prune",
             "ledger.step_commits",
             "ledger.delivery_view",
             "ledger.pr_body",
