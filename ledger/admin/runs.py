@@ -50,7 +50,7 @@ from ledger.models import (
 )
 from ledger.selectors import step_attempts
 from ledger.webkit.audit import log_operator_action
-from ledger.webkit.display import seconds, short_id, status_badge
+from ledger.webkit.cells import seconds, short_id, status_badge
 
 # The step run page's fields, each once: the run as a link, the duration in s/min (not
 # duration_ms).

@@ -51,7 +51,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.webkit.display import (
+from ledger.webkit.cells import (
     age,
     current_state,
     project_basename,

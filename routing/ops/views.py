@@ -43,7 +43,7 @@ from ledger.item_read import work_item_read
 from ledger.lock import SLOW_WAIT_SECONDS, lock_state
 from ledger.models import WorkflowWorkItem
 from ledger.webkit.audit import log_operator_action
-from ledger.webkit.display import task_description, task_title
+from ledger.webkit.cells import task_description, task_title
 from ledger.webkit.paging import CappedCountPaginator
 from routing import selectors as shared
 from routing.admission import retry_outcome

@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from ledger.models import WorkflowRun, WorkflowWorkItem
 from ledger.services import CANCEL_REASON_DEFAULT
-from ledger.webkit.display import seconds
+from ledger.webkit.cells import seconds
 from tests.ledger.runner_helpers import child_database_url
 from tests.processes import manage
 from tests.routing.helpers import route, todos_event

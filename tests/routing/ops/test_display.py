@@ -10,7 +10,7 @@ import pytest
 from ledger.display import duration_text, seconds
 from ledger.ids import new_id
 from ledger.selectors import id_floor
-from ledger.webkit.display import age as admin_age
+from ledger.webkit.cells import age as admin_age
 from routing.drains.configs import drain_config, strictest
 from routing.ops.display import (
     LoadBar,
