@@ -1,7 +1,8 @@
 """Run capacity: which run workers exist (busy / total per cluster) and which runs wait too long.
 
 - Every worker process of a run cluster reports itself every HEARTBEAT_SECONDS from a small
-  thread started when django-q2 spawns it (ledger.heartbeat); a row not
+  thread started when django-q2 spawns it (ledger.heartbeat, writing with
+  ledger.services.run_workers); this module only reads those rows: a row not
   seen for LIVE_WITHIN is a worker that is gone (stopped, killed, its machine down).
 - Busy workers are the live ones holding a running run (`claimed_by`: ledger.instances
   `WorkerId`, `<host>:<pid>@<instance>`), read
@@ -18,9 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import cast
 
-from django.db import transaction
 from django.db.models import Count, Min, Q
-from django.utils import timezone
 from django_q.models import OrmQ
 
 from ledger.hosts import dead_after
@@ -34,31 +33,7 @@ logger = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 10.0
 LIVE_WITHIN = timedelta(seconds=35)
-# Rows of workers gone this long are deleted by the next heartbeat of any worker.
-FORGET_AFTER = timedelta(days=1)
 WAITING_TOO_LONG = timedelta(minutes=2)
-
-
-def run_worker_report(
-    *,
-    cluster: str,
-    host: str,
-    pid: int,
-    cluster_pid: int,
-    instance: str = "",
-    now: datetime | None = None,
-) -> None:
-    """Record that this worker is alive (upsert on host and pid: a pid its host reuses
-    takes the old row over, with its instance); forget long-gone workers."""
-    now = now or timezone.now()
-    fields = {"cluster": cluster, "cluster_pid": cluster_pid, "instance": instance}
-    with transaction.atomic():
-        updated = RunWorker.objects.filter(host=host, pid=pid).update(
-            seen_at=now, updated_at=now, **fields
-        )
-        if not updated:
-            RunWorker.objects.create(host=host, pid=pid, seen_at=now, **fields)
-        RunWorker.objects.filter(seen_at__lt=now - FORGET_AFTER).delete()
 
 
 @dataclass(frozen=True)

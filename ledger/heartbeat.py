@@ -1,6 +1,7 @@
 """The heartbeat of a run cluster's worker (django-q2 `post_spawn`, connected in ledger.apps):
 a small thread in each worker that, every HEARTBEAT_SECONDS, says the worker and its cluster
-instance live (ledger.capacity, ledger.instances), writes its host's row (ledger.hosts),
+instance live (ledger.services.run_workers, ledger.instances), writes its host's row
+(ledger.hosts),
 moves a dead host's queue to the live ones and ends the runs that were on it
 (ledger.services.hostloss), and checks which projects this host has.
 
@@ -19,12 +20,13 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
-from ledger.capacity import HEARTBEAT_SECONDS, run_worker_report
+from ledger.capacity import HEARTBEAT_SECONDS
 from ledger.dberrors import OutageNotice
 from ledger.hosts import host_report, local_providers
 from ledger.instances import instance_seen, process_instance
 from ledger.queue import host_projects_refresh, hosts_release_dead
 from ledger.services import runs_end_on_gone_hosts
+from ledger.services.run_workers import run_worker_report
 
 logger = logging.getLogger(__name__)
 # Beats in a row (HEARTBEAT_SECONDS apart) the database must have taken before this worker

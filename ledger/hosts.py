@@ -1,7 +1,7 @@
 """Hosts: the machines that run agents, and which of them can serve a run.
 
 - Registration: every worker of a run cluster writes its host's row (`Host`) with its
-  heartbeat (ledger.capacity, every 10 s): the stable name (LOOPSWEB_HOST_NAME), the real
+  heartbeat (ledger.heartbeat, every 10 s): the stable name (LOOPSWEB_HOST_NAME), the real
   paths of LOOPSWEB_PROJECT_ROOTS, the providers whose binary it finds (resolved as
   ledger.providers resolves them: LOOPSWEB_<PROVIDER>_BIN on PATH or absolute) and its
   worker count. A host seen within LOOPSWEB_HOST_DEAD_SECONDS is live.

@@ -191,7 +191,7 @@ class RunWorktree:
 
     def remove(self) -> None:
         """After success only, and only when the work is committed; a failed run's worktree
-        is kept for the operator and pruned later (ledger.worktrees.worktrees_prune)."""
+        is kept for the operator and pruned later (ledger.worktree_prune.worktrees_prune)."""
         if self.worktree is None or self.kept:
             return
         try:

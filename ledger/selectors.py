@@ -1,11 +1,12 @@
 """Reads of the ledger that decisions depend on. Counts come from rows, or from counts kept
-in the same transactions as the rows and proven equal to a recount (ledger.loads).
+in the same transactions as the rows and proven equal to a recount
+(ledger.services.account_loads).
 
 Each count is its own indexed query so that the cost stays flat as history grows:
   - scope:   idx_workflow_work_items_scope   (route_scope, status)
   - project: idx_workflow_work_items_project (project_key, status)
   - group:   idx_workflow_work_items_group   (project_group, status)
-  - account load: workflow_account_loads, one row per account (ledger.loads).
+  - account load: workflow_account_loads, one row per account (ledger.services.account_loads).
 
 Time windows are primary-key ranges: ledger ids start with their creation time in ms (see
 ledger.ids), so "created since T" is a key range even where a table has no timestamp index
@@ -167,7 +168,8 @@ class AccountLoad:
 
 
 # One statement for the whole pool picture: the kept load per account (one row per account,
-# however many runs are queued: ledger.loads) and, when asked, the accounts still cooling
+# however many runs are queued: ledger.services.account_loads) and, when asked, the accounts
+# still cooling
 # down. Rows are (kind, account_profile, running, reserved, until).
 _LOADS_SQL = f"""
 SELECT 'load', account_profile, running, reserved, NULL
@@ -242,7 +244,8 @@ def account_state(
       rate-limit window (of the named accounts, or all) seen within
       LOOPSWEB_WINDOW_KEEP_DAYS (ledger.windows adds the estimates).
     Later steps of a started run count only once they run. Running and reserved are the
-    counts kept per account (`ledger.loads`), equal to a recount of the rows: the read costs
+    counts kept per account (`ledger.services.account_loads`), equal to a recount of the rows:
+    the read costs
     one row per account, not a scan of the queued runs.
     """
     # The cooling rows come first when present: PostgreSQL types each UNION column from its

@@ -36,7 +36,7 @@ from ledger.services import (
     runs_queued_stale,
     runs_recover_expired,
 )
-from ledger.worktrees import worktree_orphans_prune, worktrees_prune
+from ledger.worktree_prune import worktree_orphans_prune, worktrees_prune
 
 logger = logging.getLogger(__name__)
 PRUNE_TASK = "ledger.tasks.prune_host_worktrees"

@@ -25,10 +25,9 @@ loopsweb chose itself, never the ones the worktree names (docs/isolation.md).
    anywhere and WorktreeError says why (the runner keeps the worktree and records it).
    Returns the branch, its head and the diffstat against the commit the run started from
    (empty: the run changed nothing).
-3. `worktrees_prune` (the periodic task and `manage.py prune_worktrees`): worktrees of
-   succeeded runs whose removal did not happen, and of failed, timed-out or cancelled runs
-   LOOPSWEB_WORKTREE_KEEP_SECONDS after they finished (kept that long for an operator).
-   A worktree whose work could not be committed is never pruned: it is the only copy.
+3. Pruning (the periodic task and `manage.py prune_worktrees`) is ledger.worktree_prune:
+   worktrees of succeeded runs whose removal did not happen, and of failed, timed-out or
+   cancelled runs LOOPSWEB_WORKTREE_KEEP_SECONDS after they finished.
 
 Adding and removing hold an exclusive lock on `<dir>/.lock`, so concurrent runs of one
 project never race on the repository's worktree records.
@@ -45,18 +44,14 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
-from django.utils import timezone
 
 from domain.delivery import parse_git_author
 from domain.errors import ApplicationError
 from domain.sandbox import WORKTREE_AUTO, WORKTREE_REQUIRED
-from ledger import services
 from ledger.git import (
     GitError,
     GitResult,
@@ -66,7 +61,6 @@ from ledger.git import (
     resolve_commit,
     run_git,
 )
-from ledger.models import TERMINAL_RUN_STATUSES, RunStatus, WorkflowRun
 from ledger.projects import project_roots
 from ledger.worktree_files import checkout_files, snapshot_tree
 
@@ -272,7 +266,7 @@ def worktree_tampered(worktree: Worktree) -> str | None:
     (`<common dir>/worktrees/<run id>`), or None when it still does."""
     dot_git = os.path.join(worktree.path, ".git")
     admin = _admin_dir(worktree.common_dir, Path(worktree.path).name)
-    text = _dot_git_file(Path(worktree.path))
+    text = dot_git_file(Path(worktree.path))
     named = text.removeprefix("gitdir:").strip() if text.startswith("gitdir:") else ""
     if not named or os.path.realpath(
         os.path.join(worktree.path, named)
@@ -281,7 +275,7 @@ def worktree_tampered(worktree: Worktree) -> str | None:
     return None
 
 
-def _dot_git_file(worktree: Path) -> str:
+def dot_git_file(worktree: Path) -> str:
     """The text of the `.git` FILE at the top of `worktree`, read from one descriptor opened
     without following a symlink (the agent may have put anything there); "" for anything
     else: missing, a directory, a link, a FIFO, over 4 KiB."""
@@ -450,159 +444,3 @@ def _diffstat(worktree: Worktree, head: str) -> str:
     if len(stat_text) > DIFFSTAT_CHARS:
         stat_text = stat_text[: DIFFSTAT_CHARS - 1] + "…"
     return stat_text
-
-
-@dataclass(frozen=True)
-class PrunedWorktree:
-    run_id: str
-    status: str
-    path: str
-    branch: str | None
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "runId": self.run_id,
-            "status": self.status,
-            "path": self.path,
-            "branch": self.branch,
-            "error": self.error,
-        }
-
-
-def worktrees_due(*, now: datetime, keep_seconds: int) -> Any:
-    """This host's runs whose worktree should go now (module docstring, 3), oldest first.
-
-    Only worktrees recorded on this host (LOOPSWEB_HOST_NAME): another machine's directory
-    is not on this disk, and marking it removed from here would lose it. A worktree with no
-    host recorded (made before hosts were recorded) is this host's when its directory is
-    here (checked in worktrees_prune)."""
-    kept_until = now - timedelta(seconds=keep_seconds)
-    return (
-        WorkflowRun.objects.filter(
-            worktree_path__isnull=False,
-            worktree_removed_at__isnull=True,
-            status__in=TERMINAL_RUN_STATUSES,
-            commit_error__isnull=True,
-        )
-        .filter(
-            Q(worktree_host=settings.LOOPSWEB_HOST_NAME) | Q(worktree_host__isnull=True)
-        )
-        .filter(Q(status=RunStatus.SUCCEEDED) | Q(finished_at__lte=kept_until))
-        .select_related("workflow")
-        .order_by("finished_at", "id")
-    )
-
-
-def worktrees_prune(
-    *,
-    now: datetime | None = None,
-    keep_seconds: int | None = None,
-    dry_run: bool = False,
-) -> list[PrunedWorktree]:
-    """Remove the worktrees that are due; each removal is recorded on its run.
-
-    A removal that fails is reported with its error and tried again at the next prune.
-    """
-    now = now or timezone.now()
-    keep = (
-        settings.LOOPSWEB_WORKTREE_KEEP_SECONDS
-        if keep_seconds is None
-        else keep_seconds
-    )
-    pruned: list[PrunedWorktree] = []
-    for run in worktrees_due(now=now, keep_seconds=keep):
-        assert run.worktree_path is not None
-        if run.worktree_host is None and not os.path.lexists(run.worktree_path):
-            continue  # not recorded on a host and not on this disk: not ours to mark
-        found = worktree_project(run.workflow.steps_json or [])
-        error = None
-        if not dry_run:
-            try:
-                worktree_remove(
-                    project=found[0] if found else None,
-                    path=run.worktree_path,
-                    branch=run.worktree_branch,
-                )
-                services.run_worktree_removed(run_id=run.id)
-            except (WorktreeError, OSError) as exc:
-                logger.warning("could not prune worktree of run %s: %s", run.id, exc)
-                error = str(exc)
-        pruned.append(
-            PrunedWorktree(
-                run_id=run.id,
-                status=run.status,
-                path=run.worktree_path,
-                branch=run.worktree_branch,
-                error=error,
-            )
-        )
-    return pruned
-
-
-def _orphan_repository(path: Path) -> str | None:
-    """The project a leftover worktree directory belongs to (its `.git` file names the
-    repository's `.git/worktrees/<name>`) when that lies inside the project roots, or None
-    (then only the directory is removed: the file is the agent's to write)."""
-    text = _dot_git_file(path)
-    if not text.startswith("gitdir:"):
-        return None
-    gitdir = Path(os.path.realpath(text.removeprefix("gitdir:").strip()))
-    if gitdir.parent.name != "worktrees" or gitdir.parent.parent.name != ".git":
-        return None
-    repo = gitdir.parent.parent.parent
-    if not any(repo.is_relative_to(root) for root in project_roots()):
-        return None
-    return str(repo) if repo.is_dir() else None
-
-
-def worktree_orphans_prune(*, dry_run: bool = False) -> list[PrunedWorktree]:
-    """Remove worktree directories on this disk the ledger does not keep: named after no
-    run, or after a run that ended whose worktree is recorded removed (or never recorded)
-    and that is not another host's. Each goes with its branch (`git branch -d`: a branch
-    with unmerged commits stays), through `worktree_remove`."""
-    base = worktree_base()
-    try:
-        names = [entry.name for entry in os.scandir(base) if entry.is_dir()]
-    except OSError:
-        return []
-    runs = {
-        row["id"]: row
-        for row in WorkflowRun.objects.filter(id__in=names).values(
-            "id", "status", "worktree_path", "worktree_removed_at", "worktree_host"
-        )
-    }
-    me = settings.LOOPSWEB_HOST_NAME
-    pruned: list[PrunedWorktree] = []
-    for name in sorted(names):
-        run = runs.get(name)
-        if run is not None:
-            if run["status"] not in TERMINAL_RUN_STATUSES:
-                continue  # a live run's worktree (or about to be)
-            if run["worktree_host"] not in (None, me):
-                continue  # recorded on another host: a shared directory, not ours
-            if run["worktree_path"] and run["worktree_removed_at"] is None:
-                continue  # kept for an operator; worktrees_prune removes it when due
-        path = base / name
-        repo = _orphan_repository(path)
-        error = None
-        if not dry_run:
-            try:
-                worktree_remove(
-                    project=repo, path=str(path), branch=worktree_branch(name)
-                )
-                if run is not None and run["worktree_path"]:
-                    services.run_worktree_removed(run_id=name)
-            except (WorktreeError, OSError) as exc:
-                logger.warning("could not remove orphan worktree %s: %s", path, exc)
-                error = str(exc)
-        pruned.append(
-            PrunedWorktree(
-                run_id=name,
-                status=run["status"] if run else "orphan",
-                path=str(path),
-                branch=worktree_branch(name),
-                error=error,
-            )
-        )
-    return pruned

@@ -21,8 +21,8 @@ from django.utils.html import format_html
 
 from ledger.admin.actions import LifecycleAction, run_lifecycle_action
 from ledger.admin.base import LedgerAdmin, admin_link
-from ledger.admin.display import age, short_id, status_badge
 from ledger.admin.work_items import ItemSection, add_item_section
+from ledger.webkit.cells import age, short_id, status_badge
 from routing.api.tokens import token_state
 from routing.drains.inbox import inbox_discard, inbox_reopen
 from routing.models import ApiToken, InboxEvent

@@ -9,14 +9,14 @@ seeds): it sets the kept counts to the recount, as `manage.py recount_account_lo
 
 from __future__ import annotations
 
-from ledger.loads import (
+from ledger.models import WorkflowRun, WorkflowStepRun
+from ledger.services.account_loads import (
     account_load_drift,
     apply_load_delta,
     load_change,
     repair_account_loads,
     run_load,
 )
-from ledger.models import WorkflowRun, WorkflowStepRun
 
 
 def assert_account_counts_match_rows() -> None:

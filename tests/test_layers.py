@@ -6,6 +6,8 @@
   or more modules;
 - no module imports another module's underscore name (`from x import _y`);
 - no product module is over 700 lines (migrations excluded);
+- a drain (`routing.drains.*`) imports admission only through its package, `routing.admission`,
+  never one of its submodules (`routing.admission.batch`): drains call its public functions;
 - `domain` imports only the standard library and itself (no Django, nothing of loopsweb);
   `ledger` imports nothing of `routing`, and reaches no routing table through a reverse
   relation either (`item.inbox_events`: a query of routing's table no import shows), in its
@@ -49,11 +51,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        "ledger reads (selectors, account loads, display, capacity)",
+        "ledger reads (selectors, display, capacity, windows)",
         (
             "ledger.selectors",
             "ledger.item_read",
-            "ledger.loads",
             "ledger.display",
             "ledger.capacity",
             "ledger.windows",
@@ -84,6 +85,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "ledger execution (worktrees, runner)",
         (
             "ledger.worktrees",
+            "ledger.worktree_prune",
             "ledger.step_commits",
             "ledger.delivery_view",
             "ledger.pr_body",
@@ -104,6 +106,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("admission", ("routing.models", "routing.migrations", "routing.admission")),
     ("drains", ("routing.drains", "routing.tasks")),
     ("reads shared by the web surfaces (API, /ops, /metrics)", ("routing.selectors",)),
+    (
+        "web toolkit shared by the admin and /ops (cells, paging, audit)",
+        ("ledger.webkit",),
+    ),
     (
         "web surfaces",
         (
@@ -272,6 +278,27 @@ def ledger_may_import(module: str) -> bool:
     return module.split(".")[0] != "routing"
 
 
+def admission_submodules() -> set[str]:
+    """The submodules of routing.admission (`batch`, `plan`, ...), read from the tree."""
+    folder = ROOT / "routing" / "admission"
+    return {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+
+
+def admission_submodule_imports(
+    source: str, submodules: set[str], filename: str = "<source>"
+) -> list[str]:
+    """Imports that reach a `routing.admission.<submodule>` (`import routing.admission.plan`,
+    `from routing.admission.batch import x`, `from routing.admission import batch`)."""
+    found: list[tuple[int, str]] = []
+    for line, module, name in imports(source, filename):
+        full = f"{module}.{name}" if name else module
+        if module.startswith("routing.admission.") or (
+            module == "routing.admission" and name in submodules
+        ):
+            found.append((line, f"{filename}:{line} imports {full}"))
+    return [text for _, text in sorted(found)]
+
+
 def too_long(text: str, limit: int = MAX_LINES) -> bool:
     return len(text.splitlines()) > limit
 
@@ -339,6 +366,19 @@ def test_ledger_imports_nothing_of_routing() -> None:
         for path in sorted((ROOT / "ledger").rglob("*.py"))
         for v in foreign_imports(
             path.read_text(), ledger_may_import, str(path.relative_to(ROOT))
+        )
+    ]
+    assert violations == [], "\n".join(violations)
+
+
+def test_drains_import_admission_only_through_its_package() -> None:
+    submodules = admission_submodules()
+    assert {"batch", "plan", "transaction"} <= submodules
+    violations = [
+        v
+        for path in sorted((ROOT / "routing" / "drains").rglob("*.py"))
+        for v in admission_submodule_imports(
+            path.read_text(), submodules, str(path.relative_to(ROOT))
         )
     ]
     assert violations == [], "\n".join(violations)
@@ -472,6 +512,22 @@ def test_the_check_catches_ledger_importing_routing() -> None:
     source = "from domain.keys import TODOS_TASK\nimport routing.models\n"
     assert foreign_imports(source, ledger_may_import, "l.py") == [
         "l.py:2 imports routing.models"
+    ]
+
+
+def test_the_check_catches_a_drain_importing_an_admission_submodule() -> None:
+    source = (
+        "from routing.admission import RoutePlan, admit_batch\n"
+        "from routing.admission.batch import holds_without_lock\n"
+        "def f() -> None:\n"
+        "    import routing.admission.plan\n"
+        "from routing.admission import decide\n"
+        "from routing.models import InboxEvent\n"
+    )
+    assert admission_submodule_imports(source, admission_submodules(), "d.py") == [
+        "d.py:2 imports routing.admission.batch.holds_without_lock",
+        "d.py:4 imports routing.admission.plan",
+        "d.py:5 imports routing.admission.decide",
     ]
 
 

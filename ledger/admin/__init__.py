@@ -15,8 +15,9 @@ Large tables (a million work items, millions of step runs) stay fast:
 - `list_select_related` for every relation shown, raw id widgets for every relation.
 
 
-Modules: `base` (the shared admin, paginator, links), `filters`, `actions` (lifecycle
-actions), `work_items`, `runs`, `accounts`. Layer: a web surface; imports `ledger.*`, `domain`
+Modules: `base` (the shared admin, links), `filters`, `actions` (lifecycle actions),
+`work_items`, `runs`, `accounts`; the cells, the paginator and the audit trail they share
+with /ops/ are in ledger.webkit. Layer: a web surface; imports `ledger.*`, `domain`
 and lower layers, never `routing.api`/`routing.ops` pages.
 """
 

@@ -15,7 +15,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.models import LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest
@@ -23,6 +23,7 @@ from django.template.response import TemplateResponse
 
 from domain.errors import ApplicationError
 from ledger import services
+from ledger.webkit.audit import log_operator_action
 
 # --- lifecycle actions ------------------------------------------------------------------------
 
@@ -64,23 +65,6 @@ class LifecycleAction:
     default_reason: str = ""
     # False: the service records its own (upstream) reason; the page shows no reason field.
     asks_reason: bool = True
-
-
-def log_operator_action(
-    request: HttpRequest, model: type[Model], pk: str, title: str, reason: str | None
-) -> None:
-    """One admin LogEntry for one row an operator action changed (the audit trail)."""
-    obj = model._default_manager.filter(pk=pk).first()
-    if obj is None:
-        return
-    assert request.user.pk is not None  # the admin's actions need a signed-in user
-    LogEntry.objects.log_actions(
-        user_id=request.user.pk,
-        queryset=[obj],
-        action_flag=CHANGE,
-        change_message=f"{title}: {reason}" if reason else title,
-        single_object=True,
-    )
 
 
 def action_history(

@@ -1,5 +1,5 @@
 """The base of every ledger admin: read-only history, a paginator whose count stops at
-COUNT_CAP, newest first by primary key, links between admins.
+COUNT_CAP (ledger.webkit.paging), newest first by primary key, links between admins.
 """
 
 from __future__ import annotations
@@ -8,25 +8,12 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
-from django.core.paginator import Paginator
-from django.db.models import Model, QuerySet
+from django.db.models import Model
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-COUNT_CAP = 10_000
-
-
-class CappedCountPaginator(Paginator):
-    """Counts at most COUNT_CAP rows (`SELECT COUNT(*) FROM (... LIMIT cap)`), so a changelist
-    over millions of rows costs a bounded scan; beyond the cap the last page is the cap's."""
-
-    object_list: QuerySet[Any]  # it pages querysets only (it counts in SQL)
-
-    @cached_property
-    def count(self) -> int:
-        return self.object_list.order_by()[:COUNT_CAP].count()
+from ledger.webkit.paging import CappedCountPaginator
 
 
 class LedgerAdmin(admin.ModelAdmin):

@@ -21,11 +21,9 @@ from ledger.admin.actions import (
     RESUME_LOOPS,
     RETRY_RUNS,
     STOP_LOOPS,
-    log_operator_action,
     run_lifecycle_action,
 )
 from ledger.admin.base import LedgerAdmin, admin_link, changelist_link
-from ledger.admin.display import seconds, short_id, status_badge
 from ledger.admin.filters import (
     AccountProfileFilter,
     AgeFilter,
@@ -51,6 +49,8 @@ from ledger.models import (
     WorkflowStepRun,
 )
 from ledger.selectors import step_attempts
+from ledger.webkit.audit import log_operator_action
+from ledger.webkit.cells import seconds, short_id, status_badge
 
 # The step run page's fields, each once: the run as a link, the duration in s/min (not
 # duration_ms).

@@ -27,16 +27,6 @@ from ledger.admin.actions import (
     run_lifecycle_action,
 )
 from ledger.admin.base import LedgerAdmin, admin_link, changelist_link
-from ledger.admin.display import (
-    age,
-    current_state,
-    project_basename,
-    seconds,
-    short_id,
-    status_badge,
-    task_description,
-    task_title,
-)
 from ledger.admin.filters import (
     AccountProfileFilter,
     AgeFilter,
@@ -60,6 +50,16 @@ from ledger.models import (
     WorkflowStepRun,
     WorkflowWorkItem,
     WorkItemStatus,
+)
+from ledger.webkit.cells import (
+    age,
+    current_state,
+    project_basename,
+    seconds,
+    short_id,
+    status_badge,
+    task_description,
+    task_title,
 )
 
 # --- admins -----------------------------------------------------------------------------------

@@ -88,7 +88,8 @@ class AccountLoadCount(models.Model):
     `running` = its step runs in `running`; `reserved` = admitted runs (queued, or running
     with no step started yet) whose first account-carrying step is on it (see
     `ledger.selectors.account_state`). Every service that moves a run or step run applies
-    the change here in the same transaction (`ledger.loads`), so admission reads the pool's
+    the change here in the same transaction (`ledger.services.account_loads`), so admission
+    reads the pool's
     load in one row per account, however many runs are queued. `recount_account_loads`
     recomputes both from the rows and repairs any drift.
     """

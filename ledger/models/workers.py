@@ -10,7 +10,8 @@ from ledger.models.base import TimestampedModel
 class RunWorker(TimestampedModel):
     """loopsweb (0006): a worker process of a run cluster, as it last reported itself.
 
-    Each worker of a run cluster writes its row every few seconds (ledger.capacity); a row not
+    Each worker of a run cluster writes its row every few seconds
+    (ledger.services.run_workers); a row not
     seen for a while is a worker that is gone. Busy workers are read from the runs they hold
     (`workflow_runs.claimed_by` = `<host>:<pid>`), so this table only says what exists.
     """

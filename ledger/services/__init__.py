@@ -13,6 +13,9 @@
 - `cooldowns`: account cooldowns after rate limits;
 - `failover`: moving a step to a free member of its run's pool (step start, rate limit);
 - `loops`: loop status actions (pause, resume, archive, stop, delete) and their cascades.
+- `account_loads`: account load kept per account, the delta each change applies, its
+  recount and repair;
+- `run_workers`: a run worker's heartbeat row.
 
 Rules every service follows:
 

@@ -13,7 +13,6 @@ from typing import Any
 from django.db.models import Exists, F, Q, TextField, Value
 from django.db.models.functions import Coalesce
 
-from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -27,6 +26,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.services.account_loads import apply_load_delta, load_change, run_load
 from ledger.services.attempts import attempt_close
 from ledger.services.common import (
     ARCHIVE_REASON,

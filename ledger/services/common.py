@@ -188,7 +188,7 @@ def lock_step(
 ) -> tuple[WorkflowRun, WorkflowStepRun, list[WorkflowStepRun]]:
     """Lock a step's run row (as `lock_run`), then the run's step rows (a handful, in
     sequence order): the step itself and its run's steps, which say what load the run puts
-    on its accounts before and after the change (ledger.loads).
+    on its accounts before and after the change (ledger.services.account_loads).
 
     `with_item`: the run's work item and its invocation come in the same statement (read,
     not locked), for a transaction that ends the run (`maybe_archive_spec` reads them). The

@@ -34,10 +34,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import StepStatus, WorkflowEvent, WorkflowRun, WorkflowStepRun
 from ledger.selectors import RegisteredAccount, account_registry, account_state
+from ledger.services.account_loads import apply_load_delta, load_change, run_load
 from ledger.services.common import (
     POOL_WAIT_OVER,
     WAIT_POOL_RATE_LIMITED,
@@ -136,7 +136,8 @@ def step_failover(
 ) -> str | None:
     """Move `step` (locked by the caller with its run's `steps`, under the admission lock)
     to a free pool member; returns the new account, or None when there is none (rules 1-4).
-    The caller applies the change in account load with its own (ledger.loads: computed from
+    The caller applies the change in account load with its own (ledger.services.account_loads:
+    computed from
     `steps` when it locked them and when it is done, so the run's reservation moves with
     its first step)."""
     spec = step_spec(run, step.step_id)

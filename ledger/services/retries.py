@@ -10,7 +10,6 @@ from django.conf import settings
 from django.db.models import Q
 
 from domain.retry import attempts_left, retry_backoff_seconds
-from ledger.loads import apply_load_delta, run_load
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     AccountCooldown,
@@ -23,6 +22,7 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.queue import enqueue_run_workflow
+from ledger.services.account_loads import apply_load_delta, run_load
 from ledger.services.common import (
     RETRY_PENDING_REASON,
     RETRY_PENDING_REASON_WITH_ERROR,
@@ -82,7 +82,7 @@ def run_again(
             for step in steps
         ]
     )
-    # The new run reserves its first account-carrying step (ledger.loads).
+    # The new run reserves its first account-carrying step (ledger.services.account_loads).
     apply_load_delta(run_load(again.status, new_steps))
     return again
 

@@ -13,7 +13,6 @@ from django.utils import timezone
 
 from domain import reasons
 from domain.pool import LOGIN_FAILED_REASON
-from ledger.loads import apply_load_delta, load_change, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
     RunStatus,
@@ -23,6 +22,7 @@ from ledger.models import (
     WorkflowStepRun,
 )
 from ledger.selectors import AccountGate, RegisteredAccount, account_gate
+from ledger.services.account_loads import apply_load_delta, load_change, run_load
 from ledger.services.attempts import attempt_close, attempt_open
 from ledger.services.cascade import end_run
 from ledger.services.common import (

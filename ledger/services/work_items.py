@@ -13,7 +13,6 @@ from domain.errors import ValidationError
 from domain.templates import (
     step_account,
 )
-from ledger.loads import LoadDelta, apply_load_delta, run_load
 from ledger.lock import admission_lock
 from ledger.models import (
     TERMINAL_RUN_STATUSES,
@@ -28,6 +27,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.services.account_loads import LoadDelta, apply_load_delta, run_load
 from ledger.services.common import (
     CANCELLABLE_STATUSES,
     CLAIMABLE_STATUSES,
@@ -353,7 +353,7 @@ def work_item_admit_rows(
         payload_json={"workItemId": item.id},
     )
     item.workflow_run = run
-    # The new run reserves its first account-carrying step (ledger.loads).
+    # The new run reserves its first account-carrying step (ledger.services.account_loads).
     return AdmitRows(loop, run, steps, event, run_load(run.status, steps))
 
 
@@ -380,7 +380,7 @@ def work_item_admit(
     3. a `queued` run with one `pending` step run per step, each carrying the account it will
        use (account_profile / account_tool, docs/upstream.md §2.3), and its `created` event; the item is bound
        to the run so the runner finds it;
-    4. the run's reservation is added to the account loads (ledger.loads).
+    4. the run's reservation is added to the account loads (ledger.services.account_loads).
     """
     rows = work_item_admit_rows(
         item=item,

@@ -17,6 +17,7 @@ Layer: above `ledger`; imports `ledger.*`, `domain` and `routing.models`, never 
 or the web surfaces.
 """
 
+from routing.admission.batch import admit_batch, holds_without_lock
 from routing.admission.decide import (
     FullCaps,
     Hold,
@@ -66,9 +67,11 @@ __all__ = [
     "RouteRefused",
     "RouteResult",
     "admit",
+    "admit_batch",
     "check_plan_fits_columns",
     "checked_route_options",
     "hand_over",
+    "holds_without_lock",
     "normalize_project_path",
     "plan_route",
     "pool_assignment_now",

@@ -12,7 +12,7 @@ A plan that meets existing rows (an item seen before, a reused invocation or spe
 admitted by `transaction.admit`, in the same transaction, after the rows decided before it
 are written; the counts are read again after it.
 
-The caller (a drain, `routing.drains.batch`) opens the transaction and takes the admission
+The caller (a drain, `routing.drains.inbox_batch`) opens the transaction and takes the admission
 lock; `admit_batch` never sees inbox rows: `claimable` tells it which plans it may decide.
 """
 
@@ -28,7 +28,6 @@ from django.db.models import Model
 
 from domain.keys import TODOS_TASK
 from domain.throttle import AdmissionDecision, ThrottleCounts
-from ledger.loads import LoadDelta, apply_load_delta
 from ledger.models import (
     KEEP_WORK_ITEM_STATUSES,
     Loop,
@@ -49,6 +48,7 @@ from ledger.selectors import (
     active_counts_by_key,
 )
 from ledger.services import work_item_admit_rows
+from ledger.services.account_loads import LoadDelta, apply_load_delta
 from ledger.windows import state_windows
 from routing.admission.decide import (
     FullCaps,
@@ -321,6 +321,88 @@ class PendingRows:
         return result, admitted.load
 
 
+@dataclass
+class _Batch:
+    """One batch's state while `admit_batch` decides its plans in order, in three stages:
+    a refused plan (`refused`), an item with no rows yet (`new_item`, decided from the
+    batch's reads) and an item with rows (`on_existing_rows`, one-at-a-time admission)."""
+
+    now: datetime
+    caps: FullCaps
+    shared_pool: bool
+    claimable: Callable[[int, Hold | None], bool]
+    rows: ExistingRows
+    seen: _Seen
+    pending: PendingRows = field(default_factory=PendingRows)
+    created: int = 0
+
+    def decide(self, index: int, plan: RoutePlan) -> Outcome:
+        if plan.refusal is not None:
+            return self.refused(index, plan)
+        if not self.rows.routed(plan):
+            decided, outcome = self.new_item(index, plan)
+            if decided:
+                return outcome
+        elif not self.claimable(index, None):
+            return None
+        return self.on_existing_rows(plan)
+
+    def refused(self, index: int, plan: RoutePlan) -> Outcome:
+        """Refused unless the item ran or runs (the batch's lookup says): then the
+        one-at-a-time admission dedupes (or re-admits, and so refuses) it, writing nothing
+        either way. The refusal is this plan's outcome; the batch goes on."""
+        if not self.claimable(index, None):
+            return None
+        if not self.rows.routed(plan):
+            return refusal_of(plan)
+        self.pending.flush()
+        try:
+            deduped = admit(
+                plan, now=self.now, early_dedupe=plan.route_key == TODOS_TASK
+            )
+        except RouteRefused as refused:
+            return refused
+        assert isinstance(deduped, RouteResult)
+        self.rows.saw(plan, deduped)
+        return deduped
+
+    def new_item(self, index: int, plan: RoutePlan) -> tuple[bool, Outcome]:
+        """A plan whose item has no rows: held, or admitted with the batch's pending rows.
+        (False, None) when its rows turn out to exist (`meets`): one-at-a-time admission."""
+        checked = self.seen.precheck(plan, self.caps)
+        if checked.hold is not None:
+            self.caps.saw(plan, checked.hold, shared_pool=self.shared_pool)
+            ok = self.claimable(index, checked.hold)
+            return True, (checked.hold if ok else None)
+        if not self.claimable(index, None):
+            return True, None
+        if self.rows.meets(plan):
+            return False, None
+        result, load = self.pending.admit(
+            plan, checked.decision, checked.view, self.now
+        )
+        self.seen.admitted(plan, load)
+        self.rows.saw(plan, result)
+        self.created += 1
+        return True, result
+
+    def on_existing_rows(self, plan: RoutePlan) -> Outcome:
+        """The one-at-a-time admission, on the rows written so far."""
+        self.pending.flush()
+        routed = admit(plan, now=self.now)
+        assert isinstance(routed, RouteResult)  # no holds without hold_when_full
+        self.seen.forget()  # read again after it
+        self.rows.saw(plan, routed)
+        if routed.kind == THROTTLED and routed.reason_code:
+            self.caps.saw(
+                plan,
+                Hold(routed.reason or "", routed.reason_code),
+                shared_pool=self.shared_pool,
+            )
+        self.created += routed.kind == CREATED
+        return routed
+
+
 def admit_batch(
     plans: Sequence[RoutePlan],
     *,
@@ -339,71 +421,20 @@ def admit_batch(
     one that found the scope (or a shared pool) full. An error propagates; the caller's
     transaction then rolls the whole batch back.
     """
-    rows = ExistingRows.read(plans)
-    seen = _Seen(plans, now)
-    pending = PendingRows()
+    batch = _Batch(
+        now=now,
+        caps=caps,
+        shared_pool=shared_pool,
+        claimable=claimable,
+        rows=ExistingRows.read(plans),
+        seen=_Seen(plans, now),
+    )
     outcomes: list[Outcome] = []
-    created = 0
     for index, plan in enumerate(plans):
-        if caps.every is not None or created >= max_created:
+        if caps.every is not None or batch.created >= max_created:
             break
-        if plan.refusal is not None:
-            # Refused unless the item ran or runs (the batch's lookup says): then the
-            # one-at-a-time admission dedupes (or re-admits, and so refuses) it, writing
-            # nothing either way. The refusal is this plan's outcome; the batch goes on.
-            if not claimable(index, None):
-                outcomes.append(None)
-                continue
-            if not rows.routed(plan):
-                outcomes.append(refusal_of(plan))
-                continue
-            pending.flush()
-            try:
-                deduped = admit(
-                    plan, now=now, early_dedupe=plan.route_key == TODOS_TASK
-                )
-            except RouteRefused as refused:
-                outcomes.append(refused)
-                continue
-            assert isinstance(deduped, RouteResult)
-            rows.saw(plan, deduped)
-            outcomes.append(deduped)
-            continue
-        if not rows.routed(plan):
-            checked = seen.precheck(plan, caps)
-            if checked.hold is not None:
-                caps.saw(plan, checked.hold, shared_pool=shared_pool)
-                ok = claimable(index, checked.hold)
-                outcomes.append(checked.hold if ok else None)
-                continue
-            if not claimable(index, None):
-                outcomes.append(None)
-                continue
-            if not rows.meets(plan):
-                result, load = pending.admit(plan, checked.decision, checked.view, now)
-                seen.admitted(plan, load)
-                rows.saw(plan, result)
-                outcomes.append(result)
-                created += 1
-                continue
-        elif not claimable(index, None):
-            outcomes.append(None)
-            continue
-        # Existing rows: the one-at-a-time admission, on the rows written so far.
-        pending.flush()
-        routed = admit(plan, now=now)
-        assert isinstance(routed, RouteResult)  # no holds without hold_when_full
-        seen.forget()  # read again after it
-        rows.saw(plan, routed)
-        if routed.kind == THROTTLED and routed.reason_code:
-            caps.saw(
-                plan,
-                Hold(routed.reason or "", routed.reason_code),
-                shared_pool=shared_pool,
-            )
-        outcomes.append(routed)
-        created += routed.kind == CREATED
-    pending.flush()
+        outcomes.append(batch.decide(index, plan))
+    batch.pending.flush()
     return outcomes
 
 

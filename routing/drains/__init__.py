@@ -4,6 +4,8 @@
 - `sources`: where candidates come from (the inbox, an external command);
 - `candidates`: post-filters and the fair order;
 - `run`: `drain_run`, the drain itself (overlap skip, pre-checks, holds, routing);
+- `candidate_results`: the result of a candidate held or failed, the rows held unread;
+- `inbox_batch`: a drain's batch of inbox rows, admitted in one transaction;
 - `outcomes`: what a drain writes on an inbox row;
 - `outage`: a lost database connection stops the drain; its record is stored when it is back;
 - `report`: the report, the drain record, the evidence file;
@@ -11,7 +13,7 @@
 - `schedules`: the periodic tasks every installation has.
 
 Layer: above admission; imports `ledger.*`, `domain`, `routing.models` and
-`routing.admission`, never the web surfaces. The django-q2 entry points are in
+`routing.admission` (the package, never one of its submodules), never the web surfaces. The django-q2 entry points are in
 `routing.tasks` (their dotted paths are stored in schedules, so they never move).
 """
 

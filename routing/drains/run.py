@@ -18,7 +18,7 @@
    recorded as `fatal` and the batch continues. Once the scope (or a pool every candidate
    shares) is full, the rest are held unread, and a full project or group holds its later
    candidates without another count. By default candidates are decided in batches
-   (`routing.drains.batch`), with the same decisions; one at a time after a failed batch,
+   (`routing.drains.inbox_batch`), with the same decisions; one at a time after a failed batch,
    with LOOPSWEB_DRAIN_BATCH_SIZE=1, and in dry runs.
 3. Store a drain record (options, scope, timing, counts, compact results) and, with
    `evidence_dir`, write the full report as a private JSON file.
@@ -26,6 +26,9 @@
 A dry run executes the same steps inside one transaction that is rolled back at the end, so
 later candidates see earlier would-be admissions exactly as in a real drain, and nothing is
 written (no drain record unless `record_dry_run`).
+
+The results of candidates held or failed, and the rows held unread, are built in
+routing.drains.candidate_results.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -43,30 +46,32 @@ from django.db import transaction
 from django.utils import timezone
 
 from domain.errors import ApplicationError
-from domain.events import record_tags, task_field, todos_project_path_hint
 from domain.keys import TODOS_TASK, route_key_for_kind
 from domain.scope import LOOP_NAME_ENV, resolve_route_scope
-from ledger.dberrors import error_passes
 from ledger.lock import admission_lock, drain_lock
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
-from ledger.projects import WorktreeRequired
 from ledger.selectors import registered_providers
 from routing.admission import (
     CREATED,
     SKIPPED,
     THROTTLED,
-    FullCaps,
     Hold,
     RoutePlan,
-    RouteRefused,
     RouteResult,
     admit,
     hand_over,
     plan_route,
     scope_hold,
 )
-from routing.drains.batch import route_batch
+from routing.drains.candidate_results import (
+    DrainFull,
+    candidate_held,
+    failed_result,
+    held_result,
+    hold_unread,
+)
 from routing.drains.candidates import fair_order, passes_filters
+from routing.drains.inbox_batch import route_batch
 from routing.drains.options import DrainOptions
 from routing.drains.outage import (
     ConnectionLost,
@@ -77,7 +82,6 @@ from routing.drains.outage import (
 from routing.drains.outcomes import (
     hold_record,
     inbox_claim,
-    record_failure,
     route_record,
 )
 from routing.drains.record_keeper import RecordKeeper
@@ -96,97 +100,12 @@ from routing.drains.sources import (
     scan_command,
     scan_inbox,
 )
-from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
+from routing.models import InboxState
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[DrainReport], None]
 """Called with the report after each result (the drain command's progress line)."""
-
-
-@dataclass
-class _Full(FullCaps):
-    """The caps this drain has seen full (`FullCaps`), and the rows it held unread because
-    everything was full: written with one UPDATE at the end of the drain."""
-
-    held_rows: list[str] = field(default_factory=list)
-
-    def record_held_rows(self, now: datetime) -> None:
-        """One UPDATE for the rows held because everything was full (still open ones only:
-        a row another drain routed meanwhile keeps its outcome). It locks the rows in id
-        order, as a batch does (routing.drains.batch), so concurrent drains never deadlock
-        on PostgreSQL."""
-        if self.held_rows and self.every is not None:
-            hold = self.every
-            rows = InboxEvent.objects.filter(
-                pk__in=self.held_rows, state__in=OPEN_INBOX_STATES
-            )
-            with transaction.atomic():  # FOR UPDATE needs a transaction
-                InboxEvent.objects.filter(
-                    pk__in=rows.order_by("pk").select_for_update().values("pk")
-                ).update(
-                    **hold_record(
-                        {
-                            "kind": THROTTLED,
-                            "reason": hold.reason,
-                            "reasonCode": hold.code,
-                        },
-                        now,
-                    )
-                )
-
-
-def envelope_task(envelope: Any) -> dict[str, Any] | None:
-    """The todos task an envelope carries, as results report it (no plan was made: held
-    unread or failed); None for an envelope without a task id."""
-    if not envelope.type.startswith("task."):
-        return None
-    data = envelope.data
-    task_id = task_field(data, "id", "task_id", "taskId")
-    if task_id is None:
-        return None
-    return {
-        "id": task_id,
-        "title": task_field(data, "title"),
-        "description": task_field(data, "description"),
-        "tags": record_tags(data),
-        "projectPath": todos_project_path_hint(data, envelope.metadata, option=None),
-    }
-
-
-def held_result(
-    envelope: Any, hold: Hold, plan: RoutePlan | None = None
-) -> dict[str, Any]:
-    """A pre-check hold; without `plan` (held unread, everything full) no key is known."""
-    result: dict[str, Any] = {
-        "kind": THROTTLED,
-        "skipped": True,
-        "queuedAtSource": True,
-        "precheck": True,
-        "reason": hold.reason,
-        "reasonCode": hold.code,
-        "event": {"id": envelope.id, "type": envelope.type, "source": envelope.source},
-    }
-    if plan is not None:
-        result.update(idempotencyKey=plan.idempotency_key, taskId=plan.task_id)
-        if plan.task is not None:
-            result["task"] = plan.task
-        result["workflow"] = {
-            "name": plan.workflow_name,
-            "stored": False,
-            **plan.spec,
-        }
-    else:
-        task = envelope_task(envelope)
-        if task is not None:
-            result.update(taskId=task["id"], task=task)
-    return result
-
-
-def _candidate_held(
-    candidate: Candidate, hold: Hold, plan: RoutePlan
-) -> dict[str, Any]:
-    return held_result(candidate.envelope, hold, plan)
 
 
 def _already_routed(plan: RoutePlan) -> bool:
@@ -205,7 +124,7 @@ def _route_one(
     cwd: str,
     now: datetime,
     dry_run: bool,
-    full: _Full,
+    full: DrainFull,
     registered: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """The result of routing one candidate; None when another drain claimed it first.
@@ -422,7 +341,7 @@ def _drain_loop(
     report.candidates = len(filtered)
     chosen = load_envelopes(fair_order(filtered)[: options.limit])
     del filtered  # only the chosen ones carry payloads; let the scan go
-    full = _Full()
+    full = DrainFull()
     registered = registered_providers()  # one read: which pools are registered accounts
     # Batches while they work; after a failed batch, one candidate at a time.
     batching = not report.dry_run and settings.LOOPSWEB_DRAIN_BATCH_SIZE > 1
@@ -462,14 +381,14 @@ def _drain_loop(
             if full.every is not None and _may_route(candidate, options, env, cwd):
                 # Nothing more can be admitted in this drain. (An event that can never
                 # route goes on to _route_one, which reports it skipped, not throttled.)
-                result = _hold_unread(candidate, full, report)
+                result = hold_unread(candidate, full, report)
             else:
                 result = _route_one(
                     candidate, options, env, cwd, now, report.dry_run, full, registered
                 )
         # one bad item never stops the batch (docs/upstream.md §5.2.3)
         except Exception as exc:
-            result = _failed(candidate, exc, now, report.dry_run)
+            result = failed_result(candidate, exc, now, report.dry_run)
         if result is None:  # claimed by a concurrent drain
             continue
         report_count(report, result)
@@ -483,14 +402,14 @@ def _route_or_fail(
     options: DrainOptions,
     env: Mapping[str, str],
     cwd: str,
-    full: _Full,
+    full: DrainFull,
     registered: Mapping[str, str] | None,
 ) -> dict[str, Any] | None:
     now = timezone.now()
     try:
         return _route_one(candidate, options, env, cwd, now, False, full, registered)
     except Exception as exc:
-        return _failed(candidate, exc, now, False)
+        return failed_result(candidate, exc, now, False)
 
 
 def _may_route(
@@ -513,65 +432,20 @@ def _may_route(
     return not isinstance(plan, RouteResult) and plan.refusal is None
 
 
-def _failed(
-    candidate: Candidate, exc: Exception, now: datetime, dry_run: bool
-) -> dict[str, Any]:
-    """The result of a candidate whose routing raised; its row records the failure.
-
-    A lost database connection is not this candidate's failure: it stops the drain
-    (ConnectionLost, see routing.drains.outage) and the row stays as it was."""
-    stop_if_connection_lost(exc)
-    envelope = candidate.envelope
-    assert envelope is not None
-    if isinstance(exc, RouteRefused | WorktreeRequired):
-        # A route error, not a task error (docs/upstream.md §5): skipped, the drain goes on.
-        result: dict[str, Any] = {
-            "kind": SKIPPED,
-            "skipped": True,
-            "routeError": True,
-            "reason": str(exc)[:640],
-            "event": {"id": envelope.id, "type": envelope.type},
-        }
-        task = envelope_task(envelope)
-        if task is not None:
-            result.update(taskId=task["id"], task=task)
-        if not dry_run:
-            record_failure(candidate, result, now)
-        return result
-    result = {
-        "kind": SKIPPED,
-        "skipped": True,
-        "fatal": True,
-        "reason": f"{type(exc).__name__}: {exc}"[:640],
-        "event": {"id": envelope.id, "type": envelope.type},
-    }
-    task = envelope_task(envelope)
-    if task is not None:
-        result.update(taskId=task["id"], task=task)
-    if error_passes(exc):
-        # Passing (a deadlock, a locked database, a lock timeout): the row stays open for
-        # a later drain; the drain still reports it as fatal. Any other error would come
-        # back every time (a value no index holds): the row is marked failed with it.
-        result["reason"] += " (left open for a later drain)"
-    elif not dry_run:
-        record_failure(candidate, result, now)
-    return result
-
-
 def _route_batch(
     candidates: list[Candidate],
     options: DrainOptions,
     env: Mapping[str, str],
     cwd: str,
-    full: _Full,
+    full: DrainFull,
     report: DrainReport,
     registered: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any] | None]:
     """Route `candidates` in order as `_route_one` would, the admissions in one transaction
-    (routing.drains.batch). Returns one result per candidate it handled, in order (None for
+    (routing.drains.inbox_batch). Returns one result per candidate it handled, in order (None for
     a row another drain claimed): all of them, or those up to the one that made the drain's
     max_dispatch-th admission. Once the scope (or the shared pool) fills, the rest are held
-    unread as the drain loop would (`_hold_unread`, with the plans made here). Raises, having
+    unread as the drain loop would (`hold_unread`, with the plans made here). Raises, having
     written nothing of the admission transaction, when it fails.
 
     Plans are made first, outside the transaction; an unplannable candidate fails alone and an
@@ -608,7 +482,7 @@ def _route_batch(
             now=now,
             caps=full,
             shared_pool=bool(options.route.auth_profile_pool),
-            held=_candidate_held,
+            held=candidate_held,
             max_created=max_created,
         )
         if pairs
@@ -626,16 +500,16 @@ def _route_batch(
                         _route_or_fail(candidate, options, env, cwd, full, registered)
                     )
                     continue
-                out.append(_hold_unread(candidate, full, report))
+                out.append(hold_unread(candidate, full, report))
                 continue
             outcome = decided[slot]
             if outcome is not None and outcome.refused is not None:
-                out.append(_failed(candidate, outcome.refused, now, False))
+                out.append(failed_result(candidate, outcome.refused, now, False))
                 continue
             result = None if outcome is None else outcome.result
             created += bool(result and result["kind"] == CREATED)
         elif isinstance(slot, Exception):
-            result = _failed(candidate, slot, now, False)
+            result = failed_result(candidate, slot, now, False)
         else:
             result = slot.to_dict()
             if candidate.inbox_id and not inbox_claim(
@@ -644,20 +518,3 @@ def _route_batch(
                 result = None
         out.append(result)
     return out
-
-
-def _hold_unread(
-    candidate: Candidate, full: _Full, report: DrainReport
-) -> dict[str, Any]:
-    """Hold a candidate once the scope (or the shared pool) is full: no read, and its row is
-    written with the others at the end (unless it already records this very hold)."""
-    hold = full.every
-    assert hold is not None and candidate.envelope is not None
-    report.held_reason = hold.reason
-    if (
-        candidate.inbox_id
-        and not report.dry_run
-        and not candidate.recorded_as(InboxState.DEFERRED, hold.code, hold.reason)
-    ):
-        full.held_rows.append(candidate.inbox_id)
-    return held_result(candidate.envelope, hold)

@@ -18,11 +18,11 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from domain.errors import ApplicationError
-from ledger.admin.actions import log_operator_action
 from ledger.delivery import deliver_run, redeliverable
 from ledger.delivery_view import PATCH_MOST_CHARS, run_patch
 from ledger.discard import discard_run_work
 from ledger.models import WorkflowRun
+from ledger.webkit.audit import log_operator_action
 from routing.ops.views import staff_required
 from routing.templatetags.ops_tags import ITEM_ACTION_PERMISSION
 

@@ -38,19 +38,19 @@ from django_q.models import Schedule
 from domain import reasons
 from domain.errors import ApplicationError
 from ledger import services
-from ledger.admin.actions import log_operator_action
-from ledger.admin.base import CappedCountPaginator
-from ledger.admin.display import task_description, task_title
 from ledger.capacity import hosts_view
 from ledger.item_read import work_item_read
 from ledger.lock import SLOW_WAIT_SECONDS, lock_state
 from ledger.models import WorkflowWorkItem
+from ledger.webkit.audit import log_operator_action
+from ledger.webkit.cells import task_description, task_title
+from ledger.webkit.paging import CappedCountPaginator
 from routing import selectors as shared
 from routing.admission import retry_outcome
 from routing.drains import configs as drain_configs
 from routing.drains.retention import DID_SOMETHING, EMPTY, HAS_ERROR, HELD
 from routing.models import DrainRecord, InboxEvent
-from routing.ops import capacity as ops_capacity
+from routing.ops import capacity_warnings
 from routing.ops import item as ops_item
 from routing.ops import selectors as sel
 from routing.ops.display import (
@@ -140,7 +140,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     deferred_items = sum(r.deferred for r in reasons_now)
     overdue = sel.overdue_schedules(now=now)  # the section's and the capacity warning's
     kind = hint_kind(drains, schedules)
-    unscheduled = ops_capacity.unscheduled_warning(
+    unscheduled = capacity_warnings.unscheduled_warning(
         pending=inbox["pending"]["n"],
         deferred=inbox["deferred"]["n"],
         schedules=schedules,
@@ -170,7 +170,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         nothing_waits=not (
             deferred_items or waiting or inbox["deferred"]["n"] or inbox["pending"]["n"]
         ),
-        capacity=ops_capacity.capacity_view(
+        capacity=capacity_warnings.capacity_view(
             configs, now=now, overdue=overdue, unscheduled=unscheduled
         ),
     )
@@ -202,7 +202,7 @@ def deferrals(request: HttpRequest) -> HttpResponse:
         inbox_deferred=inbox_deferred,
         inbox_oldest=sel.oldest_deferred_inbox(),
         # Held events wait for a drain: say so when no schedule will run one.
-        unscheduled=ops_capacity.unscheduled_warning(
+        unscheduled=capacity_warnings.unscheduled_warning(
             pending=0, deferred=inbox_deferred, schedules=schedules, kind=kind
         ),
         kind=kind,

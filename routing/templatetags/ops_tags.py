@@ -9,10 +9,10 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ledger import agent_output
-from ledger.admin import display as admin_display
 from ledger.display import commit_text, worktree_text
 from ledger.models import WorkflowRun, WorkflowWorkItem
 from ledger.services import CANCELLABLE_STATUSES, REQUEUEABLE_STATUSES
+from ledger.webkit import cells as web_cells
 from routing.ops import display as ops_display
 
 register = template.Library()
@@ -53,7 +53,7 @@ def elapsed(value: datetime | None, now: datetime) -> str:
 @register.filter
 def seconds(ms: int | None) -> str:
     """A duration in milliseconds as the admin shows it: `0.4 s`, `12 min 34 s`."""
-    return "—" if ms is None else admin_display.seconds(ms)
+    return "—" if ms is None else web_cells.seconds(ms)
 
 
 @register.filter

@@ -254,14 +254,15 @@ def _finish(result: Any) -> None:
     """The item completes (as the runner would finalize it): its cap slot and account free."""
     from django.db import transaction
 
-    from ledger.loads import apply_load_delta, load_change, run_load
     from ledger.models import WorkflowRun, WorkflowStepRun, WorkflowWorkItem
+    from ledger.services.account_loads import apply_load_delta, load_change, run_load
 
     item = result.work_item
     if item is None or result.kind != "created":
         return
     with transaction.atomic():
-        # The run ends: release the load it kept on its accounts (ledger.loads).
+        # The run ends: release the load it kept on its accounts
+        # (ledger.services.account_loads).
         steps = list(
             WorkflowStepRun.objects.filter(workflow_run_id=item.workflow_run_id)
         )

@@ -191,7 +191,6 @@ def _floor(count: int, bulk: bool) -> dict[str, Any]:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from ledger.loads import LoadDelta, apply_load_delta
     from ledger.models import (
         Loop,
         WorkflowEvent,
@@ -202,6 +201,7 @@ def _floor(count: int, bulk: bool) -> dict[str, Any]:
         WorkflowWorkItem,
     )
     from ledger.queue import enqueue_run_workflow
+    from ledger.services.account_loads import LoadDelta, apply_load_delta
     from routing.models import InboxEvent
 
     admissions = _floor_rows(count)

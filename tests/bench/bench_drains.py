@@ -432,13 +432,13 @@ def finish_due(now: datetime) -> int:
     """Finish every active bench item whose hold time is up; returns how many this process won."""
     from django.db import transaction
 
-    from ledger.loads import apply_load_delta, load_change, run_load
     from ledger.models import (
         ACTIVE_WORK_ITEM_STATUSES,
         WorkflowRun,
         WorkflowStepRun,
         WorkflowWorkItem,
     )
+    from ledger.services.account_loads import apply_load_delta, load_change, run_load
 
     rows = WorkflowWorkItem.objects.filter(
         status__in=ACTIVE_WORK_ITEM_STATUSES, route_scope__startswith=SCOPE
@@ -458,7 +458,8 @@ def finish_due(now: datetime) -> int:
                 pk=item_id, status__in=ACTIVE_WORK_ITEM_STATUSES
             ).update(status="succeeded", updated_at=done)
             if changed:
-                # The run ends: release the load it kept on its accounts (ledger.loads).
+                # The run ends: release the load it kept on its accounts
+                # (ledger.services.account_loads).
                 steps = list(WorkflowStepRun.objects.filter(workflow_run_id=run_id))
                 apply_load_delta(
                     load_change(run_load("queued", steps), run_load(None, []))

@@ -472,8 +472,9 @@ def seed_history(
         )
         for row in rows.items:
             stats.by_status[row[11]] = stats.by_status.get(row[11], 0) + 1
-    # Rows written directly: set the kept account loads to their recount (ledger.loads).
-    from ledger.loads import repair_account_loads
+    # Rows written directly: set the kept account loads to their recount
+    # (ledger.services.account_loads).
+    from ledger.services.account_loads import repair_account_loads
 
     repair_account_loads()
     stats.seconds = time.monotonic() - clock

@@ -23,13 +23,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ledger import services
-from ledger.loads import (
-    account_load_drift,
-    read_account_loads,
-    read_snapshot,
-    recount_account_loads,
-    repair_account_loads,
-)
 from ledger.lock import admission_lock
 from ledger.models import (
     AccountLoadCount,
@@ -40,6 +33,13 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.selectors import account_state
+from ledger.services.account_loads import (
+    account_load_drift,
+    read_account_loads,
+    read_snapshot,
+    recount_account_loads,
+    repair_account_loads,
+)
 from tests.account_loads import assert_account_counts_match_rows
 from tests.factories import make_spec, make_work_item
 from tests.ledger.runner_helpers import child_database_url

@@ -13,7 +13,6 @@ import pytest
 from django.utils import timezone
 
 from ledger import services
-from ledger.loads import account_load_drift
 from ledger.models import (
     Account,
     AccountCooldown,
@@ -23,6 +22,7 @@ from ledger.models import (
     WorkflowRun,
 )
 from ledger.runner import run_workflow_run
+from ledger.services.account_loads import account_load_drift
 from routing.admission import route_event, route_options
 from tests.ledger.runner_helpers import (
     FakeAgent,

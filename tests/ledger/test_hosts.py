@@ -314,7 +314,7 @@ def test_the_hosts_page_shows_each_host_and_the_runs_no_host_serves(
     from django.test.utils import CaptureQueriesContext
     from django.urls import reverse
 
-    from ledger.capacity import run_worker_report
+    from ledger.services.run_workers import run_worker_report
 
     _host("build-1", ["/srv/a"], ["codewith", "claude"])
     _host("build-2", ["/srv/b"], [], age=600)

@@ -19,7 +19,8 @@ from ledger import tasks
 from ledger.models import RunStatus, StepStatus, WorkflowRun
 from ledger.providers import child_environment
 from ledger.runner import run_workflow_run
-from ledger.worktrees import worktree_branch, worktree_dir, worktrees_prune
+from ledger.worktree_prune import worktrees_prune
+from ledger.worktrees import worktree_branch, worktree_dir
 from tests.ledger.runner_helpers import (
     FakeAgent,
     git,

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from domain.bounds import option_type
 from ledger.discard import run_branches_prune
-from ledger.worktrees import worktree_orphans_prune, worktrees_prune
+from ledger.worktree_prune import worktree_orphans_prune, worktrees_prune
 
 
 class Command(BaseCommand):

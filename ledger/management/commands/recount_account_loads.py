@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.loads import repair_account_loads
+from ledger.services.account_loads import repair_account_loads
 
 
 class Command(BaseCommand):

@@ -19,7 +19,8 @@ shares (so any web process on any machine gives the same answer):
   all work. (django-q2's own heartbeat, `Stat`, lives in the cache, which is per process
   here, so another process cannot read it.)
 - a run cluster (`Q_CLUSTER_NAME=loopsweb-runs qcluster`) has a live worker: each of its
-  workers writes its `RunWorker` row every HEARTBEAT_SECONDS (ledger.capacity) and a row
+  workers writes its `RunWorker` row every HEARTBEAT_SECONDS (ledger.services.run_workers) and
+  a row
   not seen for LIVE_WITHIN is a worker that is gone.
 
 Nothing else is reported: no host names, no pids, no error texts (a database error is

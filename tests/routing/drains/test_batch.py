@@ -1,4 +1,4 @@
-"""Batched admission in drains (routing.drains.batch): the same decisions as one at a time,
+"""Batched admission in drains (routing.drains.inbox_batch): the same decisions as one at a time,
 fewer statements, nothing half-written when a batch fails. On both databases."""
 
 from __future__ import annotations
@@ -387,7 +387,7 @@ def test_holds_decided_without_the_lock_leave_rows_another_drain_took(
     """Every candidate held: the same outcome as one at a time, a hold whose row another
     drain took since the scan dropped; a batch decides it without the admission lock."""
     from ledger import lock
-    from routing.drains import batch, run
+    from routing.drains import inbox_batch, run
 
     settings.LOOPSWEB_DRAIN_BATCH_SIZE = batch_size
     caps = {"max_active": 10, "max_active_per_project": 1, "max_dispatch": 10}
@@ -409,7 +409,7 @@ def test_holds_decided_without_the_lock_leave_rows_another_drain_took(
 
     monkeypatch.setattr(run, "load_envelopes", another_drain_takes_one)
     monkeypatch.setattr(run, "admission_lock", counted_lock)
-    monkeypatch.setattr(batch, "admission_lock", counted_lock)
+    monkeypatch.setattr(inbox_batch, "admission_lock", counted_lock)
     report = _drain(**caps)
     assert [r["reasonCode"] for r in report.results] == ["project_cap", "project_cap"]
     assert taken.event_id not in {r["event"]["id"] for r in report.results}

@@ -14,8 +14,9 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from ledger import services
-from ledger.capacity import run_capacity, run_worker_report
+from ledger.capacity import run_capacity
 from ledger.models import RunWorker, WorkflowRun
+from ledger.services.run_workers import run_worker_report
 from tests.ledger.runner_helpers import admit_workflow, agent_step
 
 pytestmark = pytest.mark.django_db

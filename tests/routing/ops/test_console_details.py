@@ -12,9 +12,9 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from ledger.admin.display import seconds
 from ledger.models import WorkflowRun, WorkflowWorkItem
 from ledger.services import CANCEL_REASON_DEFAULT
+from ledger.webkit.cells import seconds
 from tests.ledger.runner_helpers import child_database_url
 from tests.processes import manage
 from tests.routing.helpers import route, todos_event

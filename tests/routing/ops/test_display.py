@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ledger.admin.display import age as admin_age
 from ledger.display import duration_text, seconds
 from ledger.ids import new_id
 from ledger.selectors import id_floor
+from ledger.webkit.cells import age as admin_age
 from routing.drains.configs import drain_config, strictest
 from routing.ops.display import (
     LoadBar,

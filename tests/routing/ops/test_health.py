@@ -18,7 +18,7 @@ from django.test import Client
 from django.utils import timezone
 from django_q.models import Task
 
-from ledger.capacity import run_worker_report
+from ledger.services.run_workers import run_worker_report
 from routing.ops.health.selectors import (
     MAIN_CLUSTER_PROBE,
     MAIN_CLUSTER_WITHIN,

@@ -15,8 +15,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django_q.models import Schedule
 
-from ledger.capacity import run_worker_report
 from ledger.models import WorkflowWorkItem
+from ledger.services.run_workers import run_worker_report
 from routing.models import DrainRecord
 from tests.routing.helpers import generic_event
 from tests.routing.ops import seed as ops_seed

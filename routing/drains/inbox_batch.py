@@ -1,5 +1,5 @@
 """Batched drains: up to K candidates decided in one transaction, one lock hold
-(`routing.admission.batch.admit_batch`, with exactly the decisions of one at a time), and
+(`routing.admission.admit_batch`, with exactly the decisions of one at a time), and
 their inbox rows recorded with at most two UPDATEs.
 
 The batch owns its inbox rows before it decides anything: right after the admission lock it
@@ -26,9 +26,15 @@ from typing import Any
 from django.db import connection, transaction
 
 from ledger.lock import admission_lock
-from routing.admission import Hold, RoutePlan, RouteRefused, RouteResult
-from routing.admission.batch import admit_batch, holds_without_lock
-from routing.admission.decide import FullCaps
+from routing.admission import (
+    FullCaps,
+    Hold,
+    RoutePlan,
+    RouteRefused,
+    RouteResult,
+    admit_batch,
+    holds_without_lock,
+)
 from routing.drains.outcomes import INBOX_STATE, hold_record, inbox_claim
 from routing.drains.sources import Candidate
 from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState

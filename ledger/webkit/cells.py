@@ -1,6 +1,6 @@
-"""Compact cells for the admin lists and pages: short ids (full id on hover), coloured
-statuses, seconds, ages, project basenames, task titles, and the sentence that says where a
-work item stands now.
+"""Compact cells for the admin's lists and pages and /ops/: short ids (full id on hover),
+coloured statuses, seconds, ages, project basenames, task titles, and the sentence that says
+where a work item stands now.
 
 Pure functions of their arguments (no queries): the changelists stay at a fixed query count.
 """
