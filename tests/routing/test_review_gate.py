@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.test import Client
 
 from ledger.models import WorkflowInvocation, WorkflowWorkItem
 from routing.admission.review_gate import forget_pr_states
@@ -99,6 +100,33 @@ def test_an_open_pr_is_admitted_and_a_moved_head_is_reviewed_again(
     assert WorkflowWorkItem.objects.count() == 2
 
 
+def test_an_admitted_review_carries_its_pr_review_routing_a_plain_task_none(
+    forge: Forge, admin_client: Client
+) -> None:
+    review = _review("rv-7", head_sha=HEAD)
+    plain = route("todos-task", todos_event("rv-8")).to_dict()
+    assert review["kind"] == plain["kind"] == "created"
+    expected = {
+        "pr": "acme/widgets#1",
+        "repo": "acme/widgets",
+        "number": 1,
+        "intent": "merge",
+        "head": HEAD,
+        "prState": "OPEN",
+        "source": "forge",
+    }
+    assert review["prReviewRouting"] == expected
+    assert "prReviewRouting" not in plain
+    for result, shown in ((review, expected), (plain, None)):
+        item = WorkflowWorkItem.objects.get(pk=result["workItem"]["id"])
+        assert item.invocation.scope_json.get("prReviewRouting") == shown
+        api = admin_client.get(f"/api/v1/work-items/{item.id}")
+        assert api.status_code == 200 and api.json()["prReviewRouting"] == shown
+    # A second route of the task (deduped) says so too.
+    again = _review("rv-7", head_sha=HEAD)
+    assert again["kind"] == "deduped" and again["prReviewRouting"] == expected
+
+
 def test_without_a_forge_the_tasks_pr_state_decides_as_upstream_reads_it(
     settings: Any,
 ) -> None:
@@ -111,6 +139,7 @@ def test_without_a_forge_the_tasks_pr_state_decides_as_upstream_reads_it(
     assert result["kind"] == "skipped" and result["freshnessSkip"] is True
     assert result["prState"] == "MERGED"
     assert result["prReviewRouting"]["source"] == "task"
+    assert result["prReviewRouting"]["intent"] == "approve"
     # No intent: not a review task, routed as before (the fingerprint dedupe only).
     plain = route(
         "todos-task", todos_event("rv-4", title=f"Look at {PR} pr_state=MERGED")
