@@ -376,6 +376,8 @@ class DrainDict(TypedDict):
     throttled: int
     skipped: int
     fatal: int
+    # Of the skipped, review tasks whose PR was merged or closed (docs/delivery.md §6).
+    freshnessClosed: int
     error: str | None
     heldReason: str | None
 
@@ -405,6 +407,7 @@ def drain_to_dict(drain: DrainRecord) -> DrainDict:
         throttled=drain.throttled,
         skipped=drain.skipped,
         fatal=drain.fatal,
+        freshnessClosed=drain.freshness_closed,
         error=drain.error,
         heldReason=drain.held_reason,
     )

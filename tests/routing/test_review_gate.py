@@ -18,6 +18,7 @@ from django.test import Client
 from ledger.models import WorkflowInvocation, WorkflowWorkItem
 from routing.admission.review_gate import forget_pr_states
 from routing.drains.inbox import inbox_ingest
+from routing.models import DrainRecord
 from tests.forge_standin import Forge, start_forge
 from tests.routing.helpers import route, todos_event
 
@@ -147,7 +148,9 @@ def test_without_a_forge_the_tasks_pr_state_decides_as_upstream_reads_it(
     assert plain.to_dict()["kind"] == "created"
 
 
-def test_the_drain_counts_freshness_skips_as_freshness_closed(forge: Forge) -> None:
+def test_the_drain_counts_freshness_skips_as_freshness_closed(
+    forge: Forge, admin_client: Client
+) -> None:
     forge.set_state(1, "closed", merged=True)
     events = [
         todos_event("rv-5", title=f"Review {PR}", description="intent=merge"),
@@ -160,6 +163,12 @@ def test_the_drain_counts_freshness_skips_as_freshness_closed(forge: Forge) -> N
     assert report["freshnessClosed"] == 1 and report["created"] == 1
     [skip] = [r for r in report["results"] if r.get("freshnessSkip")]
     assert skip["prState"] == "MERGED"
+    # The drain's record keeps the count, and the API shows it.
+    record = DrainRecord.objects.get(pk=report["drainId"])
+    assert (record.freshness_closed, record.skipped, record.created) == (1, 1, 1)
+    api = admin_client.get(f"/api/v1/drains/{record.id}")
+    assert api.status_code == 200 and api.json()["freshnessClosed"] == 1
     out = io.StringIO()
     call_command("drain", "todos-task", stdout=out)
     assert "freshnessClosed=0" in out.getvalue()
+    assert DrainRecord.objects.latest("started_at").freshness_closed == 0
