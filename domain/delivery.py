@@ -22,11 +22,17 @@ REMOTE_INVALID = (
     "not starting with '-')"
 )
 GITHUB_REPO_INVALID = "--github-repo must be OWNER/NAME"
+GITHUB_REVIEWER_INVALID = (
+    "--github-reviewer must be GitHub logins separated by commas (each 1-39 letters, "
+    "digits and single hyphens, not starting or ending with one): {login!r} is not one"
+)
+GITHUB_REVIEWER_TYPE = "--github-reviewer must be a string (LOGIN[,LOGIN])"
 GIT_AUTHOR_INVALID = "LOOPSWEB_GIT_AUTHOR must be 'Name <email>', got {value!r}"
 
 _REMOTE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")
 _REPO_PART = r"[A-Za-z0-9_.-]{1,100}"
 _REPO_RE = re.compile(rf"^({_REPO_PART})/({_REPO_PART})$")
+_LOGIN_RE = re.compile(r"^[A-Za-z0-9](?:-?[A-Za-z0-9]){0,38}$")
 _AUTHOR_RE = re.compile(r"^([^<>\x00-\x1f\x7f]+?) *<([^<>\s\x00-\x1f\x7f]+)>$")
 
 
@@ -58,6 +64,27 @@ def parse_github_repo(value: object) -> str | None:
     if match is None or match.group(2) in (".", "..") or match.group(1) in (".", ".."):
         raise ValidationError(GITHUB_REPO_INVALID)
     return value.strip()
+
+
+def parse_github_reviewers(value: object) -> tuple[str, ...]:
+    """The logins of `--github-reviewer LOGIN[,LOGIN]` (a string, or a list from a stored
+    route), in order, each once; () for none."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        parts = [str(v) for v in value]
+    elif isinstance(value, str):
+        parts = value.split(",")
+    else:
+        raise ValidationError(GITHUB_REVIEWER_TYPE)
+    logins: list[str] = []
+    for part in parts:
+        login = part.strip()
+        if not _LOGIN_RE.match(login) or len(login) > 39:
+            raise ValidationError(GITHUB_REVIEWER_INVALID.format(login=login))
+        if login.lower() not in (known.lower() for known in logins):
+            logins.append(login)
+    return tuple(logins)
 
 
 def parse_git_author(value: str) -> tuple[str, str]:

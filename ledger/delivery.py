@@ -23,6 +23,11 @@
    `error: "delivery failed: <the message>"`, an event `delivery_failed`, and "Deliver
    again" (`deliver_run`, from the console or `manage.py deliver_run RUN`) tries again.
    A pull request already opened is never opened twice.
+4. **Reviewers are asked, not required.** With `--github-reviewer`, the pull request
+   opened (or adopted) is given review requests for those logins; the logins GitHub then
+   lists are recorded (`reviewers`). A refusal (a login that is no collaborator: 422) is
+   a note on the record (`notes`) and the delivery stays delivered; a later delivery of
+   the same run asks again only if no request went through.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from domain.delivery import (
     DELIVER_PULL_REQUEST,
     DELIVER_PUSH,
     parse_deliver,
+    parse_github_reviewers,
     parse_remote,
 )
 from domain.errors import ApplicationError
@@ -54,6 +60,7 @@ from ledger.github import (
     find_pull_request,
     github_repo_of,
     open_pull_request,
+    request_reviewers,
 )
 from ledger.models import RunStatus, WorkflowRun
 from ledger.pr_body import pull_request_body, pull_request_title
@@ -69,6 +76,7 @@ NO_BRANCH = "the run's branch {branch} is gone"
 NOT_DELIVERED_FAILED = "the run did not succeed (the route has no --deliver-failed)"
 NO_CHANGES = "the run changed nothing"
 NO_WORK = "the run has no branch (it ran without a worktree)"
+REVIEWERS_REFUSED = "reviewers {logins} not requested: {error}"
 
 
 class DeliveryError(ApplicationError):
@@ -87,6 +95,10 @@ def delivery_options(run: WorkflowRun) -> dict[str, Any]:
         remote = parse_remote(options.get("deliver_remote"))
     except ApplicationError:
         mode, remote = DELIVER_BRANCH, DEFAULT_REMOTE
+    try:
+        reviewers = list(parse_github_reviewers(options.get("github_reviewer")))
+    except ApplicationError:
+        reviewers = []
     return {
         "mode": mode,
         "remote": remote,
@@ -94,6 +106,7 @@ def delivery_options(run: WorkflowRun) -> dict[str, Any]:
         "githubRepo": options.get("github_repo")
         if isinstance(options.get("github_repo"), str)
         else None,
+        "reviewers": reviewers,
     }
 
 
@@ -207,8 +220,32 @@ def _deliver(
     record.update(
         ref=f"refs/heads/{branch}", commit=commit, pushedAt=timezone.now().isoformat()
     )
-    if options["mode"] != DELIVER_PULL_REQUEST or record.get("pr"):
+    if options["mode"] != DELIVER_PULL_REQUEST:
         return
+    if not record.get("pr"):
+        record["pr"] = _open_pull_request(run, record, options, branch)
+    if options["reviewers"] and not record.get("reviewers"):
+        _ask_reviewers(record, options["reviewers"])
+
+
+def _ask_reviewers(record: dict[str, Any], logins: list[str]) -> None:
+    """Request `logins`' reviews on the record's pull request (module docstring, 4)."""
+    pr = record["pr"]
+    try:
+        record["reviewers"] = request_reviewers(pr["repo"], pr["number"], logins)
+    except ForgeError as exc:
+        note = REVIEWERS_REFUSED.format(logins=",".join(logins), error=exc)
+        record["notes"] = [*(record.get("notes") or []), clean_text(note)]
+        logger.warning("%s", record["notes"][-1])
+
+
+def _open_pull_request(
+    run: WorkflowRun,
+    record: Mapping[str, Any],
+    options: Mapping[str, Any],
+    branch: str,
+) -> dict[str, Any]:
+    """Open the run's pull request (or adopt the one its branch has): its record."""
     repo = _github_repo(record, options)
     try:
         pr = open_pull_request(
@@ -226,7 +263,7 @@ def _deliver(
         if existing is None:
             raise
         pr = existing
-    record["pr"] = {
+    return {
         "repo": repo,
         "number": pr.number,
         "url": pr.url,
@@ -274,8 +311,9 @@ def _save(run_id: str, record: dict[str, Any]) -> None:
             payload = {
                 key: record.get(key) for key in ("mode", "ref", "commit", "error")
             }
-            if record.get("pr"):
-                payload["pr"] = record["pr"]
+            for key in ("pr", "reviewers", "notes"):
+                if record.get(key):
+                    payload[key] = record[key]
             append_event(
                 run_id,
                 "delivered" if record["state"] == "delivered" else "delivery_failed",

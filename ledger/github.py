@@ -1,7 +1,8 @@
 """The GitHub REST calls delivery makes (docs/delivery.md §3), standard library only.
 
 `POST {LOOPSWEB_GITHUB_API_URL}/repos/{owner}/{repo}/pulls` opens a pull request; `GET
-.../pulls/{number}` reads one back. The token comes from LOOPSWEB_GITHUB_TOKEN_FILE, a
+.../pulls/{number}` reads one back; `POST .../pulls/{number}/requested_reviewers` asks
+reviewers for it. The token comes from LOOPSWEB_GITHUB_TOKEN_FILE, a
 0600 env file with a `GITHUB_TOKEN=` line, read and checked as an account's env file is
 (ledger.envfile); it is sent only in the Authorization header and never stored, logged or
 shown: a forge message that echoes it has it replaced.
@@ -161,3 +162,20 @@ def find_pull_request(repo: str, *, head: str) -> PullRequest | None:
 def get_pull_request(repo: str, number: int) -> PullRequest:
     """`GET /repos/{repo}/pulls/{number}`: state open, closed or merged."""
     return _pull_request(_call("GET", f"/repos/{repo}/pulls/{number}"))
+
+
+def request_reviewers(repo: str, number: int, logins: list[str]) -> list[str]:
+    """`POST /repos/{repo}/pulls/{number}/requested_reviewers` with `{"reviewers": ...}`:
+    the logins the pull request now has review requests for (as GitHub answers)."""
+    answer = _call(
+        "POST",
+        f"/repos/{repo}/pulls/{number}/requested_reviewers",
+        {"reviewers": logins},
+    )
+    requested = answer.get("requested_reviewers") if isinstance(answer, dict) else None
+    found = [
+        str(user["login"])
+        for user in requested or []
+        if isinstance(user, dict) and isinstance(user.get("login"), str)
+    ]
+    return found

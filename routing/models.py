@@ -112,6 +112,9 @@ class DrainRecord(models.Model):
     throttled = models.IntegerField(default=0)
     skipped = models.IntegerField(default=0)
     fatal = models.IntegerField(default=0)
+    # Of the skipped, the PR review tasks whose PR was merged or closed (freshnessSkip,
+    # routing.admission.review_gate); the report's `freshnessClosed`.
+    freshness_closed = models.IntegerField(default=0, db_default=0)
     results_json = models.JSONField(default=list)
     evidence_path = models.TextField(null=True, blank=True)
     error = models.TextField(null=True, blank=True)

@@ -5,6 +5,9 @@ token. Point LOOPSWEB_GITHUB_API_URL at `url`.
     POST /repos/{owner}/{repo}/pulls  -> 201 {number, html_url, state, draft, head, base}
     GET  /repos/{owner}/{repo}/pulls/{number} -> 200 the pull request, or 404
     GET  /repos/{owner}/{repo}/pulls?head=OWNER:BRANCH -> 200 [pull requests]
+    POST /repos/{owner}/{repo}/pulls/{number}/requested_reviewers {reviewers} -> 201 the
+         pull request with `requested_reviewers` [{login}]; 422 as GitHub words it for a
+         login not in `collaborators` (when that is set); 404 for no such pull request
 
 `fail_next(status, body)` makes the next calls answer an error as GitHub would (401 "Bad
 credentials", 422 with `errors`, 502); `set_state(number, state, merged)` moves a pull
@@ -25,6 +28,11 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 _PULLS = re.compile(r"^/repos/([^/]+)/([^/]+)/pulls(?:/(\d+))?$")
+_REVIEWERS = re.compile(r"^/repos/([^/]+)/([^/]+)/pulls/(\d+)/requested_reviewers$")
+NOT_COLLABORATOR = (
+    "Reviews may only be requested from collaborators. One or more of the users or "
+    "teams you specified is not a collaborator of the {owner}/{repo} repository."
+)
 
 
 @dataclass
@@ -33,6 +41,8 @@ class Forge:
     pulls: dict[int, dict[str, Any]] = field(default_factory=dict)
     failures: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     record_file: str | None = None
+    # Logins a review may be requested from (None: anyone).
+    collaborators: set[str] | None = None
     url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -71,6 +81,9 @@ class Forge:
     def _route(
         self, method: str, path: str, query: str, payload: Any
     ) -> tuple[int, Any]:
+        reviewers = _REVIEWERS.match(path)
+        if reviewers is not None and method == "POST":
+            return self._request_reviewers(*reviewers.groups(), payload)
         match = _PULLS.match(path)
         if match is None:
             return 404, {"message": "Not Found"}
@@ -112,6 +125,21 @@ class Forge:
                 p for p in self.pulls.values() if not head or p["head"]["ref"] == head
             ]
         return 404, {"message": "Not Found"}
+
+    def _request_reviewers(
+        self, owner: str, repo: str, number: str, payload: Any
+    ) -> tuple[int, Any]:
+        pull = self.pulls.get(int(number))
+        if pull is None:
+            return 404, {"message": "Not Found"}
+        logins = payload.get("reviewers") if isinstance(payload, dict) else None
+        if not isinstance(logins, list):
+            return 422, {"message": "Invalid request.", "errors": []}
+        if self.collaborators is not None and set(logins) - self.collaborators:
+            return 422, {"message": NOT_COLLABORATOR.format(owner=owner, repo=repo)}
+        have = pull.setdefault("requested_reviewers", [])
+        have += [{"login": x} for x in logins if {"login": x} not in have]
+        return 201, pull
 
 
 def start_forge(record_file: str | None = None) -> tuple[Forge, ThreadingHTTPServer]:

@@ -56,6 +56,8 @@ class EventView:
     body: str | None
     task_id: str | None = None
     tags: tuple[str, ...] = ()
+    # The PR review gate's reading (routing.admission.review_gate), when it applied.
+    pr_review_routing: dict[str, Any] | None = None
 
     def task(self, project_path: str | None) -> dict[str, Any] | None:
         """The todos task as results report it (None for a generic event)."""
@@ -120,7 +122,7 @@ def _task_view(envelope: Envelope, options: RouteOptions) -> EventView | RouteRe
             task=_task(task_id, data, eligibility.tags, raw_path),
         )
     # The key, and the PR review gate's skip (docs/upstream.md §3.2.11).
-    key, gated = todos_review_key(
+    gate = todos_review_key(
         data,
         eligibility.tags,
         task_id,
@@ -128,8 +130,9 @@ def _task_view(envelope: Envelope, options: RouteOptions) -> EventView | RouteRe
         _task(task_id, data, eligibility.tags, raw_path),
         options,
     )
-    if gated is not None:
-        return gated
+    if gate.skipped is not None:
+        return gate.skipped
+    key = gate.key
     workflow_name, loop_name = todos_task_names(options.name_prefix, task_id, key)
     return EventView(
         envelope=envelope,
@@ -145,6 +148,7 @@ def _task_view(envelope: Envelope, options: RouteOptions) -> EventView | RouteRe
         body=task_field(data, "description"),
         task_id=task_id,
         tags=tuple(eligibility.tags),
+        pr_review_routing=gate.routing,
     )
 
 
@@ -228,6 +232,11 @@ def invocation_fields(
                 "pool": list(accounts.pool),
                 "poolRouting": accounts.pool_active,
             },
+            **(
+                {"prReviewRouting": view.pr_review_routing}
+                if view.pr_review_routing
+                else {}
+            ),
             "concurrencyGroup": project_group or project_path,
             "routeScope": scope,
             "routeThrottle": {

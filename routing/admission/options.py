@@ -15,6 +15,7 @@ from domain.delivery import (
     DEFAULT_REMOTE,
     parse_deliver,
     parse_github_repo,
+    parse_github_reviewers,
     parse_remote,
 )
 from domain.errors import ValidationError
@@ -101,6 +102,8 @@ class RouteOptions:
     deliver_remote: str = DEFAULT_REMOTE
     deliver_failed: bool = False
     github_repo: str | None = None
+    # Reviewers requested on the pull request a `pull-request` delivery opens (logins).
+    github_reviewer: tuple[str, ...] = ()
     dry_run: bool = False
 
     @property
@@ -120,7 +123,7 @@ class RouteOptions:
                 if name not in PIN_OPTIONS
                 else self.pins.get(PIN_OPTIONS[name])
             )
-            if name == "auth_profile_pool":
+            if name in ("auth_profile_pool", "github_reviewer"):
                 value = ",".join(value) if value else None
             if value == _DEFAULTS.get(name):
                 continue  # records and schedules name only what was chosen
@@ -169,6 +172,7 @@ OPTION_NAMES = (
     "deliver_remote",
     "deliver_failed",
     "github_repo",
+    "github_reviewer",
     "dry_run",
 )
 
@@ -183,6 +187,12 @@ def _text(name: str, value: object) -> str | None:
     if refused:
         raise ValidationError(refused)
     return value.strip() or None
+
+
+def _reviewers(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        _text("github_reviewer", value)  # control characters: the common refusal
+    return parse_github_reviewers(value)
 
 
 def route_options(raw: Mapping[str, Any]) -> RouteOptions:
@@ -253,6 +263,7 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
         deliver_remote=parse_remote(raw.get("deliver_remote")),
         deliver_failed=deliver_failed,
         github_repo=parse_github_repo(raw.get("github_repo")),
+        github_reviewer=_reviewers(raw.get("github_reviewer")),
         dry_run=dry_run,
     )
 

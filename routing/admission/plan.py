@@ -127,6 +127,14 @@ class RoutePlan:
     retry: bool = False
     # --max-window-used (None: domain.windows.DEFAULT_MAX_WINDOW_USED).
     max_window_used: float | None = None
+    # The PR review gate's reading (routing.admission.review_gate), when it applied.
+    pr_review_routing: dict[str, Any] | None = None
+
+    def result_extra(self) -> dict[str, Any] | None:
+        """What a result of this plan adds to upstream's fields: `prReviewRouting`."""
+        if self.pr_review_routing is None:
+            return None
+        return {"prReviewRouting": self.pr_review_routing}
 
 
 def stored_route(
@@ -311,6 +319,7 @@ def _assemble(
         task=view.task(project_path),
         route=stored_route(kind, envelope, options, scope=scope),
         max_window_used=options.max_window_used,
+        pr_review_routing=view.pr_review_routing,
     )
 
 

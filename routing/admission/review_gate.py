@@ -8,6 +8,10 @@ the task states, as upstream 0.4.12 reads it.
 
 - merged or closed: `skipped` with `routeError: true`, `prReviewRouting`,
   `freshnessSkip: true` and `prState` (`MERGED` / `CLOSED`); nothing is written.
+- otherwise admitted as any task, and `prReviewRouting` (the PR: `repo`, `number`, `pr`,
+  `intent`, the `head` it was checked at, the `prState` read and its `source`, `forge` or
+  `task`) goes on the result, in the invocation's `scope_json` and on the API's work item
+  (docs/upstream.md §3.8, §3.9). A task the gate does not apply to has none.
 - open, its head moved since the task was made (the task names the head it was made for):
   the task's key names the new head, so it is a new item and the PR is reviewed again.
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -68,6 +73,16 @@ def _forge_state(fingerprint: str) -> tuple[str, str | None] | None:
     return state, pr.head_sha
 
 
+@dataclass(frozen=True)
+class Gate:
+    """What the gate decided: the key to admit under, its skipped result (merged or
+    closed) or None, and the `prReviewRouting` it read (None: the gate did not apply)."""
+
+    key: str
+    skipped: RouteResult | None = None
+    routing: dict[str, Any] | None = None
+
+
 def forget_pr_states() -> None:
     """Empty the cache (tests, and an operator's `routes` retry after a merge)."""
     with _lock:
@@ -81,9 +96,9 @@ def todos_review_key(
     envelope: Envelope,
     task: dict[str, Any] | None,
     options: Any,
-) -> tuple[str, RouteResult | None]:
-    """The todos task's idempotency key (docs/upstream.md §3.2.7) through the gate: the
-    key to admit under, and the gate's skipped result or None (`options`: RouteOptions)."""
+) -> Gate:
+    """The todos task's idempotency key (docs/upstream.md §3.2.7) through the gate
+    (`options`: RouteOptions)."""
     fingerprint = pr_fingerprint_from_task(data)
     return review_gate(
         data,
@@ -105,19 +120,22 @@ def review_gate(
     envelope: Envelope,
     task: dict[str, Any] | None,
     dry_run: bool,
-) -> tuple[str, RouteResult | None]:
-    """(the key to admit under, a skipped result or None): module docstring."""
+) -> Gate:
+    """The gate's decision (module docstring)."""
     intent = review_intent(data, tuple(tags)) if fingerprint else None
     if fingerprint is None or intent is None:
-        return key, None
+        return Gate(key)
     answer = _forge_state(fingerprint)
     state, head = answer if answer is not None else (stated_pr_state(data), None)
+    repo, _, number = fingerprint.partition("#")
     routing = {
-        "intent": intent,
         "pr": fingerprint,
+        "repo": repo,
+        "number": int(number) if number.isdigit() else None,
+        "intent": intent,
+        "head": head if answer is not None else task_head(data),
         "prState": state,
         "source": "forge" if answer is not None else "task",
-        "head": head,
     }
     if state in ("MERGED", "CLOSED"):
         result = RouteResult(
@@ -137,7 +155,7 @@ def review_gate(
                 "prState": state,
             },
         )
-        return key, result
+        return Gate(key, result, routing)
     if head is not None and head_moved(task_head(data), head):
-        return review_key(key, head), None
-    return key, None
+        return Gate(review_key(key, head), None, routing)
+    return Gate(key, None, routing)

@@ -216,4 +216,5 @@ def created_result(
         sandbox_preflight=list(plan.sandbox_preflight),
         dry_run=dry_run,
         task=plan.task,
+        extra=plan.result_extra(),
     )

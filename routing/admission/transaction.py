@@ -115,6 +115,7 @@ def admit(
     )
     if isinstance(outcome, RouteResult):
         outcome.task = plan.task
+        outcome.extra = outcome.extra or plan.result_extra()
         if outcome.workflow is None:
             outcome.workflow_body = plan.spec
             outcome.workflow_name = plan.workflow_name

@@ -100,6 +100,7 @@ def work_item_detail(item_id: str) -> WorkflowWorkItem | None:
     steps = WorkflowStepRun.objects.order_by("sequence").defer("stdout", "stderr")
     return (
         WorkflowWorkItem.objects.filter(pk=item_id)
+        .select_related("invocation")
         .prefetch_related(
             Prefetch(
                 "deferrals", queryset=WorkItemDeferral.objects.order_by("created_at")

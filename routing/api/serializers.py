@@ -192,6 +192,9 @@ class WorkItemDetailDict(WorkItemDict):
     inboxEvents: list[InboxRefDict]
     # Tokens and cost of all its runs; None when no step reported any.
     usage: TokensDict | None
+    # The PR review gate's reading when it applied (a todos task reviewing a PR, issue 40):
+    # its invocation's scope_json.prReviewRouting; None for any other item.
+    prReviewRouting: dict[str, Any] | None
 
 
 def work_item_summary(item: WorkflowWorkItem) -> WorkItemDict:
@@ -342,7 +345,14 @@ def work_item_detail_to_dict(item: WorkflowWorkItem) -> WorkItemDetailDict:
         runs=[run_to_dict(run, attempt=n) for run, n in with_attempts(item.runs.all())],
         inboxEvents=[inbox_ref_to_dict(e) for e in item.inbox_events.all()],
         usage=tokens_dict(sum((run_usage(r) for r in item.runs.all()), UsageSum())),
+        prReviewRouting=_pr_review_routing(item),
     )
+
+
+def _pr_review_routing(item: WorkflowWorkItem) -> dict[str, Any] | None:
+    scope = item.invocation.scope_json if item.invocation_id else None
+    routing = scope.get("prReviewRouting") if isinstance(scope, dict) else None
+    return routing if isinstance(routing, dict) else None
 
 
 # --- drains -----------------------------------------------------------------------------------
@@ -366,6 +376,8 @@ class DrainDict(TypedDict):
     throttled: int
     skipped: int
     fatal: int
+    # Of the skipped, review tasks whose PR was merged or closed (docs/delivery.md §6).
+    freshnessClosed: int
     error: str | None
     heldReason: str | None
 
@@ -395,6 +407,7 @@ def drain_to_dict(drain: DrainRecord) -> DrainDict:
         throttled=drain.throttled,
         skipped=drain.skipped,
         fatal=drain.fatal,
+        freshnessClosed=drain.freshness_closed,
         error=drain.error,
         heldReason=drain.held_reason,
     )

@@ -323,6 +323,7 @@ def drain_record_fields(report: DrainReport) -> dict[str, Any]:
         "throttled": c[THROTTLED],
         "skipped": c[SKIPPED],
         "fatal": c["fatal"],
+        "freshness_closed": c["freshnessClosed"],
         "results_json": report.compact_results(),
         "evidence_path": report.evidence_path,
         "error": report.error,

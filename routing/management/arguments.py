@@ -114,6 +114,12 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         "--github-repo",
         help="OWNER/NAME of the pull request when the remote's URL is not a GitHub one",
     )
+    add(
+        "--github-reviewer",
+        metavar="LOGIN[,LOGIN]",
+        help="GitHub logins asked to review the pull request a pull-request delivery "
+        "opens",
+    )
     add("--dry-run", action="store_true", help="decide and report, write nothing")
     add("--json", action="store_true", help="print one JSON object")
 

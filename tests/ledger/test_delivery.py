@@ -330,3 +330,71 @@ def test_deliver_none_keeps_nothing_of_a_succeeded_run(
     assert worktree_branch(run.id) not in branches and "main" in branches
     assert run.work_discarded_at is not None and run.delivery_json["mode"] == "none"
     assert remote_branches(origin) == before and forge.requests == []
+
+
+def _reviewed_run(project: Path, reviewers: str) -> WorkflowRun:
+    return _run(
+        project,
+        deliver="pull-request",
+        github_repo="acme/widgets",
+        github_reviewer=reviewers,
+    )
+
+
+def _reviewer_requests(forge: Forge) -> list[dict[str, Any]]:
+    return [r for r in forge.requests if r["path"].endswith("/requested_reviewers")]
+
+
+def test_github_reviewer_asks_for_reviews_on_the_pr_it_opens_and_records_them(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, _ = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    run = _reviewed_run(project, "mona,hubot")
+    assert run.status == RunStatus.SUCCEEDED
+    opened, asked = forge.requests
+    assert (opened["method"], opened["path"]) == ("POST", "/repos/acme/widgets/pulls")
+    assert (asked["method"], asked["path"]) == (
+        "POST",
+        "/repos/acme/widgets/pulls/1/requested_reviewers",
+    )
+    assert asked["body"] == {"reviewers": ["mona", "hubot"]}
+    assert asked["authorization"] == f"Bearer {TOKEN}"
+    delivery = run.delivery_json
+    assert delivery["state"] == "delivered" and delivery["reviewers"] == [
+        "mona",
+        "hubot",
+    ]
+    assert "notes" not in delivery
+    assert forge.pulls[1]["requested_reviewers"] == [
+        {"login": "mona"},
+        {"login": "hubot"},
+    ]
+    # A push route asks nobody: the option is the pull request's.
+    push = _run(project, deliver="push", github_reviewer="mona")
+    assert push.delivery_json["state"] == "delivered"
+    assert len(_reviewer_requests(forge)) == 1 and "reviewers" not in push.delivery_json
+
+
+def test_a_refused_review_request_is_a_note_and_the_delivery_and_run_stand(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    project, _ = project_with_origin(tmp_path)
+    forge.collaborators = {"mona"}
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    run = _reviewed_run(project, "mona,stranger")
+    assert run.status == RunStatus.SUCCEEDED
+    delivery = run.delivery_json
+    assert delivery["state"] == "delivered" and delivery["error"] is None
+    assert delivery["pr"]["number"] == 1 and "reviewers" not in delivery
+    [note] = delivery["notes"]
+    assert note.startswith(
+        "reviewers mona,stranger not requested: GitHub answered 422:"
+    )
+    assert "not a collaborator of the acme/widgets repository" in note
+    assert "requested_reviewers" not in forge.pulls[1]
+    [event] = WorkflowEvent.objects.filter(
+        workflow_run_id=run.id, event_type="delivered"
+    ).values_list("payload_json", flat=True)
+    assert event["notes"] == [note]
+    assert TOKEN not in json.dumps(delivery)

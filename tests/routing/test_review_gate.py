@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.test import Client
 
 from ledger.models import WorkflowInvocation, WorkflowWorkItem
 from routing.admission.review_gate import forget_pr_states
 from routing.drains.inbox import inbox_ingest
+from routing.models import DrainRecord
 from tests.forge_standin import Forge, start_forge
 from tests.routing.helpers import route, todos_event
 
@@ -99,6 +101,33 @@ def test_an_open_pr_is_admitted_and_a_moved_head_is_reviewed_again(
     assert WorkflowWorkItem.objects.count() == 2
 
 
+def test_an_admitted_review_carries_its_pr_review_routing_a_plain_task_none(
+    forge: Forge, admin_client: Client
+) -> None:
+    review = _review("rv-7", head_sha=HEAD)
+    plain = route("todos-task", todos_event("rv-8")).to_dict()
+    assert review["kind"] == plain["kind"] == "created"
+    expected = {
+        "pr": "acme/widgets#1",
+        "repo": "acme/widgets",
+        "number": 1,
+        "intent": "merge",
+        "head": HEAD,
+        "prState": "OPEN",
+        "source": "forge",
+    }
+    assert review["prReviewRouting"] == expected
+    assert "prReviewRouting" not in plain
+    for result, shown in ((review, expected), (plain, None)):
+        item = WorkflowWorkItem.objects.get(pk=result["workItem"]["id"])
+        assert item.invocation.scope_json.get("prReviewRouting") == shown
+        api = admin_client.get(f"/api/v1/work-items/{item.id}")
+        assert api.status_code == 200 and api.json()["prReviewRouting"] == shown
+    # A second route of the task (deduped) says so too.
+    again = _review("rv-7", head_sha=HEAD)
+    assert again["kind"] == "deduped" and again["prReviewRouting"] == expected
+
+
 def test_without_a_forge_the_tasks_pr_state_decides_as_upstream_reads_it(
     settings: Any,
 ) -> None:
@@ -111,6 +140,7 @@ def test_without_a_forge_the_tasks_pr_state_decides_as_upstream_reads_it(
     assert result["kind"] == "skipped" and result["freshnessSkip"] is True
     assert result["prState"] == "MERGED"
     assert result["prReviewRouting"]["source"] == "task"
+    assert result["prReviewRouting"]["intent"] == "approve"
     # No intent: not a review task, routed as before (the fingerprint dedupe only).
     plain = route(
         "todos-task", todos_event("rv-4", title=f"Look at {PR} pr_state=MERGED")
@@ -118,7 +148,9 @@ def test_without_a_forge_the_tasks_pr_state_decides_as_upstream_reads_it(
     assert plain.to_dict()["kind"] == "created"
 
 
-def test_the_drain_counts_freshness_skips_as_freshness_closed(forge: Forge) -> None:
+def test_the_drain_counts_freshness_skips_as_freshness_closed(
+    forge: Forge, admin_client: Client
+) -> None:
     forge.set_state(1, "closed", merged=True)
     events = [
         todos_event("rv-5", title=f"Review {PR}", description="intent=merge"),
@@ -131,6 +163,12 @@ def test_the_drain_counts_freshness_skips_as_freshness_closed(forge: Forge) -> N
     assert report["freshnessClosed"] == 1 and report["created"] == 1
     [skip] = [r for r in report["results"] if r.get("freshnessSkip")]
     assert skip["prState"] == "MERGED"
+    # The drain's record keeps the count, and the API shows it.
+    record = DrainRecord.objects.get(pk=report["drainId"])
+    assert (record.freshness_closed, record.skipped, record.created) == (1, 1, 1)
+    api = admin_client.get(f"/api/v1/drains/{record.id}")
+    assert api.status_code == 200 and api.json()["freshnessClosed"] == 1
     out = io.StringIO()
     call_command("drain", "todos-task", stdout=out)
     assert "freshnessClosed=0" in out.getvalue()
+    assert DrainRecord.objects.latest("started_at").freshness_closed == 0

@@ -122,6 +122,11 @@ def route_delivery(item: WorkflowWorkItem) -> dict[str, Any]:
         "deliverRemote": options.get("deliver_remote") or DEFAULT_REMOTE,
         "deliverFailed": options.get("deliver_failed") is True,
         "githubRepo": options.get("github_repo"),
+        "githubReviewers": [
+            login
+            for login in str(options.get("github_reviewer") or "").split(",")
+            if login
+        ],
     }
 
 
@@ -253,6 +258,11 @@ class Command(TerminalCommand):
             f"  deliver {deliver['deliver']} (remote {deliver['deliverRemote']}"
             + (", failed runs too" if deliver["deliverFailed"] else "")
             + (f", GitHub {deliver['githubRepo']}" if deliver["githubRepo"] else "")
+            + (
+                f", reviewers {','.join(deliver['githubReviewers'])}"
+                if deliver["githubReviewers"]
+                else ""
+            )
             + ")"
         )
         if item.workflow:
