@@ -152,7 +152,16 @@ class RunWorktree:
         (ledger.step_commits); a commit that cannot be made keeps the worktree, as `save`."""
         if self.worktree is None or self.kept:
             return
-        step = WorkflowStepRun.objects.filter(pk=step.id).first() or step
+        # The step as it ended (its account may have moved); read as a write is tried: the
+        # database may be away when the step ends (ledger.dberrors).
+        step_id = step.id
+        step = (
+            write_ledger(
+                f"run {self.run.id}: the step {step.step_id} it commits",
+                lambda: WorkflowStepRun.objects.filter(pk=step_id).first(),
+            )
+            or step
+        )
         try:
             commit = commit_step(self.worktree, self.run, step)
         except (WorktreeError, OSError) as exc:

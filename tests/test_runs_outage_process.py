@@ -101,7 +101,9 @@ def test_runs_ending_during_an_outage_record_their_commit_when_it_is_back(
     finally:
         host.stop()
         stop_process_group(main)
-    runs = _rows(url, "SELECT status, commit_head, commit_error FROM workflow_runs")
+    runs = _rows(
+        url, "SELECT status, commit_head, commit_error, error FROM workflow_runs"
+    )
     assert len(runs) == RUNS
     assert {r[0] for r in runs} == {"succeeded"}, runs
     assert all(r[1] and not r[2] for r in runs), runs
