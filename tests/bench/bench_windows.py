@@ -1,4 +1,4 @@
-"""Benchmark 10: window budgets (issue 41), with the REAL codex: provider 429s and the time
+"""Benchmark 12: window budgets (issue 41), with the REAL codex: provider 429s and the time
 until every task succeeded, with the window rule on (`--max-window-used 0.9`, the default)
 and as good as off (`--max-window-used 1.0`), in one run.
 
