@@ -113,8 +113,11 @@ def _next_clock_time(
         return None
     local = now.astimezone()
     when = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
-    if when <= local:
+    if when <= local - timedelta(minutes=1):
         when += timedelta(days=1)
+    elif when <= local:
+        # The current minute (codex prints minutes): the reset is within it, not tomorrow.
+        when += timedelta(minutes=1)
     return when.astimezone(UTC)
 
 

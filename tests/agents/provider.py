@@ -36,7 +36,9 @@ backends send: codex's `x-codex-{primary,secondary}-{used-percent,window-minutes
 on the OpenAI APIs, Anthropic's `anthropic-ratelimit-unified-*` (status `allowed`, with the
 90 % surpassed threshold `allowed_warning`, at 100 % `rejected`) on the Messages API. With
 `window_step` set, each answered model call adds that much to the key's fraction; past 1.0
-the key gets 429s (`rejected`, with the headers) until the window resets.
+the key gets 429s (`rejected`, with the headers) until the window resets: every
+`window_reset_seconds` from the first use every key's fraction is back to 0 (a short reset
+simulates a window that fills and empties within a run, tests/bench/bench_windows.py).
 
 Every request is recorded (`requests`): method, path, the API key it carried (`x-api-key`
 or `Authorization: Bearer`), model, mode, time and the usage answered.
@@ -69,6 +71,7 @@ class Request:
     at: float
     api: str | None = None
     answer: str | None = None  # "tool", "text" or None (an error or no answer)
+    refused: int | None = None  # the error status answered (429, 401, 500)
     usage: dict[str, int] | None = None
     body: dict[str, Any] | None = None
 
@@ -163,13 +166,32 @@ class ProviderStandIn:
         with self._lock:
             self.requests.append(request)
 
+    def _roll(self) -> int:
+        """The current window's start (lock held): the first use starts it; once
+        `window_reset_seconds` have passed, every key's fraction is back to 0."""
+        now = int(time.time())
+        started = getattr(self, "_window_epoch", None) or now
+        if now >= started + self.window_reset_seconds:
+            periods = (now - started) // self.window_reset_seconds
+            started += periods * self.window_reset_seconds
+            self.windows = dict.fromkeys(self.windows, 0.0)
+        self._window_epoch = started
+        return started
+
+    def window_reset_at(self) -> int:
+        """When the current window resets (epoch seconds)."""
+        with self._lock:
+            return self._roll() + self.window_reset_seconds
+
     def window_of(self, key: str | None) -> float | None:
         with self._lock:
+            self._roll()
             return self.windows.get(key or "")
 
     def spend(self, key: str | None) -> None:
         """One answered model call of `key`: its window grows by `window_step`."""
         with self._lock:
+            self._roll()
             if self.window_step and key in self.windows:
                 self.windows[key] = self.windows[key] + self.window_step
 
@@ -177,9 +199,8 @@ class ProviderStandIn:
         used = self.window_of(key)
         if used is None or api is None:
             return {}
-        started = getattr(self, "_window_epoch", None) or int(time.time())
-        self._window_epoch = started
-        reset_5h = started + self.window_reset_seconds
+        reset_5h = self.window_reset_at()
+        started = reset_5h - self.window_reset_seconds
         reset_7d = started + 7 * 86400
         return window_headers(api, used, self.weekly_used, reset_5h, reset_7d)
 
@@ -318,9 +339,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         used = self.owner.window_of(request.key)
         if request.mode == "429" or (used is not None and used >= 1.0):
+            request.refused = 429
             self._error(api, 429)
             return
         if request.mode in ("401", "500"):
+            request.refused = int(request.mode)
             self._error(api, int(request.mode))
             return
         getattr(self, f"_answer_{api}")(body, request)
@@ -352,6 +375,9 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"retry-after": str(self.owner.retry_after)} if limited else {}
         spent = (self.owner.window_of(self._key()) or 0.0) >= 1.0
         if limited and api == "responses" and (self.owner.usage_limit_seconds or spent):
+            resets_in = self.owner.usage_limit_seconds or max(
+                1, self.owner.window_reset_at() - int(time.time())
+            )
             self._json(
                 status,
                 {
@@ -359,13 +385,8 @@ class _Handler(BaseHTTPRequestHandler):
                         "type": "usage_limit_reached",
                         "message": "The usage limit has been reached",
                         "plan_type": "plus",
-                        "resets_at": int(time.time())
-                        + (
-                            self.owner.usage_limit_seconds
-                            or self.owner.window_reset_seconds
-                        ),
-                        "resets_in_seconds": self.owner.usage_limit_seconds
-                        or self.owner.window_reset_seconds,
+                        "resets_at": int(time.time()) + resets_in,
+                        "resets_in_seconds": resets_in,
                     }
                 },
                 headers,

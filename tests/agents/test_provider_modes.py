@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.agents.provider import ProviderStandIn
-from tests.waiting import hang_deadline
+from tests.waiting import hang_deadline, wait_for
 
 # No database here: one suite (SQLite's) runs it, not again on PostgreSQL.
 pytestmark = [pytest.mark.slow, pytest.mark.sqlite]
@@ -53,5 +53,38 @@ def test_slow_streams_deltas_for_its_seconds_and_hang_never_answers() -> None:
         assert [r.key for r in server.requests] == ["slow", "hung"]
         response = _post(server, "other", timeout=hang_deadline(120))
         assert response.status == 200 and b"[DONE]" in response.read()
+    finally:
+        server.stop()
+
+
+def _window_post(server: ProviderStandIn, key: str) -> tuple[int, str, str]:
+    """(status, the 5-hour used percent header, its reset) of one model call of `key`."""
+    response = _post(server, key, timeout=hang_deadline(120))
+    response.read()
+    return (
+        response.status,
+        response.getheader("x-codex-primary-used-percent") or "",
+        response.getheader("x-codex-primary-reset-at") or "",
+    )
+
+
+def test_a_growing_window_refuses_past_100_percent_until_it_resets() -> None:
+    server = ProviderStandIn(
+        window_step=0.5, window_reset_seconds=2, windows={"k": 0.0, "other": 0.0}
+    )
+    server.start()
+    try:
+        first = _window_post(server, "k")
+        assert first[:2] == (200, "50.0")
+        assert _window_post(server, "k")[:2] == (200, "100.0")
+        refused = _window_post(server, "k")
+        assert refused[:2] == (429, "100.0") and refused[2] == first[2]
+        assert [r.refused for r in server.requests] == [None, None, 429]
+        assert _window_post(server, "other")[:2] == (200, "50.0")  # per key
+        # The window resets: every key back to 0, the next reset later than the first.
+        wait_for(lambda: server.window_of("k") == 0.0, what="the window's reset")
+        again = _window_post(server, "k")
+        assert again[:2] == (200, "50.0") and int(again[2]) > int(first[2])
+        assert server.window_of("other") == 0.0
     finally:
         server.stop()

@@ -35,6 +35,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("failover", "tests.bench.bench_failover"),
     ("hosts", "tests.bench.bench_hosts"),
     ("idle", "tests.bench.bench_idle"),
+    ("windows", "tests.bench.bench_windows"),
 ]
 
 

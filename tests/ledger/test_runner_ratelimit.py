@@ -65,6 +65,24 @@ def test_rate_limits_are_detected_with_the_deadline_they_name(
     assert signal.until == until
 
 
+def test_a_clock_time_of_the_current_minute_is_its_end_not_tomorrow() -> None:
+    """codex names the reset in minutes ("try again at 7:52 PM"): printed within that
+    minute, the reset is at most its end; a minute already over is tomorrow's."""
+    local = (NOW + timedelta(seconds=20)).astimezone()
+    said = local.strftime("%I:%M %p").lstrip("0")
+    signal = detect_rate_limit(
+        output=f"You've hit your usage limit. try again at {said}.",
+        exit_code=1,
+        rate_limit_exit_codes=frozenset(),
+        now=NOW + timedelta(seconds=20),
+    )
+    assert signal is not None and signal.until == NOW + timedelta(minutes=1)
+    before = (NOW - timedelta(minutes=1)).astimezone().strftime("%I:%M %p").lstrip("0")
+    signal = _detect(f"usage limit; try again at {before}")
+    assert signal is not None
+    assert signal.until == NOW - timedelta(minutes=1) + timedelta(days=1)
+
+
 @pytest.mark.parametrize(
     "output",
     [
