@@ -66,13 +66,10 @@ class Observation:
 
 def step_spend(observations: Sequence[Observation]) -> float | None:
     """Rule 8: what one step spends of a window, from its observations (oldest first)."""
-    last: dict[str, Observation] = {}
+    last: dict[str, Observation] = {}  # each step run's last observation
     for seen in observations:
         if seen.step_run is not None and seen.used is not None:
-            last.pop(seen.step_run, None)
-            last[seen.step_run] = (
-                seen  # insertion order: by each run's last observation
-            )
+            last[seen.step_run] = seen
     runs = sorted(last.values(), key=lambda o: o.observed_at)
     deltas: list[float] = []
     for before, after in zip(runs, runs[1:], strict=False):
