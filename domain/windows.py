@@ -4,12 +4,18 @@ Contract:
 1. A `Window` is the latest observation of one window of one account: its name (`5h`, `7d`,
    or the provider's own), the used fraction (0..1, None when the provider did not say),
    the provider's status (`allowed`, `allowed_warning`, `rejected`, None), when it resets
-   (None: unknown), where it came from and when it was seen.
+   (None: unknown), where it came from, when it was seen, and `spend` (rule 8).
 2. A window whose reset is at or before `now` is over: it counts for nothing.
 3. A window is exhausted when it is not over and its status is `rejected`, or its used
-   fraction is >= `max_used` (the route's --max-window-used, default 0.9).
+   fraction is >= `max_used` (the route's --max-window-used, default 0.9), or it is
+   predicted to run out before the step would finish: with `spend` the window's estimate of
+   what one step spends of it (None: unknown) and `running` the steps the account carries
+   now (running + reserved, the load the least-loaded rule uses), used + (running + 1) x
+   spend > 1.0. With no spend known (or no used fraction) only the first two hold, so a
+   pool with no windows, or with windows but no spend known, is decided as before.
 4. An account is exhausted when any of its windows is; it is free again at the LATEST reset
-   of its exhausted windows (None when one of them has no known reset).
+   of its exhausted windows (None when one of them has no known reset), a predicted one
+   included.
 5. Headroom of an account = min over its windows (not over, used known) of 1 - used; an
    account with no such window has headroom 1.0 (nothing known spent), so a pool where no
    window is known is decided exactly as before.
@@ -20,6 +26,13 @@ Contract:
    and the window started at reset - L, the account is paced while used > elapsed / L, until
    reset - L * (1 - used) (when the elapsed share catches up). Paced members are removed
    after the exhausted ones; a pool left with none defers with `window_paced`.
+8. A window's spend estimate (`step_spend`): from its observations recorded by step runs,
+   oldest first, each step run's last one; the increase of the used fraction from one
+   step run's last observation to the next one's, when the next was seen before the
+   earlier's reset (one reset period) and the used fraction did not fall, is what that
+   step spent. The estimate is the MAX of the latest `SPEND_SAMPLES` (3) such increases
+   (the max: a step that spends more than the estimate is what makes the 429), None when
+   there is none.
 """
 
 from __future__ import annotations
@@ -38,6 +51,34 @@ STATUSES = ("allowed", "allowed_warning", "rejected")
 WINDOW_EXHAUSTED_REASON = "all {n} pool members at their window budget ({detail})"
 WINDOW_PACED_REASON = "all {n} pool members ahead of their window pace ({detail})"
 _UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
+SPEND_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One recorded observation of a window, as rule 8 reads it."""
+
+    step_run: str | None
+    used: float | None
+    resets_at: datetime | None
+    observed_at: datetime
+
+
+def step_spend(observations: Sequence[Observation]) -> float | None:
+    """Rule 8: what one step spends of a window, from its observations (oldest first)."""
+    last: dict[str, Observation] = {}  # each step run's last observation
+    for seen in observations:
+        if seen.step_run is not None and seen.used is not None:
+            last[seen.step_run] = seen
+    runs = sorted(last.values(), key=lambda o: o.observed_at)
+    deltas: list[float] = []
+    for before, after in zip(runs, runs[1:], strict=False):
+        delta = (after.used or 0.0) - (before.used or 0.0)
+        if before.resets_at is not None and after.observed_at < before.resets_at:
+            if delta >= 0:
+                deltas.append(delta)
+    recent = deltas[-SPEND_SAMPLES:]
+    return max(recent) if recent else None
 
 
 @dataclass(frozen=True)
@@ -48,22 +89,35 @@ class Window:
     resets_at: datetime | None = None
     source: str = ""
     observed_at: datetime | None = None
+    # What one step spends of this window (0..1; None: unknown): ledger.window_spend.
+    spend: float | None = None
 
     def over(self, now: datetime) -> bool:
         return self.resets_at is not None and self.resets_at <= now
 
-    def exhausted(self, now: datetime, max_used: float) -> bool:
+    def runs_out(self, running: int) -> bool:
+        """Rule 3's prediction: `running` steps and this one would pass 100 %."""
+        if self.used is None or self.spend is None or self.spend <= 0:
+            return False
+        return self.used + (max(running, 0) + 1) * self.spend > 1.0
+
+    def exhausted(self, now: datetime, max_used: float, running: int = 0) -> bool:
         if self.over(now):
             return False
         if self.status == REJECTED:
             return True
-        return self.used is not None and self.used >= max_used
+        if self.used is not None and self.used >= max_used:
+            return True
+        return self.runs_out(running)
 
     def label(self) -> str:
-        """`5h 95% until 2026-12-04T20:00:00Z` (what a deferral reason says)."""
+        """`5h 95% until 2026-12-04T20:00:00Z` (what a deferral reason says; with a spend
+        estimate `5h 64% (32%/step) until …`)."""
         parts = [self.name]
         if self.used is not None:
             parts.append(f"{self.used * 100:.0f}%")
+        if self.spend is not None:
+            parts.append(f"({self.spend * 100:.0f}%/step)")
         if self.status:
             parts.append(self.status)
         if self.resets_at is not None:
@@ -78,6 +132,7 @@ class Window:
             "resetsAt": iso(self.resets_at) if self.resets_at else None,
             "source": self.source,
             "observedAt": iso(self.observed_at) if self.observed_at else None,
+            "spend": self.spend,
         }
 
 
@@ -124,10 +179,10 @@ def headroom(windows: Iterable[Window], now: datetime) -> float:
 
 
 def frees_at(
-    windows: Iterable[Window], now: datetime, max_used: float
+    windows: Iterable[Window], now: datetime, max_used: float, running: int = 0
 ) -> tuple[bool, datetime | None]:
-    """(exhausted, when it frees) of one account (rules 3 and 4)."""
-    spent = [w for w in windows if w.exhausted(now, max_used)]
+    """(exhausted, when it frees) of one account carrying `running` steps (rules 3, 4)."""
+    spent = [w for w in windows if w.exhausted(now, max_used, running)]
     if not spent:
         return False, None
     if any(w.resets_at is None for w in spent):
@@ -175,9 +230,12 @@ def window_filter(
     now: datetime,
     max_used: float = DEFAULT_MAX_WINDOW_USED,
     paced: Collection[str] = (),
+    running: Mapping[str, int] | None = None,
 ) -> WindowFilter:
     """Rules 6 and 7: the members that may take a step now, and why the others may not
-    (`paced`: the accounts whose windows are paced)."""
+    (`paced`: the accounts whose windows are paced; `running`: account -> the steps it
+    carries now, running + reserved, for rule 3's prediction; absent: 0)."""
+    loads = running or {}
     kept: list[str] = []
     exhausted: dict[str, datetime | None] = {}
     rooms: dict[str, float] = {}
@@ -185,11 +243,12 @@ def window_filter(
     ahead: dict[str, datetime] = {}
     for member in members:
         seen = windows.get(member.strip(), ())
-        spent, until = frees_at(seen, now, max_used)
+        load = loads.get(member.strip(), 0)
+        spent, until = frees_at(seen, now, max_used, load)
         if spent:
             exhausted[member] = until
             detail[member] = ", ".join(
-                w.label() for w in seen if w.exhausted(now, max_used)
+                w.label() for w in seen if w.exhausted(now, max_used, load)
             )
             continue
         if member.strip() in paced:

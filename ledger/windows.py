@@ -31,6 +31,7 @@ from domain.windows import DEFAULT_MAX_WINDOW_USED, Window, WindowFilter, window
 from ledger.models import Account, AccountWindow, WorkflowStepRun
 from ledger.selectors import AccountState
 from ledger.window_rows import window_keep_days
+from ledger.window_spend import with_spend
 
 KEEP_PER_WINDOW = 10
 SOURCE_ESTIMATE = "loopsweb estimate"
@@ -201,9 +202,12 @@ def window_state(
     budgets = Account.objects.exclude(window_budgets__isnull=True)
     if names is not None:
         budgets = budgets.filter(name__in=names)
-    return with_estimates(
-        latest_windows(names, now=now),
-        dict(budgets.values_list("name", "window_budgets")),
+    return with_spend(
+        with_estimates(
+            latest_windows(names, now=now),
+            dict(budgets.values_list("name", "window_budgets")),
+            now,
+        ),
         now,
     )
 
@@ -212,10 +216,11 @@ def state_windows(
     state: AccountState, budgets: Mapping[str, Mapping[str, Any] | None], now: datetime
 ) -> dict[str, list[Window]]:
     """The windows of an `account_state(windows=True)` read plus the estimates of the
-    accounts in `budgets` (no statement unless one of them has a budget)."""
+    accounts in `budgets` (no statement unless one of them has a budget), with each
+    window's spend estimate (ledger.window_spend: one statement when a window is known)."""
     if not any(budgets.values()):
-        return state.windows
-    return with_estimates(state.windows, budgets, now)
+        return with_spend(state.windows, now)
+    return with_spend(with_estimates(state.windows, budgets, now), now)
 
 
 WAIT_WINDOW_EXHAUSTED = "account {profile} at its window budget ({detail})"
@@ -235,20 +240,29 @@ def step_max_window_used(spec: dict[str, Any]) -> float:
 
 
 def pool_windows(
-    members: Sequence[str], spec: dict[str, Any], now: datetime
+    members: Sequence[str],
+    spec: dict[str, Any],
+    now: datetime,
+    running: Mapping[str, int] | None = None,
 ) -> WindowFilter:
-    """The window rule (domain.windows) over `members` for a step about to start."""
+    """The window rule (domain.windows) over `members` for a step about to start
+    (`running`: the steps each member carries now, for the prediction)."""
     return window_filter(
-        list(members), window_state(members, now=now), now, step_max_window_used(spec)
+        list(members),
+        window_state(members, now=now),
+        now,
+        step_max_window_used(spec),
+        running=running,
     )
 
 
 def window_refusal(
-    profile: str, spec: dict[str, Any], now: datetime
+    profile: str, spec: dict[str, Any], now: datetime, running: int = 0
 ) -> tuple[str, str, datetime | None] | None:
-    """(window_exhausted, why, when it frees) for a step whose account's window is spent,
-    else None: a step start refuses it (and fails over when it can)."""
-    spent = pool_windows([profile], spec, now)
+    """(window_exhausted, why, when it frees) for a step whose account's window is spent
+    or predicted to run out with `running` other steps on it, else None: a step start
+    refuses it (and fails over when it can)."""
+    spent = pool_windows([profile], spec, now, {profile: running})
     if profile not in spent.exhausted:
         return None
     reason = WAIT_WINDOW_EXHAUSTED.format(profile=profile, detail=spent.detail[profile])

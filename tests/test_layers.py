@@ -59,6 +59,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ledger.capacity",
             "ledger.windows",
             "ledger.window_rows",
+            "ledger.window_spend",
         ),
     ),
     (

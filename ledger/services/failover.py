@@ -103,7 +103,7 @@ def _free_member(
         .exclude(account_profile__isnull=True)
         .values_list("account_profile", flat=True)
     )
-    windows = pool_windows(pool, spec, now)
+    windows = pool_windows(pool, spec, now, loads)
     best: tuple[bool, int, float, int, str] | None = None
     for position, member in enumerate(pool):
         if member == step.account_profile or member in state.cooling:

@@ -319,7 +319,7 @@ def _account_refusal(
             gate.cooling_until,
         )
     spent = (
-        window_refusal(profile, spec, windows_at)
+        window_refusal(profile, spec, windows_at, gate.running)
         if profile and windows_at is not None
         else None
     )

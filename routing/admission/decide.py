@@ -93,7 +93,12 @@ def pool_view(
         name for name, row in registry.items() if name in members and row.window_pace
     }
     spent = window_filter(
-        list(plan.pool), seen, now or timezone.now(), max_used, paced=paced
+        list(plan.pool),
+        seen,
+        now or timezone.now(),
+        max_used,
+        paced=paced,
+        running=loads,
     )
     assignment = assign_pool_auth_profiles(
         list(plan.pool),

@@ -448,7 +448,8 @@ class AccountDict(TypedDict):
     usage5h: UsageDict | None
     usage7d: UsageDict | None
     # Its rate-limit windows (docs/windows.md): window, used, status, resetsAt, source,
-    # observedAt; and `at window` / `near window` / None.
+    # observedAt, spend (None here: admission reads it); and `at window` / `near window` /
+    # None.
     windows: list[dict[str, Any]]
     windowMark: str | None
 

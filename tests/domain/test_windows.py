@@ -12,11 +12,13 @@ from domain import reasons
 from domain.errors import ValidationError
 from domain.pool import assign_pool_auth_profiles
 from domain.windows import (
+    Observation,
     Window,
     frees_at,
     headroom,
     paced_until,
     parse_max_window_used,
+    step_spend,
     window_filter,
 )
 
@@ -27,8 +29,10 @@ PAST = NOW - timedelta(minutes=1)
 P3 = ["acctA", "acctB", "acctC"]
 
 
-def w(name: str = "5h", used=None, status=None, resets=SOON) -> Window:
-    return Window(name=name, used=used, status=status, resets_at=resets, source="t")
+def w(name: str = "5h", used=None, status=None, resets=SOON, spend=None) -> Window:
+    return Window(
+        name=name, used=used, status=status, resets_at=resets, source="t", spend=spend
+    )
 
 
 # (windows of one account, max_used) -> (exhausted, frees at)
@@ -223,3 +227,103 @@ def test_a_paced_pool_defers_with_window_paced_and_an_unpaced_member_is_kept() -
         ["acctA", "acctB"], {}, "s", ["worker"], 2, windows=one
     )
     assert got.profiles == {"worker": "acctB"}
+
+
+# The prediction (rule 3): (windows with a spend estimate, running, max_used) ->
+# (exhausted, frees at). The bench's case: two steps of 32 % admitted at 64 %.
+PREDICT_CASES = [
+    ([w(used=0.64, spend=0.32)], 0, 0.9, (False, None)),  # ends at 96 %
+    ([w(used=0.64, spend=0.32)], 1, 0.9, (True, SOON)),  # two of them: 128 %
+    ([w(used=0.5, spend=0.25)], 1, 0.9, (False, None)),  # ends exactly at 100 %
+    ([w(used=0.5, spend=0.25)], 2, 0.9, (True, SOON)),
+    ([w(used=0.0, spend=0.4)], 2, 0.9, (True, SOON)),  # three fresh steps: 120 %
+    ([w(used=0.89)], 5, 0.9, (False, None)),  # no spend known: today's rule
+    ([w(used=0.95, spend=0.01)], 0, 0.9, (True, SOON)),  # the limit still holds
+    ([w(status="allowed", spend=0.3)], 3, 0.9, (False, None)),  # no used fraction
+    ([w(used=0.99, spend=0.32, resets=PAST)], 1, 0.9, (False, None)),  # over
+    ([w(used=0.7, spend=0.0)], 4, 0.9, (False, None)),  # a step spends nothing
+    ([w(used=0.7, spend=0.2, resets=None)], 1, 0.9, (True, None)),  # reset unknown
+    # the weekly window runs out, the 5-hour one does not: free at the weekly reset
+    (
+        [
+            w("5h", used=0.2, spend=0.1, resets=SOON),
+            w("7d", used=0.8, spend=0.15, resets=LATER),
+        ],
+        1,
+        0.9,
+        (True, LATER),
+    ),
+    ([w(used=0.64, spend=0.32)], 1, 1.0, (True, SOON)),  # 1.0 does not stop it
+]
+
+
+@pytest.mark.parametrize(("windows", "running", "max_used", "expected"), PREDICT_CASES)
+def test_an_account_predicted_to_run_out_is_spent_until_its_reset(
+    windows, running, max_used, expected
+) -> None:
+    assert frees_at(windows, NOW, max_used, running) == expected
+
+
+def test_the_filter_predicts_with_each_members_load() -> None:
+    windows = {name: [w(used=0.64, spend=0.32)] for name in P3}
+    found = window_filter(P3, windows, NOW, running={"acctA": 1, "acctC": 2})
+    assert found.kept == ["acctB"]
+    assert found.exhausted == {"acctA": SOON, "acctC": SOON}
+    assert "acctA: 5h 64% (32%/step) until 2026-12-04T13:00:00Z" in found.reason(P3)
+    got = assign_pool_auth_profiles(
+        P3, {"acctA": 1, "acctC": 2}, "task-42", ["worker"], 2, windows=found
+    )
+    assert got.profiles == {"worker": "acctB"}
+    # without the loads nothing is predicted to run out
+    assert window_filter(P3, windows, NOW).kept == P3
+
+
+@given(
+    used=st.dictionaries(st.sampled_from(P3), st.floats(0, 1)),
+    loads=st.dictionaries(st.sampled_from(P3), st.integers(0, 5)),
+)
+def test_with_no_spend_known_the_loads_change_nothing(used, loads) -> None:
+    windows = {name: [w(used=u)] for name, u in used.items()}
+    assert window_filter(P3, windows, NOW, running=loads) == window_filter(
+        P3, windows, NOW
+    )
+
+
+T0 = NOW - timedelta(minutes=30)
+
+
+def o(run, used, minute, resets=SOON) -> Observation:
+    return Observation(
+        step_run=run,
+        used=used,
+        resets_at=resets,
+        observed_at=T0 + timedelta(minutes=minute),
+    )
+
+
+# Rule 8: observations (oldest first) -> what one step spends.
+SPEND_CASES = [
+    ([], None),
+    ([o("r1", 0.16, 0), o("r1", 0.32, 1)], None),  # one step run: nothing to compare
+    # each run's last observation: 0.32 -> 0.64
+    ([o("r1", 0.16, 0), o("r1", 0.32, 1), o("r2", 0.48, 2), o("r2", 0.64, 3)], 0.32),
+    # the second run was seen after the first one's reset: another period
+    ([o("r1", 0.32, 1, resets=T0 + timedelta(minutes=2)), o("r2", 0.2, 3)], None),
+    ([o("r1", 0.5, 1), o("r2", 0.3, 2)], None),  # the used fraction fell
+    ([o(None, 0.1, 0), o("r1", 0.3, 1), o(None, 0.9, 2)], None),  # not step runs
+    ([o("r1", None, 0), o("r2", 0.4, 1)], None),  # no used fraction
+    # the max of the latest three increases (0.5 is older than them)
+    (
+        [o("r1", 0.0, 0), o("r2", 0.5, 1), o("r3", 0.6, 2), o("r4", 0.8, 3)]
+        + [o("r5", 0.85, 4)],
+        0.2,
+    ),
+    # a run observed again later counts at its last observation
+    ([o("r1", 0.1, 0), o("r2", 0.3, 1), o("r1", 0.5, 2)], 0.2),
+]
+
+
+@pytest.mark.parametrize(("observations", "expected"), SPEND_CASES)
+def test_a_steps_spend_is_the_increase_between_step_runs(observations, expected):
+    got = step_spend(observations)
+    assert got == (None if expected is None else pytest.approx(expected))

@@ -1,7 +1,9 @@
 """The window ledger (ledger.windows) and admission steering by it, in-process on the real
 database with the fake agent: recording and pruning, the estimate from step runs, an account
 at 95 % not assigned, a spent pool deferring with window_exhausted, the dry-run plan making
-the same choice, the step start failing over from a spent account, a 429 recorded."""
+the same choice, the step start failing over from a spent account, a 429 recorded; the
+prediction: a step's spend read from the step runs' observations, an account predicted to
+run out with its load dropped by admission, the dry-run, a step start and failover."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from ledger.windows import (
     KEEP_PER_WINDOW,
     latest_windows,
     parse_budgets,
+    window_refusal,
     window_state,
     windows_record,
 )
@@ -52,6 +55,28 @@ def spend(account: str, used: float = 0.95, *, minutes: int = 60, name="5h") -> 
             )
         ],
     )
+
+
+def spent_by_steps(account: str, *used: float) -> None:
+    """Each fraction in `used` observed by its own step run of `account` (what the
+    window watch records), a second apart, in one 5 h period."""
+    run = make_run(status=RunStatus.SUCCEEDED)  # ended: no load, no active run
+    resets = timezone.now() + timedelta(hours=1)
+    start = timezone.now() - timedelta(minutes=5)
+    for n, fraction in enumerate(used):
+        step = make_step_run(
+            workflow_run=run,
+            step_id=f"w{n}",
+            account_profile=account,
+            status="succeeded",
+        )
+        windows_record(
+            account=account,
+            provider="codex",
+            windows=[Window(name="5h", used=fraction, resets_at=resets, source="t")],
+            step_run_id=step.id,
+            now=start + timedelta(seconds=n),
+        )
 
 
 def test_the_latest_observation_per_window_counts_and_old_ones_are_pruned(
@@ -185,9 +210,18 @@ def test_a_step_whose_account_spent_its_window_after_admission_moves(
     assert f"account {worker} at its window budget" in move.payload_json["reason"]
 
 
+# How the only other member's window stands -> whether the step moves onto it.
+FAILOVER_CASES = [
+    ("at 95 %", False),
+    ("at 70 %, 35 % a step: predicted to reach 105 %", False),
+    ("at 70 %, nothing known of a step", True),
+]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize(("other", "moves"), FAILOVER_CASES)
 def test_failover_never_moves_a_step_onto_a_spent_account(
-    agent: FakeAgent, tmp_path: Path
+    agent: FakeAgent, tmp_path: Path, other: str, moves: bool
 ) -> None:
     run = route_generic(
         tmp_path, "evt-w-none", auth_profile_pool="acctA,acctB", created=True
@@ -203,7 +237,12 @@ def test_failover_never_moves_a_step_onto_a_spent_account(
         until=timezone.now() + timedelta(minutes=10),
         reason="429",
     )
-    spend(verifier)  # the only other member: spent
+    if other == FAILOVER_CASES[0][0]:
+        spend(verifier)
+    elif other == FAILOVER_CASES[1][0]:
+        spent_by_steps(verifier, 0.35, 0.7)
+    else:
+        spend(verifier, 0.7)
     step_failover(
         run=run,
         step=steps["worker"],
@@ -212,7 +251,7 @@ def test_failover_never_moves_a_step_onto_a_spent_account(
         reason="cooling",
         now=timezone.now(),
     )
-    assert steps_of(run)["worker"].account_profile == worker
+    assert steps_of(run)["worker"].account_profile == (verifier if moves else worker)
 
 
 @pytest.mark.slow
@@ -248,3 +287,56 @@ def test_a_paced_account_waits_for_its_pace_and_a_paced_pool_defers(
     result = route_generic(tmp_path, "evt-pace-2", auth_profile_pool="acctA,acctB")
     assert result.run is not None
     assert set((result.account_profiles or {}).values()) == {"acctB"}
+
+
+def test_a_steps_spend_is_read_from_the_observations_of_step_runs() -> None:
+    spent_by_steps("acctA", 0.1, 0.3, 0.62)
+    spend("acctB", 0.5)  # not observed by a step run
+    state = window_state(["acctA", "acctB"])
+    (a,) = state["acctA"]
+    assert (a.used, a.spend) == (0.62, pytest.approx(0.32))
+    (b,) = state["acctB"]
+    assert (b.used, b.spend) == (0.5, None)
+
+
+def test_admission_drops_an_account_predicted_to_run_out_with_its_load(
+    tmp_path: Path,
+) -> None:
+    pool = "acctA,acctB"
+    for name in ("acctA", "acctB"):
+        spent_by_steps(name, 0.32, 0.64)  # 32 % a step: one more fits, two do not
+    first = route_generic(tmp_path, "evt-p1", auth_profile_pool=pool, max_per_profile=0)
+    assert first.run is not None
+    loaded = steps_of(first.run)["worker"].account_profile  # its reservation
+    other = ({"acctA", "acctB"} - {loaded}).pop()
+    plan = route_generic(
+        tmp_path, "evt-p2", auth_profile_pool=pool, max_per_profile=0, dry_run=True
+    )
+    assert set((plan.account_profiles or {}).values()) == {other}
+    second = route_generic(
+        tmp_path, "evt-p2", auth_profile_pool=pool, max_per_profile=0
+    )
+    assert second.run is not None
+    assert set((second.account_profiles or {}).values()) == {other}
+    # Both carry a step now: a third would take either past 100 %.
+    third = route_generic(tmp_path, "evt-p3", auth_profile_pool=pool, max_per_profile=0)
+    assert third.run is None
+    assert third.reason_code == reasons.WINDOW_EXHAUSTED
+    assert "acctA: 5h 64% (32%/step)" in (third.reason or "")
+    deferral = WorkItemDeferral.objects.get(work_item=third.work_item)
+    spends = {
+        name: [w["spend"] for w in seen]
+        for name, seen in deferral.counts_json["windows"].items()
+    }
+    assert spends == {"acctA": [pytest.approx(0.32)], "acctB": [pytest.approx(0.32)]}
+
+
+def test_a_step_start_refuses_an_account_predicted_to_run_out() -> None:
+    spent_by_steps("acctA", 0.32, 0.64)
+    spec: dict[str, Any] = {"routing": {"maxWindowUsed": 0.9}}
+    assert window_refusal("acctA", spec, timezone.now(), running=0) is None
+    refused = window_refusal("acctA", spec, timezone.now(), running=1)
+    assert refused is not None
+    code, reason, until = refused
+    assert code == reasons.WINDOW_EXHAUSTED and "(32%/step)" in reason
+    assert until is not None and until > timezone.now()
