@@ -33,6 +33,9 @@ Contract:
    step spent. The estimate is the MAX of the latest `SPEND_SAMPLES` (3) such increases
    (the max: a step that spends more than the estimate is what makes the 429), None when
    there is none.
+9. With `max_used` `off` (WINDOWS_OFF, the route's `--max-window-used off`) the rule is
+   skipped: `window_filter` keeps every member, exhausted, paced and headroom empty, so
+   the pool is decided exactly as with no window known.
 """
 
 from __future__ import annotations
@@ -40,11 +43,15 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from domain.errors import ValidationError
 
 DEFAULT_MAX_WINDOW_USED = 0.9
+# `--max-window-used off` (rule 9): the route ignores the windows (no threshold, no
+# prediction, no pacing): the least-loaded rule as before windows existed.
+WINDOWS_OFF: Literal["off"] = "off"
+MaxWindowUsed = float | Literal["off"]
 REJECTED = "rejected"
 STATUSES = ("allowed", "allowed_warning", "rejected")
 
@@ -228,13 +235,16 @@ def window_filter(
     members: Sequence[str],
     windows: Mapping[str, Sequence[Window]],
     now: datetime,
-    max_used: float = DEFAULT_MAX_WINDOW_USED,
+    max_used: MaxWindowUsed = DEFAULT_MAX_WINDOW_USED,
     paced: Collection[str] = (),
     running: Mapping[str, int] | None = None,
 ) -> WindowFilter:
     """Rules 6 and 7: the members that may take a step now, and why the others may not
     (`paced`: the accounts whose windows are paced; `running`: account -> the steps it
-    carries now, running + reserved, for rule 3's prediction; absent: 0)."""
+    carries now, running + reserved, for rule 3's prediction; absent: 0; `max_used` off:
+    rule 9)."""
+    if isinstance(max_used, str):  # WINDOWS_OFF: the windows are not looked at
+        return WindowFilter(kept=list(members))
     loads = running or {}
     kept: list[str] = []
     exhausted: dict[str, datetime | None] = {}
@@ -266,14 +276,17 @@ def window_filter(
 
 MAX_WINDOW_USED_INVALID = (
     "--max-window-used must be a fraction above 0 and at most 1 (0.9: defer an account "
-    "once 90% of a window is used), not {value!r}"
+    "once 90% of a window is used) or off (ignore the windows), not {value!r}"
 )
 
 
-def parse_max_window_used(value: Any) -> float | None:
-    """The route option --max-window-used: None (the default, 0.9) or a fraction in (0, 1]."""
+def parse_max_window_used(value: Any) -> MaxWindowUsed | None:
+    """The route option --max-window-used: None (the default, 0.9), a fraction in (0, 1],
+    or `off` (WINDOWS_OFF: rule 9)."""
     if value is None:
         return None
+    if isinstance(value, str) and value.strip().lower() == WINDOWS_OFF:
+        return WINDOWS_OFF
     number: float | None = None
     if isinstance(value, str) and value.strip():
         try:

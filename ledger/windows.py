@@ -27,7 +27,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 from domain import reasons
-from domain.windows import DEFAULT_MAX_WINDOW_USED, Window, WindowFilter, window_filter
+from domain.windows import (
+    DEFAULT_MAX_WINDOW_USED,
+    WINDOWS_OFF,
+    MaxWindowUsed,
+    Window,
+    WindowFilter,
+    window_filter,
+)
 from ledger.models import Account, AccountWindow, WorkflowStepRun
 from ledger.selectors import AccountState
 from ledger.window_rows import window_keep_days
@@ -226,10 +233,13 @@ def state_windows(
 WAIT_WINDOW_EXHAUSTED = "account {profile} at its window budget ({detail})"
 
 
-def step_max_window_used(spec: dict[str, Any]) -> float:
-    """The --max-window-used a step was routed with (`routing.maxWindowUsed`), else 0.9."""
+def step_max_window_used(spec: dict[str, Any]) -> MaxWindowUsed:
+    """The --max-window-used a step was routed with (`routing.maxWindowUsed`: a fraction
+    or `off`), else 0.9."""
     routing = spec.get("routing") if isinstance(spec, dict) else None
     value = routing.get("maxWindowUsed") if isinstance(routing, dict) else None
+    if value == WINDOWS_OFF:
+        return WINDOWS_OFF
     if (
         isinstance(value, int | float)
         and not isinstance(value, bool)

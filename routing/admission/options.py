@@ -37,7 +37,7 @@ from domain.throttle import (
     ThrottleLimits,
     parse_limit,
 )
-from domain.windows import parse_max_window_used
+from domain.windows import MaxWindowUsed, parse_max_window_used
 from ledger.providers import PROVIDERS
 
 ROLES = ("triage", "planner", "worker", "verifier")
@@ -80,8 +80,9 @@ class RouteOptions:
     project_group: str | None = None
     project_path: str | None = None
     max_per_profile: int | None = None
-    # Defer an account once a rate-limit window is this used (None: 0.9; domain.windows).
-    max_window_used: float | None = None
+    # Defer an account once a rate-limit window is this used (None: 0.9; off: the windows
+    # are ignored; domain.windows).
+    max_window_used: MaxWindowUsed | None = None
     name_prefix: str | None = None
     worktree_mode: str = DEFAULT_WORKTREE_MODE
     sandbox: str = DEFAULT_SANDBOX

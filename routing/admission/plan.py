@@ -43,6 +43,7 @@ from domain.templates import (
 from domain.throttle import (
     ThrottleLimits,
 )
+from domain.windows import MaxWindowUsed
 from ledger.hosts import admission_provider_refusal
 from ledger.models import (
     Loop,
@@ -125,8 +126,8 @@ class RoutePlan:
     # Planned from an item's stored route by an operator's retry (`plan_stored_route`): a
     # retry the caps defer keeps that route for whichever drain admits it later.
     retry: bool = False
-    # --max-window-used (None: domain.windows.DEFAULT_MAX_WINDOW_USED).
-    max_window_used: float | None = None
+    # --max-window-used (None: domain.windows.DEFAULT_MAX_WINDOW_USED; off: rule 9).
+    max_window_used: MaxWindowUsed | None = None
     # The PR review gate's reading (routing.admission.review_gate), when it applied.
     pr_review_routing: dict[str, Any] | None = None
 

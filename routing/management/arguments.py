@@ -77,7 +77,8 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--max-window-used",
-        help="defer a pool account once a rate-limit window is this used (0..1, default 0.9)",
+        help="defer a pool account once a rate-limit window is this used (0..1, default "
+        "0.9), or off: ignore the windows (the least-loaded rule alone)",
     )
     add("--name-prefix", help="prefix of generated workflow and loop names")
     add(
