@@ -368,12 +368,14 @@ def _render(
         spec["steps"],
         worktree=worktree_enabled(options.worktree_mode, git_work_tree=git_work_tree),
     )
-    if accounts.guard is not None:
-        # The runner re-checks the account's cap when a step starts (no stacking at start).
+    if accounts.pool_active:
+        # The runner re-checks the account's cap and windows when a step starts (no
+        # stacking at start); --max-per-profile 0 (no guard) keeps --max-window-used.
         for step_id in pool_roles_by_step(spec, accounts.provider):
             for step in spec["steps"]:
                 if step["id"] == step_id:
-                    step["routing"]["maxPerProfile"] = accounts.guard
+                    if accounts.guard is not None:
+                        step["routing"]["maxPerProfile"] = accounts.guard
                     if options.max_window_used is not None:  # failover reads it
                         step["routing"]["maxWindowUsed"] = options.max_window_used
     return spec, preflight

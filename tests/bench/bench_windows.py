@@ -24,6 +24,7 @@ the steps. Per mode: the stand-in's 429s, the wall time from the first drain unt
 run ended, and the runs' statuses. Target: 0 provider 429s with the rule on, and no more
 time than with the rule off.
 """
+
 from __future__ import annotations
 
 import os

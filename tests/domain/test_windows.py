@@ -12,6 +12,7 @@ from domain import reasons
 from domain.errors import ValidationError
 from domain.pool import assign_pool_auth_profiles
 from domain.windows import (
+    WINDOWS_OFF,
     Observation,
     Window,
     frees_at,
@@ -187,13 +188,23 @@ def test_with_no_window_known_the_assignment_is_unchanged(loads, seed, cap) -> N
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"), [(None, None), (0.5, 0.5), ("0.8", 0.8), (1, 1.0)]
+    ("value", "expected"),
+    [
+        (None, None),
+        (0.5, 0.5),
+        ("0.8", 0.8),
+        (1, 1.0),
+        ("off", "off"),
+        (" OFF ", "off"),
+    ],
 )
 def test_max_window_used_accepts_a_fraction(value, expected) -> None:
     assert parse_max_window_used(value) == expected
 
 
-@pytest.mark.parametrize("value", [0, -0.1, 1.5, "90%", "", True, "nan", [0.5]])
+@pytest.mark.parametrize(
+    "value", [0, -0.1, 1.5, "90%", "", True, "nan", [0.5], "of", "offf", "no", "none"]
+)
 def test_max_window_used_refuses_anything_else(value) -> None:
     with pytest.raises(ValidationError, match="--max-window-used"):
         parse_max_window_used(value)
@@ -327,3 +338,25 @@ SPEND_CASES = [
 def test_a_steps_spend_is_the_increase_between_step_runs(observations, expected):
     got = step_spend(observations)
     assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_off_looks_at_no_window_and_assigns_an_account_at_95_percent() -> None:
+    """Rule 9: spent, rejected, predicted and paced members are all kept, no headroom."""
+    windows = {
+        "acctA": [w(used=0.95)],
+        "acctB": [w(status="rejected")],
+        "acctC": [w(used=0.64, spend=0.32)],  # predicted to run out with one step on it
+    }
+    off = window_filter(P3, windows, NOW, WINDOWS_OFF, paced=P3, running={"acctC": 1})
+    assert (off.kept, off.exhausted, off.paced, off.headroom) == (P3, {}, {}, {})
+    on = window_filter(P3, windows, NOW, paced=P3, running={"acctC": 1})
+    assert on.kept == [] and set(on.exhausted) == set(P3)
+    for seed in ("task-42", "spread-me", "s", "a", "defer-1"):
+        plain = assign_pool_auth_profiles(P3[:1], {}, seed, ["worker"], 2)
+        got = assign_pool_auth_profiles(P3[:1], {}, seed, ["worker"], 2, windows=off)
+        assert got == plain and got.profiles == {"worker": "acctA"}
+        spent = window_filter(P3[:1], windows, NOW)
+        refused = assign_pool_auth_profiles(
+            P3[:1], {}, seed, ["worker"], 2, windows=spent
+        )
+        assert refused.deferred and refused.reason_code == reasons.WINDOW_EXHAUSTED

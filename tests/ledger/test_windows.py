@@ -25,11 +25,13 @@ from ledger.models import (
     WorkItemDeferral,
 )
 from ledger.runner import run_workflow_run
+from ledger.services.common import step_spec
 from ledger.services.failover import step_failover
 from ledger.windows import (
     KEEP_PER_WINDOW,
     latest_windows,
     parse_budgets,
+    pool_windows,
     window_refusal,
     window_state,
     windows_record,
@@ -162,6 +164,36 @@ def test_an_account_at_95_percent_is_not_assigned_and_the_dry_run_agrees(
         tmp_path, "evt-w-raised", auth_profile_pool=POOL, max_window_used=1.0
     )
     assert raised.run is not None
+
+
+def test_off_assigns_an_account_at_95_percent_and_the_default_does_not(
+    tmp_path: Path,
+) -> None:
+    for name in ("acctA", "acctB", "acctC"):
+        spend(name)
+    dry = route_generic(tmp_path, "evt-off-dry", auth_profile_pool=POOL, dry_run=True)
+    assert dry.reason_code == reasons.WINDOW_EXHAUSTED
+    off_dry = route_generic(
+        tmp_path, "evt-off-dry2", auth_profile_pool=POOL, dry_run=True,
+        max_window_used="off",
+    )  # fmt: skip
+    assert off_dry.reason_code is None and off_dry.account_profiles
+    assigned: set[str] = set()
+    for n in range(3):  # least loaded: the three runs spread over the three accounts
+        result = route_generic(
+            tmp_path, f"evt-off-{n}", auth_profile_pool=POOL, max_per_profile=0,
+            max_window_used="off", created=True,
+        )  # fmt: skip
+        assigned |= set((result.account_profiles or {}).values())
+        assert result.run is not None
+        assert step_spec(result.run, "worker")["routing"]["maxWindowUsed"] == "off"
+    assert "acctA" in assigned
+    # A step start and a failover read `off` from the step's spec.
+    spec: dict[str, Any] = {"routing": {"maxWindowUsed": "off"}}
+    assert window_refusal("acctA", spec, timezone.now(), running=2) is None
+    assert window_refusal("acctA", {"routing": {}}, timezone.now()) is not None
+    found = pool_windows(["acctA", "acctB"], spec, timezone.now(), {"acctA": 1})
+    assert found.kept == ["acctA", "acctB"] and not found.exhausted
 
 
 def test_a_spent_pool_defers_with_window_exhausted_until_the_earliest_reset(

@@ -28,6 +28,7 @@ from django.db.models import Prefetch
 from domain.bounds import BOUNDS, bounded_int
 from domain.delivery import DEFAULT_DELIVER, DEFAULT_REMOTE
 from domain.errors import ApplicationError, ValidationError
+from domain.windows import DEFAULT_MAX_WINDOW_USED
 from ledger.delivery_view import delivery_fields, delivery_line
 from ledger.management.terminal import TerminalCommand
 from ledger.models import (
@@ -128,6 +129,14 @@ def route_delivery(item: WorkflowWorkItem) -> dict[str, Any]:
             if login
         ],
     }
+
+
+def route_max_window_used(item: WorkflowWorkItem) -> Any:
+    """The item's route's --max-window-used as stored (a fraction or `off`), else 0.9."""
+    route: Any = item.route_options_json
+    stored = route.get("options") if isinstance(route, dict) else None
+    value = stored.get("max_window_used") if isinstance(stored, dict) else None
+    return DEFAULT_MAX_WINDOW_USED if value is None else value
 
 
 class Command(TerminalCommand):
@@ -245,6 +254,7 @@ class Command(TerminalCommand):
             else None,
             "runs": item_runs(item),
             "deliver": route_delivery(item),
+            "maxWindowUsed": route_max_window_used(item),
         }
         wi = value["workItem"]
         lines = [
@@ -265,6 +275,8 @@ class Command(TerminalCommand):
             )
             + ")"
         )
+        if value["maxWindowUsed"] != DEFAULT_MAX_WINDOW_USED:
+            lines.append(f"  --max-window-used {value['maxWindowUsed']}")
         if item.workflow:
             lines.append(f"  workflow {item.workflow_id} {item.workflow.name}")
         if item.loop:
