@@ -215,7 +215,8 @@ def run(db: harness.BenchDatabase) -> None:
             for label, max_used in MODES
         ],
     )
-    succeeded = all(set(r["statuses"]) == {"succeeded"} for r in results.values())
+    # The target is the rule on's: all its runs succeeded, in no more time than off took.
+    succeeded = set(on["statuses"]) == {"succeeded"}
     report.figure("provider 429s, rule on", on["429s"], "", "0", on["429s"] == 0)
     report.figure("provider 429s, rule off", off["429s"], "", "", None)
     report.figure(
