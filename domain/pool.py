@@ -31,7 +31,7 @@ Contract:
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -233,7 +233,7 @@ def assign_pool_auth_profiles(
         return PoolAssignment()
 
     # Each removal in turn; the first that empties the pool defers with its reason.
-    removals = (
+    removals: list[tuple[Collection[str], str, Callable[[Sequence[str]], str]]] = [
         (
             disabled,
             reasons.ACCOUNT_DISABLED,
@@ -247,7 +247,12 @@ def assign_pool_auth_profiles(
             ),
         ),
         (cooling, reasons.COOLDOWN, lambda left: COOLDOWN_REASON.format(n=len(left))),
-    )
+    ]
+    if windows is not None:  # after the others: spent windows, then paced ones
+        removals += [
+            (windows.exhausted, reasons.WINDOW_EXHAUSTED, windows.reason),
+            (windows.paced, reasons.WINDOW_PACED, windows.paced_reason),
+        ]
     for removed, code, reason in removals:
         if not removed:
             continue
@@ -258,27 +263,6 @@ def assign_pool_auth_profiles(
                 min_load=min(load_counts.get(entry, 0) for entry in members),
                 reason=reason(members),
                 reason_code=code,
-            )
-        members = kept
-
-    if windows is not None and windows.exhausted:
-        kept = [entry for entry in members if entry not in windows.exhausted]
-        if not kept:
-            return PoolAssignment(
-                deferred=True,
-                min_load=min(load_counts.get(entry, 0) for entry in members),
-                reason=windows.reason(members),
-                reason_code=reasons.WINDOW_EXHAUSTED,
-            )
-        members = kept
-    if windows is not None and windows.paced:
-        kept = [entry for entry in members if entry not in windows.paced]
-        if not kept:
-            return PoolAssignment(
-                deferred=True,
-                min_load=min(load_counts.get(entry, 0) for entry in members),
-                reason=windows.paced_reason(members),
-                reason_code=reasons.WINDOW_PACED,
             )
         members = kept
 
