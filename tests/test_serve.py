@@ -597,12 +597,17 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
             "workers": 1,
         }
         assert _health(base, "/healthz") == (200, {"status": "ok", "database": "ok"})
-        # gunicorn's access log: the combined format
-        assert re.search(
+        # gunicorn's access log, in the combined format: a worker writes the line after it
+        # sent the response, so the line may land a moment after the answer did.
+        access_line = re.compile(
             r'127\.0\.0\.1 - - \[[^\]]+\] "GET /healthz HTTP/1\.1" 200 \d+ "-" "[^"]*"$',
-            log.read_text(),
             re.M,
-        ), log.read_text()[-3000:]
+        )
+        wait_until(
+            lambda: access_line.search(log.read_text()),
+            timeout=60,
+            what="gunicorn's access-log line for /healthz",
+        )
     finally:
         # one Ctrl-C stops gunicorn and both clusters, nothing left behind
         code = _stop(proc, signal.SIGINT, group=True)

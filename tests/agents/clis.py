@@ -52,6 +52,20 @@ def on_each_cli(*rows: tuple[Any, ...] | str) -> list[Any]:
     return params
 
 
+def through_the_ledger(*rows: tuple[Any, ...] | str) -> list[Any]:
+    """Parameters of a test whose subject is what loopsweb does with a CLI's outcome (a drain,
+    a cluster, a pool move, a login mark, a cooldown), not what the CLI does: `on_each_cli`
+    without opencode's rows. opencode costs about 3.5 s of CPU a run, seven times codex or
+    claude, and what it does is proven where it is the subject: its flags, output, 401, 429
+    and hang (tests/agents/test_real_clis.py, tests/ledger/test_cli_contract.py, the hang and
+    login tests of tests/agents/test_runner_real.py), its 429 moving a step
+    (tests/agents/test_windows_real.py) and its whole run through the processes
+    (tests/agents/test_runs_real.py)."""
+    return on_each_cli(
+        *(row for row in rows if (row if isinstance(row, str) else row[0]) != "opencode")
+    )
+
+
 def cache_dir() -> Path:
     pins = ",".join(f"{p}@{v}" for p, v, _ in CLI_PACKAGES.values())
     base = os.environ.get("LOOPSWEB_CLI_CACHE_DIR") or str(

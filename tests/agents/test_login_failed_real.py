@@ -1,5 +1,6 @@
-"""A bad login stops getting work (issue 39), with the REAL codex, claude and opencode against
-the provider stand-in, which answers 401 to one account's key:
+"""A bad login stops getting work (issue 39), with the REAL codex and claude against the
+provider stand-in, which answers 401 to one account's key (opencode's 401 marking its account
+is in tests/agents/test_runner_real.py; this file is about the ledger: `clis.through_the_ledger`):
 
 - through the run cluster (`manage.py qcluster`) and `manage.py drain` processes: the step
   on that account fails with the CLI's own words and marks the account `login failed`; the
@@ -31,7 +32,7 @@ pytestmark = [
     ),  # minutes of its own: beside agent_clis
 ]
 
-PROVIDERS = clis.on_each_cli(*clis.REAL_CLIS)
+PROVIDERS = clis.through_the_ledger(*clis.REAL_CLIS)
 BAD = "acct-a"  # the stand-in answers 401 to its key
 
 

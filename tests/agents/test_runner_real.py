@@ -5,8 +5,10 @@ ledger while the step still runs, in a `manage.py run_workflow` process.
 What each shows (issue 26): a 429 account cools until the provider's reset and the step moves
 to the other pool member and succeeds; a hang fails at the idle timeout naming it, with the
 output seen so far; a 401 (codex, opencode) and a claude account with no login fail with the
-CLI's own message and the exit code; a slow answer's output is in the step run while the step
-still runs; a run with no changes says so.
+CLI's own message and the exit code, and mark the account login failed; a slow answer's
+output is in the step run while the step still runs; a run with no changes says so. The 429
+and slow-answer tests are about the ledger, so they run without opencode
+(`clis.through_the_ledger`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from django.test import Client
 from django.utils import timezone
 
 from ledger.models import (
+    Account,
     AccountCooldown,
     RunStatus,
     StepStatus,
@@ -88,7 +91,7 @@ def _staff_page(path: str) -> str:
     return response.content.decode()
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("provider", clis.through_the_ledger(*clis.REAL_CLIS))
 def test_a_429_account_cools_until_its_reset_and_the_step_moves_and_succeeds(
     provider: str,
     binaries: Path,
@@ -245,6 +248,9 @@ def test_a_login_failure_fails_the_step_with_the_clis_own_message(
     assert worker.error.endswith(f"(exit code {worker.exit_code})")
     run.refresh_from_db()
     assert worker.error in run.error
+    # The CLI's words read as a refused login: the account is marked, with those words.
+    account = Account.objects.get(pk="acct-a")
+    assert account.login_failed_at is not None and account.login_failed_reason == worker.error
     item_page = _staff_page(
         f"/admin/ledger/workflowworkitem/{run.work_item_id}/change/"
     )
@@ -252,7 +258,7 @@ def test_a_login_failure_fails_the_step_with_the_clis_own_message(
     assert KEY_A not in item_page
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("provider", clis.through_the_ledger(*clis.REAL_CLIS))
 @pytest.mark.django_db(transaction=True)
 def test_a_slow_answer_is_in_the_step_run_while_the_step_still_runs(
     provider: str,
