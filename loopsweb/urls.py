@@ -5,6 +5,8 @@ from django.urls import include, path
 
 from routing.ops.health.views import healthz, installation_health, livez
 
+admin.autodiscover()  # here, not at start-up: loopsweb/admin_site.py
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("ops/", include("routing.ops.urls")),

@@ -1,4 +1,4 @@
-"""Command output an operator's terminal can show safely.
+"""loopsweb's command base classes, and command output an operator's terminal can show safely.
 
 Event text (task ids, sources, titles, loop names made from them) reaches `drain`,
 `routes`, `loop` and the other commands' human output. `TerminalCommand` writes its stdout
@@ -26,7 +26,16 @@ class TerminalOutput(OutputWrapper):
         super().write(terminal_lines(msg), style_func, ending)
 
 
-class TerminalCommand(BaseCommand):
+class OperatorCommand(BaseCommand):
+    """Every loopsweb command. Django's system checks (models, admin, URLs, templates: the
+    code's configuration, not the installation's) run in `manage.py check`, migrate,
+    runserver and qcluster, not again before each operator command: they were a seventh of
+    its start, and they import every admin module (loopsweb/admin_site.py)."""
+
+    requires_system_checks: list[str] = []  # noqa: RUF012  (Django's class attribute)
+
+
+class TerminalCommand(OperatorCommand):
     """A command whose stdout escapes control characters (see the module docstring)."""
 
     def execute(self, *args: Any, **options: Any) -> Any:

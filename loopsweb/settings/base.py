@@ -59,7 +59,7 @@ private_directory(DATA_DIR)
 
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "loopsweb.admin_site.AdminConfig",  # the admin, discovered with the pages
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -36,13 +36,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from domain.bounds import option_type
 from domain.controls import terminal_text
 from domain.errors import ApplicationError
 from ledger import services
+from ledger.management.terminal import OperatorCommand
 from ledger.models import Account
 from ledger.providers import ADAPTERS, PROVIDERS
 from ledger.windows import window_state
@@ -52,7 +53,7 @@ def _iso(value: Any) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Manage the account registry: add, edit, list, check, disable, enable, remove."
     )

@@ -13,17 +13,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import connections
 from django.utils.connection import ConnectionDoesNotExist
 
+from ledger.management.terminal import OperatorCommand
 from ledger.migration_checks import OUR_APPS, Report, check_migrations
 
 
-class Command(BaseCommand):
-    # Only migrations matter here: an unrelated system-check error (admin, urls) must not mask
-    # or fake a migration finding.
-    requires_system_checks: list[str] = []
+class Command(OperatorCommand):
+    # No system checks (OperatorCommand): an unrelated system-check error (admin, urls) must
+    # not mask or fake a migration finding.
     help = "Check migrations against the lock file and the rules, and show the plan."
 
     def add_arguments(self, parser: Any) -> None:

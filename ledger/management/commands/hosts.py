@@ -15,17 +15,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
 
 from ledger.hosts import dead_after, hosts_read_forget
+from ledger.management.terminal import OperatorCommand
 from ledger.models import Host
 from ledger.queue import hosts_release_dead
 from ledger.services import runs_end_on_host
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "List the hosts that run agents, or forget a dead one (--forget NAME)."
 
     def add_arguments(self, parser: Any) -> None:

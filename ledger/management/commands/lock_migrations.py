@@ -12,8 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from ledger.management.terminal import OperatorCommand
 from ledger.migration_checks import (
     LockFileError,
     append_lock_entries,
@@ -30,10 +31,9 @@ def _reason(value: str) -> tuple[str, str]:
     return key.strip(), text.strip()
 
 
-class Command(BaseCommand):
-    # Only migrations matter here: an unrelated system-check error (admin, urls) must not mask
-    # or fake a migration finding.
-    requires_system_checks: list[str] = []
+class Command(OperatorCommand):
+    # No system checks (OperatorCommand): an unrelated system-check error (admin, urls) must
+    # not mask or fake a migration finding.
     help = "Append newly released migrations (with their SHA-256) to the lock file."
 
     def add_arguments(self, parser: Any) -> None:

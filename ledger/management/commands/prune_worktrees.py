@@ -13,14 +13,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from domain.bounds import option_type
 from ledger.discard import run_branches_prune
+from ledger.management.terminal import OperatorCommand
 from ledger.worktree_prune import worktree_orphans_prune, worktrees_prune
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Remove the git worktrees of finished runs that are due (kept failures expire)."
     )

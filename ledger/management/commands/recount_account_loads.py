@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from ledger.management.terminal import OperatorCommand
 from ledger.services.account_loads import repair_account_loads
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Recount running and reserved steps per account from the step and run rows, "
         "compare them with the counts admission reads, and repair any difference."

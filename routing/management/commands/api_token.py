@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from domain.errors import ApplicationError
+from ledger.management.terminal import OperatorCommand
 from routing.api.serializers import iso
 from routing.api.tokens import (
     SCOPES,
@@ -26,7 +27,7 @@ from routing.api.tokens import (
 from routing.models import ApiToken
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Manage API tokens: create (shown once), list, revoke."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -13,10 +13,12 @@ import secrets
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from ledger.management.terminal import OperatorCommand
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Create a staff superuser when no staff user exists yet."
 
     def add_arguments(self, parser: Any) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from ledger.management.terminal import OperatorCommand
 from routing.ops.health.selectors import health_report
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Report whether the database answers and both clusters report; exit 1 if not."
     )

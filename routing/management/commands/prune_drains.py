@@ -8,14 +8,14 @@ import json
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
 from django.utils import timezone
 
 from domain.bounds import option_type
+from ledger.management.terminal import OperatorCommand
 from routing.drains.retention import drain_records_prune
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Delete empty drain records older than the retention."
 
     def add_arguments(self, parser: Any) -> None:

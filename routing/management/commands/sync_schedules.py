@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
 from django.db import transaction
 from django_q.models import Schedule
 
+from ledger.management.terminal import OperatorCommand
 from routing.drains.schedules import SCHEDULES
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Create or update the built-in django-q2 schedules."
 
     def add_arguments(self, parser: Any) -> None:
