@@ -2,7 +2,10 @@
 
 One suite, two databases: the backend comes from DATABASE_URL (SQLite when unset). Tests that
 only make sense on one backend carry `@pytest.mark.postgres` or `@pytest.mark.sqlite` and are
-skipped on the other.
+skipped on the other. A test whose processes use a database of their own (a settings check
+with no DATABASE_URL, a throwaway SQLite file), never the suite's, carries
+`@pytest.mark.own_database`: it runs in the SQLite suite only, as the PostgreSQL suite would
+run the very same thing.
 
 `make test` runs the suite on pytest-xdist workers. Each worker has its own test database:
 pytest-django suffixes the test database's name with the worker id (SQLite
@@ -64,6 +67,8 @@ def _backend_markers(request: pytest.FixtureRequest) -> None:
         pytest.skip("PostgreSQL only")
     if request.node.get_closest_marker("sqlite") and connection.vendor != "sqlite":
         pytest.skip("SQLite only")
+    if request.node.get_closest_marker("own_database") and connection.vendor != "sqlite":
+        pytest.skip("its processes use a database of their own: run in the SQLite suite")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -14,6 +14,10 @@ from django.conf import settings
 
 from tests.processes import manage, scratch_cwd
 
+# Every process here loads the settings with a database of its own (no DATABASE_URL, or one
+# the test names), never the suite's.
+pytestmark = pytest.mark.own_database
+
 ROOT = Path(__file__).resolve().parent.parent
 # A `python -c` child's settings and imports (the project from another cwd).
 PROJECT_IMPORTS = {

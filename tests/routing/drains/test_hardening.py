@@ -367,6 +367,7 @@ def _ingest_peak_rss_kb(path: Path, data_dir: Path) -> tuple[int, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.own_database  # a throwaway SQLite file (_sqlite_env)
 def test_an_overlong_json_lines_line_is_refused_without_reading_it_whole(
     tmp_path: Path,
 ) -> None:
