@@ -49,6 +49,7 @@ def _settings_of(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.own_database  # terminal_env: the installation's own SQLite file
 def test_processes_of_one_installation_share_one_generated_private_key(
     tmp_path: Path,
 ) -> None:
@@ -65,6 +66,7 @@ def test_processes_of_one_installation_share_one_generated_private_key(
 
 
 @pytest.mark.slow
+@pytest.mark.own_database  # terminal_env: the installation's own SQLite file
 def test_the_installation_file_configures_every_process_and_production_needs_a_key(
     tmp_path: Path,
 ) -> None:

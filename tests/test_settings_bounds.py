@@ -37,6 +37,10 @@ def _env_int_names() -> list[str]:
     return names
 
 
+# `manage.py check` with no DATABASE_URL: a database of its own, never the suite's.
+pytestmark = pytest.mark.own_database
+
+
 def _check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """`manage.py check` in a clean environment plus `env`."""
     base = {
