@@ -67,8 +67,13 @@ def _backend_markers(request: pytest.FixtureRequest) -> None:
         pytest.skip("PostgreSQL only")
     if request.node.get_closest_marker("sqlite") and connection.vendor != "sqlite":
         pytest.skip("SQLite only")
-    if request.node.get_closest_marker("own_database") and connection.vendor != "sqlite":
-        pytest.skip("its processes use a database of their own: run in the SQLite suite")
+    if (
+        request.node.get_closest_marker("own_database")
+        and connection.vendor != "sqlite"
+    ):
+        pytest.skip(
+            "its processes use a database of their own: run in the SQLite suite"
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -62,7 +62,11 @@ def through_the_ledger(*rows: tuple[Any, ...] | str) -> list[Any]:
     (tests/agents/test_windows_real.py) and its whole run through the processes
     (tests/agents/test_runs_real.py)."""
     return on_each_cli(
-        *(row for row in rows if (row if isinstance(row, str) else row[0]) != "opencode")
+        *(
+            row
+            for row in rows
+            if (row if isinstance(row, str) else row[0]) != "opencode"
+        )
     )
 
 

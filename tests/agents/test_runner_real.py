@@ -250,7 +250,10 @@ def test_a_login_failure_fails_the_step_with_the_clis_own_message(
     assert worker.error in run.error
     # The CLI's words read as a refused login: the account is marked, with those words.
     account = Account.objects.get(pk="acct-a")
-    assert account.login_failed_at is not None and account.login_failed_reason == worker.error
+    assert (
+        account.login_failed_at is not None
+        and account.login_failed_reason == worker.error
+    )
     item_page = _staff_page(
         f"/admin/ledger/workflowworkitem/{run.work_item_id}/change/"
     )
