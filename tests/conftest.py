@@ -56,21 +56,16 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"loopsweb database backend: {connection.vendor} ({connection.settings_dict['NAME']})"
 
 
-@pytest.fixture(autouse=True)
-def _backend_markers(request: pytest.FixtureRequest) -> None:
+def _skip_on_the_other_backend(item: pytest.Item) -> None:
+    """The backend marks, read in pytest_runtest_setup before any fixture: a test skipped on
+    this backend sets up nothing (a module's migrated file, a cluster, the CLIs' install)."""
     from django.db import connection
 
-    if (
-        request.node.get_closest_marker("postgres")
-        and connection.vendor != "postgresql"
-    ):
+    if item.get_closest_marker("postgres") and connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only")
-    if request.node.get_closest_marker("sqlite") and connection.vendor != "sqlite":
+    if item.get_closest_marker("sqlite") and connection.vendor != "sqlite":
         pytest.skip("SQLite only")
-    if (
-        request.node.get_closest_marker("own_database")
-        and connection.vendor != "sqlite"
-    ):
+    if item.get_closest_marker("own_database") and connection.vendor != "sqlite":
         pytest.skip(
             "its processes use a database of their own: run in the SQLite suite"
         )
@@ -175,6 +170,7 @@ time.sleep = _noted_sleep
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, Any]:
     global _unmarked_waits
+    _skip_on_the_other_backend(item)
     if item.get_closest_marker("slow") is None:
         _unmarked_waits = []
     return (yield)
