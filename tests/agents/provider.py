@@ -26,7 +26,9 @@ Modes, global (`mode`) or per API key (`modes[key]`):
   usage limit is reached: `usage_limit_reached` with `resets_at`, now + that many seconds);
 - `401`: HTTP 401 with the provider's error body;
 - `500`: HTTP 500 with the provider's error body (a server error the CLIs retry);
-- `slow`: the final message streams for `slow_seconds`, one text delta every 0.5 s;
+- `slow`: the final message streams for `slow_seconds`, one text delta every 0.5 s, and on
+  until `slow_hold` is set when a test gives one (what it reads while the step runs is then
+  read before the answer can end, however busy the machine);
 - `hang`: the request is read and never answered (until the server stops).
 
 Rate-limit windows (docs/windows.md §1): `windows[key]` is the 5-hour window's used fraction
@@ -88,6 +90,7 @@ class ProviderStandIn:
     final_text: str = "Done: the file is written."
     retry_after: int = 2
     slow_seconds: float = 4.0
+    slow_hold: threading.Event | None = None
     usage_limit_seconds: int | None = None
     mode: str = "ok"
     modes: dict[str, str] = field(default_factory=dict)
@@ -303,8 +306,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _slow_deltas(self, emit: Any) -> None:
         """`slow` mode: text deltas every 0.5 s for `slow_seconds`."""
         deadline = time.monotonic() + self.owner.slow_seconds
+        hold = self.owner.slow_hold
         n = 0
-        while time.monotonic() < deadline and not self.owner._stopping.is_set():
+        while (
+            time.monotonic() < deadline or (hold is not None and not hold.is_set())
+        ) and not self.owner._stopping.is_set():
             emit(f"thinking {n} ")
             n += 1
             time.sleep(0.5)

@@ -14,6 +14,7 @@ and slow-answer tests are about the ledger, so they run without opencode
 from __future__ import annotations
 
 import io
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -271,8 +272,10 @@ def test_a_slow_answer_is_in_the_step_run_while_the_step_still_runs(
 ) -> None:
     stand_in.mode = "slow"
     # Each CLI prints its tool call's events before the final message streams, and the
-    # runner flushes every second: the stored output shows within the 6 s of streaming.
+    # runner flushes every second: the stored output shows while the answer streams, which
+    # it does until the test has seen it (`slow_hold`), however busy the machine.
     stand_in.slow_seconds = 6
+    stand_in.slow_hold = threading.Event()
     clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
     project = git_project(tmp_path / "project")
     run = _route(project, provider, auth_profile="acct-a")
@@ -301,8 +304,10 @@ def test_a_slow_answer_is_in_the_step_run_while_the_step_still_runs(
         )
         page = _staff_page("/ops/")
         assert "live-output" in page
+        stand_in.slow_hold.set()
         proc.wait(timeout=120)
     finally:
+        stand_in.slow_hold.set()
         kill_group_quietly(proc.pid)
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error

@@ -9,6 +9,7 @@ the run cluster and drain processes is tests/agents/test_windows_processes.py.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,8 @@ def test_the_window_is_recorded_while_the_step_still_runs(
     while the final answer still streams."""
     stand_in.mode = "slow"
     stand_in.slow_seconds = 8
+    # The answer streams on until the window is seen: the runner cannot end before.
+    stand_in.slow_hold = threading.Event()
     stand_in.windows = {KEYS["acct-a"]: 0.93}
     clis.register_account(
         provider, "acct-a", stand_in, tmp_path, key=KEYS["acct-a"], oauth=True
@@ -150,6 +153,8 @@ def test_the_window_is_recorded_while_the_step_still_runs(
             what="the window to be recorded while the step runs",
         )
         assert row.used == pytest.approx(0.93)
+        stand_in.slow_hold.set()
         proc.wait(timeout=120)
     finally:
+        stand_in.slow_hold.set()
         kill_group_quietly(proc.pid)
