@@ -46,10 +46,15 @@ def on_each_cli(*rows: tuple[Any, ...] | str) -> list[Any]:
     costs the least CPU (opencode costs about 5 s of CPU a run on the 2-core machine)."""
     params = []
     for row in rows:
-        values = (row,) if isinstance(row, str) else row
+        values = _values(row)
         marks = () if values[0] == "codex" else (pytest.mark.sqlite,)
         params.append(pytest.param(*values, marks=marks))
     return params
+
+
+def _values(row: tuple[Any, ...] | str) -> tuple[Any, ...]:
+    """A parameter row as its values: a provider alone, or a provider and more values."""
+    return (row,) if isinstance(row, str) else row
 
 
 def through_the_ledger(*rows: tuple[Any, ...] | str) -> list[Any]:
@@ -61,13 +66,7 @@ def through_the_ledger(*rows: tuple[Any, ...] | str) -> list[Any]:
     login tests of tests/agents/test_runner_real.py), its 429 moving a step
     (tests/agents/test_windows_real.py) and its whole run through the processes
     (tests/agents/test_runs_real.py)."""
-    return on_each_cli(
-        *(
-            row
-            for row in rows
-            if (row if isinstance(row, str) else row[0]) != "opencode"
-        )
-    )
+    return on_each_cli(*(row for row in rows if _values(row)[0] != "opencode"))
 
 
 def cache_dir() -> Path:
