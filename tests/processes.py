@@ -62,6 +62,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def own_sqlite_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    """The suite's environment with a SQLite file of its own in `data_dir` instead of the
+    suite's database (tests marked `own_database`)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME"}
+    }
+    env.update(
+        LOOPSWEB_DATA_DIR=str(data_dir),
+        DJANGO_SETTINGS_MODULE="loopsweb.settings",
+        **extra,
+    )
+    return env
+
+
 def terminal_env(data_dir: Path, **extra: str) -> dict[str, str]:
     """A second terminal's environment: nothing of the suite, the installation's data dir."""
     env = {k: v for k, v in os.environ.items() if k not in SUITE_ONLY}

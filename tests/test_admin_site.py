@@ -5,14 +5,13 @@ start-up (loopsweb/admin_site.py): a process that only sets Django up registers 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.processes import scratch_cwd
+from tests.processes import own_sqlite_env, scratch_cwd
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,17 +32,7 @@ print(json.dumps({"at_setup": at_setup, "checked": models}))
 def test_setup_registers_no_admin_and_the_admin_check_discovers_every_one(
     tmp_path: Path,
 ) -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME"}
-    }
-    env.update(
-        LOOPSWEB_DATA_DIR=str(tmp_path),
-        DJANGO_SETTINGS_MODULE="loopsweb.settings",
-        PYTHONPATH=str(ROOT),
-        SECRET_KEY="x" * 50,
-    )
+    env = own_sqlite_env(tmp_path, PYTHONPATH=str(ROOT), SECRET_KEY="x" * 50)
     done = subprocess.run(
         [sys.executable, "-c", PROBE],
         cwd=scratch_cwd(),

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import MANAGE_PY, free_port, manage, scratch_cwd, wait_for_http
+from tests.processes import (
+    MANAGE_PY,
+    free_port,
+    manage,
+    own_sqlite_env,
+    scratch_cwd,
+    wait_for_http,
+)
 
 # A real web server: with the other installations, one at a time, on one xdist worker.
 pytestmark = [
@@ -51,17 +58,11 @@ def _attempt(base: str, password: str) -> tuple[int, str]:
 def test_the_real_server_locks_a_login_out_after_the_failure_limit(
     tmp_path: Path,
 ) -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME"}
-    }
-    env.update(
-        LOOPSWEB_DATA_DIR=str(tmp_path),
+    env = own_sqlite_env(
+        tmp_path,
         LOOPSWEB_ADMIN_USER="operator",
         LOOPSWEB_ADMIN_PASSWORD="a-long-test-password",
         LOOPSWEB_LOGIN_FAILURE_LIMIT="3",
-        DJANGO_SETTINGS_MODULE="loopsweb.settings",
     )
     for args in (["migrate", "--noinput", "-v0"], ["ensure_staff_user"]):
         manage(env, *args, timeout=300)

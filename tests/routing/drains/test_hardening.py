@@ -24,7 +24,7 @@ from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import DrainRecord, InboxEvent
 from routing.tasks import drain as drain_task
-from tests.processes import manage, scratch_cwd
+from tests.processes import manage, own_sqlite_env, scratch_cwd
 from tests.routing.api.helpers import row_counts
 from tests.routing.helpers import generic_event
 
@@ -329,19 +329,6 @@ def test_the_fatal_message_names_the_evidence_file_only_when_there_is_one(
 # --- #10 JSON Lines are read bounded ---------------------------------------------------------------
 
 
-def _sqlite_env(data_dir: Path) -> dict[str, str]:
-    # A throwaway SQLite file whatever the suite's backend: this is about reading the file.
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "SQLITE_TEST_NAME"}
-    }
-    env.update(
-        LOOPSWEB_DATA_DIR=str(data_dir), DJANGO_SETTINGS_MODULE="loopsweb.settings"
-    )
-    return env
-
-
 def _ingest_peak_rss_kb(path: Path, data_dir: Path) -> tuple[int, str]:
     code = (
         "import django, io, resource; django.setup(); "
@@ -352,7 +339,10 @@ def _ingest_peak_rss_kb(path: Path, data_dir: Path) -> tuple[int, str]:
         "except SystemExit: pass\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); print(out.getvalue())"
     )
-    env = {**_sqlite_env(data_dir), "PYTHONPATH": str(ROOT)}  # imports from another cwd
+    env = {
+        **own_sqlite_env(data_dir),
+        "PYTHONPATH": str(ROOT),
+    }  # imports from another cwd
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=scratch_cwd(),
@@ -367,11 +357,13 @@ def _ingest_peak_rss_kb(path: Path, data_dir: Path) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.own_database  # a throwaway SQLite file (_sqlite_env)
+@pytest.mark.own_database  # a throwaway SQLite file (own_sqlite_env)
 def test_an_overlong_json_lines_line_is_refused_without_reading_it_whole(
     tmp_path: Path,
 ) -> None:
-    manage(_sqlite_env(tmp_path / "data"), "migrate", "--noinput", "-v0", timeout=300)
+    manage(
+        own_sqlite_env(tmp_path / "data"), "migrate", "--noinput", "-v0", timeout=300
+    )
     good = json.dumps(generic_event()).encode() + b"\n"
     small = tmp_path / "small.jsonl"
     small.write_bytes(good + b'{"x": "' + b"y" * 2_000_000 + b'"}\n' + good)
