@@ -139,6 +139,14 @@ def codex_home(directory: Path, base_url: str, key_variable: str) -> Path:
         f'base_url = "{base_url}/v1"\n'
         f'env_key = "{key_variable}"\n'
         'wire_api = "responses"\n'
+        # codex's workspace-write sandbox makes /tmp and $TMPDIR writable and, to keep a `.git`
+        # read-only under each writable root, creates an empty /tmp/.git directory while it
+        # runs: every path under /tmp then reads as inside a git work tree (a test asserting
+        # "outside any work tree" failed on it). The suite's codex runs write their worktree
+        # only.
+        "[sandbox_workspace_write]\n"
+        "exclude_slash_tmp = true\n"
+        "exclude_tmpdir_env_var = true\n"
     )
     return directory
 

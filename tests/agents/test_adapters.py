@@ -43,8 +43,9 @@ def test_codex_outside_a_git_tree_skips_the_check_and_bounds_its_custom_provider
     home = clis.codex_home(tmp_path / "codex", "http://127.0.0.1:9", "K")
     account_add(name="cx", provider="codex", env={"CODEX_HOME": str(home)})
     # Outside any work tree: a directory of its own under the system's temporary directory,
-    # not under the suite's base directory, which is also the tests' project root (a PostgreSQL
-    # run once found a `.git` above tmp_path here; what made it is not yet found).
+    # not under the suite's base directory, which is also the tests' project root. (A real
+    # codex in its workspace-write sandbox creates /tmp/.git while it runs; the suite's codex
+    # homes turn /tmp off as a writable root, tests/agents/clis.py codex_home.)
     plain = Path(tempfile.mkdtemp(prefix="loopsweb-plain-"))
     try:
         assert not in_git_work_tree(str(plain)), plain
