@@ -1,6 +1,37 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
+
+
+def _worker_spawned(sender: Any, **kwargs: Any) -> None:
+    # Imported when a worker spawns, not in ready(): every process runs ready(), and
+    # ledger.heartbeat loads the services, which most commands never use (about a tenth of a
+    # command's start-up CPU, with routing's receivers).
+    from ledger.heartbeat import on_worker_spawn
+
+    on_worker_spawn(sender, **kwargs)
+
+
+def _wrap_qcluster() -> None:
+    """Wrap django-q2's `qcluster` command: a run cluster starts through
+    ledger.cluster_start, imported only then (it loads the services)."""
+    from django_q.management.commands import qcluster
+
+    original = qcluster.Command.handle
+    if getattr(original, "loopsweb_start", False):
+        return
+
+    def handle(self: Any, *args: Any, **options: Any) -> Any:
+        from ledger.cluster_start import cluster_start, is_run_cluster
+
+        if is_run_cluster(options):
+            cluster_start()
+        return original(self, *args, **options)
+
+    handle.loopsweb_start = True  # type: ignore[attr-defined]
+    qcluster.Command.handle = handle
 
 
 class LedgerConfig(AppConfig):
@@ -11,10 +42,7 @@ class LedgerConfig(AppConfig):
     def ready(self) -> None:
         from django_q.signals import post_spawn
 
-        from ledger.cluster_start import install
-        from ledger.heartbeat import on_worker_spawn
-
         # Run-cluster workers report themselves (busy / total on /ops/).
-        post_spawn.connect(on_worker_spawn, dispatch_uid="loopsweb-run-worker")
+        post_spawn.connect(_worker_spawned, dispatch_uid="loopsweb-run-worker")
         # A run cluster starts as an instance of its own (ledger.cluster_start).
-        install()
+        _wrap_qcluster()

@@ -2,8 +2,8 @@
 killed predecessor left.
 
 Runs in the qcluster's main process (`manage.py qcluster` of the run cluster), before its
-sentinel forks the workers (`install`, from ledger.apps, wraps django-q2's `qcluster`
-command; nothing else of it changes):
+sentinel forks the workers (ledger.apps wraps django-q2's `qcluster` command; nothing else
+of it changes):
 
 1. A new instance id (ledger.instances), in the environment its sentinel and workers inherit.
 2. Refused, with one line and exit status 1, while another live run cluster (seen within
@@ -138,23 +138,6 @@ def cluster_start(now: datetime | None = None) -> str:
     return instance
 
 
-def _is_run_cluster(options: dict[str, Any]) -> bool:
+def is_run_cluster(options: dict[str, Any]) -> bool:
     name = options.get("cluster_name") or os.environ.get("Q_CLUSTER_NAME", "")
     return name == settings.LOOPSWEB_RUN_CLUSTER
-
-
-def install() -> None:
-    """Wrap django-q2's `qcluster` command: a run cluster starts through `cluster_start`."""
-    from django_q.management.commands import qcluster
-
-    original = qcluster.Command.handle
-    if getattr(original, "loopsweb_start", False):
-        return
-
-    def handle(self: Any, *args: Any, **options: Any) -> Any:
-        if _is_run_cluster(options):
-            cluster_start()
-        return original(self, *args, **options)
-
-    handle.loopsweb_start = True  # type: ignore[attr-defined]
-    qcluster.Command.handle = handle

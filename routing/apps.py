@@ -1,6 +1,24 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
+
+# The receivers are imported when their signal is sent, not in ready(): every process runs
+# ready(), and admission and the inbox drain are most of what routing loads (see
+# ledger/apps.py).
+
+
+def _requeued(sender: Any, **kwargs: Any) -> None:
+    from routing.drains.inbox import inbox_reopen_requeued
+
+    inbox_reopen_requeued(sender, **kwargs)
+
+
+def _retried(sender: Any, **kwargs: Any) -> None:
+    from routing.admission.retry import readmit_retried
+
+    readmit_retried(sender, **kwargs)
 
 
 class RoutingConfig(AppConfig):
@@ -10,8 +28,6 @@ class RoutingConfig(AppConfig):
 
     def ready(self) -> None:
         from ledger.signals import work_item_requeued, work_item_retried
-        from routing.admission.retry import readmit_retried
-        from routing.drains.inbox import inbox_reopen_requeued
 
-        work_item_requeued.connect(inbox_reopen_requeued, dispatch_uid="inbox-reopen")
-        work_item_retried.connect(readmit_retried, dispatch_uid="retry-readmit")
+        work_item_requeued.connect(_requeued, dispatch_uid="inbox-reopen")
+        work_item_retried.connect(_retried, dispatch_uid="retry-readmit")

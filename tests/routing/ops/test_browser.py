@@ -501,6 +501,9 @@ def _accounts_read_at_1400(driver: Any) -> None:
     assert "the-platform-team" not in registry and "env (1)" in registry, registry
 
 
+# What fits at 1400 px is the pages' layout, the same over either database: the SQLite
+# suite runs it (Chromium is about 5 % of the suite's CPU).
+@pytest.mark.sqlite
 def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
     browser: Any, live_server: Any
 ) -> None:
@@ -613,6 +616,9 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
 # --- issue 29 item 15: first visit, the run page, the item page, the cancel box ---------------
 
 
+# What fits at 1400 px is the pages' layout, the same over either database: the SQLite
+# suite runs it (Chromium is about 5 % of the suite's CPU).
+@pytest.mark.sqlite
 def test_a_first_visit_fits_1400_px_and_the_run_and_item_pages_read_well(
     browser: Any, live_server: Any
 ) -> None:
