@@ -9,6 +9,9 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loopsweb.settings")
+    from loopsweb.startup import collect_after_setup
+
+    collect_after_setup()  # no garbage collection while Django loads
     # Every command, runserver included: a damaged SQLite file is one line, not a traceback.
     from loopsweb.dbhealth import run_command
 

@@ -19,6 +19,7 @@ take over about a second of CPU (property tests, migration round trips) carry it
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import subprocess
@@ -208,6 +209,14 @@ def pytest_collection_modifyitems(
         items.sort(
             key=lambda item: keys[item.nodeid]
         )  # stable: collection order per rank
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What is loaded by now (Django, the apps, every test module) lives as long as the run:
+    frozen, no garbage collection during the tests scans it again (loopsweb/startup.py does
+    the same for the processes the tests start)."""
+    gc.collect()
+    gc.freeze()
 
 
 # The xdist groups, longest first as measured on the 2-core machine (a group whose worker
