@@ -451,6 +451,10 @@ def agent_invocation(
         "LOOPSWEB_RUN_ID": run_id,
         "LOOPSWEB_STEP_ID": step_id,
         "LOOPSWEB_PROVIDER": provider,
+        # opencode takes its project from $PWD before its working directory: with the
+        # cluster's PWD (a passthrough naming it, an account's env file) it worked and wrote
+        # in the cluster's directory, outside the run (measured, docs/agents.md).
+        "PWD": os.path.abspath(cwd),
     }
     if profile:
         env_extra["LOOPSWEB_ACCOUNT_PROFILE"] = profile

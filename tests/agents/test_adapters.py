@@ -112,3 +112,20 @@ def test_the_sandbox_picks_claudes_permission_mode_and_opencodes_permissions(
     assert f'"edit":"{edit}"' in opencode.env["OPENCODE_PERMISSION"]
     assert opencode.env["OPENCODE_DISABLE_AUTOUPDATE"] == "1"
     assert opencode.env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("provider", clis.REAL_CLIS)
+def test_the_agents_pwd_is_its_working_directory_whatever_is_passed_through(
+    provider: str,
+    tmp_path: Path,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # opencode works in $PWD, not in its working directory: a PWD passed through from the
+    # cluster would have it write outside the run.
+    monkeypatch.setenv("PWD", "/")
+    settings.LOOPSWEB_AGENT_ENV_PASSTHROUGH = ["PWD", "FAKE_AGENT_*"]
+    invocation = _invocation(provider, tmp_path, "workspace-write")
+    assert invocation.cwd == str(tmp_path)
+    assert invocation.env["PWD"] == str(tmp_path)
