@@ -190,6 +190,7 @@ class StepWatch:
             output_every=output_every,
             stop_when=self.stop_when,
             on_line=self.line if self.tracks_progress else None,
+            on_quiet=self.quiet if self.windows and self.windows.reads_files else None,
         )
         result = self.redacted(result)
         if self.windows is not None:
@@ -244,6 +245,12 @@ class StepWatch:
                 )
                 return
             _OUTPUT_NOTICE.failed(exc)
+
+    def quiet(self, stdout: str) -> None:
+        """No new output for a flush interval: a window the CLI wrote to a file meanwhile
+        (codex's rollout, after a model call whose answer is still streaming)."""
+        if self.windows is not None:
+            self.windows.seen(self.secrets.redact(stdout))
 
     def keep(self, stdout: str, stderr: str) -> None:
         """The tails of a step whose run was taken away (cancelled, recovered)."""

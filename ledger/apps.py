@@ -7,8 +7,8 @@ from django.apps import AppConfig
 
 def _worker_spawned(sender: Any, **kwargs: Any) -> None:
     # Imported when a worker spawns, not in ready(): every process runs ready(), and
-    # ledger.heartbeat loads the services, which most commands never use (about a tenth of a
-    # command's start-up CPU, with routing's receivers).
+    # ledger.heartbeat loads the services, which most commands never use (with routing's
+    # receivers, about a quarter of what django.setup() cost, measured).
     from ledger.heartbeat import on_worker_spawn
 
     on_worker_spawn(sender, **kwargs)

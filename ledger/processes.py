@@ -147,6 +147,7 @@ def run_process(
     output_every: float = 5.0,
     stop_when: Callable[[str, str], str | None] | None = None,
     on_line: Callable[[str, str], bool] | None = None,
+    on_quiet: Callable[[str], None] | None = None,
 ) -> ProcessResult:
     """Run one step's process to the end; never raises for the process's own failures.
 
@@ -160,6 +161,8 @@ def run_process(
     `on_line(stream, line)` ("stdout" or "stderr") sees each complete line as it arrives and
     says whether it shows progress; with it, the idle limit counts from the last line that
     did (an agent that only retries or logs errors is idle), without it from any output.
+    `on_quiet(stdout)` is called every `output_every` seconds in which nothing was flushed:
+    what a step writes elsewhere (codex's rollout file) changes while its output does not.
     """
     started = time.monotonic()
     report_read, report_write = os.pipe()
@@ -232,6 +235,9 @@ def run_process(
             if on_output is not None and now >= next_flush and last_output > flushed_at:
                 next_flush, flushed_at = now + output_every, last_output
                 on_output(out.text(), err.text())
+            elif on_quiet is not None and now >= next_flush + output_every:
+                next_flush = now
+                on_quiet(out.text())
             if (
                 stop_when is not None
                 and now >= next_stop_check

@@ -4,8 +4,9 @@
 claude's `rate_limit_event` lines and opencode's error headers on stdout; for codex, the
 rollout file its thread id names under the account's `CODEX_HOME/sessions/`. When that differs
 from what this watch recorded last, it is recorded for the step's account
-(`ledger.windows.windows_record`). `ledger.agent_step.StepWatch` calls it on every output flush
-and once when the process has ended. A database error is logged, never raised: windows never
+(`ledger.windows.windows_record`). `ledger.agent_step.StepWatch` calls it on every output flush,
+for codex also every flush interval without output (the rollout changes while stdout is
+quiet), and once when the process has ended. A database error is logged, never raised: windows never
 fail a step.
 """
 
@@ -71,6 +72,12 @@ class WindowWatch:
         self.step_run_id = step_run_id
         self.thread_id: str | None = None
         self.recorded: tuple[tuple[object, ...], ...] = ()
+
+    @property
+    def reads_files(self) -> bool:
+        """Whether the windows come from a file the CLI writes (so may change while its
+        output does not), not from its output."""
+        return self.provider == "codex"
 
     def windows(self, stdout: str) -> list[Window]:
         now = timezone.now()

@@ -4,8 +4,10 @@ management commands, and read what they did."""
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -56,10 +58,51 @@ def scratch_cwd() -> Path:
     return _scratch
 
 
+# The ports of the servers tests start come from below the kernel's ephemeral range, so no
+# other process's bind(0) or outgoing connection (the other suite's servers, a database
+# client) can take one between a test picking it and its server binding it; once that
+# happened and the test talked to another suite's server. A lock file per port, held until
+# the test process exits, keeps the test processes of both suites from picking the same one.
+_PORTS_LOW = 20000
+_PORT_LOCKS: list[int] = []
+_port_choice = (
+    random.SystemRandom()
+)  # pytest-randomly seeds `random` alike in every worker
+
+
+def _ephemeral_low() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port no other process uses and no other test process will pick."""
+    high = _ephemeral_low()
+    locks = Path(tempfile.gettempdir()) / "loopsweb-test-ports"
+    try:
+        locks.mkdir()
+        locks.chmod(0o1777)  # shared like /tmp: the suite's unprivileged processes too
+    except FileExistsError:
+        pass
+    for _ in range(1000):
+        port = _port_choice.randrange(_PORTS_LOW, max(high, _PORTS_LOW + 1000))
+        try:
+            fd = os.open(locks / str(port), os.O_CREAT | os.O_RDWR, 0o666)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            os.close(fd)
+            continue
+        _PORT_LOCKS.append(fd)
+        return port
+    raise RuntimeError(f"no free port between {_PORTS_LOW} and {high}")
 
 
 def own_sqlite_env(data_dir: Path, **extra: str) -> dict[str, str]:

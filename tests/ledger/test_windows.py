@@ -7,6 +7,8 @@ run out with its load dropped by admission, the dry-run, a step start and failov
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from django.utils import timezone
 from domain import reasons
 from domain.windows import Window
 from ledger import services
+from ledger.agent_step import StepWatch
 from ledger.models import (
     Account,
     AccountWindow,
@@ -24,9 +27,11 @@ from ledger.models import (
     WorkflowEvent,
     WorkItemDeferral,
 )
+from ledger.providers import Invocation
 from ledger.runner import run_workflow_run
 from ledger.services.common import step_spec
 from ledger.services.failover import step_failover
+from ledger.window_parse import SOURCE_CODEX
 from ledger.windows import (
     KEEP_PER_WINDOW,
     latest_windows,
@@ -38,6 +43,7 @@ from ledger.windows import (
 )
 from tests.factories import make_run, make_step_run
 from tests.ledger.runner_helpers import FakeAgent, route_generic, steps_of
+from tests.waiting import hang_deadline
 
 pytestmark = pytest.mark.django_db
 
@@ -372,3 +378,69 @@ def test_a_step_start_refuses_an_account_predicted_to_run_out() -> None:
     code, reason, until = refused
     assert code == reasons.WINDOW_EXHAUSTED and "(32%/step)" in reason
     assert until is not None and until > timezone.now()
+
+
+# A codex step as the runner sees it: its thread id on stdout, then a model call's answer in
+# the rollout file while stdout stays quiet (the final answer is still streaming). Each
+# stage waits for the runner's doing, never for a length of time.
+_QUIET_CODEX = """
+import json, os, sys, time
+home, go, release, deadline = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+print(json.dumps({"type": "thread.started", "thread_id": "t-quiet"}), flush=True)
+def wait(path):
+    end = time.monotonic() + deadline
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            sys.exit(3)
+        time.sleep(0.05)
+wait(go)
+day = os.path.join(home, "sessions", "2026", "12", "05")
+os.makedirs(day)
+payload = {"type": "token_count", "rate_limits": {
+    "primary": {"used_percent": 93.0, "window_minutes": 300, "resets_at": 1796312755}}}
+with open(os.path.join(day, "rollout-x-t-quiet.jsonl"), "w") as f:
+    f.write(json.dumps({"type": "event_msg", "payload": payload}) + "\\n")
+wait(release)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_codex_window_is_recorded_while_its_output_is_quiet(tmp_path: Path) -> None:
+    """The rollout changes while stdout does not: the runner still reads it while the step
+    runs, not only when it ends (the CI failure of test_windows_real on a busy machine)."""
+    step = make_step_run(status="running", account_profile="acct-q")
+    home, go, release = tmp_path / "codex", tmp_path / "go", tmp_path / "release"
+    home.mkdir()
+
+    def keep_alive() -> (
+        bool
+    ):  # the runner's lease renewal: the test's eyes on the ledger
+        step.refresh_from_db(fields=["stdout"])
+        if step.stdout:  # the thread id was flushed: now the rollout may change
+            go.touch()
+        if AccountWindow.objects.filter(account_profile="acct-q").exists():
+            release.touch()
+        return True
+
+    watch = StepWatch(step.id, "codex", is_agent=True, account="acct-q")
+    argv = [sys.executable, "-c", _QUIET_CODEX, str(home), str(go), str(release)]
+    result = watch.run(
+        invocation=Invocation(
+            argv=[*argv, str(hang_deadline(120))],
+            cwd=str(tmp_path),
+            env={**os.environ, "CODEX_HOME": str(home)},
+            provider="codex",
+        ),
+        timeout_seconds=None,
+        idle_timeout_seconds=None,
+        tail_bytes=1 << 16,
+        grace_seconds=1,
+        on_spawn=lambda pid: None,
+        keep_alive=keep_alive,
+        keep_alive_every=0.1,
+        output_every=0.2,
+    )
+    assert result.exit_code == 0, "the window was not recorded while the step ran"
+    row = AccountWindow.objects.get(account_profile="acct-q", window="5h")
+    assert row.used == pytest.approx(0.93) and row.source == SOURCE_CODEX
