@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.apps import apps
 from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import CommandError
 from django.test import Client
@@ -26,6 +25,7 @@ from hypothesis import strategies as st
 from routing.api.forms import INGEST_ROUTE_OPTIONS
 from routing.api.tokens import api_token_create
 from routing.drains.inbox import inbox_ingest
+from tests.routing.api.helpers import row_counts
 from tests.routing.helpers import generic_event, todos_event
 
 pytestmark = pytest.mark.django_db
@@ -54,10 +54,6 @@ NUMBERS = st.one_of(
     ),
 )
 VALUES = st.one_of(ARG_TEXT, NUMBERS)
-
-
-def _row_counts() -> dict[str, int]:
-    return {m._meta.db_table: m.objects.count() for m in apps.get_models()}
 
 
 def _changed(before: dict[str, int], after: dict[str, int]) -> set[str]:
@@ -185,7 +181,7 @@ def test_no_command_line_ends_in_a_traceback_or_a_partial_write(
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
     argv = data.draw(command_lines(paths))
     inbox_ingest(enumerate([generic_event(), todos_event()], start=1))
-    before = _row_counts()
+    before = row_counts()
     out, err = io.StringIO(), io.StringIO()
     try:
         call_command(*argv, stdout=out, stderr=err)
@@ -196,14 +192,14 @@ def test_no_command_line_ends_in_a_traceback_or_a_partial_write(
             ("drain failed", "route drain hit")
         )
         if not ran:
-            assert _changed(before, _row_counts()) == set(), (argv, str(exc))
+            assert _changed(before, row_counts()) == set(), (argv, str(exc))
         return
     # It ran: it said what it did, with no traceback, and a dry run wrote nothing.
     said = out.getvalue() + err.getvalue()
     assert said.strip(), (argv, "a command that ran printed nothing")
     assert "Traceback" not in said, (argv, said)
     if "--dry-run" in argv:
-        assert _changed(before, _row_counts()) == set(), (argv, said)
+        assert _changed(before, row_counts()) == set(), (argv, said)
 
 
 # --- HTTP: the API, the ops pages, the admin lists --------------------------------------------------
@@ -296,14 +292,14 @@ def test_no_api_query_is_a_5xx_or_anything_but_json(data: st.DataObject) -> None
     url = data.draw(st.sampled_from(sorted(API_PARAMS)))
     query = data.draw(_query(API_PARAMS[url]))
     _, token = api_token_create(
-        name=f"p{_row_counts()['routing_api_tokens']}", scopes=["read", "metrics"]
+        name=f"p{row_counts()['routing_api_tokens']}", scopes=["read", "metrics"]
     )
-    before = _row_counts()
+    before = row_counts()
     response = Client().get(url, query, HTTP_AUTHORIZATION=f"Bearer {token}")
     assert response.status_code < 500, (url, query, response.content[:300])
     if url != "/metrics" or response.status_code != 200:
         response.json()  # JSON whatever the status
-    after = _row_counts()
+    after = row_counts()
     assert _changed(before, after) <= {"routing_api_tokens"}  # last_used_at only
 
 
@@ -325,9 +321,9 @@ def test_no_ingest_query_is_a_5xx_and_a_refused_one_stores_nothing(
         )
     )
     _, token = api_token_create(
-        name=f"i{_row_counts()['routing_api_tokens']}", scopes=["ingest"]
+        name=f"i{row_counts()['routing_api_tokens']}", scopes=["ingest"]
     )
-    before = _row_counts()
+    before = row_counts()
     url = "/api/v1/events?" + "&".join(f"{k}={v}" for k, v in [])
     response = Client().post(
         url + _urlencode(query),
@@ -339,7 +335,7 @@ def test_no_ingest_query_is_a_5xx_and_a_refused_one_stores_nothing(
     body = response.json()
     if response.status_code >= 400:
         assert "error" in body
-        assert _changed(before, _row_counts()) <= {"routing_api_tokens"}, query
+        assert _changed(before, row_counts()) <= {"routing_api_tokens"}, query
 
 
 def _urlencode(query: dict[str, str]) -> str:
@@ -356,7 +352,7 @@ def test_no_ops_page_or_admin_list_query_is_a_5xx(
 ) -> None:
     url = data.draw(st.sampled_from(sorted(PAGE_PARAMS)))
     query = data.draw(_query(PAGE_PARAMS[url]))
-    before = _row_counts()
+    before = row_counts()
     response = admin_client.get(url, query)
     assert response.status_code < 500, (url, query)
-    assert _changed(before, _row_counts()) == set()
+    assert _changed(before, row_counts()) == set()

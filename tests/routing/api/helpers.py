@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from django.apps import apps
+from django.db import connection
 from django.test import Client
 
 from routing.api.tokens import api_token_create
@@ -45,5 +46,12 @@ def post_events(
 
 
 def row_counts() -> dict[str, int]:
-    """Rows in every table of every installed app: 'nothing written' means all equal."""
-    return {m._meta.db_table: m._base_manager.count() for m in apps.get_models()}
+    """Rows in every table of every installed app: 'nothing written' means all equal. One
+    query for all of them (the property tests count before and after each of hundreds of
+    examples; a query per table was a third of their time on PostgreSQL)."""
+    tables = sorted({m._meta.db_table for m in apps.get_models()})
+    quote = connection.ops.quote_name
+    counts = ", ".join(f"(SELECT COUNT(*) FROM {quote(table)})" for table in tables)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {counts}")
+        return dict(zip(tables, cursor.fetchone(), strict=True))

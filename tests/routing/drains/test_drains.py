@@ -12,7 +12,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.apps import apps
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
@@ -24,6 +23,7 @@ from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import DrainRecord, InboxEvent
 from tests.account_loads import release_run_load
+from tests.routing.api.helpers import row_counts
 from tests.routing.helpers import generic_event, todos_event
 from tests.waiting import hang_deadline, wait_for
 
@@ -46,10 +46,6 @@ def finish(item_id: str) -> None:
     )
     WorkflowRun.objects.filter(pk=item.workflow_run_id).update(status="succeeded")
     WorkflowWorkItem.objects.filter(pk=item_id).update(status="succeeded")
-
-
-def row_counts() -> dict[str, int]:
-    return {m._meta.db_table: m.objects.count() for m in apps.get_models()}
 
 
 def test_max_dispatch_counts_only_created_results() -> None:
