@@ -6,7 +6,9 @@ file holding its key), builds the step's argv and environment with the adapter
 its output with `ledger.agent_output` / `ledger.usage`. One test per CLI per behaviour;
 each ends by itself because the adapter bounds the CLIs' own retries. The tests assert what
 happened and in which order, never how long it took: how soon a 429 is detected and the step
-moves is the failover benchmark's figure (tests/bench/bench_failover.py, make bench).
+moves is the failover benchmark's figure (tests/bench/bench_failover.py, make bench). A
+refused login's own message is proven through the runner, which reads the same output
+(tests/agents/test_runner_real.py).
 """
 
 from __future__ import annotations
@@ -210,32 +212,6 @@ def test_a_429_in_the_clis_real_format_is_detected_before_its_reset_with_its_res
         assert signal.until <= now + timedelta(seconds=stand_in.retry_after + 1)
     # The bounded retries: the CLI gave up (or was stopped) after a few tries.
     assert 1 <= len(posts) <= 8
-
-
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_a_login_failure_gives_the_clis_own_message(
-    provider: str,
-    cli_bin: Path,
-    stand_in: ProviderStandIn,
-    tmp_path: Path,
-    settings: Settings,
-) -> None:
-    if provider == "claude":
-        # A config dir with no login: claude fails at once, before any request.
-        _register(provider, "acct-a", stand_in, tmp_path, key=None)
-        expected = "Not logged in"
-    else:
-        stand_in.mode = "401"
-        _register(provider, "acct-a", stand_in, tmp_path, key="revoked-key")
-        expected = "Incorrect API key provided"
-    done, _ = _run(provider, "acct-a", cli_bin, tmp_path, settings)
-    # It gave up by itself (no retry loop on a refused key), with its own message.
-    assert not done.timed_out and done.exit_code not in (0, None)
-    error = agent_error(provider, done.stdout, done.stderr, done.exit_code)
-    assert error is not None and expected in error, (error, done.stdout[-2000:])
-    assert error.endswith(f"(exit code {done.exit_code})")
-    if provider == "claude":
-        assert not [r for r in stand_in.requests if r.method == "POST"]
 
 
 def test_account_check_says_what_is_wrong(

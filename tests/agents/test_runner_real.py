@@ -245,8 +245,13 @@ def test_a_login_failure_fails_the_step_with_the_clis_own_message(
 
     assert run_workflow_run(run.id) == RunStatus.FAILED
     worker = steps_of(run)["worker"]
+    # The CLI gave up by itself (no retry loop on a refused key, no limit of ours reached),
+    # with its own message and its exit code.
     assert message.lower() in worker.error.lower(), worker.error
     assert worker.error.endswith(f"(exit code {worker.exit_code})")
+    assert worker.exit_code not in (0, None)
+    if provider == "claude":  # with no login it asks nothing of the provider
+        assert not [r for r in stand_in.requests if r.method == "POST"]
     run.refresh_from_db()
     assert worker.error in run.error
     # The CLI's words read as a refused login: the account is marked, with those words.
