@@ -220,11 +220,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 # The xdist groups, longest first as measured on the 2-core machine (a group whose worker
-# picks it up last ends the run): the hosts' minutes of lease and heartbeat waits (PostgreSQL
-# only), the whole installations, the real CLIs through the runner and the others, the
-# capacity run, the upgrade copies.
+# picks it up last ends the run): the hosts' and the instances' minutes of lease and
+# heartbeat waits (PostgreSQL only), the whole installations, the real CLIs through the
+# runner and the others, the capacity run, the upgrade copies.
 GROUP_ORDER = (
     "hosts",
+    "instances",
     "installation",
     "agent_clis_runner",
     "agent_clis_login",

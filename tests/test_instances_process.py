@@ -45,7 +45,9 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
     pytest.mark.postgres,
-    pytest.mark.xdist_group("hosts"),
+    # Minutes of dead-host and lease times like tests/test_hosts_process.py, on a worker of
+    # their own beside those (one group of both was the suite's longest chain).
+    pytest.mark.xdist_group("instances"),
 ]
 
 AS_ROOT = os.geteuid() == 0 and shutil.which("unshare") is not None

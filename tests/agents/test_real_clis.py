@@ -119,7 +119,9 @@ def _run(
     return run_agent(invocation, stop_when=stop_when), repo
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
+# opencode's: tests/agents/test_runs_real.py (its whole run through the processes checks the
+# same file, keys, usage and summary; an opencode run costs about 5 s of CPU).
+@pytest.mark.parametrize("provider", clis.on_each_cli("codex", "claude"))
 def test_the_real_cli_writes_the_file_with_the_accounts_key_and_reports_its_usage(
     provider: str,
     cli_bin: Path,

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from ledger.agent_output import summarize_output
 from ledger.models import RunStatus, WorkflowRun, WorkflowStepRun
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
@@ -164,6 +165,9 @@ def test_a_drained_task_runs_worker_and_verifier_with_the_real_cli(
             reported["cached_tokens"],
         ), step.step_id
     assert stand_in.keys_seen() <= set(KEYS.values())
+    # What the pages show of the worker's output: its tool call and its final message.
+    live = summarize_output(provider, steps["worker"].stdout or "")
+    assert stand_in.file_name in live and stand_in.final_text in live, live[-1500:]
     # The worktree is gone; the agent's file is on the run's branch (committed by the run).
     project = tmp_path / "project"
     assert not Path(run.worktree_path).exists()
