@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # starts pytest
+# Starts pytest, without Django (no database at all): the PostgreSQL suite would run the very
+# same thing.
+pytestmark = [pytest.mark.slow, pytest.mark.own_database]
 
 GROUPED = """
 import os
