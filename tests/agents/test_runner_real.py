@@ -247,6 +247,7 @@ def test_a_login_failure_fails_the_step_with_the_clis_own_message(
     worker = steps_of(run)["worker"]
     # The CLI gave up by itself (no retry loop on a refused key, no limit of ours reached),
     # with its own message and its exit code.
+    assert worker.status == StepStatus.FAILED, worker.error  # a limit gives TIMED_OUT
     assert message.lower() in worker.error.lower(), worker.error
     assert worker.error.endswith(f"(exit code {worker.exit_code})")
     assert worker.exit_code not in (0, None)
