@@ -65,9 +65,8 @@ def scratch_cwd() -> Path:
 # the test process exits, keeps the test processes of both suites from picking the same one.
 _PORTS_LOW = 20000
 _PORT_LOCKS: list[int] = []
-_port_choice = (
-    random.SystemRandom()
-)  # pytest-randomly seeds `random` alike in every worker
+# Not `random` itself: pytest-randomly seeds it alike in every worker.
+_port_choice = random.SystemRandom()
 
 
 def _ephemeral_low() -> int:

@@ -413,9 +413,8 @@ def test_a_codex_window_is_recorded_while_its_output_is_quiet(tmp_path: Path) ->
     home, go, release = tmp_path / "codex", tmp_path / "go", tmp_path / "release"
     home.mkdir()
 
-    def keep_alive() -> (
-        bool
-    ):  # the runner's lease renewal: the test's eyes on the ledger
+    # The runner's lease renewal, called while the step runs: the test's eyes on the ledger.
+    def keep_alive() -> bool:
         step.refresh_from_db(fields=["stdout"])
         if step.stdout:  # the thread id was flushed: now the rollout may change
             go.touch()
