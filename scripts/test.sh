@@ -3,27 +3,25 @@
 # after the other), each in parallel (pytest-xdist).
 # PostgreSQL: PG_TEST_URL when given (.ci/run starts one), else a throwaway server started here.
 # TEST_BACKENDS: which suites to run ("sqlite postgresql" by default; `make test-fast`: sqlite).
-# TEST_WORKERS: xdist workers per suite (default 4: most slow tests wait on subprocesses, so a
-# 2-core machine keeps busy with more workers than cores; 0 runs in this process, no xdist).
+# TEST_WORKERS: xdist workers per suite (0 runs in this process, no xdist). Default: 3 for
+# SQLite, 4 for PostgreSQL. Most slow tests wait on subprocesses, so a 2-core machine keeps
+# busy with more workers than cores; but the SQLite suite spends its time computing (4 workers
+# cost 7 % more CPU than 3, their processes contending for 2 cores, and ended no sooner), while
+# the PostgreSQL suite's hosts and instances tests wait minutes on heartbeats and leases.
 # Each worker has its own test database: pytest-django suffixes the test database's name with
 # the worker id (test.sqlite3_gw0, test_loopsweb_gw0, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 TEST_BACKENDS=${TEST_BACKENDS:-sqlite postgresql}
-TEST_WORKERS=${TEST_WORKERS:-4}
+declare -A WORKERS=([sqlite]=${TEST_WORKERS:-3} [postgresql]=${TEST_WORKERS:-4})
 for backend in $TEST_BACKENDS; do
   case "$backend" in sqlite | postgresql) ;; *)
     echo "test: TEST_BACKENDS names sqlite and/or postgresql, got '$backend'" >&2; exit 2 ;;
   esac
 done
 [ -n "${TEST_BACKENDS// /}" ] || { echo "test: TEST_BACKENDS is empty" >&2; exit 2; }
-[[ "$TEST_WORKERS" =~ ^[0-9]+$ ]] || { echo "test: TEST_WORKERS must be a number, got '$TEST_WORKERS'" >&2; exit 2; }
-parallel=()
-# Tests that must not run beside each other carry an xdist_group: loadgroup keeps each group on
-# one worker and spreads the rest test by test, in the order tests/conftest.py sorts them
-# (groups first; --no-loadscope-reorder keeps that order rather than xdist's largest-first).
-[ "$TEST_WORKERS" -gt 0 ] && parallel=(-n "$TEST_WORKERS" --dist loadgroup --no-loadscope-reorder)
+[[ "${TEST_WORKERS:-0}" =~ ^[0-9]+$ ]] || { echo "test: TEST_WORKERS must be a number, got '$TEST_WORKERS'" >&2; exit 2; }
 
 # The ops browser test drives Debian's Chromium through its ChromeDriver (never a downloaded
 # browser). Install them when missing and we can (as root); otherwise that test says how.
@@ -34,24 +32,31 @@ if { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; } && [ "$(id 
 fi
 
 work=$(mktemp -d /tmp/loopsweb-test.XXXXXX)
-# Bytecode goes to one cache outside the tree, shared by the suite and every process it starts:
-# without it each `manage.py`, runserver and qcluster a test starts compiles loopsweb's modules
-# again (about a third of a command's start-up CPU).
-unset PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX="$work/pycache"
-# Filled once, here, before the suites: their workers start together and would each compile
-# Django, the tests and loopsweb at the same moment (about 5 s of CPU a process, 8 workers).
-# One collection compiles what they import; a failing collection shows in the suites.
-LOOPSWEB_DATA_DIR="$work/warm" "$PY" -m pytest -q --collect-only -p no:cacheprovider >/dev/null 2>&1 || true
+# Bytecode: the installed packages' was compiled by pip install; loopsweb's and the tests' goes
+# to their __pycache__ directories (git ignores them), written once and read by every process
+# a test starts (compiling loopsweb again was about a third of a command's start-up CPU). A
+# cache prefix (PYTHONPYCACHEPREFIX) would ignore pip's bytecode and compile Django and
+# every package again, each run.
+unset PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX
+# Compiled once, here, while PostgreSQL starts: the suites' workers start together and would
+# each compile the tests and loopsweb at the same moment (about 3 s of CPU a process, seven
+# workers). One collection compiles what they import; a failing collection shows in the suites.
+LOOPSWEB_DATA_DIR="$work/warm" "$PY" -m pytest -q --collect-only -p no:cacheprovider >/dev/null 2>&1 &
+warming=$!
 pg_psql() { PGOPTIONS="-c client_min_messages=warning" "${PG_BIN:+$PG_BIN/}psql" -qX "${PG_TEST_URL%/*}/postgres" "$@"; }
 cleanup() {
+  kill "$warming" 2>/dev/null || true  # a start that failed before the suites
   [ -n "${pg_check_db:-}" ] && { pg_psql -c "DROP DATABASE IF EXISTS \"$pg_check_db\" WITH (FORCE)" || true; }
   [ -n "${started_pg:-}" ] && pg_stop; rm -rf "$work"
 }
 trap cleanup EXIT
 
-run_suite() {  # $1 = label; the environment selects the database
-  local rc=0
+run_suite() {  # $1 = label, $2 = xdist workers; the environment selects the database
+  local rc=0 parallel=()
+  # Tests that must not run beside each other carry an xdist_group: loadgroup keeps each group on
+  # one worker and spreads the rest test by test, in the order tests/conftest.py sorts them
+  # (groups first; --no-loadscope-reorder keeps that order rather than xdist's largest-first).
+  [ "$2" -gt 0 ] && parallel=(-n "$2" --dist loadgroup --no-loadscope-reorder)
   # Migration safety first (lock file, models, reversibility, additivity), with the plan on a
   # scratch database of this backend: migrated, so the plan shows every migration applied.
   echo "=== check_migrations on $1 ==="
@@ -63,7 +68,7 @@ run_suite() {  # $1 = label; the environment selects the database
   local started=$SECONDS
   # Each suite its own temporary directories: pytest's shared default (/tmp/pytest-of-USER)
   # prunes the oldest sessions' directories, which may be the other suite's, still in use.
-  "$PY" -m pytest -q "${parallel[@]}" --basetemp="$LOOPSWEB_DATA_DIR/tmp" "${@:2}" || rc=$?
+  "$PY" -m pytest -q "${parallel[@]}" --basetemp="$LOOPSWEB_DATA_DIR/tmp" "${@:3}" || rc=$?
   echo "=== $1: check_migrations and the suite took $((SECONDS - started + check_seconds)) s ==="
   if [ "$rc" = 5 ]; then echo "no tests collected on $1" >&2; return 1; fi
   return "$rc"
@@ -72,11 +77,11 @@ run_suite() {  # $1 = label; the environment selects the database
 sqlite_suite() {
   CHECK_URL="sqlite:///$work/sqlite/check.sqlite3" \
   LOOPSWEB_DATA_DIR="$work/sqlite" DATABASE_URL="sqlite:///$work/sqlite/app.sqlite3" \
-    SQLITE_TEST_NAME="$work/sqlite/test.sqlite3" run_suite SQLite "$@"
+    SQLITE_TEST_NAME="$work/sqlite/test.sqlite3" run_suite SQLite "${WORKERS[sqlite]}" "$@"
 }
 postgresql_suite() {
   CHECK_URL="${PG_TEST_URL%/*}/$pg_check_db" \
-  LOOPSWEB_DATA_DIR="$work/pg" DATABASE_URL="$PG_TEST_URL" run_suite PostgreSQL "$@"
+  LOOPSWEB_DATA_DIR="$work/pg" DATABASE_URL="$PG_TEST_URL" run_suite PostgreSQL "${WORKERS[postgresql]}" "$@"
 }
 
 backends_run=()
@@ -94,6 +99,7 @@ if [[ " ${backends_run[*]} " == *" postgresql "* ]]; then
   pg_check_db="$(basename "${PG_TEST_URL%%\?*}")_check"
   pg_psql -c "DROP DATABASE IF EXISTS \"$pg_check_db\" WITH (FORCE)" -c "CREATE DATABASE \"$pg_check_db\""
 fi
+wait "$warming" || true
 
 # Both suites side by side (TEST_SERIAL=1: one after the other). Much of each suite's time is
 # waiting (schedules, heartbeats, leases, the CLIs' start-up), so on 2 cores the two together

@@ -19,14 +19,16 @@ take over about a second of CPU (property tests, migration round trips) carry it
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,37 @@ def _project_roots(tmp_path_factory: pytest.TempPathFactory) -> None:
     for name, value in values.items():
         os.environ[name] = value if isinstance(value, str) else ",".join(value)
         setattr(settings, name, value)
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]:
+    """`migrated_sqlite(db)` puts a migrated SQLite file at `db` (0600, its directory 0700),
+    for tests whose processes use a file of their own but whose subject is not migrating it.
+    The file is a copy of one `manage.py migrate`d file that a suite's workers share (in the
+    run's base temporary directory, migrated by the first that asks): a migration from
+    nothing is more than a second of CPU, once per run instead of once per test."""
+    from tests.processes import manage, own_sqlite_env
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    template = root / "migrated-template" / "loopsweb.sqlite3"
+    with open(root / "migrated-template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not template.exists():
+            data = tmp_path_factory.mktemp("migrating") / "data"
+            manage(own_sqlite_env(data), "migrate", "--noinput", "-v0", timeout=300)
+            made = data / template.name
+            assert not made.with_name(made.name + "-wal").exists()  # all in the file
+            template.parent.mkdir(exist_ok=True)
+            os.replace(made, template)
+
+    def copy(db: Path) -> Path:
+        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copyfile(template, db)
+        db.chmod(0o600)
+        return db
+
+    return copy
 
 
 @pytest.fixture(autouse=True)
@@ -204,11 +237,43 @@ def pytest_collection_modifyitems(
     while the others idle. Every worker sorts its identical collection the same way, and
     scripts/test.sh passes `--no-loadscope-reorder`, so xdist hands the work out in this order:
     one group to each worker first, the single tests after."""
+    _run_once(config, items)
     keys = {item.nodeid: _schedule_key(item) for item in items}  # every group is listed
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(
             key=lambda item: keys[item.nodeid]
         )  # stable: collection order per rank
+
+
+# The fixtures through which a test reaches the database (pytest-django's; django_db_blocker
+# is not one of them: every test has it, through pytest-django's autouse fixtures).
+_DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_setup", "live_server"}
+)
+
+
+def _run_once(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that starts no process (not `slow`: the audit hook holds it to that) and has no
+    database (pytest-django refuses it one) runs the same code whichever database the suite
+    has: it runs in the SQLite suite only, and the PostgreSQL suite deselects it (about 700
+    tests, parsing, layering, docs and domain rules; their CPU is better spent elsewhere on the
+    2-core machine). A test may still claim PostgreSQL with the `postgres` mark."""
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        return
+    kept, once = [], []
+    for item in items:
+        needs_nothing = (
+            item.get_closest_marker("django_db") is None
+            and item.get_closest_marker("slow") is None
+            and item.get_closest_marker("postgres") is None
+            and not _DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        )
+        (once if needs_nothing else kept).append(item)
+    if once:
+        config.hook.pytest_deselected(items=once)
+        items[:] = kept
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -11,6 +11,7 @@ the same command goes through.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.sqlite]
     ],
 )
 def test_a_write_the_locked_database_refuses_is_one_line_and_writes_nothing(
-    tmp_path: Path, argv: list[str], table: str
+    tmp_path: Path,
+    argv: list[str],
+    table: str,
+    migrated_sqlite: Callable[[Path], Path],
 ) -> None:
     data_dir = tmp_path / "data"
     db = data_dir / "loopsweb.sqlite3"
@@ -42,7 +46,7 @@ def test_a_write_the_locked_database_refuses_is_one_line_and_writes_nothing(
         DJANGO_SETTINGS_MODULE="loopsweb.settings",
         SQLITE_BUSY_TIMEOUT="1",
     )
-    manage(env, "migrate", "--noinput", "-v0")
+    migrated_sqlite(db)
 
     holder = sqlite3.connect(db, isolation_level=None)
     try:

@@ -11,6 +11,7 @@ import os
 import random
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,14 +32,12 @@ def _env(data_dir: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def migrated_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One `manage.py migrate`d file per module, which each test copies: migrating is a
-    second of CPU, and what these tests damage is the file, not the migration."""
-    data_dir = tmp_path_factory.mktemp("migrated") / "data"
-    manage(_env(data_dir), "migrate", "--noinput", "-v0")
-    db = data_dir / "loopsweb.sqlite3"
-    assert not db.with_name(db.name + "-wal").exists()  # all of it is in the file
-    return db
+def migrated_file(
+    tmp_path_factory: pytest.TempPathFactory, migrated_sqlite: Callable[[Path], Path]
+) -> Path:
+    """One migrated file per module, which each test copies: what these tests damage is the
+    file, not the migration."""
+    return migrated_sqlite(tmp_path_factory.mktemp("migrated") / "loopsweb.sqlite3")
 
 
 def _damaged(
@@ -102,9 +101,12 @@ def test_runserver_on_a_damaged_file_stops_with_one_line(
     _one_clear_line(done, db)
 
 
-def test_a_healthy_file_is_untouched(tmp_path: Path) -> None:
+def test_a_healthy_file_is_untouched(
+    tmp_path: Path, migrated_sqlite: Callable[[Path], Path]
+) -> None:
     data_dir = tmp_path / "data"
     env = _env(data_dir)
+    migrated_sqlite(data_dir / "loopsweb.sqlite3")
     manage(env, "migrate", "--noinput", "-v0")
     manage(env, "routes", "list")
     assert os.path.getsize(data_dir / "loopsweb.sqlite3") > 0

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import DrainRecord, InboxEvent
 from routing.tasks import drain as drain_task
-from tests.processes import manage, own_sqlite_env, scratch_cwd
+from tests.processes import own_sqlite_env, scratch_cwd
 from tests.routing.api.helpers import row_counts
 from tests.routing.helpers import generic_event
 
@@ -359,11 +360,9 @@ def _ingest_peak_rss_kb(path: Path, data_dir: Path) -> tuple[int, str]:
 @pytest.mark.slow
 @pytest.mark.own_database  # a throwaway SQLite file (own_sqlite_env)
 def test_an_overlong_json_lines_line_is_refused_without_reading_it_whole(
-    tmp_path: Path,
+    tmp_path: Path, migrated_sqlite: Callable[[Path], Path]
 ) -> None:
-    manage(
-        own_sqlite_env(tmp_path / "data"), "migrate", "--noinput", "-v0", timeout=300
-    )
+    migrated_sqlite(tmp_path / "data" / "loopsweb.sqlite3")
     good = json.dumps(generic_event()).encode() + b"\n"
     small = tmp_path / "small.jsonl"
     small.write_bytes(good + b'{"x": "' + b"y" * 2_000_000 + b'"}\n' + good)

@@ -11,7 +11,7 @@ import os
 import sqlite3
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,16 +69,15 @@ def _states(database: Path) -> dict[str, int]:
 
 @pytest.mark.sqlite
 def test_a_full_disk_stops_the_drain_and_fails_no_event(
-    small_disk: Path, tmp_path: Path
+    small_disk: Path, tmp_path: Path, migrated_sqlite: Callable[[Path], Path]
 ) -> None:
-    database = small_disk / "loopsweb.sqlite3"
+    database = migrated_sqlite(small_disk / "loopsweb.sqlite3")
     env = {
         **os.environ,
         "DATABASE_URL": f"sqlite:///{database}",
         "LOOPSWEB_DATA_DIR": str(small_disk / "data"),
     }
     env.pop("SQLITE_TEST_NAME", None)
-    manage(env, "migrate", "--noinput", "-v0", timeout=180)
     events = tmp_path / "events.jsonl"
     events.write_text("\n".join(json.dumps(generic_event()) for _ in range(40)) + "\n")
     manage(env, "ingest_events", str(events), timeout=180)
