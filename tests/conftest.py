@@ -262,7 +262,8 @@ def _run_once(config: pytest.Config, items: list[pytest.Item]) -> None:
 
     if connection.vendor == "sqlite":
         return
-    kept, once = [], []
+    kept: list[pytest.Item] = []
+    once: list[pytest.Item] = []
     for item in items:
         needs_nothing = (
             item.get_closest_marker("django_db") is None
