@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -31,24 +30,14 @@ def _env(data_dir: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def migrated_file(
-    tmp_path_factory: pytest.TempPathFactory, migrated_sqlite: Callable[[Path], Path]
-) -> Path:
-    """One migrated file per module, which each test copies: what these tests damage is the
-    file, not the migration."""
-    return migrated_sqlite(tmp_path_factory.mktemp("migrated") / "loopsweb.sqlite3")
-
-
 def _damaged(
-    tmp_path: Path, migrated_file: Path, *, keep_header: bool
+    tmp_path: Path, migrated_sqlite: Callable[[Path], Path], *, keep_header: bool
 ) -> tuple[dict[str, str], Path]:
+    """A migrated file (`migrated_sqlite`: what these tests damage is the file, not the
+    migration) with garbage over all of it or all but its first page."""
     data_dir = tmp_path / "data"
-    data_dir.mkdir(mode=0o700)
     env = _env(data_dir)
-    db = data_dir / "loopsweb.sqlite3"
-    shutil.copyfile(migrated_file, db)
-    db.chmod(0o600)
+    db = migrated_sqlite(data_dir / "loopsweb.sqlite3")
     size = db.stat().st_size
     garbage = random.Random(28).randbytes(size)
     with db.open("r+b") as handle:
@@ -80,9 +69,12 @@ def _one_clear_line(done: subprocess.CompletedProcess[str], db: Path) -> None:
     ],
 )
 def test_a_command_on_a_damaged_file_says_so_in_one_line(
-    tmp_path: Path, migrated_file: Path, keep_header: bool, argv: list[str]
+    tmp_path: Path,
+    migrated_sqlite: Callable[[Path], Path],
+    keep_header: bool,
+    argv: list[str],
 ) -> None:
-    env, db = _damaged(tmp_path, migrated_file, keep_header=keep_header)
+    env, db = _damaged(tmp_path, migrated_sqlite, keep_header=keep_header)
     done = manage(
         env, *argv, check=False, input='{"id": "e1", "type": "t", "source": "s"}\n'
     )
@@ -91,9 +83,9 @@ def test_a_command_on_a_damaged_file_says_so_in_one_line(
 
 @pytest.mark.parametrize("reload", [False, True])
 def test_runserver_on_a_damaged_file_stops_with_one_line(
-    tmp_path: Path, migrated_file: Path, reload: bool
+    tmp_path: Path, migrated_sqlite: Callable[[Path], Path], reload: bool
 ) -> None:
-    env, db = _damaged(tmp_path, migrated_file, keep_header=True)
+    env, db = _damaged(tmp_path, migrated_sqlite, keep_header=True)
     argv = ["runserver", f"127.0.0.1:{free_port()}"]
     if not reload:
         argv.append("--noreload")
