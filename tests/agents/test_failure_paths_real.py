@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,12 @@ def test_a_provider_that_keeps_failing_ends_the_step_with_its_error(
     assert run_workflow_run(run.id) == RunStatus.FAILED
     worker = steps_of(run)["worker"]
     assert worker.status == StepStatus.FAILED
-    assert worker.error.startswith(
-        "the provider failed 2 times in a row with no progress between: "
-    ), worker.error
+    # The runner stops the CLI once it has seen two; the count it reports is every error
+    # seen by then, and opencode's next retry can land before the stop (a busy machine).
+    stopped = re.match(
+        r"the provider failed (\d+) times in a row with no progress between: ", worker.error
+    )
+    assert stopped is not None and int(stopped[1]) >= 2, worker.error
     assert "The server had an error" in worker.error, worker.error
     assert worker.progress_at is None  # it never got an answer
     posts = [r for r in stand_in.requests if r.method == "POST"]
