@@ -74,13 +74,15 @@ run_suite() {  # $1 = label, $2 = xdist workers; the environment selects the dat
   return "$rc"
 }
 
+# Each worker's test database is a copy of the database check_migrations read, just migrated
+# (LOOPSWEB_TEST_DB_TEMPLATE, tests/conftest.py): migrated once, not once per worker.
 sqlite_suite() {
-  CHECK_URL="sqlite:///$work/sqlite/check.sqlite3" \
+  CHECK_URL="sqlite:///$work/sqlite/check.sqlite3" LOOPSWEB_TEST_DB_TEMPLATE="$work/sqlite/check.sqlite3" \
   LOOPSWEB_DATA_DIR="$work/sqlite" DATABASE_URL="sqlite:///$work/sqlite/app.sqlite3" \
     SQLITE_TEST_NAME="$work/sqlite/test.sqlite3" run_suite SQLite "${WORKERS[sqlite]}" "$@"
 }
 postgresql_suite() {
-  CHECK_URL="${PG_TEST_URL%/*}/$pg_check_db" \
+  CHECK_URL="${PG_TEST_URL%/*}/$pg_check_db" LOOPSWEB_TEST_DB_TEMPLATE="$pg_check_db" \
   LOOPSWEB_DATA_DIR="$work/pg" DATABASE_URL="$PG_TEST_URL" run_suite PostgreSQL "${WORKERS[postgresql]}" "$@"
 }
 
@@ -105,6 +107,9 @@ wait "$warming" || true
 # waiting (schedules, heartbeats, leases, the CLIs' start-up), so on 2 cores the two together
 # take little more than the longer one. Each line is prefixed with its suite's name.
 if [ "${#backends_run[@]}" = 2 ] && [ "${TEST_SERIAL:-0}" != 1 ]; then
+  # The tests that need neither a process nor a database run once (tests/conftest.py): in the
+  # PostgreSQL suite, which ends first; the SQLite suite spends more CPU (opencode's runs).
+  export LOOPSWEB_TEST_RUN_ONCE_IN=postgresql
   pids=()
   for backend in "${backends_run[@]}"; do
     ( "${backend}_suite" "$@" 2>&1 | sed -u "s/^/[$backend] /" ) &

@@ -96,6 +96,49 @@ def _project_roots(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(scope="session")
+def django_db_modify_db_settings(
+    django_db_modify_db_settings_parallel_suffix: None,
+) -> bool:
+    """Each worker's test database starts as a copy of a migrated one when scripts/test.sh
+    names it (LOOPSWEB_TEST_DB_TEMPLATE: the database check_migrations read, just migrated),
+    so `migrate` finds nothing to apply instead of running every migration again in every
+    worker (about 1.5 s of CPU each). PostgreSQL copies it itself (the TEMPLATE of its
+    CREATE DATABASE); a SQLite file is copied here, and kept rather than created (keepdb).
+    Returns whether a SQLite copy was made. Runs after pytest-django named the worker's
+    database (the parallel suffix)."""
+    from django.conf import settings
+    from django.db import connection
+
+    template = os.environ.get("LOOPSWEB_TEST_DB_TEMPLATE")
+    if not template:
+        return False
+    test = settings.DATABASES["default"].setdefault("TEST", {})
+    if connection.vendor == "postgresql":
+        test["TEMPLATE"] = template
+        return False
+    name = test.get("NAME")
+    if connection.vendor != "sqlite" or not name or "memory" in str(name):
+        return False  # an in-memory database (":memory:", "mode=memory") is not a file
+    if Path(template + "-wal").exists():  # its last writes would be missing from a copy
+        raise pytest.UsageError(
+            f"LOOPSWEB_TEST_DB_TEMPLATE {template} has a -wal file: a process still has it open"
+        )
+    for leftover in (name + "-wal", name + "-shm"):  # never replayed over the new copy
+        Path(leftover).unlink(missing_ok=True)
+    shutil.copyfile(template, name)
+    os.chmod(name, 0o600)
+    return True
+
+
+@pytest.fixture(scope="session")
+def django_db_keepdb(
+    request: pytest.FixtureRequest, django_db_modify_db_settings: bool
+) -> bool:
+    """pytest-django's (--reuse-db), or a SQLite test database copied from the template."""
+    return bool(request.config.getvalue("reuse_db")) or django_db_modify_db_settings
+
+
+@pytest.fixture(scope="session")
 def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]:
     """`migrated_sqlite(db)` puts a migrated SQLite file at `db` (0600, its directory 0700),
     for tests whose processes use a file of their own but whose subject is not migrating it.
@@ -255,20 +298,24 @@ _DATABASE_FIXTURES = frozenset(
 def _run_once(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that starts no process (not `slow`: the audit hook holds it to that) and has no
     database (pytest-django refuses it one) runs the same code whichever database the suite
-    has: it runs in the SQLite suite only, and the PostgreSQL suite deselects it (about 700
-    tests, parsing, layering, docs and domain rules; their CPU is better spent elsewhere on the
-    2-core machine). A test may still claim PostgreSQL with the `postgres` mark."""
+    has: it runs in one suite only (about 700 tests, parsing, layering, docs and domain rules;
+    their CPU is better spent elsewhere on the 2-core machine). That suite is the SQLite one,
+    or the one LOOPSWEB_TEST_RUN_ONCE_IN names: scripts/test.sh names PostgreSQL when the two
+    run side by side, as the SQLite suite, with the CLIs that cost the most, ends last. A test
+    the other suite's backend mark (`sqlite`, `postgres`) claims runs there."""
     from django.db import connection
 
-    if connection.vendor == "sqlite":
+    once_in = os.environ.get("LOOPSWEB_TEST_RUN_ONCE_IN") or "sqlite"
+    if connection.vendor == once_in:
         return
+    claim = "postgres" if connection.vendor == "postgresql" else connection.vendor
     kept: list[pytest.Item] = []
     once: list[pytest.Item] = []
     for item in items:
         needs_nothing = (
             item.get_closest_marker("django_db") is None
             and item.get_closest_marker("slow") is None
-            and item.get_closest_marker("postgres") is None
+            and item.get_closest_marker(claim) is None
             and not _DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
         )
         (once if needs_nothing else kept).append(item)

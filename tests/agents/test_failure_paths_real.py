@@ -56,7 +56,8 @@ def test_a_provider_that_keeps_failing_ends_the_step_with_its_error(
     # The runner stops the CLI once it has seen two; the count it reports is every error
     # seen by then, and opencode's next retry can land before the stop (a busy machine).
     stopped = re.match(
-        r"the provider failed (\d+) times in a row with no progress between: ", worker.error
+        r"the provider failed (\d+) times in a row with no progress between: ",
+        worker.error,
     )
     assert stopped is not None and int(stopped[1]) >= 2, worker.error
     assert "The server had an error" in worker.error, worker.error
