@@ -107,9 +107,6 @@ wait "$warming" || true
 # waiting (schedules, heartbeats, leases, the CLIs' start-up), so on 2 cores the two together
 # take little more than the longer one. Each line is prefixed with its suite's name.
 if [ "${#backends_run[@]}" = 2 ] && [ "${TEST_SERIAL:-0}" != 1 ]; then
-  # The tests that need neither a process nor a database run once (tests/conftest.py): in the
-  # PostgreSQL suite, which ends first; the SQLite suite spends more CPU (opencode's runs).
-  export LOOPSWEB_TEST_RUN_ONCE_IN=postgresql
   pids=()
   for backend in "${backends_run[@]}"; do
     ( "${backend}_suite" "$@" 2>&1 | sed -u "s/^/[$backend] /" ) &

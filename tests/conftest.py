@@ -95,6 +95,14 @@ def _project_roots(tmp_path_factory: pytest.TempPathFactory) -> None:
         setattr(settings, name, value)
 
 
+def sqlite_test_template() -> Path | None:
+    """LOOPSWEB_TEST_DB_TEMPLATE in the SQLite suite: a migrated SQLite file."""
+    from django.db import connection
+
+    template = os.environ.get("LOOPSWEB_TEST_DB_TEMPLATE")
+    return Path(template) if template and connection.vendor == "sqlite" else None
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(
     django_db_modify_db_settings_parallel_suffix: None,
@@ -109,17 +117,17 @@ def django_db_modify_db_settings(
     from django.conf import settings
     from django.db import connection
 
-    template = os.environ.get("LOOPSWEB_TEST_DB_TEMPLATE")
-    if not template:
-        return False
     test = settings.DATABASES["default"].setdefault("TEST", {})
     if connection.vendor == "postgresql":
-        test["TEMPLATE"] = template
+        if os.environ.get("LOOPSWEB_TEST_DB_TEMPLATE"):
+            test["TEMPLATE"] = os.environ["LOOPSWEB_TEST_DB_TEMPLATE"]
         return False
+    template = sqlite_test_template()
     name = test.get("NAME")
-    if connection.vendor != "sqlite" or not name or "memory" in str(name):
+    if template is None or not name or "memory" in str(name):
         return False  # an in-memory database (":memory:", "mode=memory") is not a file
-    if Path(template + "-wal").exists():  # its last writes would be missing from a copy
+    # A -wal file beside it holds writes a copy of the file alone would miss.
+    if template.with_name(template.name + "-wal").exists():
         raise pytest.UsageError(
             f"LOOPSWEB_TEST_DB_TEMPLATE {template} has a -wal file: a process still has it open"
         )
@@ -150,6 +158,9 @@ def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path]
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     template = root / "migrated-template" / "loopsweb.sqlite3"
+    given = sqlite_test_template()
+    if given is not None:  # the SQLite suite's: migrated already (scripts/test.sh)
+        template = given
     with open(root / "migrated-template.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not template.exists():
@@ -298,24 +309,20 @@ _DATABASE_FIXTURES = frozenset(
 def _run_once(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that starts no process (not `slow`: the audit hook holds it to that) and has no
     database (pytest-django refuses it one) runs the same code whichever database the suite
-    has: it runs in one suite only (about 700 tests, parsing, layering, docs and domain rules;
-    their CPU is better spent elsewhere on the 2-core machine). That suite is the SQLite one,
-    or the one LOOPSWEB_TEST_RUN_ONCE_IN names: scripts/test.sh names PostgreSQL when the two
-    run side by side, as the SQLite suite, with the CLIs that cost the most, ends last. A test
-    the other suite's backend mark (`sqlite`, `postgres`) claims runs there."""
+    has: it runs in the SQLite suite only, and the PostgreSQL suite deselects it (about 700
+    tests, parsing, layering, docs and domain rules; their CPU is better spent elsewhere on the
+    2-core machine). A test may still claim PostgreSQL with the `postgres` mark."""
     from django.db import connection
 
-    once_in = os.environ.get("LOOPSWEB_TEST_RUN_ONCE_IN") or "sqlite"
-    if connection.vendor == once_in:
+    if connection.vendor == "sqlite":
         return
-    claim = "postgres" if connection.vendor == "postgresql" else connection.vendor
     kept: list[pytest.Item] = []
     once: list[pytest.Item] = []
     for item in items:
         needs_nothing = (
             item.get_closest_marker("django_db") is None
             and item.get_closest_marker("slow") is None
-            and item.get_closest_marker(claim) is None
+            and item.get_closest_marker("postgres") is None
             and not _DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
         )
         (once if needs_nothing else kept).append(item)
