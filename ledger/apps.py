@@ -14,26 +14,6 @@ def _worker_spawned(sender: Any, **kwargs: Any) -> None:
     on_worker_spawn(sender, **kwargs)
 
 
-def _wrap_qcluster() -> None:
-    """Wrap django-q2's `qcluster` command: a run cluster starts through
-    ledger.cluster_start, imported only then (it loads the services)."""
-    from django_q.management.commands import qcluster
-
-    original = qcluster.Command.handle
-    if getattr(original, "loopsweb_start", False):
-        return
-
-    def handle(self: Any, *args: Any, **options: Any) -> Any:
-        from ledger.cluster_start import cluster_start, is_run_cluster
-
-        if is_run_cluster(options):
-            cluster_start()
-        return original(self, *args, **options)
-
-    handle.loopsweb_start = True  # type: ignore[attr-defined]
-    qcluster.Command.handle = handle
-
-
 class LedgerConfig(AppConfig):
     name = "ledger"
     verbose_name = "Ledger"
@@ -44,5 +24,4 @@ class LedgerConfig(AppConfig):
 
         # Run-cluster workers report themselves (busy / total on /ops/).
         post_spawn.connect(_worker_spawned, dispatch_uid="loopsweb-run-worker")
-        # A run cluster starts as an instance of its own (ledger.cluster_start).
-        _wrap_qcluster()
+        # A run cluster starts as an instance of its own: ledger's `qcluster` command.

@@ -2,8 +2,8 @@
 killed predecessor left.
 
 Runs in the qcluster's main process (`manage.py qcluster` of the run cluster), before its
-sentinel forks the workers (ledger.apps wraps django-q2's `qcluster` command; nothing else
-of it changes):
+sentinel forks the workers (ledger/management/commands/qcluster.py: django-q2's command,
+started through here; nothing else of it changes):
 
 1. A new instance id (ledger.instances), in the environment its sentinel and workers inherit.
 2. Refused, with one line and exit status 1, while another live run cluster (seen within

@@ -342,7 +342,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # The xdist groups, longest first as measured on the 2-core machine (a group whose worker
 # picks it up last ends the run): the hosts' and the instances' minutes of lease and
 # heartbeat waits (PostgreSQL only), the whole installations, the real CLIs through the
-# runner and the others, the capacity run, the upgrade copies.
+# runner and the others, the capacity run, the browser tests (one Chromium), the upgrade
+# copies.
 GROUP_ORDER = (
     "hosts",
     "instances",
@@ -351,6 +352,7 @@ GROUP_ORDER = (
     "agent_clis_login",
     "agent_clis",
     "installation_capacity",
+    "browser",
     "upgrade",
 )
 

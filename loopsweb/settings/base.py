@@ -65,9 +65,11 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Before django_q: ledger's `qcluster` command (a run cluster's start) is the one that
+    # runs (Django takes a command from the first app in this list that has it).
+    "ledger",
     "django_q",
     "axes",
-    "ledger",
     "routing",
 ]
 

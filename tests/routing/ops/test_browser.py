@@ -37,6 +37,7 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
+    pytest.mark.xdist_group("browser"),  # one Chromium for them all (`_Chromium`)
 ]
 
 CHROMIUM = "/usr/bin/chromium"
@@ -58,8 +59,73 @@ CHROMIUM_FLAGS = (
 PASSWORD = "operator-password"
 
 
+class _Chromium:
+    """One Chromium for the browser tests of a worker process (the `browser` group keeps them
+    on one): starting one is about 3 s of CPU on the 2-core machine, a page a few
+    hundredths. Each test gets it as new: `reset` clears what a test leaves (cookies, every
+    storage of the live server's origin, the window's size, the page) and a browser that
+    cannot be reset is quit, so the next test starts another."""
+
+    def __init__(self, profiles: pytest.TempPathFactory) -> None:
+        self.profiles = profiles
+        self.driver: Any = None
+
+    def get(self) -> Any:
+        if self.driver is None:
+            self.driver = self._start()
+        return self.driver
+
+    def _start(self) -> Any:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for flag in CHROMIUM_FLAGS:
+            options.add_argument(flag)
+        profile = self.profiles.mktemp("chromium-profile")
+        options.add_argument(f"--user-data-dir={profile}")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never download
+            driver = webdriver.Chrome(
+                options=options, service=Service(executable_path=CHROMEDRIVER)
+            )
+        driver.set_page_load_timeout(hang_deadline(120))
+        return driver
+
+    def reset(self, origin: str) -> None:
+        from selenium.common.exceptions import WebDriverException
+
+        if self.driver is None:
+            return
+        try:
+            self.driver.get("about:blank")
+            self.driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+            self.driver.execute_cdp_cmd(
+                "Storage.clearDataForOrigin", {"origin": origin, "storageTypes": "all"}
+            )
+            self.driver.set_window_size(1400, 1000)
+        except WebDriverException:
+            self.quit()
+
+    def quit(self) -> None:
+        driver, self.driver = self.driver, None
+        if driver is not None:
+            driver.quit()
+
+
+@pytest.fixture(scope="session")
+def _chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Chromium]:
+    chromium = _Chromium(tmp_path_factory)
+    try:
+        yield chromium
+    finally:
+        chromium.quit()
+
+
 @pytest.fixture
-def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def browser(_chromium: _Chromium, live_server: Any) -> Iterator[Any]:
+    """The worker's Chromium, as new (see `_Chromium`), for a test against `live_server`."""
     if os.environ.get("LOOPSWEB_SKIP_BROWSER") == "1":
         pytest.skip("LOOPSWEB_SKIP_BROWSER=1")
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
@@ -70,23 +136,10 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             "LOOPSWEB_SKIP_BROWSER=1 to skip the browser test",
             pytrace=False,
         )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never download
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    driver = webdriver.Chrome(
-        options=options, service=Service(executable_path=CHROMEDRIVER)
-    )
-    driver.set_page_load_timeout(hang_deadline(120))
     try:
-        yield driver
+        yield _chromium.get()
     finally:
-        driver.quit()
+        _chromium.reset(live_server.url)
 
 
 def screenshot(driver: Any, name: str) -> Path:

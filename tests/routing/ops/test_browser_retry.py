@@ -16,6 +16,7 @@ from ledger.models import WorkflowRun, WorkflowWorkItem
 from tests.routing.helpers import generic_event, route
 from tests.routing.ops.test_browser import (
     PASSWORD,
+    _chromium,  # noqa: F401 (the fixture)
     browser,  # noqa: F401 (the fixture)
     follow,
     screenshot,
@@ -28,6 +29,7 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
+    pytest.mark.xdist_group("browser"),  # the worker's one Chromium (test_browser.py)
 ]
 
 
