@@ -115,12 +115,15 @@ class _Chromium:
 
 
 @pytest.fixture(scope="session")
-def _chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Chromium]:
+def _chromium(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> _Chromium:
     chromium = _Chromium(tmp_path_factory)
-    try:
-        yield chromium
-    finally:
-        chromium.quit()
+    # Quit as pytest ends, not as a session fixture's teardown: that runs in the teardown of
+    # whichever test the worker ran last, and the stop's short waits would be that test's
+    # (the suite's `slow` check, tests/conftest.py).
+    request.config.add_cleanup(chromium.quit)
+    return chromium
 
 
 @pytest.fixture
