@@ -582,9 +582,12 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
         # the unhashed name is not what pages use, and a missing file is a 404
         assert _get(f"{base}/static/admin/css/missing.css")[0] == 404
         # The pages need no cluster: they are browsed while the scheduler's first cycle runs.
+        # That cycle is what is waited for (up to 30 s): one request a second, not ten, each
+        # being CPU of the server's too.
         status, body = wait_until(
             lambda: (answering() == 200 and _health(base)) or None,
             timeout=180,
+            interval=1,
             what="/health/installation 200",
         )
         print(f"serve: installation healthy after {time.monotonic() - started:.0f} s")
@@ -629,6 +632,7 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
                 else None
             ),
             timeout=120,
+            interval=1,  # the 35 s report limit is what is waited for (see above)
             what="/health/installation 503 without a run cluster",
         )
         # the web machine stays in rotation: its own health does not read the clusters
