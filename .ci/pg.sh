@@ -41,8 +41,10 @@ pg_start() {
   [ "$(id -u)" = 0 ] && chown postgres: "$PG_ROOT"
   PG_PORT=${PG_PORT:-$(pg_free_port)}
   pg_as "$bin/initdb" -D "$PG_ROOT/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+  # A throwaway server: no durability (fsync, synchronous_commit, full_page_writes), and no
+  # autovacuum (its workers visit each of the suite's databases, which live minutes).
   pg_as "$bin/pg_ctl" -D "$PG_ROOT/data" -l "$PG_ROOT/server.log" -w -t 60 \
-    -o "-p $PG_PORT -k $PG_ROOT -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+    -o "-p $PG_PORT -k $PG_ROOT -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c autovacuum=off" \
     start >/dev/null
   PG_BIN=$bin
   export PG_ROOT PG_PORT PG_BIN

@@ -34,9 +34,14 @@ from tests.agents.provider import ProviderStandIn
 from tests.agents.running import Finished, run_agent
 from tests.waiting import hang_deadline
 
+# SQLite only, codex's rows too (the exception to `clis.on_each_cli`): the subject is what
+# each CLI does, the same over either database, and the database here only registers the
+# accounts. What the ledger does with these outcomes runs on PostgreSQL through the runner
+# and the processes (test_runner_real.py, test_login_failed_real.py, test_runs_real.py).
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db,
+    pytest.mark.sqlite,
     pytest.mark.xdist_group("agent_clis"),
 ]
 
