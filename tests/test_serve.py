@@ -517,7 +517,7 @@ def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
 def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
     tmp_path: Path, serve_database: str
 ) -> None:
-    from tests.routing.ops.test_browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
+    from tests.routing.ops.test_browser import CHROMEDRIVER, CHROMIUM
 
     if os.environ.get("LOOPSWEB_SKIP_BROWSER") == "1":
         pytest.skip("LOOPSWEB_SKIP_BROWSER=1")
@@ -564,9 +564,7 @@ def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
         assert (static / "staticfiles.json").is_file()
         assert list(static.glob("admin/css/base.*.css.gz"))
 
-        assets = _browse_admin_and_ops(
-            tmp_path, base, CHROMIUM, CHROMEDRIVER, CHROMIUM_FLAGS
-        )
+        assets = _browse_admin_and_ops(tmp_path, base)
         css = [u for u in assets if u.endswith(".css")]
         scripts = [u for u in assets if u.endswith(".js")]
         assert any("/static/admin/css/base." in u for u in css), css
@@ -724,27 +722,14 @@ def _answers(base: str) -> bool:
         return False
 
 
-def _browse_admin_and_ops(
-    tmp_path: Path, base: str, chromium: str, chromedriver: str, flags: tuple[str, ...]
-) -> list[str]:
+def _browse_admin_and_ops(tmp_path: Path, base: str) -> list[str]:
     """Sign in through the admin in Chromium at 1400 px; the CSS and scripts the admin index
     and /ops/ loaded (absolute URLs)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
-    from tests.routing.ops.test_browser import visit, wait_until_shown
+    from tests.routing.ops.test_browser import start_chromium, visit, wait_until_shown
 
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never download
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in flags:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    driver = webdriver.Chrome(
-        options=options, service=Service(executable_path=chromedriver)
-    )
-    driver.set_page_load_timeout(60)
+    driver = start_chromium(tmp_path / "chromium-profile")
     try:
         driver.set_window_size(1400, 1000)
         visit(driver, f"{base}/admin/login/?next=/admin/", "input[name=username]")

@@ -59,6 +59,26 @@ CHROMIUM_FLAGS = (
 PASSWORD = "operator-password"
 
 
+def start_chromium(profile: Path) -> Any:
+    """Debian's Chromium through its ChromeDriver, with CHROMIUM_FLAGS and its profile in
+    `profile`; the caller quits it."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={profile}")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never download
+        driver = webdriver.Chrome(
+            options=options, service=Service(executable_path=CHROMEDRIVER)
+        )
+    driver.set_page_load_timeout(hang_deadline(120))
+    return driver
+
+
 class _Chromium:
     """One Chromium for the browser tests of a worker process (the `browser` group keeps them
     on one): starting one is about 3 s of CPU on the 2-core machine, a page a few
@@ -72,26 +92,8 @@ class _Chromium:
 
     def get(self) -> Any:
         if self.driver is None:
-            self.driver = self._start()
+            self.driver = start_chromium(self.profiles.mktemp("chromium-profile"))
         return self.driver
-
-    def _start(self) -> Any:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for flag in CHROMIUM_FLAGS:
-            options.add_argument(flag)
-        profile = self.profiles.mktemp("chromium-profile")
-        options.add_argument(f"--user-data-dir={profile}")
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never download
-            driver = webdriver.Chrome(
-                options=options, service=Service(executable_path=CHROMEDRIVER)
-            )
-        driver.set_page_load_timeout(hang_deadline(120))
-        return driver
 
     def reset(self, origin: str) -> None:
         from selenium.common.exceptions import WebDriverException
