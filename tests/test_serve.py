@@ -135,6 +135,7 @@ def test_env_template_names_every_setting_the_code_reads_once() -> None:
     )
 
 
+@pytest.mark.own_database  # _clean_env: no DATABASE_URL, the data directory's own SQLite
 @pytest.mark.slow
 def test_env_template_defaults_are_the_code_defaults(tmp_path: Path) -> None:
     # Uncommenting every line as it stands (with the required ones filled) changes nothing:
@@ -379,6 +380,7 @@ def serve_database(tmp_path: Path) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.mark.own_database  # _clean_env: no DATABASE_URL, the data directory's own SQLite
 @pytest.mark.slow
 def test_web_alone_serves_on_the_socket_systemd_passes(tmp_path: Path) -> None:
     # deploy/loopsweb-web.socket + loopsweb-web.service: systemd listens and hands the socket
@@ -483,6 +485,7 @@ def test_web_alone_is_healthy_while_no_cluster_runs_and_the_installation_is_not(
         assert _stop(web) == 0, (tmp_path / "web-gone.log").read_text()[-2000:]
 
 
+@pytest.mark.own_database  # _clean_env: no DATABASE_URL, the data directory's own SQLite
 @pytest.mark.slow
 def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
     tmp_path: Path,

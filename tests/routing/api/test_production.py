@@ -14,7 +14,8 @@ import pytest
 
 from tests.processes import manage
 
-pytestmark = pytest.mark.slow
+# Their process reads no DATABASE_URL: its own SQLite file, the same in either suite.
+pytestmark = [pytest.mark.slow, pytest.mark.own_database]
 
 
 def _production_env(tmp_path: Path, **env: str) -> dict[str, str]:

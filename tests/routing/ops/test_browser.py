@@ -33,9 +33,15 @@ from tests.routing.ops import seed as ops_seed
 from tests.waiting import hang_deadline, wait_for
 
 # transaction=True: the live server thread reads what the test wrote, so it must be committed.
+# SQLite only: what a browser does with the pages (layout, scripts, forms, navigation) is the
+# same over either database. On PostgreSQL the pages' queries are proven by the page tests
+# (tests/routing/ops/test_pages.py, test_console.py, test_item_actions.py), and Chromium
+# browses the admin and /ops/ once, through the production server (tests/test_serve.py). Here
+# they cost the PostgreSQL suite about 12 s of CPU, a Chromium of its own included.
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
+    pytest.mark.sqlite,
     pytest.mark.django_db(transaction=True),
     pytest.mark.xdist_group("browser"),  # one Chromium for them all (`_Chromium`)
 ]
@@ -559,9 +565,6 @@ def _accounts_read_at_1400(driver: Any) -> None:
     assert "the-platform-team" not in registry and "env (1)" in registry, registry
 
 
-# What fits at 1400 px is the pages' layout, the same over either database: the SQLite
-# suite runs it (Chromium is about 5 % of the suite's CPU).
-@pytest.mark.sqlite
 def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
     browser: Any, live_server: Any
 ) -> None:
@@ -674,9 +677,6 @@ def test_every_console_page_fits_1400_px_with_the_sidebar_collapsed(
 # --- issue 29 item 15: first visit, the run page, the item page, the cancel box ---------------
 
 
-# What fits at 1400 px is the pages' layout, the same over either database: the SQLite
-# suite runs it (Chromium is about 5 % of the suite's CPU).
-@pytest.mark.sqlite
 def test_a_first_visit_fits_1400_px_and_the_run_and_item_pages_read_well(
     browser: Any, live_server: Any
 ) -> None:

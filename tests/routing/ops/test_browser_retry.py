@@ -28,6 +28,7 @@ from tests.routing.ops.test_browser import (
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
+    pytest.mark.sqlite,  # as tests/routing/ops/test_browser.py says why
     pytest.mark.django_db(transaction=True),
     pytest.mark.xdist_group("browser"),  # the worker's one Chromium (test_browser.py)
 ]
