@@ -43,7 +43,15 @@ def on_each_cli(*rows: tuple[Any, ...] | str) -> list[Any]:
     on SQLite; only codex's rows run on PostgreSQL too. What a CLI does (its flags, its output,
     its 429) is the same over either database, and what the ledger records of it is one code
     path for every CLI, so the PostgreSQL suite proves the ledger side once, with the CLI that
-    costs the least CPU (opencode costs about 5 s of CPU a run on the 2-core machine)."""
+    costs the least CPU (opencode costs about 5 s of CPU a run on the 2-core machine).
+
+    It does so through the processes (`drain`, the run cluster, `run_workflow`: test_runs_real,
+    test_windows_processes, test_login_failed_real, test_failure_paths_real, test_hostile_real,
+    test_delivery_real). The modules that run the runner in the test's own process with the
+    real CLIs (test_runner_real, test_windows_real) are SQLite only: on PostgreSQL the same
+    ledger paths (a cooldown and a pool move, an idle limit, a login mark, output flushed while
+    a step runs, a window recorded) are the fake agent's (tests/ledger/test_failover.py,
+    test_runner.py, test_runner_limits.py, test_login_failed.py, test_windows.py)."""
     params = []
     for row in rows:
         values = _values(row)

@@ -52,6 +52,7 @@ from tests.waiting import wait_for
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db,
+    pytest.mark.sqlite,  # the runner in this process: clis.on_each_cli says why
     # One real CLI at a time per group; this file's timed runs beside the other CLI tests.
     pytest.mark.xdist_group("agent_clis_runner"),
 ]

@@ -36,6 +36,7 @@ from tests.waiting import wait_for
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db,
+    pytest.mark.sqlite,  # the runner in this process: clis.on_each_cli says why
     pytest.mark.xdist_group("agent_clis_runner"),
 ]
 
