@@ -14,7 +14,8 @@ Contract:
    opencode prints the response headers), "retry after N seconds", "try again in N
    minutes", "resets in N hours", "resets at <ISO time>" or "try again at 4:24 AM" (codex
    on a subscription's usage limit: a clock time in the machine's time zone, the next one
-   after now). The latest deadline in the future wins; deadlines further away than
+   after now; with its date when the reset is on another day, "try again at Dec 6th, 2026
+   12:15 AM"). The latest deadline in the future wins; deadlines further away than
    ``MAX_DEADLINE`` are clamped to it.
 3. ``cooldown_backoff`` is the fallback when no deadline was named:
    ``base × 2^(reports−1)``, capped at ``cap`` (reports counts this episode's reports,
@@ -97,22 +98,43 @@ _RESETS_AT = re.compile(
 )
 
 
+# "try again at 4:24 AM" (today or the next such time), or with its date when the reset is
+# on another day: "try again at Dec 6th, 2026 12:15 AM" (codex; English month names).
+_MONTHS = "jan feb mar apr may jun jul aug sep oct nov dec".split()
 _AT_CLOCK = re.compile(
-    r"\b(?:try\s+again|resets?|available\s+again)\s+at\s+(\d{1,2}):(\d{2})\s*([AaPp][Mm])?(?![\d:])"
+    r"\b(?:try\s+again|resets?|available\s+again)\s+at\s+"
+    r"(?:([A-Za-z]{3})[a-z]*\.?\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+(\d{4}),?\s+)?"
+    r"(\d{1,2}):(\d{2})\s*([AaPp][Mm])?(?![\d:])"
 )
 
 
-def _next_clock_time(
-    hour: int, minute: int, meridiem: str | None, now: datetime
-) -> datetime | None:
+def _clock_time(match: re.Match[str], now: datetime) -> datetime | None:
+    """The deadline an `_AT_CLOCK` match names, in the machine's time zone (codex prints
+    its local time): on the date it names, else the next such time after `now`."""
+    month, day, year, hour, minute, meridiem = match.groups()
+    hour_of_day = int(hour)
     if meridiem:
-        if not 1 <= hour <= 12:
+        if not 1 <= hour_of_day <= 12:
             return None
-        hour = hour % 12 + (12 if meridiem.lower() == "pm" else 0)
-    if hour > 23 or minute > 59:
+        hour_of_day = hour_of_day % 12 + (12 if meridiem.lower() == "pm" else 0)
+    if hour_of_day > 23 or int(minute) > 59:
         return None
+    if month is not None:
+        if month.lower() not in _MONTHS:
+            return None
+        try:
+            dated = datetime(
+                int(year),
+                _MONTHS.index(month.lower()) + 1,
+                int(day),
+                hour_of_day,
+                int(minute),
+            )
+        except ValueError:
+            return None
+        return dated.astimezone().astimezone(UTC)  # naive: the machine's local time
     local = now.astimezone()
-    when = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    when = local.replace(hour=hour_of_day, minute=int(minute), second=0, microsecond=0)
     if when <= local - timedelta(minutes=1):
         when += timedelta(days=1)
     elif when <= local:
@@ -174,9 +196,7 @@ def _deadlines(text: str, now: datetime) -> list[datetime]:
         if reset is not None:
             found.append(reset)
     for match in _AT_CLOCK.finditer(text):
-        reset = _next_clock_time(
-            int(match.group(1)), int(match.group(2)), match.group(3), now
-        )
+        reset = _clock_time(match, now)
         if reset is not None:
             found.append(reset)
     return found

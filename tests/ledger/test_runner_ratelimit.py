@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -81,6 +82,37 @@ def test_a_clock_time_of_the_current_minute_is_its_end_not_tomorrow() -> None:
     signal = _detect(f"usage limit; try again at {before}")
     assert signal is not None
     assert signal.until == NOW - timedelta(minutes=1) + timedelta(days=1)
+
+
+@pytest.mark.parametrize(
+    ("said", "until"),
+    [
+        # codex at 23:45 New York time, its reset half an hour later, on the next day:
+        # the date comes with the clock time, both the machine's local time (EDT, UTC-4).
+        ("Jul 1st, 2026 12:15 AM", datetime(2026, 7, 1, 4, 15, tzinfo=UTC)),
+        ("Jul 3rd, 2026 3:05 PM", datetime(2026, 7, 3, 19, 5, tzinfo=UTC)),
+        ("July 2nd 2026 9:00 AM", datetime(2026, 7, 2, 13, 0, tzinfo=UTC)),
+        # A date that does not exist names no deadline (the backoff applies).
+        ("Feb 30th, 2026 1:00 AM", None),
+        ("Foo 3rd, 2026 1:00 AM", None),
+    ],
+)
+def test_a_reset_on_another_day_is_read_with_its_date_in_local_time(
+    said: str, until: datetime | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        signal = detect_rate_limit(
+            output=f"You’ve hit your usage limit. Upgrade to Pro, or try again at {said}.",
+            exit_code=1,
+            rate_limit_exit_codes=frozenset(),
+            now=datetime(2026, 7, 1, 3, 45, tzinfo=UTC),
+        )
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert signal is not None and signal.until == until
 
 
 @pytest.mark.parametrize(
