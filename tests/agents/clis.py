@@ -247,7 +247,11 @@ def register_account(
     env: dict[str, str] = {}
     if provider == "codex":
         codex_home(home, stand_in.url, env_key)
-        argv += ["--codex-home", str(home)]
+        # codex runs its commands in a login shell, which would read the dotfiles of the
+        # user running the suite (a version manager's `init` there once left a stale lock
+        # that made every later login shell on the machine wait 60 s): the account's own
+        # HOME, as a host with one user per account would have.
+        argv += ["--codex-home", str(home), "--env", f"HOME={home}"]
     elif provider == "claude":
         claude_config_dir(home)
         argv += ["--claude-config-dir", str(home), "--env"]
