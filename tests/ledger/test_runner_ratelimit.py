@@ -100,7 +100,8 @@ def test_a_clock_time_of_the_current_minute_is_its_end_not_tomorrow() -> None:
 def test_a_reset_on_another_day_is_read_with_its_date_in_local_time(
     said: str, until: datetime | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TZ", "America/New_York")
+    # A POSIX rule, not a zoneinfo name: no tzdata needed.
+    monkeypatch.setenv("TZ", "EST5EDT,M3.2.0,M11.1.0")
     time.tzset()
     try:
         signal = detect_rate_limit(
