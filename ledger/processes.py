@@ -22,9 +22,11 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -36,9 +38,11 @@ from django.conf import settings
 from ledger.instances import WorkerId, process_space_of
 from ledger.models import WorkflowStepRun
 from ledger.providers import Invocation
+from ledger.sandbox import INSIDE_DIR, guard_python
 
 STEP_SPAWN_FAILED = "step could not be started: {error}"
 STEP_GUARD = str(Path(__file__).with_name("stepguard.py"))
+EGRESS = str(Path(__file__).with_name("egress.py"))
 # With no grace, the guard still gets this long to kill what left its group (stepguard, 5).
 _GUARD_SWEEP_SECONDS = 0.2
 
@@ -112,24 +116,52 @@ class ProcessResult:
     stopped: str | None = None  # why `stop_when` stopped the step
     spawn_error: str | None = None
     ended: int = 0  # processes the step left that the guard ended (ledger.stepguard)
+    # host:port -> connections the sandbox's egress relay refused (ledger.egress)
+    egress_refused: dict[str, int] | None = None
 
 
-def kill_process_group(proc: subprocess.Popen[bytes], grace_seconds: float) -> None:
-    """SIGTERM the process group, wait up to `grace_seconds`, then SIGKILL what is left."""
-    pgid = proc.pid  # start_new_session: the step leads its own group
+def _children(pid: int) -> list[int]:
     try:
-        os.killpg(pgid, signal.SIGTERM)
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(part) for part in text.split()]
+
+
+def kill_process_group(
+    proc: subprocess.Popen[bytes], grace_seconds: float, *, sandboxed: bool = False
+) -> None:
+    """SIGTERM the process group, wait up to `grace_seconds`, then SIGKILL what is left.
+
+    A sandboxed step's guard is bwrap's child in a session of its own, the first process of
+    the step's PID namespace (ledger.sandbox): it is signalled by pid, and its SIGKILL ends
+    the whole namespace."""
+    pgid = proc.pid  # start_new_session: the step leads its own group
+    guards = _children(proc.pid) if sandboxed else []
+    for pid in guards:
+        _signal_pid(pid, signal.SIGTERM)
+    try:
+        os.killpg(pgid, 0 if sandboxed else signal.SIGTERM)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + max(grace_seconds, _GUARD_SWEEP_SECONDS)
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
+    for pid in guards:
+        _signal_pid(pid, signal.SIGKILL)
     try:
         # Also reaches grandchildren that outlived a leader which obeyed SIGTERM.
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def _signal_pid(pid: int, number: int) -> None:
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:
+        pass
 
 
 def run_process(
@@ -165,12 +197,24 @@ def run_process(
     what a step writes elsewhere (codex's rollout file) changes while its output does not.
     """
     started = time.monotonic()
+    box = invocation.sandbox
+    relay: EgressRelay | None = None
     report_read, report_write = os.pipe()
     try:
+        argv = guarded_argv(report_write, grace_seconds, invocation.argv)
+        env = invocation.env
+        if box is not None:
+            relay = EgressRelay.start(box.rules)
+            argv = [
+                *box.bwrap_argv(relay.socket_dir, invocation.cwd),
+                *inside_guard_argv(report_write, grace_seconds, box.egress_spec()),
+                *invocation.argv,
+            ]
+            env = box.environment(env)
         proc = subprocess.Popen(
-            guarded_argv(report_write, grace_seconds, invocation.argv),
+            argv,
             cwd=invocation.cwd,
-            env=invocation.env,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -180,9 +224,12 @@ def run_process(
         )
     except (OSError, ValueError) as exc:
         os.close(report_read)
+        if relay is not None:
+            relay.stop()
         return _not_started(STEP_SPAWN_FAILED.format(error=exc))
     finally:
         os.close(report_write)
+    sandboxed = box is not None
     out, err = _Tail(tail_bytes), _Tail(tail_bytes)
     timeout: str | None = None
     lost = False
@@ -227,7 +274,7 @@ def run_process(
                 # flush, then end the whole group so the step cannot leave anything behind.
                 exited_at = exited_at or now
                 if now - exited_at > _PIPE_DRAIN_SECONDS:
-                    kill_process_group(proc, 0)
+                    kill_process_group(proc, 0, sandboxed=sandboxed)
                     break
                 continue
             if timeout is not None or lost or stopped is not None:
@@ -257,17 +304,18 @@ def run_process(
                 next_keep_alive = now + keep_alive_every
                 lost = not keep_alive()
             if timeout is not None or lost or stopped is not None:
-                kill_process_group(proc, grace_seconds)
+                kill_process_group(proc, grace_seconds, sandboxed=sandboxed)
         selector.close()
     except BaseException:
         # Whatever happened to the runner (an error, SystemExit from SIGTERM), the step's
         # processes must not outlive it unrecorded.
-        kill_process_group(proc, 0)
+        kill_process_group(proc, 0, sandboxed=sandboxed)
         raise
     finally:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+        refused = relay.stop() if relay is not None else None
     code = proc.wait()
     try:
         # The step is over: whatever it left running in its group goes too. (The group id
@@ -278,6 +326,8 @@ def run_process(
     report = _guard_report(report_read)
     if "spawnError" in report:
         return _not_started(STEP_SPAWN_FAILED.format(error=report["spawnError"]))
+    if sandboxed:
+        code = _inside_code(report.get("status"), code)
     return ProcessResult(
         pid=proc.pid,
         exit_code=code if code >= 0 else None,
@@ -289,7 +339,110 @@ def run_process(
         lost=lost,
         stopped=stopped,
         ended=_count(report.get("ended")),
+        egress_refused=refused or None,
     )
+
+
+def _inside_code(status: object, outer: int) -> int:
+    """The step's exit code as Popen gives it (negative: its signal) from the guard's wait
+    status; bwrap's own when the guard wrote none (it could not start)."""
+    if not isinstance(status, int) or status < 0:
+        return outer
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else outer
+
+
+def inside_guard_argv(report_fd: int, grace_seconds: float, egress_spec: str) -> list[str]:
+    """The guard inside a sandbox (ledger.sandbox): the base interpreter, the guard bound at
+    INSIDE_DIR, no runner pid (not in its namespace), the egress relay's inside half."""
+    return [
+        guard_python(),
+        "-I",
+        "-S",
+        f"{INSIDE_DIR}/stepguard.py",
+        str(report_fd),
+        str(grace_seconds),
+        "0",
+        egress_spec,
+        "--",
+    ]
+
+
+class EgressRelay:
+    """The outside half of a sandboxed step's egress (ledger.egress), in a process of its
+    own beside the sandbox, listening on a socket in a private directory."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], socket_dir: str, report: int) -> None:
+        self.proc = proc
+        self.socket_dir = socket_dir
+        self.report = report
+
+    @classmethod
+    def start(cls, rules: list[tuple[str, int | None]]) -> EgressRelay:
+        socket_dir = tempfile.mkdtemp(prefix="loopsweb-egress-")  # mode 0700
+        read, write = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    EGRESS,
+                    os.path.join(socket_dir, "egress.sock"),
+                    str(write),
+                    json.dumps(rules),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(write,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(write)
+        relay = cls(proc, socket_dir, read)
+        ready = _read_line(read, timeout=30.0)
+        if b"ready" not in ready:
+            relay.stop()
+            raise OSError(f"the egress relay did not start: {ready!r}")
+        return relay
+
+    def stop(self) -> dict[str, int]:
+        """End the relay; what it refused (host:port -> connections)."""
+        try:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        raw = _read_line(self.report, timeout=0.0)
+        os.close(self.report)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        try:
+            found = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return {}
+        refused = found.get("refused") if isinstance(found, dict) else None
+        if not isinstance(refused, dict):
+            return {}
+        return {str(k): _count(v) for k, v in refused.items()}
+
+
+def _read_line(fd: int, *, timeout: float) -> bytes:
+    """One line from a pipe, waiting up to `timeout` seconds for it."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if not selector.select(max(left, 0)):
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    return data
 
 
 def guarded_argv(report_fd: int, grace_seconds: float, argv: list[str]) -> list[str]:

@@ -207,6 +207,10 @@ class Invocation:
     provider: str | None = None
     # The step's secret values, redacted from what it prints before anything stores it.
     secrets: Redactor = field(default_factory=Redactor, repr=False)
+    # The account's own variables (its login directories; ledger.sandbox binds those).
+    account_env: dict[str, str] = field(default_factory=dict, repr=False)
+    # The step's sandbox (ledger.sandbox.StepSandbox), when it runs in one.
+    sandbox: Any = None
 
     def remove_files(self) -> None:
         for path in self.cleanup:
@@ -483,6 +487,7 @@ def agent_invocation(
         cleanup=cleanup,
         provider=provider,
         secrets=Redactor.for_environment(file_env, env),
+        account_env=account_env,
     )
 
 

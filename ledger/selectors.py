@@ -564,3 +564,31 @@ def step_attempts(step_ids: Iterable[str]) -> dict[str, list[WorkflowStepAttempt
     ):
         found[attempt.step_run_id].append(attempt)
     return found
+
+
+_HOME_VARIABLES = (
+    "CODEX_HOME",
+    "CLAUDE_CONFIG_DIR",
+    "XDG_DATA_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_STATE_HOME",
+    "XDG_CACHE_HOME",
+    "HOME",
+)
+
+
+def account_env_files() -> list[str]:
+    """Every registered account's env file (ledger.sandbox hides them all)."""
+    return [path for path in Account.objects.values_list("env_file", flat=True) if path]
+
+
+def account_homes() -> dict[str, list[str]]:
+    """Account name -> the login directories its registered variables name."""
+    return {
+        name: [
+            str(env[key])
+            for key in _HOME_VARIABLES
+            if isinstance(env, dict) and env.get(key)
+        ]
+        for name, env in Account.objects.values_list("name", "env_json")
+    }

@@ -28,6 +28,7 @@ from ledger.providers import (
 )
 from ledger.ratelimit import RateLimitSignal, detect_login_failure, detect_rate_limit
 from ledger.run_signals import LeaseLost
+from ledger.sandbox import StepSandbox, sandbox_on, sandbox_problem, step_sandbox
 from ledger.usage import Usage, parse_usage
 from ledger.worktrees import Worktree
 
@@ -133,7 +134,7 @@ class StepProcess:
         step = start.step_run
         if kind == "agent":
             target = self._isolated_target(spec)
-            return target, agent_invocation(
+            invocation = agent_invocation(
                 target=target,
                 profile=step.account_profile or target.get("authProfile"),
                 tool=step.account_tool,
@@ -146,11 +147,31 @@ class StepProcess:
                 if step.account_profile
                 else None,
             )
+            invocation.sandbox = self._sandbox(invocation)
+            return target, invocation
         if kind == "command":
             return target, command_invocation(
                 target=target, run_id=self.run.id, step_id=step.step_id
             )
         raise ProviderError(STEP_KIND_UNKNOWN.format(kind=kind))
+
+    def _sandbox(self, invocation: Invocation) -> StepSandbox | None:
+        """The agent step's sandbox (ledger.sandbox), None when the operator turned it off;
+        ProviderError when it cannot run here."""
+        if not sandbox_on():
+            return None
+        problem = sandbox_problem()
+        if problem is not None:
+            raise ProviderError(problem)
+        worktree = self.worktree
+        return step_sandbox(
+            provider=invocation.provider or "",
+            binary=invocation.argv[0],
+            root=worktree.path if worktree is not None else str(invocation.cwd),
+            common_dir=worktree.common_dir if worktree is not None else None,
+            account_env=invocation.account_env,
+            extra_read_only=[str(path) for path in invocation.cleanup],
+        )
 
     def _isolated_target(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         """An agent step's target as it runs: checked again, and moved into the worktree."""

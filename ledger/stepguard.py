@@ -1,8 +1,12 @@
 """The step guard: the parent of every step's process, so nothing the step starts outlives it.
 
 ledger.processes runs each step as
-`python -I -S stepguard.py REPORT_FD GRACE RUNNER_PID -- ARGV...`
-(standard library only, no Django). The guard:
+`python -I -S stepguard.py REPORT_FD GRACE RUNNER_PID [EGRESS] -- ARGV...`
+(standard library only, no Django). In a sandbox (ledger.sandbox) the guard is the first
+process of the step's PID namespace: RUNNER_PID is 0 (the runner is not in its namespace), and
+when the guard exits the kernel ends whatever is left in the namespace. EGRESS, a JSON object
+`{"socket": PATH, "forwards": {PORT: HOST}, "proxy": PORT}`, starts the inside half of the
+egress relay (ledger.egress) before the step. The guard:
 
 1. makes itself a child subreaper (`prctl(PR_SET_CHILD_SUBREAPER)`): a process the step
    starts that leaves its parent (a daemon that forks and calls `setsid`, say) is
@@ -11,8 +15,10 @@ ledger.processes runs each step as
 3. starts ARGV in its own process group (the guard leads it, as `start_new_session` did for
    the step before), with the same working directory, environment and standard streams;
 4. when the step's process exits, ends every descendant still alive (SIGKILL, repeated
-   until none is left, each reaped), writes `{"ended": N}` (or `{"spawnError": "..."}`) to
-   REPORT_FD, and exits as the step did (its exit code, or the same signal);
+   until none is left, each reaped), writes `{"ended": N, "status": S}` (S the step's wait
+   status; or `{"spawnError": "..."}`) to REPORT_FD, and exits as the step did (its exit
+   code, or the same signal: as a namespace's first process it cannot die of its own signal,
+   so the runner reads S);
 5. on SIGTERM (the runner ending the step, or a kill of its group): descendants in its
    group get SIGTERM and GRACE seconds, as before; those outside it, which the group's
    signals cannot reach, are killed at once, and again every 50 ms until the step exits.
@@ -158,7 +164,7 @@ class Guard:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         signal.signal(signal.SIGTERM, self.on_term)
         signal.signal(signal.SIGALRM, self.on_alarm)
-        if os.getppid() != self.runner:  # gone before PDEATHSIG was set
+        if self.runner and os.getppid() != self.runner:  # gone before PDEATHSIG was set
             return 1 << 8
         # posix_spawn, not subprocess: the guard starts with every step, and its start-up is
         # most of its cost. The report pipe is not inherited (close-on-exec); SIGPIPE and
@@ -182,16 +188,38 @@ class Guard:
         signal.setitimer(signal.ITIMER_REAL, 0)
         self.kill_all()
         self.ended.discard(self.step)
-        self.report(f'{{"ended": {len(self.ended)}}}')
-        return self.status if self.status is not None else 0
+        status = self.status if self.status is not None else 0
+        self.report(f'{{"ended": {len(self.ended)}, "status": {status}}}')
+        return status
+
+
+def start_egress(spec: str) -> None:
+    """The inside half of the egress relay (ledger.egress, bound beside this file)."""
+    import importlib.util
+    import json
+
+    config = json.loads(spec)
+    where = os.path.join(os.path.dirname(os.path.abspath(__file__)), "egress.py")
+    found = importlib.util.spec_from_file_location("loopsweb_egress", where)
+    assert found is not None and found.loader is not None
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    forwards = {int(port): str(host) for port, host in config["forwards"].items()}
+    module.start_inside(config["socket"], forwards, int(config["proxy"]))
 
 
 def main(args: list[str]) -> None:
-    if len(args) < 5 or args[3] != "--":
-        sys.stderr.write("usage: stepguard.py REPORT_FD GRACE RUNNER_PID -- ARGV...\n")
+    egress = args[3] if len(args) > 5 and args[4] == "--" else None
+    first = 5 if egress is not None else 4
+    if len(args) <= first or args[first - 1] != "--":
+        sys.stderr.write(
+            "usage: stepguard.py REPORT_FD GRACE RUNNER_PID [EGRESS] -- ARGV...\n"
+        )
         sys.exit(2)
     guard = Guard(int(args[0]), float(args[1]), int(args[2]))
-    status = guard.run(args[4:])
+    if egress is not None:
+        start_egress(egress)
+    status = guard.run(args[first:])
     os.close(guard.report_fd)
     if os.WIFSIGNALED(status):  # end as the step ended: by the same signal
         number = os.WTERMSIG(status)

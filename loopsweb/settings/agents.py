@@ -168,4 +168,29 @@ def _passthrough(name: str) -> tuple[str, ...]:
 
 
 LOOPSWEB_AGENT_ENV_PASSTHROUGH = _passthrough("LOOPSWEB_AGENT_ENV_PASSTHROUGH")
+
+# The sandbox of every agent step (ledger.sandbox, docs/isolation.md §7): `bwrap` (bubblewrap,
+# the default) or `off` (agents run unsandboxed, with a red banner on every operator page).
+LOOPSWEB_AGENT_SANDBOX = (env_str("LOOPSWEB_AGENT_SANDBOX") or "bwrap").strip()
+if LOOPSWEB_AGENT_SANDBOX not in ("bwrap", "off"):
+    raise ImproperlyConfigured(
+        f"LOOPSWEB_AGENT_SANDBOX must be bwrap or off, got {LOOPSWEB_AGENT_SANDBOX!r}"
+    )
+# Paths bound into every step's sandbox at the same path, read-write and read-only (a shared
+# package cache, say); one that would expose loopsweb's data, checkout or an account's login is
+# refused when a step would start (ledger.sandbox.operator_bind_problem).
+LOOPSWEB_AGENT_SANDBOX_BIND = _absolute_dirs(
+    "LOOPSWEB_AGENT_SANDBOX_BIND", env_list("LOOPSWEB_AGENT_SANDBOX_BIND", [])
+)
+LOOPSWEB_AGENT_SANDBOX_RO_BIND = _absolute_dirs(
+    "LOOPSWEB_AGENT_SANDBOX_RO_BIND", env_list("LOOPSWEB_AGENT_SANDBOX_RO_BIND", [])
+)
+# Hosts a sandboxed step may reach besides its account's endpoints: `host[:port]`, `*.domain`.
+_EGRESS_RULE = re.compile(r"^(\*\.)?[A-Za-z0-9.-]+(:[0-9]{1,5})?$|^\[[0-9A-Fa-f:]+\](:[0-9]{1,5})?$")
+LOOPSWEB_AGENT_EGRESS_ALLOW = tuple(env_list("LOOPSWEB_AGENT_EGRESS_ALLOW", []))
+for _rule in LOOPSWEB_AGENT_EGRESS_ALLOW:
+    if not _EGRESS_RULE.match(_rule):
+        raise ImproperlyConfigured(
+            f"LOOPSWEB_AGENT_EGRESS_ALLOW must list host[:port] patterns, got {_rule!r}"
+        )
 # --- end isolation ---

@@ -1,0 +1,550 @@
+"""Each agent step in an OS sandbox that holds its run and nothing of loopsweb (docs/isolation.md §7).
+
+The engine is bubblewrap (`bwrap`): the unprivileged, audited namespace tool that Flatpak and
+Claude Code's own Linux sandbox are built on. loopsweb decides what is bound; bwrap makes it
+so. Deny by default: the sandbox's root is an empty tmpfs, and only what is bound exists:
+
+- read-write: the run's worktree (or, with no worktree, the step's working directory), the
+  account's login homes (`CODEX_HOME`, `CLAUDE_CONFIG_DIR`, opencode's XDG dirs, a `HOME`
+  the account sets), the operator's `LOOPSWEB_AGENT_SANDBOX_BIND`;
+- read-only: the project's git common dir, the account's configuration files (they name the
+  endpoints the network rule allows), the CLI's installation (its `node_modules`, else the
+  binary itself) and its interpreter, the system toolchain (`/usr`, a few files of `/etc`),
+  the step guard with its egress relay, the operator's `LOOPSWEB_AGENT_SANDBOX_RO_BIND`;
+- private: `/tmp`, `/dev` (minimal), `/proc` (its own PID namespace), `HOME` when the account
+  sets none;
+- hidden even inside a bound directory: every account's env file, the GitHub token file and
+  loopsweb's own secrets (`secret_key`, `loopsweb.env`, the SQLite database).
+
+Processes: new PID, IPC, UTS and network namespaces, a new session, no new privileges, every
+capability dropped (bwrap's defaults for root too). The step guard is the namespace's first
+process: when it exits, the kernel ends every process left in it.
+
+Network: the namespace has only `lo`. The egress relay (ledger.egress) lets the step reach its
+account's provider endpoints and `LOOPSWEB_AGENT_EGRESS_ALLOW`, nothing else (`egress_rules`).
+
+`sandbox_problem()` says why a step cannot be sandboxed here (bwrap missing, namespaces
+refused, an operator bind that exposes what must stay hidden); admission refuses a
+write-enabled route then, and health, `check --deploy` and every operator page report it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from ledger import egress
+
+SANDBOX_BWRAP = "bwrap"
+SANDBOX_OFF = "off"
+SANDBOX_MODES = (SANDBOX_BWRAP, SANDBOX_OFF)
+
+BWRAP_MISSING = (
+    "the agent sandbox cannot run: bubblewrap (bwrap) is not installed; install it "
+    "(Debian/Ubuntu: apt-get install bubblewrap) or set LOOPSWEB_AGENT_SANDBOX=off to run "
+    "agents unsandboxed"
+)
+BWRAP_REFUSED = (
+    "the agent sandbox cannot run: bwrap could not create its namespaces ({error}); enable "
+    "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu "
+    "the AppArmor profile for bwrap) or run loopsweb as root"
+)
+BIND_EXPOSES = (
+    "the agent sandbox cannot run: {setting} names {path}, which would expose {what} to "
+    "the agent"
+)
+BIND_NOT_ABSOLUTE = "the agent sandbox cannot run: {setting} names {path!r}, not an absolute path"
+SANDBOX_OFF_WARNING = (
+    "LOOPSWEB_AGENT_SANDBOX=off: agents run unsandboxed, as loopsweb's own user, and can "
+    "read its secrets (docs/isolation.md)"
+)
+
+# Inside the sandbox: where the guard, its relay and the relay's socket are.
+INSIDE_DIR = "/loopsweb"
+INSIDE_SOCKET_DIR = f"{INSIDE_DIR}/net"
+PRIVATE_HOME = "/tmp/home"
+_GUARD_FILES = ("stepguard.py", "egress.py")
+_ETC_FILES = (
+    "alternatives",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "gai.conf",
+    "group",
+    "host.conf",
+    "hosts",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "mime.types",
+    "nsswitch.conf",
+    "passwd",
+    "pki",
+    "protocols",
+    "resolv.conf",
+    "services",
+    "ssl",
+    "timezone",
+)
+_TOP_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# The variables of an account that name its login directories (read-write in the sandbox).
+HOME_VARIABLES = (
+    "CODEX_HOME",
+    "CLAUDE_CONFIG_DIR",
+    "XDG_DATA_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_STATE_HOME",
+    "XDG_CACHE_HOME",
+    "HOME",
+)
+# Each CLI's own login and API hosts (HTTPS), reachable through the relay.
+PROVIDER_HOSTS: dict[str, tuple[str, ...]] = {
+    "codex": ("api.openai.com", "chatgpt.com", "auth.openai.com"),
+    "codewith": ("api.openai.com", "chatgpt.com", "auth.openai.com"),
+    "claude": ("api.anthropic.com", "console.anthropic.com", "claude.ai"),
+    "opencode": ("api.openai.com", "api.anthropic.com", "opencode.ai"),
+    "cursor": ("api2.cursor.sh", "api.cursor.com"),
+    "aicopilot": (),
+}
+_BASE_URL_VARIABLES = ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL")
+
+
+def sandbox_mode() -> str:
+    return str(getattr(settings, "LOOPSWEB_AGENT_SANDBOX", SANDBOX_BWRAP))
+
+
+def sandbox_on() -> bool:
+    return sandbox_mode() != SANDBOX_OFF
+
+
+# --- can it run here? ---------------------------------------------------------------------------
+
+_probe_cache: dict[str, tuple[float, str | None]] = {}
+_PROBE_SECONDS = 60.0
+
+
+def _bwrap_probe(binary: str) -> str | None:
+    """None when bwrap creates every namespace a step needs, else what it said."""
+    argv = [
+        binary,
+        "--ro-bind",
+        "/",
+        "/",
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--",
+        "/bin/true",
+    ]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode != 0:
+        return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    return None
+
+
+def bwrap_binary() -> str | None:
+    return shutil.which("bwrap")
+
+
+def sandbox_problem() -> str | None:
+    """Why agent steps cannot run sandboxed on this host (one line), or None: they can, or
+    the operator turned the sandbox off (`sandbox_off_warning`). Cached for a minute."""
+    if not sandbox_on():
+        return None
+    binary = bwrap_binary()
+    if binary is None:
+        return BWRAP_MISSING
+    now = time.monotonic()
+    cached = _probe_cache.get(binary)
+    if cached is None or now - cached[0] > _PROBE_SECONDS:
+        error = _bwrap_probe(binary)
+        cached = (now, BWRAP_REFUSED.format(error=error) if error else None)
+        _probe_cache[binary] = cached
+    return cached[1] or operator_bind_problem()
+
+
+def sandbox_warning() -> str | None:
+    """The red line every operator page shows: the sandbox is off, or cannot run."""
+    if not sandbox_on():
+        return SANDBOX_OFF_WARNING
+    return sandbox_problem()
+
+
+# --- what must never be bound -------------------------------------------------------------------
+
+
+def protected_paths() -> list[tuple[str, str]]:
+    """(path, what it is) that no operator bind may expose."""
+    from ledger.selectors import account_env_files, account_homes
+
+    found: list[tuple[str, str]] = [
+        (str(settings.DATA_DIR), "loopsweb's data directory"),
+        (str(settings.BASE_DIR), "loopsweb's checkout"),
+        (sys.prefix, "loopsweb's virtual environment"),
+        ("/etc/loopsweb", "loopsweb's configuration"),
+        (str(settings.LOOPSWEB_WORKTREE_DIR), "the runs' worktrees"),
+    ]
+    token = getattr(settings, "LOOPSWEB_GITHUB_TOKEN_FILE", None)
+    if token:
+        found.append((str(token), "the GitHub token file"))
+    for path in account_env_files():
+        found.append((path, "an account's env file"))
+    for name, homes in account_homes().items():
+        found.extend((path, f"the login of account {name}") for path in homes)
+    return [(os.path.realpath(path), what) for path, what in found]
+
+
+def secret_files(own_homes: Iterable[str] = ()) -> list[str]:
+    """Files hidden even inside a bound directory (module docstring), and the login
+    directories of every account whose homes are not `own_homes`."""
+    from ledger.selectors import account_env_files, account_homes
+
+    data = Path(settings.DATA_DIR)
+    found = [str(data / "secret_key"), str(data / "loopsweb.env")]
+    database = settings.DATABASES["default"]
+    if "sqlite" in database["ENGINE"]:
+        found.append(str(database["NAME"]))
+    token = getattr(settings, "LOOPSWEB_GITHUB_TOKEN_FILE", None)
+    if token:
+        found.append(str(token))
+    found.extend(account_env_files())
+    own = {os.path.realpath(path) for path in own_homes}
+    for homes in account_homes().values():
+        if not own.intersection(os.path.realpath(path) for path in homes):
+            found.extend(homes)
+    return [os.path.realpath(path) for path in found]
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return Path(a).is_relative_to(b) or Path(b).is_relative_to(a)
+
+
+def operator_binds() -> tuple[list[str], list[str]]:
+    return (
+        list(getattr(settings, "LOOPSWEB_AGENT_SANDBOX_BIND", [])),
+        list(getattr(settings, "LOOPSWEB_AGENT_SANDBOX_RO_BIND", [])),
+    )
+
+
+def operator_bind_problem() -> str | None:
+    read_write, read_only = operator_binds()
+    home = os.path.realpath(os.path.expanduser("~"))
+    protected = protected_paths()
+    for setting, paths in (
+        ("LOOPSWEB_AGENT_SANDBOX_BIND", read_write),
+        ("LOOPSWEB_AGENT_SANDBOX_RO_BIND", read_only),
+    ):
+        for path in paths:
+            if not os.path.isabs(path):
+                return BIND_NOT_ABSOLUTE.format(setting=setting, path=path)
+            real = os.path.realpath(path)
+            if Path(home).is_relative_to(real):
+                return BIND_EXPOSES.format(
+                    setting=setting, path=path, what="the operator's home"
+                )
+            for protected_path, what in protected:
+                if _overlaps(real, protected_path):
+                    return BIND_EXPOSES.format(setting=setting, path=path, what=what)
+    return None
+
+
+# --- a step's sandbox ---------------------------------------------------------------------------
+
+
+@dataclass
+class StepSandbox:
+    """What one step's sandbox holds (module docstring); `bwrap_argv` makes it so."""
+
+    read_write: list[str] = field(default_factory=list)
+    read_only: list[str] = field(default_factory=list)
+    # bound read-only over what is bound read-write (the git dir, the account's config)
+    read_only_over: list[str] = field(default_factory=list)
+    home: str = PRIVATE_HOME
+    rules: list[tuple[str, int | None]] = field(default_factory=list)
+    forwards: dict[int, str] = field(default_factory=dict)
+    hidden: list[str] = field(default_factory=list)
+
+    @property
+    def proxy_port(self) -> int:
+        port = egress.PROXY_PORT
+        while port in self.forwards:
+            port += 1
+        return port
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The step's environment inside: its HOME and the relay's proxy."""
+        proxy = f"http://127.0.0.1:{self.proxy_port}"
+        inside = dict(env)
+        inside.setdefault("HOME", self.home)
+        if inside["HOME"] not in self.read_write:
+            inside["HOME"] = self.home
+        for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+            inside[name] = proxy
+        for name in ("NO_PROXY", "no_proxy"):
+            inside[name] = "localhost,127.0.0.1,::1"
+        inside.pop("ALL_PROXY", None)
+        inside.pop("all_proxy", None)
+        inside["TMPDIR"] = "/tmp"
+        return inside
+
+    def egress_spec(self) -> str:
+        return json.dumps(
+            {
+                "socket": f"{INSIDE_SOCKET_DIR}/egress.sock",
+                "forwards": {str(port): host for port, host in self.forwards.items()},
+                "proxy": self.proxy_port,
+            }
+        )
+
+    def bwrap_argv(self, socket_dir: str, cwd: str | None) -> list[str]:
+        """bwrap and its options, up to the command (`--` included)."""
+        binary = bwrap_binary() or "bwrap"
+        argv = [binary, "--die-with-parent", "--new-session", "--as-pid-1"]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"]
+        argv += ["--unshare-cgroup-try", "--hostname", "loopsweb-step"]
+        argv += ["--cap-drop", "ALL"]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        argv += ["--dir", PRIVATE_HOME, "--tmpfs", "/var/tmp"]
+        for source, target in _toolchain():
+            argv += (
+                ["--symlink", source, target]
+                if target in _top_links()
+                else ["--ro-bind", source, target]
+            )
+        for path in self.read_only:
+            argv += ["--ro-bind", path, path]
+        for path in self.read_write:
+            argv += ["--bind", path, path]
+        for path in self.read_only_over:
+            argv += ["--ro-bind", path, path]
+        for path in self.hidden:
+            if os.path.isdir(path):
+                argv += ["--tmpfs", path]
+            else:
+                argv += ["--ro-bind", "/dev/null", path]
+        here = Path(__file__).parent
+        for name in _GUARD_FILES:
+            argv += ["--ro-bind", str(here / name), f"{INSIDE_DIR}/{name}"]
+        argv += ["--bind", socket_dir, INSIDE_SOCKET_DIR]
+        argv += ["--chdir", cwd or "/"]
+        return [*argv, "--"]
+
+
+def _top_links() -> dict[str, str]:
+    return {
+        f"/{name}": os.readlink(f"/{name}")
+        for name in _TOP_LINKS
+        if os.path.islink(f"/{name}")
+    }
+
+
+def _toolchain() -> list[tuple[str, str]]:
+    """(source, target) of the system toolchain: `/usr`, the top-level links or dirs, `/etc`
+    files, the interpreter that runs the guard."""
+    found: list[tuple[str, str]] = [("/usr", "/usr")]
+    links = _top_links()
+    for name in _TOP_LINKS:
+        path = f"/{name}"
+        if path in links:
+            found.append((links[path], path))
+        elif os.path.isdir(path):
+            found.append((path, path))
+    for name in _ETC_FILES:
+        path = f"/etc/{name}"
+        if os.path.exists(path):
+            found.append((path, path))
+    prefix = os.path.realpath(sys.base_prefix)
+    if not Path(prefix).is_relative_to("/usr"):
+        found.append((prefix, prefix))
+    return found
+
+
+def guard_python() -> str:
+    """The interpreter the guard runs on inside: the base installation, never the venv."""
+    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+def installation_of(binary: str) -> list[str]:
+    """What a CLI needs of its installation: its outermost `node_modules` (the package and
+    what it depends on), else the binary itself; and its interpreter's installation when the
+    script names one outside the toolchain."""
+    real = os.path.realpath(binary)
+    found: list[str] = []
+    parts = Path(real).parts
+    if "node_modules" in parts:
+        index = parts.index("node_modules")
+        found.append(str(Path(*parts[: index + 1])))
+    else:
+        found.append(real)
+    if os.path.realpath(os.path.dirname(binary)) != os.path.dirname(real):
+        link_parts = Path(binary).parts
+        if "node_modules" in link_parts:
+            index = link_parts.index("node_modules")
+            found.append(str(Path(*link_parts[: index + 1])))
+    interpreter = _interpreter(real)
+    if interpreter is not None and not Path(interpreter).is_relative_to("/usr"):
+        found.append(str(Path(interpreter).parent.parent))
+    return list(dict.fromkeys(found))
+
+
+def _interpreter(script: str) -> str | None:
+    """The real path of the ELF interpreter a script's `#!` line runs, if any."""
+    try:
+        with open(script, "rb") as handle:
+            line = handle.readline(256)
+    except OSError:
+        return None
+    if not line.startswith(b"#!"):
+        return None
+    words = line[2:].decode("utf-8", "replace").split()
+    if not words:
+        return None
+    program = words[0]
+    if os.path.basename(program) == "env" and len(words) > 1:
+        program = shutil.which(words[-1]) or ""
+    if not program:
+        return None
+    real = os.path.realpath(program)
+    try:
+        with open(real, "rb") as handle:
+            if handle.read(4) != b"\x7fELF":
+                return None  # a shim script: the toolchain's own interpreter serves
+    except OSError:
+        return None
+    return real
+
+
+def _endpoint(url: object) -> tuple[str, int] | None:
+    if not isinstance(url, str) or "://" not in url:
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return (parts.hostname, port) if parts.hostname else None
+
+
+def _config_endpoints(provider: str, env: Mapping[str, str]) -> list[str]:
+    """The base URLs the account's configuration names (module docstring)."""
+    urls: list[object] = [env.get(name) for name in _BASE_URL_VARIABLES]
+    if provider in ("codex", "codewith") and env.get("CODEX_HOME"):
+        try:
+            with open(os.path.join(env["CODEX_HOME"], "config.toml"), "rb") as handle:
+                config = tomllib.load(handle)
+            providers = config.get("model_providers")
+            if isinstance(providers, dict):
+                urls += [p.get("base_url") for p in providers.values() if isinstance(p, dict)]
+        except (OSError, tomllib.TOMLDecodeError):
+            pass
+    if provider == "opencode" and env.get("XDG_CONFIG_HOME"):
+        path = os.path.join(env["XDG_CONFIG_HOME"], "opencode", "opencode.json")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                config = json.load(handle)
+            providers = config.get("provider") if isinstance(config, dict) else None
+            if isinstance(providers, dict):
+                for entry in providers.values():
+                    options = entry.get("options") if isinstance(entry, dict) else None
+                    if isinstance(options, dict):
+                        urls.append(options.get("baseURL"))
+        except (OSError, ValueError):
+            pass
+    return [f"{host}:{port}" for url in urls if (found := _endpoint(url)) for host, port in [found]]
+
+
+def egress_rules(provider: str, env: Mapping[str, str]) -> list[tuple[str, int | None]]:
+    """What the step may reach: its account's endpoints, its CLI's own hosts, the operator's
+    `LOOPSWEB_AGENT_EGRESS_ALLOW`."""
+    texts = [
+        *_config_endpoints(provider, env),
+        *PROVIDER_HOSTS.get(provider, ()),
+        *getattr(settings, "LOOPSWEB_AGENT_EGRESS_ALLOW", []),
+    ]
+    rules: list[tuple[str, int | None]] = []
+    for text in texts:
+        try:
+            rule = egress.parse_rule(text)
+        except ValueError:
+            continue
+        if rule not in rules:
+            rules.append(rule)
+    return rules
+
+
+def _existing(paths: Iterable[str | None]) -> list[str]:
+    found = []
+    for path in paths:
+        if path and os.path.exists(path):
+            real = os.path.realpath(path)
+            if real not in found:
+                found.append(real)
+    return found
+
+
+def step_sandbox(
+    *,
+    provider: str,
+    binary: str,
+    root: str,
+    common_dir: str | None,
+    account_env: Mapping[str, str],
+    extra_read_only: Iterable[str] = (),
+) -> StepSandbox:
+    """The sandbox of one agent step (module docstring): `root` its worktree (or working
+    directory), `common_dir` the project's git dir, `account_env` its account's variables."""
+    homes = _existing(account_env.get(name) for name in HOME_VARIABLES)
+    config_files = _existing(
+        [
+            os.path.join(account_env.get("CODEX_HOME") or "/nonexistent", "config.toml"),
+            os.path.join(
+                account_env.get("CLAUDE_CONFIG_DIR") or "/nonexistent", "settings.json"
+            ),
+            *(
+                os.path.join(
+                    account_env.get("XDG_CONFIG_HOME") or "/nonexistent", "opencode", name
+                )
+                for name in ("opencode.json", "opencode.jsonc", "config.json")
+            ),
+        ]
+    )
+    read_write_op, read_only_op = operator_binds()
+    box = StepSandbox(
+        read_only=_existing([*installation_of(binary), *extra_read_only, *read_only_op]),
+        read_write=_existing([*homes, root, *read_write_op]),
+        read_only_over=_existing([common_dir, *config_files]),
+        rules=egress_rules(provider, account_env),
+    )
+    account_home = account_env.get("HOME")
+    if account_home and os.path.realpath(account_home) in box.read_write:
+        box.home = os.path.realpath(account_home)
+    box.forwards = {
+        port: host
+        for host, port in box.rules
+        if port is not None and egress.is_loopback(host)
+    }
+    bound = [*box.read_write, *box.read_only, *box.read_only_over]
+    box.hidden = [
+        path
+        for path in secret_files(homes)
+        if os.path.exists(path)
+        and path not in bound
+        and any(Path(path).is_relative_to(b) for b in bound)
+    ]
+    return box
