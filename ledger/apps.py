@@ -22,6 +22,8 @@ class LedgerConfig(AppConfig):
     def ready(self) -> None:
         from django_q.signals import post_spawn
 
+        from ledger import checks  # noqa: F401  (registers the agent sandbox's check)
+
         # Run-cluster workers report themselves (busy / total on /ops/).
         post_spawn.connect(_worker_spawned, dispatch_uid="loopsweb-run-worker")
         # A run cluster starts as an instance of its own: ledger's `qcluster` command.

@@ -208,7 +208,7 @@ def run_process(
             argv = [
                 *box.bwrap_argv(relay.socket_dir, invocation.cwd),
                 *inside_guard_argv(report_write, grace_seconds, box.egress_spec()),
-                *invocation.argv,
+                *box.command(invocation.argv),
             ]
             env = box.environment(env)
         proc = subprocess.Popen(

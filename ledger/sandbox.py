@@ -74,6 +74,7 @@ SANDBOX_OFF_WARNING = (
 INSIDE_DIR = "/loopsweb"
 INSIDE_SOCKET_DIR = f"{INSIDE_DIR}/net"
 PRIVATE_HOME = "/tmp/home"
+SANDBOX_UID = 1000  # the step's uid inside when loopsweb runs as root
 _GUARD_FILES = ("stepguard.py", "egress.py")
 _ETC_FILES = (
     "alternatives",
@@ -179,6 +180,18 @@ def sandbox_problem() -> str | None:
     return cached[1] or operator_bind_problem()
 
 
+def admission_sandbox_problem(steps: Iterable[Mapping[str, object]]) -> str | None:
+    """Why a route whose agent steps may write cannot be admitted here (the sandbox cannot
+    run), or None."""
+    writes = any(
+        isinstance(target := step.get("target"), dict)
+        and target.get("type") == "agent"
+        and target.get("sandbox") != "read-only"
+        for step in steps
+    )
+    return sandbox_problem() if writes else None
+
+
 def sandbox_warning() -> str | None:
     """The red line every operator page shows: the sandbox is off, or cannot run."""
     if not sandbox_on():
@@ -244,6 +257,8 @@ def operator_binds() -> tuple[list[str], list[str]]:
 
 def operator_bind_problem() -> str | None:
     read_write, read_only = operator_binds()
+    if not read_write and not read_only:
+        return None
     home = os.path.realpath(os.path.expanduser("~"))
     protected = protected_paths()
     for setting, paths in (
@@ -279,6 +294,8 @@ class StepSandbox:
     rules: list[tuple[str, int | None]] = field(default_factory=list)
     forwards: dict[int, str] = field(default_factory=dict)
     hidden: list[str] = field(default_factory=list)
+    # file -> where it is bound inside (a CLI that is no package: never at its own path)
+    relocated: dict[str, str] = field(default_factory=dict)
 
     @property
     def proxy_port(self) -> int:
@@ -291,16 +308,16 @@ class StepSandbox:
         """The step's environment inside: its HOME and the relay's proxy."""
         proxy = f"http://127.0.0.1:{self.proxy_port}"
         inside = dict(env)
-        inside.setdefault("HOME", self.home)
-        if inside["HOME"] not in self.read_write:
-            inside["HOME"] = self.home
+        inside["HOME"] = self.home
         for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
             inside[name] = proxy
         for name in ("NO_PROXY", "no_proxy"):
             inside[name] = "localhost,127.0.0.1,::1"
         inside.pop("ALL_PROXY", None)
         inside.pop("all_proxy", None)
-        inside["TMPDIR"] = "/tmp"
+        # /var/tmp (private too): codex refuses to put its sandbox helper beside a CODEX_HOME
+        # that lies under the temporary dir, and then cannot run a command (docs/agents.md).
+        inside["TMPDIR"] = "/var/tmp"
         return inside
 
     def egress_spec(self) -> str:
@@ -318,9 +335,16 @@ class StepSandbox:
         argv = [binary, "--die-with-parent", "--new-session", "--as-pid-1"]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"]
         argv += ["--unshare-cgroup-try", "--hostname", "loopsweb-step"]
+        if os.getuid() == 0:
+            # root runs the step as an ordinary uid of a user namespace of its own: no
+            # capability anywhere, and a CLI's own sandbox (codex's bwrap) can still map
+            # its uid, which needs CAP_SETFCAP for uid 0 (measured, docs/isolation.md §7).
+            argv += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
         argv += ["--cap-drop", "ALL"]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         argv += ["--dir", PRIVATE_HOME, "--tmpfs", "/var/tmp"]
+        if self.home != PRIVATE_HOME and not os.path.exists(self.home):
+            argv += ["--dir", self.home]
         for source, target in _toolchain():
             argv += (
                 ["--symlink", source, target]
@@ -341,9 +365,19 @@ class StepSandbox:
         here = Path(__file__).parent
         for name in _GUARD_FILES:
             argv += ["--ro-bind", str(here / name), f"{INSIDE_DIR}/{name}"]
+        for source, target in self.relocated.items():
+            argv += ["--ro-bind", source, target]
         argv += ["--bind", socket_dir, INSIDE_SOCKET_DIR]
-        argv += ["--chdir", cwd or "/"]
+        # The root's skeleton (the directories leading to what is bound) is read-only: only
+        # the binds and the private tmpfs mounts can be written.
+        argv += ["--remount-ro", "/", "--chdir", cwd or "/"]
         return [*argv, "--"]
+
+    def command(self, argv: list[str]) -> list[str]:
+        """The step's argv inside: a binary bound under INSIDE_DIR runs from there."""
+        inside = {source: target for source, target in self.relocated.items()}
+        real = os.path.realpath(argv[0])
+        return [inside.get(real, argv[0]), *argv[1:]] if argv else argv
 
 
 def _top_links() -> dict[str, str]:
@@ -369,14 +403,19 @@ def _toolchain() -> list[tuple[str, str]]:
         path = f"/etc/{name}"
         if os.path.exists(path):
             found.append((path, path))
-    prefix = os.path.realpath(sys.base_prefix)
-    if not Path(prefix).is_relative_to("/usr"):
+    python = guard_python()
+    if not Path(python).is_relative_to("/usr"):
+        prefix = os.path.realpath(sys.base_prefix)
         found.append((prefix, prefix))
     return found
 
 
 def guard_python() -> str:
-    """The interpreter the guard runs on inside: the base installation, never the venv."""
+    """The interpreter the guard runs on inside (it needs the standard library only): the
+    system's python3 under /usr, else this one's base installation; never the venv."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return os.path.realpath(candidate)
     return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 
 
@@ -390,8 +429,6 @@ def installation_of(binary: str) -> list[str]:
     if "node_modules" in parts:
         index = parts.index("node_modules")
         found.append(str(Path(*parts[: index + 1])))
-    else:
-        found.append(real)
     if os.path.realpath(os.path.dirname(binary)) != os.path.dirname(real):
         link_parts = Path(binary).parts
         if "node_modules" in link_parts:
@@ -417,6 +454,10 @@ def _interpreter(script: str) -> str | None:
         return None
     program = words[0]
     if os.path.basename(program) == "env" and len(words) > 1:
+        # `env` inside finds the first PATH entry that exists there: the toolchain's own copy
+        # when there is one (nothing to bind), else the one on PATH here.
+        if shutil.which(words[-1], path="/usr/local/bin:/usr/bin:/bin"):
+            return None
         program = shutil.which(words[-1]) or ""
     if not program:
         return None
@@ -525,15 +566,23 @@ def step_sandbox(
         ]
     )
     read_write_op, read_only_op = operator_binds()
+    real = os.path.realpath(binary)
+    relocated = (
+        {}
+        if "node_modules" in Path(real).parts or Path(real).is_relative_to("/usr")
+        else {real: f"{INSIDE_DIR}/bin/{os.path.basename(binary)}"}
+    )
     box = StepSandbox(
+        relocated=relocated,
         read_only=_existing([*installation_of(binary), *extra_read_only, *read_only_op]),
         read_write=_existing([*homes, root, *read_write_op]),
         read_only_over=_existing([common_dir, *config_files]),
         rules=egress_rules(provider, account_env),
     )
     account_home = account_env.get("HOME")
-    if account_home and os.path.realpath(account_home) in box.read_write:
-        box.home = os.path.realpath(account_home)
+    if account_home and os.path.isabs(account_home):
+        # The account's own HOME: bound when it exists, else an empty directory inside.
+        box.home = account_home
     box.forwards = {
         port: host
         for host, port in box.rules

@@ -267,6 +267,7 @@ def _step_result(
         error=error,
         usage=usage,
         processes_ended=result.ended if result.pid is not None else None,
+        egress_refused=result.egress_refused,
         rate_limited=rate_limited,
         login_failed=login_failed,
     )

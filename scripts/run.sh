@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 data_dir=${LOOPSWEB_DATA_DIR:-var}
+# shellcheck source=ensure-bwrap.sh
+[ "${LOOPSWEB_AGENT_SANDBOX:-bwrap}" = off ] || source scripts/ensure-bwrap.sh
 
 # The installation's development configuration, written once: every process of this
 # installation reads it (loopsweb/installation.py), so `manage.py` commands typed in another

@@ -31,6 +31,11 @@ if { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; } && [ "$(id 
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
 
+# Every agent step runs in a bubblewrap sandbox (docs/isolation.md §7): installed when missing.
+# shellcheck source=ensure-bwrap.sh
+source scripts/ensure-bwrap.sh
+ensure_bwrap
+
 work=$(mktemp -d /tmp/loopsweb-test.XXXXXX)
 # Bytecode: the installed packages' was compiled by pip install; loopsweb's and the tests' goes
 # to their __pycache__ directories (git ignores them), written once and read by every process

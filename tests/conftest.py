@@ -205,6 +205,22 @@ def _lock_idle_limit_outlasts_the_test_transaction(
 
 
 @pytest.fixture(autouse=True)
+def _agent_sandbox(request: pytest.FixtureRequest, monkeypatch, settings) -> None:
+    """Which tests run their agents in the product's default sandbox (bwrap, ledger.sandbox):
+    the real CLIs (tests/agents/) and the tests marked `sandboxed` (the isolation's own, the
+    hostile agents). The fake agent's logic tests run with LOOPSWEB_AGENT_SANDBOX=off: their
+    agent writes its records, barriers and probes into the test's own directories, which a
+    sandbox holds none of. Set in the environment too, for the processes a test starts."""
+    node = request.node
+    on = node.get_closest_marker("sandboxed") is not None or (
+        Path(str(node.fspath)).parent.name == "agents"
+    )
+    mode = "bwrap" if on else "off"
+    monkeypatch.setenv("LOOPSWEB_AGENT_SANDBOX", mode)
+    settings.LOOPSWEB_AGENT_SANDBOX = mode
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hasher(settings) -> None:
     # Password hashing is not what these tests are about; MD5 keeps user fixtures cheap.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

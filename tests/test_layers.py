@@ -66,6 +66,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "ledger adapters (providers, processes, projects, rate limits, usage)",
         (
             "ledger.agent_output",
+            "ledger.egress",
             "ledger.envfile",
             "ledger.git",
             "ledger.github",
@@ -75,6 +76,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ledger.ratelimit",
             "ledger.stepguard",
             "ledger.redaction",
+            "ledger.sandbox",
             "ledger.usage",
             "ledger.window_parse",
             "ledger.window_watch",

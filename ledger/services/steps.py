@@ -87,6 +87,8 @@ class StepResult:
     error: str | None = None
     usage: Usage | None = None
     processes_ended: int | None = None  # left running, ended by the step guard
+    # host:port -> connections the sandbox's egress relay refused (ledger.egress)
+    egress_refused: dict[str, int] | None = None
     rate_limited: bool = False  # the agent reported a provider rate limit
     login_failed: bool = False  # the agent named an authentication error
 
@@ -457,6 +459,7 @@ def _finish_locked(
             "durationMs": step.duration_ms,
             **({"error": step.error} if step.error else {}),
             **({"processesEnded": n} if (n := result.processes_ended) else {}),
+            **({"egressRefused": r} if (r := result.egress_refused) else {}),
         },
     )
 

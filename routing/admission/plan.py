@@ -33,6 +33,7 @@ from domain.sandbox import (
     worktree_enabled,
 )
 from domain.scope import resolve_route_scope
+from ledger.sandbox import admission_sandbox_problem
 from domain.templates import (
     pool_roles_by_step,
     render_workflow,
@@ -368,6 +369,9 @@ def _render(
         spec["steps"],
         worktree=worktree_enabled(options.worktree_mode, git_work_tree=git_work_tree),
     )
+    refused = admission_sandbox_problem(spec["steps"])
+    if refused is not None:
+        raise ValidationError(refused)
     if accounts.pool_active:
         # The runner re-checks the account's cap and windows when a step starts (no
         # stacking at start); --max-per-profile 0 (no guard) keeps --max-window-used.

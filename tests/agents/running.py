@@ -39,7 +39,10 @@ def run_agent(
     proc = subprocess.Popen(
         invocation.argv,
         cwd=invocation.cwd,
-        env=invocation.env,
+        # codex puts its sandbox helper beside CODEX_HOME, but not under the temporary dir,
+        # where the suite's homes lie; without it, a system bwrap cannot start its commands
+        # (the runner's sandbox sets the same, ledger.sandbox).
+        env={**invocation.env, "TMPDIR": "/var/tmp"},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -35,6 +35,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+
+from ledger.sandbox import sandbox_mode, sandbox_problem
 from django.db import DatabaseError, connection
 from django.db.models import Count, Max, Q
 from django.utils import timezone
@@ -84,16 +86,25 @@ class HealthReport:
     now: datetime
     database: str  # OK or UNAVAILABLE
     clusters: tuple[ClusterHealth, ...]
+    # Why agents cannot run sandboxed on this host (ledger.sandbox), if they cannot.
+    sandbox_problem: str | None = None
+    sandbox: str = "bwrap"  # LOOPSWEB_AGENT_SANDBOX
 
     @property
     def healthy(self) -> bool:
-        return self.database == OK and all(c.status == OK for c in self.clusters)
+        return (
+            self.database == OK
+            and all(c.status == OK for c in self.clusters)
+            and self.sandbox_problem is None
+        )
 
     @property
     def problems(self) -> list[str]:
         found = []
         if self.database != OK:
             found.append("the database does not answer")
+        if self.sandbox_problem is not None:
+            found.append(self.sandbox_problem)
         for cluster in self.clusters:
             if cluster.status == NOT_REPORTING:
                 seconds = int(cluster.within.total_seconds())
@@ -110,6 +121,7 @@ class HealthReport:
             "status": "ok" if self.healthy else "unhealthy",
             "database": self.database,
             "clusters": {c.name: c.as_json(self.now) for c in self.clusters},
+            "agentSandbox": "unavailable" if self.sandbox_problem else self.sandbox,
         }
         if not self.healthy:
             body["problems"] = self.problems
@@ -186,6 +198,8 @@ def health_report(*, now: datetime | None = None) -> HealthReport:
     return HealthReport(
         now=now,
         database=OK,
+        sandbox_problem=sandbox_problem(),
+        sandbox=sandbox_mode(),
         clusters=(
             ClusterHealth(
                 main, OK if main_ok else NOT_REPORTING, MAIN_CLUSTER_WITHIN, main_seen
