@@ -21,6 +21,7 @@ that resolves to loopback through a wildcard is refused.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -82,7 +83,28 @@ def allowed(rules: Iterable[tuple[str, int | None]], host: str, port: int) -> bo
 
 
 def is_loopback(host: str) -> bool:
-    return host.strip("[]").lower() in LOOPBACK_NAMES or host.startswith("127.")
+    """A name or address of this host itself (0.0.0.0 and IPv4-mapped forms included)."""
+    text = host.strip("[]").lower()
+    if text in LOOPBACK_NAMES:
+        return True
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    address = mapped or address
+    return address.is_loopback or address.is_unspecified
+
+
+def _reserved(ip: str) -> bool:
+    """Addresses no wildcard may reach: the host's own, link-local (cloud metadata)."""
+    try:
+        address = ipaddress.ip_address(ip.split("%")[0])
+    except ValueError:
+        return True
+    mapped = getattr(address, "ipv4_mapped", None)
+    address = mapped or address
+    return address.is_loopback or address.is_unspecified or address.is_link_local
 
 
 # --- both halves --------------------------------------------------------------------------------
@@ -147,19 +169,18 @@ class Relay:
     def _target(self, host: str, port: int) -> socket.socket | None:
         if not allowed(self.rules, host, port):
             return None
-        named = any(
-            is_loopback(pattern) and (rule_port == port)
-            for pattern, rule_port in self.rules
-        )
+        # A loopback host passed `allowed` only through a rule that names it (an endpoint).
+        named = is_loopback(host)
         try:
             found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError:
             return None
-        for family, kind, proto, _name, address in found:
-            if is_loopback(str(address[0])) and not named:
-                continue  # a wildcard that resolves to the host's own services
+        for *_, address in found:
+            ip = str(address[0])
+            if _reserved(ip) and not named:
+                continue  # a name that resolves to the host's own services
             try:
-                return socket.create_connection(address[:2], timeout=30)
+                return socket.create_connection((ip, port), timeout=30)
             except OSError:
                 continue
         return None
@@ -319,7 +340,9 @@ def start_inside(path: str, forwards: dict[int, str], proxy_port: int) -> None:
             threading.Thread(target=_accept, args=(sock, handle), daemon=True).start()
     for sock in _listen(proxy_port):
         threading.Thread(
-            target=_accept, args=(sock, lambda conn: _proxy_one(path, conn)), daemon=True
+            target=_accept,
+            args=(sock, lambda conn: _proxy_one(path, conn)),
+            daemon=True,
         ).start()
 
 

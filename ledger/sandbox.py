@@ -64,7 +64,9 @@ BIND_EXPOSES = (
     "the agent sandbox cannot run: {setting} names {path}, which would expose {what} to "
     "the agent"
 )
-BIND_NOT_ABSOLUTE = "the agent sandbox cannot run: {setting} names {path!r}, not an absolute path"
+BIND_NOT_ABSOLUTE = (
+    "the agent sandbox cannot run: {setting} names {path!r}, not an absolute path"
+)
 SANDBOX_OFF_WARNING = (
     "LOOPSWEB_AGENT_SANDBOX=off: agents run unsandboxed, as loopsweb's own user, and can "
     "read its secrets (docs/isolation.md)"
@@ -339,7 +341,13 @@ class StepSandbox:
             # root runs the step as an ordinary uid of a user namespace of its own: no
             # capability anywhere, and a CLI's own sandbox (codex's bwrap) can still map
             # its uid, which needs CAP_SETFCAP for uid 0 (measured, docs/isolation.md §7).
-            argv += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+            argv += [
+                "--unshare-user",
+                "--uid",
+                str(SANDBOX_UID),
+                "--gid",
+                str(SANDBOX_UID),
+            ]
         argv += ["--cap-drop", "ALL"]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         argv += ["--dir", PRIVATE_HOME, "--tmpfs", "/var/tmp"]
@@ -491,7 +499,9 @@ def _config_endpoints(provider: str, env: Mapping[str, str]) -> list[str]:
                 config = tomllib.load(handle)
             providers = config.get("model_providers")
             if isinstance(providers, dict):
-                urls += [p.get("base_url") for p in providers.values() if isinstance(p, dict)]
+                urls += [
+                    p.get("base_url") for p in providers.values() if isinstance(p, dict)
+                ]
         except (OSError, tomllib.TOMLDecodeError):
             pass
     if provider == "opencode" and env.get("XDG_CONFIG_HOME"):
@@ -507,7 +517,12 @@ def _config_endpoints(provider: str, env: Mapping[str, str]) -> list[str]:
                         urls.append(options.get("baseURL"))
         except (OSError, ValueError):
             pass
-    return [f"{host}:{port}" for url in urls if (found := _endpoint(url)) for host, port in [found]]
+    return [
+        f"{host}:{port}"
+        for url in urls
+        if (found := _endpoint(url))
+        for host, port in [found]
+    ]
 
 
 def egress_rules(provider: str, env: Mapping[str, str]) -> list[tuple[str, int | None]]:
@@ -553,13 +568,17 @@ def step_sandbox(
     homes = _existing(account_env.get(name) for name in HOME_VARIABLES)
     config_files = _existing(
         [
-            os.path.join(account_env.get("CODEX_HOME") or "/nonexistent", "config.toml"),
+            os.path.join(
+                account_env.get("CODEX_HOME") or "/nonexistent", "config.toml"
+            ),
             os.path.join(
                 account_env.get("CLAUDE_CONFIG_DIR") or "/nonexistent", "settings.json"
             ),
             *(
                 os.path.join(
-                    account_env.get("XDG_CONFIG_HOME") or "/nonexistent", "opencode", name
+                    account_env.get("XDG_CONFIG_HOME") or "/nonexistent",
+                    "opencode",
+                    name,
                 )
                 for name in ("opencode.json", "opencode.jsonc", "config.json")
             ),
@@ -574,7 +593,9 @@ def step_sandbox(
     )
     box = StepSandbox(
         relocated=relocated,
-        read_only=_existing([*installation_of(binary), *extra_read_only, *read_only_op]),
+        read_only=_existing(
+            [*installation_of(binary), *extra_read_only, *read_only_op]
+        ),
         read_write=_existing([*homes, root, *read_write_op]),
         read_only_over=_existing([common_dir, *config_files]),
         rules=egress_rules(provider, account_env),

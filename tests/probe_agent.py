@@ -122,7 +122,10 @@ def probe_daemon() -> None:
             os.execv(sys.executable, [sys.executable, "-c", code, mark])
         os._exit(0)
     time.sleep(0.3)
-    for pid in (1, os.getppid()):  # the guard (the namespace's first process), the parent
+    for pid in (
+        1,
+        os.getppid(),
+    ):  # the guard (the namespace's first process), the parent
         try:
             os.kill(pid, signal.SIGKILL)
             _line("daemon", f"kill {pid}", False, "signal sent")

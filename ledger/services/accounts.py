@@ -43,9 +43,11 @@ from domain.pool import PROFILE_NAME_INVALID, valid_profile_name
 from ledger.agent_output import agent_error, strip_ansi
 from ledger.envfile import EnvFileError, read_env_file
 from ledger.models import Account
+from ledger.processes import run_process
 from ledger.providers import (
     ADAPTERS,
     PROVIDERS,
+    Invocation,
     ProviderError,
     agent_binary,
     agent_invocation,
@@ -55,6 +57,7 @@ from ledger.providers import (
 )
 from ledger.ratelimit import detect_login_failure
 from ledger.redaction import Redactor
+from ledger.sandbox import sandbox_on, sandbox_problem, step_sandbox
 from ledger.services.common import LedgerError
 from ledger.services.cooldowns import account_login_clear, account_login_failed_record
 from ledger.windows import parse_budgets
@@ -486,6 +489,37 @@ def account_self_test(*, name: str) -> SelfTest:
     return test
 
 
+def _run_request(invocation: Invocation, cwd: str) -> tuple[int | None, str, str]:
+    """The request as a step makes it: in the agent sandbox (ledger.sandbox) unless the
+    operator turned it off; ProviderError when the sandbox cannot run here."""
+    if sandbox_on():
+        problem = sandbox_problem()
+        if problem is not None:
+            raise ProviderError(problem)
+        invocation.sandbox = step_sandbox(
+            provider=invocation.provider or "",
+            binary=invocation.argv[0],
+            root=cwd,
+            common_dir=None,
+            account_env=invocation.account_env,
+        )
+    result = run_process(
+        invocation=invocation,
+        timeout_seconds=REQUEST_TIMEOUT_SECONDS,
+        idle_timeout_seconds=None,
+        tail_bytes=65536,
+        grace_seconds=1.0,
+        on_spawn=lambda pid: None,
+        keep_alive=lambda: True,
+        keep_alive_every=REQUEST_TIMEOUT_SECONDS,
+    )
+    if result.spawn_error:
+        return None, "", result.spawn_error
+    if result.timeout:
+        return None, result.stdout, f"no answer in {REQUEST_TIMEOUT_SECONDS:g} s"
+    return result.exit_code, result.stdout, result.stderr
+
+
 def _real_request(test: SelfTest, row: Account) -> None:
     """Rules 6-7: the smallest request a step would make, answered or not."""
     with tempfile.TemporaryDirectory(prefix="loopsweb-account-check-") as cwd:
@@ -510,9 +544,10 @@ def _real_request(test: SelfTest, row: Account) -> None:
             # The throwaway directory is no repository, whatever lies above it.
             argv.insert(argv.index("--"), "--skip-git-repo-check")
         try:
-            code, stdout, stderr = _run_both(
-                invocation.argv, invocation.env, cwd, REQUEST_TIMEOUT_SECONDS
-            )
+            code, stdout, stderr = _run_request(invocation, cwd)
+        except ProviderError as exc:
+            test.problem(str(exc))
+            return
         finally:
             invocation.remove_files()
     if code == 0:

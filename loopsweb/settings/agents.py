@@ -186,7 +186,9 @@ LOOPSWEB_AGENT_SANDBOX_RO_BIND = _absolute_dirs(
     "LOOPSWEB_AGENT_SANDBOX_RO_BIND", env_list("LOOPSWEB_AGENT_SANDBOX_RO_BIND", [])
 )
 # Hosts a sandboxed step may reach besides its account's endpoints: `host[:port]`, `*.domain`.
-_EGRESS_RULE = re.compile(r"^(\*\.)?[A-Za-z0-9.-]+(:[0-9]{1,5})?$|^\[[0-9A-Fa-f:]+\](:[0-9]{1,5})?$")
+_EGRESS_RULE = re.compile(
+    r"^(\*\.)?[A-Za-z0-9.-]+(:[0-9]{1,5})?$|^\[[0-9A-Fa-f:]+\](:[0-9]{1,5})?$"
+)
 LOOPSWEB_AGENT_EGRESS_ALLOW = tuple(env_list("LOOPSWEB_AGENT_EGRESS_ALLOW", []))
 for _rule in LOOPSWEB_AGENT_EGRESS_ALLOW:
     if not _EGRESS_RULE.match(_rule):

@@ -33,7 +33,6 @@ from domain.sandbox import (
     worktree_enabled,
 )
 from domain.scope import resolve_route_scope
-from ledger.sandbox import admission_sandbox_problem
 from domain.templates import (
     pool_roles_by_step,
     render_workflow,
@@ -59,6 +58,7 @@ from ledger.projects import (
     WorktreeRequired,
     project_path_admit,
 )
+from ledger.sandbox import admission_sandbox_problem
 from ledger.selectors import registered_providers
 from routing.admission.event_view import EventView, event_view, invocation_fields
 from routing.admission.options import (

@@ -36,6 +36,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("hosts", "tests.bench.bench_hosts"),
     ("idle", "tests.bench.bench_idle"),
     ("windows", "tests.bench.bench_windows"),
+    ("sandbox", "tests.bench.bench_sandbox"),
 ]
 
 

@@ -87,6 +87,7 @@ def test_without_bwrap_a_write_enabled_route_is_refused_and_health_says_why(
     assert "loopsweb.W001" in deploy.stdout + deploy.stderr
 
 
+@pytest.mark.slow  # the page's check runs bwrap once
 @pytest.mark.django_db
 def test_every_operator_page_shows_a_sandbox_that_cannot_run_or_is_off(
     admin_client: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
@@ -102,7 +103,9 @@ def test_every_operator_page_shows_a_sandbox_that_cannot_run_or_is_off(
     assert "agents run unsandboxed" in body
     monkeypatch.undo()
     settings.LOOPSWEB_AGENT_SANDBOX = "bwrap"
-    assert 'id="agent-sandbox-warning"' not in admin_client.get("/ops/").content.decode()
+    assert (
+        'id="agent-sandbox-warning"' not in admin_client.get("/ops/").content.decode()
+    )
 
 
 @pytest.mark.django_db
@@ -128,7 +131,9 @@ def test_an_operator_bind_that_exposes_a_protected_path_is_refused(
 
 
 def test_egress_rules() -> None:
-    rules = [egress.parse_rule(t) for t in ("127.0.0.1:8123", "*.example.com", "api.x.io")]
+    rules = [
+        egress.parse_rule(t) for t in ("127.0.0.1:8123", "*.example.com", "api.x.io")
+    ]
     assert egress.allowed(rules, "127.0.0.1", 8123)
     assert not egress.allowed(rules, "127.0.0.1", 8000)  # loopsweb's web server
     assert not egress.allowed(rules, "127.0.0.1", 5432)  # its database

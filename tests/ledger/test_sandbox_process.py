@@ -66,7 +66,9 @@ class Secrets:
         self.data = base / "data"
         self.data.mkdir(parents=True)
         (self.data / "secret_key").write_text("the installation's development key\n")
-        (self.data / "loopsweb.env").write_text("# the installation's settings\nLOOPSWEB_HTTPS=0\n")
+        (self.data / "loopsweb.env").write_text(
+            "# the installation's settings\nLOOPSWEB_HTTPS=0\n"
+        )
         self.other = base / "other-account"
         self.other.mkdir()
         (self.other / "auth.json").write_text('{"token": "other account"}\n')
@@ -104,7 +106,10 @@ class Secrets:
         return {
             "PROBE_READ": ",".join(map(str, reads)),
             "PROBE_LIST": ",".join(
-                map(str, [self.data, self.worktrees, CHECKOUT, Path.home(), "/etc/loopsweb"])
+                map(
+                    str,
+                    [self.data, self.worktrees, CHECKOUT, Path.home(), "/etc/loopsweb"],
+                )
             ),
             "PROBE_WRITE": ",".join(
                 map(
@@ -148,7 +153,9 @@ class Installation:
         )
         self.env.pop("LOOPSWEB_AGENT_SANDBOX", None)  # the product's default
         self.env.update(self.secrets.environment(project))
-        self.cluster = start_qcluster(self.env, base / "runs.log", cluster="loopsweb-runs")
+        self.cluster = start_qcluster(
+            self.env, base / "runs.log", cluster="loopsweb-runs"
+        )
 
     def route(self) -> str:
         event = {
@@ -158,7 +165,12 @@ class Installation:
             "data": {"project_path": str(self.project), "title": "Look around"},
         }
         done = manage(
-            self.env, "route_event", "generic", "--event-json", json.dumps(event), "--json"
+            self.env,
+            "route_event",
+            "generic",
+            "--event-json",
+            json.dumps(event),
+            "--json",
         )
         return str(json.loads(done.stdout)["run"]["id"])
 
@@ -199,11 +211,13 @@ def _assert_isolated(inst: Installation, project: Path, run: WorkflowRun) -> Non
         if line.startswith("PROBE write "):
             target = line.split(" (", 1)[1].rstrip(")")
             written = Path(target)
-            assert not (
-                written.is_file() and "probing agent" in written.read_text()
-            ), line
+            assert not (written.is_file() and "probing agent" in written.read_text()), (
+                line
+            )
     # The agent's work is on its branch.
-    files = git(project, "ls-tree", "-r", "--name-only", worktree_branch(run.id)).split()
+    files = git(
+        project, "ls-tree", "-r", "--name-only", worktree_branch(run.id)
+    ).split()
     assert {"probe-work-worker.txt", "probe-work-verifier.txt"} <= set(files)
     # Nothing of it written outside the run.
     assert not list(CHECKOUT.glob("probe-*"))

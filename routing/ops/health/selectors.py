@@ -35,8 +35,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-
-from ledger.sandbox import sandbox_mode, sandbox_problem
 from django.db import DatabaseError, connection
 from django.db.models import Count, Max, Q
 from django.utils import timezone
@@ -44,6 +42,7 @@ from django_q.models import Task
 
 from ledger.capacity import LIVE_WITHIN
 from ledger.models import RunWorker
+from ledger.sandbox import sandbox_mode, sandbox_problem
 
 logger = logging.getLogger(__name__)
 
