@@ -28,6 +28,11 @@
    lists are recorded (`reviewers`). A refusal (a login that is no collaborator: 422) is
    a note on the record (`notes`) and the delivery stays delivered; a later delivery of
    the same run asks again only if no request went through.
+5. **The remote is pinned per project.** The URL a project's first delivery to a remote
+   went to is where every later delivery of that project to that remote goes: a run whose
+   recorded URL differs (an agent wrote `remote.origin.pushurl` into the project's config,
+   which the next, innocent run would have read) is refused delivery with the reason, and
+   "Deliver again" refuses it too until the config names the pinned URL again.
 """
 
 from __future__ import annotations
@@ -77,6 +82,11 @@ NOT_DELIVERED_FAILED = "the run did not succeed (the route has no --deliver-fail
 NO_CHANGES = "the run changed nothing"
 NO_WORK = "the run has no branch (it ran without a worktree)"
 REVIEWERS_REFUSED = "reviewers {logins} not requested: {error}"
+REMOTE_CHANGED = (
+    "the project's remote {name} now names {url}, not {pinned}, where its first delivery "
+    "went: delivery refused (an agent may have rewritten the project's config: check "
+    "`git config --get-regexp 'remote|url'` in the project)"
+)
 
 
 class DeliveryError(ApplicationError):
@@ -212,6 +222,13 @@ def _deliver(
     project = run_project(run)
     if project is None:
         raise DeliveryError(NO_WORK)
+    pinned = _pinned_url(run, record)
+    if pinned is not None and pinned != record["url"]:
+        raise DeliveryError(
+            REMOTE_CHANGED.format(
+                name=record.get("remote") or "origin", url=record["url"], pinned=pinned
+            )
+        )
     common = project_repository(project).common_dir
     commit = resolve_commit(common, f"refs/heads/{branch}")
     if commit is None:
@@ -226,6 +243,27 @@ def _deliver(
         record["pr"] = _open_pull_request(run, record, options, branch)
     if options["reviewers"] and not record.get("reviewers"):
         _ask_reviewers(record, options["reviewers"])
+
+
+def _pinned_url(run: WorkflowRun, record: Mapping[str, Any]) -> str | None:
+    """The remote URL the project's first delivery to this remote went to: every later
+    delivery goes there or nowhere (module docstring, 5)."""
+    key = run.work_item.project_key if run.work_item_id and run.work_item else None
+    if not key:
+        return None
+    first = (
+        WorkflowRun.objects.filter(
+            work_item__project_key=key,
+            delivery_json__state="delivered",
+            delivery_json__remote=record.get("remote") or "origin",
+        )
+        .exclude(pk=run.pk)
+        .order_by("created_at")
+        .values_list("delivery_json", flat=True)
+        .first()
+    )
+    url = first.get("url") if isinstance(first, dict) else None
+    return str(url) if url else None
 
 
 def _ask_reviewers(record: dict[str, Any], logins: list[str]) -> None:

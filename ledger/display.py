@@ -41,6 +41,11 @@ def worktree_text(run: WorkflowRun) -> str:
 
 
 NO_CHANGES = "no changes: the run left the project as it was"
+# The checkout an operator copies runs none of what an agent may have planted in the project's
+# config (hooks, an fsmonitor command), as loopsweb's own git never does (ledger.git).
+CHECKOUT_COMMAND = (
+    "git -c core.hooksPath=/dev/null -c core.fsmonitor=false switch {branch}"
+)
 
 
 def commit_text(run: WorkflowRun) -> str:
@@ -58,7 +63,7 @@ def commit_text(run: WorkflowRun) -> str:
     summary = lines[-1].strip() if lines else ""
     return (
         f"branch {run.worktree_branch} at {run.commit_head[:12]} ({summary}); "
-        f"check it out in the project: git switch {run.worktree_branch}"
+        f"check it out in the project: {CHECKOUT_COMMAND.format(branch=run.worktree_branch)}"
     )
 
 

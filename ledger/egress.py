@@ -282,24 +282,24 @@ def _proxy_one(path: str, conn: socket.socket) -> None:
         method, target, version = parts
         if method.upper() == "CONNECT":
             host, port = parse_rule(target)
-            out = _out(path, host, port or 443)
-            if out is None:
-                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
-                conn.close()
-                return
-            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            join(conn, out, head.partition(b"\r\n\r\n")[2])
-            return
-        if not target.lower().startswith("http://"):
+            port = port or 443
+            reply = b"HTTP/1.1 200 Connection established\r\n\r\n"
+            first = head.partition(b"\r\n\r\n")[2]
+        elif target.lower().startswith("http://"):
+            authority, slash, path_part = target[7:].partition("/")
+            host, port = parse_rule(authority)
+            port = port or 80
+            reply = b""
+            first = f"{method} {slash}{path_part} {version}\r\n".encode() + rest
+        else:
             raise ValueError
-        authority, slash, path_part = target[7:].partition("/")
-        host, port = parse_rule(authority)
-        out = _out(path, host, port or 80)
+        out = _out(path, host, port)
         if out is None:
             conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
             conn.close()
             return
-        first = f"{method} {slash}{path_part or ''} {version}\r\n".encode() + rest
+        if reply:
+            conn.sendall(reply)
         join(conn, out, first)
     except (OSError, ValueError):
         try:

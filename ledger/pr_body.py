@@ -12,7 +12,9 @@ from __future__ import annotations
 from django.conf import settings
 
 from ledger.agent_output import summarize_output
+from ledger.held_secrets import held_secrets
 from ledger.models import WorkflowRun, WorkflowStepRun
+from ledger.redaction import Redactor
 from ledger.step_commits import one_line, task_of
 
 TITLE_CHARS = 200
@@ -91,4 +93,5 @@ def pull_request_body(run: WorkflowRun) -> str:
             "",
             f"Work item: {link}" if link else f"Work item `{run.work_item_id}`",
         ]
-    return "\n".join(lines) + "\n"
+    # No secret loopsweb holds reaches the forge (ledger.held_secrets).
+    return Redactor(held_secrets()).redact("\n".join(lines) + "\n")

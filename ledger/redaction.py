@@ -7,7 +7,9 @@ evidence built from them are written, the runner replaces each secret value of t
 process printed, so everything derived from it is clean too). `account check` does the same
 to what it prints.
 
-A step's secrets (`Redactor.for_environment`):
+A step's secrets (`Redactor.for_environment`, then `with_secrets` of every secret loopsweb
+itself holds, ledger.held_secrets: the other accounts' keys, the login files' tokens, the
+GitHub token, SECRET_KEY, the database password):
 1. every value of its account's env file (`--env-file`, ledger.envfile), whatever its name;
 2. every variable of the step's environment whose name looks secret (contains KEY, TOKEN,
    SECRET, PASSWORD, PASSWD or CREDENTIAL, in any case): the account's registered variables
@@ -41,6 +43,7 @@ class Redactor:
     """`redact(text)`: `text` with each secret value replaced by `[redacted:NAME]`."""
 
     def __init__(self, secrets: Mapping[str, str] | None = None) -> None:
+        self._secrets = dict(secrets or {})
         markers: dict[str, str] = {}
         for name, value in (secrets or {}).items():
             if not isinstance(value, str) or len(value) < MIN_LENGTH:
@@ -66,6 +69,16 @@ class Redactor:
         secrets = {name: v for name, v in environment.items() if looks_secret(name)}
         secrets.update(env_file)
         return cls(secrets)
+
+    def with_secrets(self, more: Mapping[str, str]) -> Redactor:
+        """This redactor and `more`: a value both hold keeps this one's name (the step's own
+        `ANTHROPIC_API_KEY`, not the installation's label for the same key)."""
+        return Redactor(
+            {
+                **self._secrets,
+                **{k: v for k, v in more.items() if k not in self._secrets},
+            }
+        )
 
     def __bool__(self) -> bool:
         return self._pattern is not None

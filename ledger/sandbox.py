@@ -36,15 +36,16 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from django.conf import settings
 
 from ledger import egress
+from ledger.held_secrets import protected_paths, secret_files
+from ledger.sandbox_egress import egress_rules
+from ledger.selectors import ACCOUNT_HOME_VARIABLES
 
 SANDBOX_BWRAP = "bwrap"
 SANDBOX_OFF = "off"
@@ -101,26 +102,6 @@ _ETC_FILES = (
     "timezone",
 )
 _TOP_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-# The variables of an account that name its login directories (read-write in the sandbox).
-HOME_VARIABLES = (
-    "CODEX_HOME",
-    "CLAUDE_CONFIG_DIR",
-    "XDG_DATA_HOME",
-    "XDG_CONFIG_HOME",
-    "XDG_STATE_HOME",
-    "XDG_CACHE_HOME",
-    "HOME",
-)
-# Each CLI's own login and API hosts (HTTPS), reachable through the relay.
-PROVIDER_HOSTS: dict[str, tuple[str, ...]] = {
-    "codex": ("api.openai.com", "chatgpt.com", "auth.openai.com"),
-    "codewith": ("api.openai.com", "chatgpt.com", "auth.openai.com"),
-    "claude": ("api.anthropic.com", "console.anthropic.com", "claude.ai"),
-    "opencode": ("api.openai.com", "api.anthropic.com", "opencode.ai"),
-    "cursor": ("api2.cursor.sh", "api.cursor.com"),
-    "aicopilot": (),
-}
-_BASE_URL_VARIABLES = ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL")
 
 
 def sandbox_mode() -> str:
@@ -202,48 +183,6 @@ def sandbox_warning() -> str | None:
 
 
 # --- what must never be bound -------------------------------------------------------------------
-
-
-def protected_paths() -> list[tuple[str, str]]:
-    """(path, what it is) that no operator bind may expose."""
-    from ledger.selectors import account_env_files, account_homes
-
-    found: list[tuple[str, str]] = [
-        (str(settings.DATA_DIR), "loopsweb's data directory"),
-        (str(settings.BASE_DIR), "loopsweb's checkout"),
-        (sys.prefix, "loopsweb's virtual environment"),
-        ("/etc/loopsweb", "loopsweb's configuration"),
-        (str(settings.LOOPSWEB_WORKTREE_DIR), "the runs' worktrees"),
-    ]
-    token = getattr(settings, "LOOPSWEB_GITHUB_TOKEN_FILE", None)
-    if token:
-        found.append((str(token), "the GitHub token file"))
-    for path in account_env_files():
-        found.append((path, "an account's env file"))
-    for name, homes in account_homes().items():
-        found.extend((path, f"the login of account {name}") for path in homes)
-    return [(os.path.realpath(path), what) for path, what in found]
-
-
-def secret_files(own_homes: Iterable[str] = ()) -> list[str]:
-    """Files hidden even inside a bound directory (module docstring), and the login
-    directories of every account whose homes are not `own_homes`."""
-    from ledger.selectors import account_env_files, account_homes
-
-    data = Path(settings.DATA_DIR)
-    found = [str(data / "secret_key"), str(data / "loopsweb.env")]
-    database = settings.DATABASES["default"]
-    if "sqlite" in database["ENGINE"]:
-        found.append(str(database["NAME"]))
-    token = getattr(settings, "LOOPSWEB_GITHUB_TOKEN_FILE", None)
-    if token:
-        found.append(str(token))
-    found.extend(account_env_files())
-    own = {os.path.realpath(path) for path in own_homes}
-    for homes in account_homes().values():
-        if not own.intersection(os.path.realpath(path) for path in homes):
-            found.extend(homes)
-    return [os.path.realpath(path) for path in found]
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -479,71 +418,6 @@ def _interpreter(script: str) -> str | None:
     return real
 
 
-def _endpoint(url: object) -> tuple[str, int] | None:
-    if not isinstance(url, str) or "://" not in url:
-        return None
-    try:
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        return None
-    return (parts.hostname, port) if parts.hostname else None
-
-
-def _config_endpoints(provider: str, env: Mapping[str, str]) -> list[str]:
-    """The base URLs the account's configuration names (module docstring)."""
-    urls: list[object] = [env.get(name) for name in _BASE_URL_VARIABLES]
-    if provider in ("codex", "codewith") and env.get("CODEX_HOME"):
-        try:
-            with open(os.path.join(env["CODEX_HOME"], "config.toml"), "rb") as handle:
-                config = tomllib.load(handle)
-            providers = config.get("model_providers")
-            if isinstance(providers, dict):
-                urls += [
-                    p.get("base_url") for p in providers.values() if isinstance(p, dict)
-                ]
-        except (OSError, tomllib.TOMLDecodeError):
-            pass
-    if provider == "opencode" and env.get("XDG_CONFIG_HOME"):
-        path = os.path.join(env["XDG_CONFIG_HOME"], "opencode", "opencode.json")
-        try:
-            with open(path, encoding="utf-8") as handle:
-                config = json.load(handle)
-            providers = config.get("provider") if isinstance(config, dict) else None
-            if isinstance(providers, dict):
-                for entry in providers.values():
-                    options = entry.get("options") if isinstance(entry, dict) else None
-                    if isinstance(options, dict):
-                        urls.append(options.get("baseURL"))
-        except (OSError, ValueError):
-            pass
-    return [
-        f"{host}:{port}"
-        for url in urls
-        if (found := _endpoint(url))
-        for host, port in [found]
-    ]
-
-
-def egress_rules(provider: str, env: Mapping[str, str]) -> list[tuple[str, int | None]]:
-    """What the step may reach: its account's endpoints, its CLI's own hosts, the operator's
-    `LOOPSWEB_AGENT_EGRESS_ALLOW`."""
-    texts = [
-        *_config_endpoints(provider, env),
-        *PROVIDER_HOSTS.get(provider, ()),
-        *getattr(settings, "LOOPSWEB_AGENT_EGRESS_ALLOW", []),
-    ]
-    rules: list[tuple[str, int | None]] = []
-    for text in texts:
-        try:
-            rule = egress.parse_rule(text)
-        except ValueError:
-            continue
-        if rule not in rules:
-            rules.append(rule)
-    return rules
-
-
 def _existing(paths: Iterable[str | None]) -> list[str]:
     found = []
     for path in paths:
@@ -565,7 +439,7 @@ def step_sandbox(
 ) -> StepSandbox:
     """The sandbox of one agent step (module docstring): `root` its worktree (or working
     directory), `common_dir` the project's git dir, `account_env` its account's variables."""
-    homes = _existing(account_env.get(name) for name in HOME_VARIABLES)
+    homes = _existing(account_env.get(name) for name in ACCOUNT_HOME_VARIABLES)
     config_files = _existing(
         [
             os.path.join(

@@ -566,7 +566,8 @@ def step_attempts(step_ids: Iterable[str]) -> dict[str, list[WorkflowStepAttempt
     return found
 
 
-_HOME_VARIABLES = (
+# The variables of an account that name its login directories (ledger.sandbox binds them).
+ACCOUNT_HOME_VARIABLES = (
     "CODEX_HOME",
     "CLAUDE_CONFIG_DIR",
     "XDG_DATA_HOME",
@@ -587,7 +588,7 @@ def account_homes() -> dict[str, list[str]]:
     return {
         name: [
             str(env[key])
-            for key in _HOME_VARIABLES
+            for key in ACCOUNT_HOME_VARIABLES
             if isinstance(env, dict) and env.get(key)
         ]
         for name, env in Account.objects.values_list("name", "env_json")

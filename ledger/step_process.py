@@ -16,6 +16,7 @@ from domain.sandbox import step_isolation
 from ledger import services
 from ledger.agent_step import StepWatch, step_limits
 from ledger.dberrors import write_ledger
+from ledger.held_secrets import held_secrets
 from ledger.models import StepStatus, WorkflowRun, WorkflowStepRun
 from ledger.processes import ProcessResult
 from ledger.projects import project_dir_check
@@ -73,6 +74,8 @@ class StepProcess:
             target, invocation = self._invocation(start, spec, target, kind)
         except (ProviderError, ValidationError) as exc:
             return services.StepResult(status=StepStatus.FAILED, error=str(exc))
+        # Whatever the step prints, no secret loopsweb holds is stored (ledger.held_secrets).
+        invocation.secrets = invocation.secrets.with_secrets(held_secrets())
         timeout_ms, idle_ms = step_limits(spec, target, is_agent=is_agent)
         provider = invocation.provider
         watch = StepWatch(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,11 +213,28 @@ def blob_oid(data: bytes, algorithm: str) -> str:
     return digest.hexdigest()
 
 
+class SecretInWork(Exception):
+    """A file the agent left holds a secret loopsweb keeps (ledger.held_secrets)."""
+
+    def __init__(self, path: bytes, name: str) -> None:
+        super().__init__(
+            f"{os.fsdecode(path)} holds a secret loopsweb keeps ({name}); nothing of the "
+            "run is committed or pushed"
+        )
+
+
 def snapshot_tree(
-    *, common_dir: str, work_tree: str, parent: str, scratch: Path
+    *,
+    common_dir: str,
+    work_tree: str,
+    parent: str,
+    scratch: Path,
+    forbidden: Mapping[str, str] | None = None,
 ) -> str:
     """The tree of what `work_tree` holds now (module docstring), built from `parent`'s
-    entries; `scratch` is a private directory of the caller's for loopsweb's index."""
+    entries; `scratch` is a private directory of the caller's for loopsweb's index.
+    SecretInWork when a new or changed file holds one of `forbidden`'s values."""
+    refused = [(name, value.encode()) for name, value in (forbidden or {}).items()]
     algorithm = object_format(common_dir)
     tracked = tree_entries(common_dir, parent)
     index = {"GIT_INDEX_FILE": str(scratch / "index")}
@@ -247,6 +264,9 @@ def snapshot_tree(
             mode, data = found
             oid = blob_oid(data, algorithm)
             if entry is None or entry.oid != oid:
+                for name, value in refused:
+                    if value in data:
+                        raise SecretInWork(path, name)
                 new.append((path, oid, data))
             lines.append(f"{mode} {oid}\t".encode() + path)
     _write_blobs(common_dir, new, scratch)

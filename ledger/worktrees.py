@@ -61,8 +61,9 @@ from ledger.git import (
     resolve_commit,
     run_git,
 )
+from ledger.held_secrets import held_secrets
 from ledger.projects import project_roots
-from ledger.worktree_files import checkout_files, snapshot_tree
+from ledger.worktree_files import SecretInWork, checkout_files, snapshot_tree
 
 logger = logging.getLogger(__name__)
 
@@ -372,6 +373,7 @@ def worktree_commit(worktree: Worktree, *, message: str) -> WorktreeCommit:
                 work_tree=worktree.path,
                 parent=parent,
                 scratch=Path(scratch),
+                forbidden=held_secrets(),
             )
         head = parent
         committed = (
@@ -407,7 +409,7 @@ def worktree_commit(worktree: Worktree, *, message: str) -> WorktreeCommit:
             # The commit is made; the worktree's index is a convenience for a later step.
             _index_at(worktree, head, check=False)
         stat_text = _diffstat(worktree, head)
-    except GitError as exc:
+    except (GitError, SecretInWork) as exc:
         raise WorktreeError(COMMIT_FAILED.format(error=exc)) from None
     return WorktreeCommit(
         branch=worktree.branch, head=head, diffstat=stat_text, committed=committed

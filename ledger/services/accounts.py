@@ -42,6 +42,7 @@ from django.db import transaction
 from domain.pool import PROFILE_NAME_INVALID, valid_profile_name
 from ledger.agent_output import agent_error, strip_ansi
 from ledger.envfile import EnvFileError, read_env_file
+from ledger.held_secrets import held_secrets
 from ledger.models import Account
 from ledger.processes import run_process
 from ledger.providers import (
@@ -472,7 +473,9 @@ def account_self_test(*, name: str) -> SelfTest:
         account_env=env,
         provider_env=provider_env,
     )
-    test.secrets = Redactor.for_environment(file_env, child)
+    test.secrets = Redactor.for_environment(file_env, child).with_secrets(
+        held_secrets()
+    )
     code, text, _ = _run([binary, "--version"], child, cwd)
     if code == 0:
         test.fine(f"{binary} --version: {text}")

@@ -62,7 +62,9 @@ def _once(work: Path, sandboxed: bool) -> float:
 def run(db: harness.BenchDatabase) -> None:
     from ledger.sandbox import sandbox_problem
 
-    report = harness.Report(NAME, f"Agent sandbox: step start, {STARTS} each", db.vendor)
+    report = harness.Report(
+        NAME, f"Agent sandbox: step start, {STARTS} each", db.vendor
+    )
     problem = sandbox_problem()
     if problem:
         raise SystemExit(problem)

@@ -398,3 +398,70 @@ def test_a_refused_review_request_is_a_note_and_the_delivery_and_run_stand(
     ).values_list("payload_json", flat=True)
     assert event["notes"] == [note]
     assert TOKEN not in json.dumps(delivery)
+
+
+def test_a_remote_rewritten_after_the_first_delivery_is_refused_with_the_reason(
+    agent: FakeAgent, forge: Forge, tmp_path: Path
+) -> None:
+    """The push URL is pinned per project on its first delivery: a later run that reads
+    another URL from the project's config (as an agent could have written it) is refused."""
+    project, origin = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}})
+    first = _run(project, deliver="push")
+    assert first.delivery_json["state"] == "delivered"
+    decoy = tmp_path / "decoy.git"
+    git(tmp_path, "init", "-q", "--bare", str(decoy))
+    git(project, "config", "remote.origin.pushurl", str(decoy))
+    agent.configure(steps={"worker": {"write": "other.txt"}})
+    second = _run(project, deliver="push")
+    assert second.status == RunStatus.SUCCEEDED  # the run stands; its delivery does not
+    assert second.delivery_json["state"] == "failed"
+    error = second.delivery_json["error"]
+    assert f"now names {decoy}" in error and str(origin) in error
+    assert remote_branches(decoy) == {}
+    # Deliver again refuses too: the URL recorded for the run is not the pinned one.
+    from ledger.delivery import deliver_run
+
+    assert deliver_run(second.id)["state"] == "failed"
+    assert remote_branches(decoy) == {}
+    assert worktree_branch(second.id) not in remote_branches(origin)
+
+
+def test_work_holding_a_secret_loopsweb_keeps_is_not_committed_nor_shown(
+    tmp_path: Path, settings: Any
+) -> None:
+    """An agent that finds one of loopsweb's secrets (the GitHub token here) and writes it
+    into its work and its output: the output is stored redacted, and the file is never
+    committed or pushed; the run says why and where the files are kept."""
+    from ledger.held_secrets import held_secrets_forget
+
+    token_file = tmp_path / "github.env"
+    token_file.write_text(f"GITHUB_TOKEN={TOKEN}\n")
+    token_file.chmod(0o600)
+    settings.LOOPSWEB_GITHUB_TOKEN_FILE = str(token_file)
+    held_secrets_forget()
+    leaker = tmp_path / "leaker"
+    leaker.write_text(
+        f"#!/bin/sh\nprintf '%s\\n' 'token: {TOKEN}' > leak.txt\necho 'found {TOKEN}'\n"
+    )
+    leaker.chmod(0o755)
+    settings.LOOPSWEB_PROVIDER_BINARIES = {
+        p: str(leaker) for p in settings.LOOPSWEB_PROVIDER_BINARIES
+    }
+    project, origin = project_with_origin(tmp_path)
+    run = _run(project, deliver="push")
+    worker = run.step_runs.get(step_id="worker")
+    assert TOKEN not in worker.stdout
+    assert "[redacted:github:GITHUB_TOKEN]" in worker.stdout
+    assert run.commit_error is not None
+    assert (
+        "leak.txt holds a secret loopsweb keeps (github:GITHUB_TOKEN)"
+        in run.commit_error
+    )
+    assert TOKEN not in run.commit_error
+    kept = Path(run.worktree_path or "")
+    assert (
+        TOKEN in (kept / "leak.txt").read_text()
+    )  # kept for the operator, not committed
+    assert worktree_branch(run.id) not in remote_branches(origin)
+    held_secrets_forget()

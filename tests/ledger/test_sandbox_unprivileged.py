@@ -71,7 +71,9 @@ def test_as_an_unprivileged_user_the_probing_agent_reaches_nothing_outside_its_r
     base: Path,
 ) -> None:
     if os.getuid() != 0:
-        pytest.skip("the suite itself runs unprivileged: every sandboxed test is this one")
+        pytest.skip(
+            "the suite itself runs unprivileged: every sandboxed test is this one"
+        )
     site = Path(sysconfig.get_paths()["purelib"])
     if not os.access(SYSTEM_PYTHON, os.X_OK) or not all(
         _readable_by_others(p) for p in (CHECKOUT, site)
@@ -135,7 +137,9 @@ def test_as_an_unprivileged_user_the_probing_agent_reaches_nothing_outside_its_r
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["uid"] == UID
     assert result["exit"] == 0, result["stderr"]
-    probes = [line for line in result["stdout"].splitlines() if line.startswith("PROBE ")]
+    probes = [
+        line for line in result["stdout"].splitlines() if line.startswith("PROBE ")
+    ]
     assert len(probes) >= 8, result["stdout"]
     # Writes are judged on the host below: inside, /tmp (where this base dir lies) is the
     # sandbox's own.

@@ -209,7 +209,13 @@ def test_anonymous_visitors_reach_nothing_but_the_login_page(client: Client) -> 
         if url in ("/healthz", "/readyz", "/livez", "/health/installation"):
             # Public on purpose (load balancers, systemd, monitors): statuses and ages, no data.
             body = client.get(url).json()
-            assert set(body) <= {"database", "clusters", "problems", "status"}, body
+            assert set(body) <= {
+                "database",
+                "clusters",
+                "problems",
+                "status",
+                "agentSandbox",
+            }, body
             continue
         for method in ("get", "post"):
             response = getattr(client, method)(url)
