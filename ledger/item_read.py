@@ -58,6 +58,7 @@ _STEP_FIELDS = (
     "finished_at",
     "duration_ms",
     "processes_ended",
+    "egress_refused",
     "error",
     "usage_input_tokens",
     "usage_output_tokens",

@@ -12,6 +12,7 @@ on the run's branch). The worker step then probes, one line each on stdout,
 - `process`: every `/proc/*/cmdline` naming `manage.py` (a loopsweb process it could signal or
   trace), and `PROBE_SIGNAL` (a loopsweb process's host pid: signal 0 and `PTRACE_ATTACH`);
 - `connect`: each `host:port` of `PROBE_CONNECT` (a loopback service that is no endpoint);
+- `url`: each URL of `PROBE_URL`, fetched as a CLI would (through `HTTPS_PROXY` when set);
 - `daemon`: a double-forked `setsid` process whose argv carries `PROBE_MARK`, left running
   after the probe kills its own parent and the sandbox's first process (the step guard);
   the test looks for the mark in the host's /proc once the step has ended.
@@ -102,6 +103,14 @@ def probe_processes() -> None:
 
 
 def probe_network() -> None:
+    import urllib.request
+
+    for url in _list("PROBE_URL"):  # through the sandbox's proxy, if it has one
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                _line("url", url, True, f"HTTP {answer.status}")
+        except OSError as exc:
+            _line("url", url, False, str(exc))
     for target in _list("PROBE_CONNECT"):
         host, _, port = target.rpartition(":")
         try:

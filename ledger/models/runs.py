@@ -184,6 +184,9 @@ class WorkflowStepRun(TimestampedModel):
     # diffstat (ledger.step_commits); NULL when the step changed nothing.
     commit_sha = models.CharField(max_length=64, null=True, blank=True)
     commit_diffstat = models.TextField(null=True, blank=True)
+    # loopsweb (0025): "host:port" -> connections the step's sandbox refused (ledger.egress);
+    # NULL when it refused none or the step ran unsandboxed.
+    egress_refused = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_step_runs"

@@ -448,6 +448,7 @@ def _finish_locked(
     step.usage_cached_tokens = usage.cached_tokens if usage else None
     step.usage_cost_usd = usage.cost_usd if usage else None
     step.processes_ended = result.processes_ended
+    step.egress_refused = result.egress_refused or None
     step.save()
     attempt_close(step, now=now, rate_limited=result.rate_limited)
     append_event(

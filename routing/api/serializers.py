@@ -135,6 +135,7 @@ class StepDict(TypedDict):
     error: str | None
     # Processes the step left running that the step guard ended (ledger.stepguard).
     processesEnded: int | None
+    egressRefused: dict[str, int] | None
     # Its tries in order, one per account it ran on (a move after a rate limit, a retry),
     # and the same as one line: "worker: cx-a → rate limited after 0.6 s → cx-b, ...".
     attempts: list[AttemptDict]
@@ -277,6 +278,7 @@ def step_to_dict(step: WorkflowStepRun) -> StepDict:
         durationMs=step.duration_ms,
         error=step.error,
         processesEnded=step.processes_ended,
+        egressRefused=step.egress_refused,
         attempts=[attempt_to_dict(a) for a in attempts],
         attemptsText=attempts_story(step.step_id, attempts),
         usage=tokens_dict(step_usage(step, attempts)),

@@ -1,20 +1,19 @@
-"""Start an agent the way the runner does (the adapter's argv, env and cwd; no shell; its own
-process group) and collect its output, optionally stopping it early.
+"""Start an agent the way the runner does (the adapter's argv, env and cwd; no shell; the step
+guard; the step's sandbox unless the test turned it off) and collect its output, optionally
+stopping it early: `ledger.processes.run_process` itself.
 
 The timeout is a hang deadline (tests/waiting.py scales it): a run that reaches it is
 reported as `timed_out`, and no test asserts how long a run took (tests/bench/ measures)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ledger.processes import run_process
 from ledger.providers import Invocation
+from ledger.sandbox import sandbox_on, step_sandbox
 from tests.waiting import hang_deadline
 
 
@@ -35,60 +34,39 @@ def run_agent(
     stop_when: Callable[[str, str], bool] | None = None,
 ) -> Finished:
     """Run to the end (or `timeout` s, scaled), or until `stop_when(stdout, stderr)` says so."""
-    deadline = time.monotonic() + hang_deadline(timeout)
-    proc = subprocess.Popen(
-        invocation.argv,
-        cwd=invocation.cwd,
-        # codex puts its sandbox helper beside CODEX_HOME, but not under the temporary dir,
-        # where the suite's homes lie; without it, a system bwrap cannot start its commands
-        # (the runner's sandbox sets the same, ledger.sandbox).
-        env={**invocation.env, "TMPDIR": "/var/tmp"},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
-    out: list[str] = []
-    err: list[str] = []
-    changed = threading.Event()
-
-    def pump(stream, into: list[str]) -> None:
-        for line in stream:
-            into.append(line)
-            changed.set()
-
-    threads = [
-        threading.Thread(target=pump, args=(proc.stdout, out), daemon=True),
-        threading.Thread(target=pump, args=(proc.stderr, err), daemon=True),
-    ]
-    for thread in threads:
-        thread.start()
-    stopped = timed_out = False
+    if sandbox_on() and invocation.cwd:
+        invocation.sandbox = step_sandbox(
+            provider=invocation.provider or "",
+            binary=invocation.argv[0],
+            root=invocation.cwd,
+            common_dir=None,
+            account_env=invocation.account_env,
+        )
     try:
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                stopped = timed_out = True
-                break
-            changed.wait(0.2)
-            changed.clear()
-            if stop_when is not None and stop_when("".join(out), "".join(err)):
-                stopped = True
-                break
+        result = run_process(
+            invocation=invocation,
+            timeout_seconds=hang_deadline(timeout),
+            idle_timeout_seconds=None,
+            tail_bytes=1 << 22,
+            grace_seconds=0,
+            on_spawn=lambda pid: None,
+            keep_alive=lambda: True,
+            keep_alive_every=3600,
+            stop_when=(
+                None
+                if stop_when is None
+                else lambda out, err: "stopped" if stop_when(out, err) else None
+            ),
+        )
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        ended_at = time.time()
-        for thread in threads:
-            thread.join(5)
         invocation.remove_files()
+    ended_at = time.time()
+    stopped = result.stopped is not None or result.timeout is not None
     return Finished(
-        exit_code=None if stopped else proc.returncode,
-        stdout="".join(out),
-        stderr="".join(err),
+        exit_code=None if stopped else result.exit_code,
+        stdout=result.stdout,
+        stderr=result.stderr,
         stopped=stopped,
-        timed_out=timed_out,
+        timed_out=result.timeout is not None,
         ended_at=ended_at,
     )

@@ -15,6 +15,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -22,6 +23,7 @@ from django.conf import settings
 from ledger.models import TERMINAL_RUN_STATUSES, Host, RunStatus, WorkflowRun
 from ledger.worktrees import worktree_branch
 from tests.ledger.runner_helpers import child_database_url, git, git_project, steps_of
+from tests.probing import breaches
 from tests.processes import (
     manage,
     start_qcluster,
@@ -124,6 +126,7 @@ class Secrets:
                 )
             ),
             "PROBE_CONNECT": f"127.0.0.1:{self.listener.getsockname()[1]}",
+            "PROBE_URL": "https://exfiltrate.example/",
             "PROBE_SIGNAL": str(os.getpid()),
             "PROBE_MARK": self.mark,
         }
@@ -197,15 +200,7 @@ def _assert_isolated(inst: Installation, project: Path, run: WorkflowRun) -> Non
     worker = steps_of(run)["worker"]
     probes = [line for line in worker.stdout.splitlines() if line.startswith("PROBE ")]
     assert len(probes) >= 20, worker.stdout + worker.stderr
-    # The worktrees dir holds, for the agent, its own run's worktree only. A write is judged
-    # where it would matter, on the host (inside, /tmp is private: the suite's worktrees dir
-    # lies under it, so a write there lands in the sandbox's own tmpfs).
-    own = f"PROBE list {inst.secrets.worktrees}: REACHED ({run.id})"
-    reached = [
-        line
-        for line in probes
-        if ": REACHED" in line and line != own and not line.startswith("PROBE write ")
-    ]
+    reached = breaches(probes, str(run.worktree_path))
     assert reached == [], "\n".join(reached)
     for line in probes:
         if line.startswith("PROBE write "):
@@ -224,6 +219,8 @@ def _assert_isolated(inst: Installation, project: Path, run: WorkflowRun) -> Non
     assert not list(Path.home().glob("probe-*"))
     assert sorted(p.name for p in inst.secrets.victim.iterdir()) == ["work.txt"]
     assert "probing agent" not in (project / ".git" / "config").read_text()
+    # The proxy refused the host no rule names, and the step says so.
+    assert worker.egress_refused == {"exfiltrate.example:443": 1}
     # The daemon that killed its supervisor is gone with the step (well within 10 s).
     assert worker.processes_ended is not None and worker.processes_ended >= 1
     wait_until(
@@ -234,10 +231,17 @@ def _assert_isolated(inst: Installation, project: Path, run: WorkflowRun) -> Non
 
 
 def test_through_the_run_cluster_the_probing_agent_reaches_nothing_outside_its_run(
-    installation: Installation,
+    installation: Installation, admin_client: Any
 ) -> None:
     run = installation.ended(installation.route())
     _assert_isolated(installation, installation.project, run)
+    # The item page and the API show what the sandbox refused to let out.
+    page = admin_client.get(f"/ops/items/{run.work_item_id}/").content.decode()
+    assert "egress refused: 1 host" in page and "exfiltrate.example:443 (1)" in page
+    api = admin_client.get(f"/api/v1/work-items/{run.work_item_id}").json()
+    (found,) = [r for r in api["runs"] if r["id"] == run.id]
+    worker = next(s for s in found["steps"] if s["stepId"] == "worker")
+    assert worker["egressRefused"] == {"exfiltrate.example:443": 1}
 
 
 def test_through_run_workflow_the_probing_agent_reaches_nothing_outside_its_run(

@@ -1,14 +1,17 @@
 """The agent sandbox when loopsweb runs as an ordinary user (docs/isolation.md §7): bwrap then
-builds its namespaces inside a user namespace. The suite runs as root in CI; this test runs a
-step the way the runner does (`ledger.processes.run_process` with the step's sandbox) in a
-process of uid 65534, whose own files (its data dir's secrets, its database, another
-account's env file) only the sandbox can hide from the probing agent."""
+builds its namespaces inside a user namespace. The suite runs as root in CI; here a whole
+installation runs as uid 65534 (its SQLite database, data dir and project its own): `migrate`,
+a run cluster as `make run` starts it, and `route_event` from a second terminal, with the
+probing agent (tests/probe_agent.py) as codewith. Its files (the data dir's secrets and
+database, another account's env file) are readable by that uid, so only the sandbox hides
+them from the agent."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sysconfig
 import tempfile
@@ -17,7 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.ledger.runner_helpers import git_project
+from tests.probing import breaches
+from tests.processes import stop_process_group
 from tests.waiting import hang_deadline
+from tests.waiting import wait_for as wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 
@@ -26,45 +33,91 @@ PROBE_AGENT = CHECKOUT / "tests" / "probe_agent.py"
 UID = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
 
-STEP = """
-import json, os, sys
-import django
-django.setup()
-from django.core.management import call_command
-call_command("migrate", verbosity=0)
-from ledger.processes import run_process
-from ledger.providers import Invocation
-from ledger.sandbox import sandbox_problem, step_sandbox
-assert sandbox_problem() is None, sandbox_problem()
-work, probe, env = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-box = step_sandbox(provider="codewith", binary=probe, root=work, common_dir=None,
-                   account_env={})
-result = run_process(
-    invocation=Invocation(argv=[probe], cwd=work, env=env, sandbox=box),
-    timeout_seconds=120, idle_timeout_seconds=None, tail_bytes=65536, grace_seconds=1,
-    on_spawn=lambda pid: None, keep_alive=lambda: True, keep_alive_every=60,
-)
-print(json.dumps({"exit": result.exit_code, "stdout": result.stdout,
-                  "stderr": result.stderr, "ended": result.ended, "uid": os.getuid()}))
-"""
-
 
 def _readable_by_others(path: Path) -> bool:
-    for part in [path, *path.parents]:
-        if not os.stat(part).st_mode & 0o005:
-            return False
-    return True
+    return all(os.stat(part).st_mode & 0o005 for part in [path, *path.parents])
 
 
 @pytest.fixture
 def base() -> Iterator[Path]:
     # Not under pytest's base temp dir: root's is private (0700) to other users.
     found = Path(tempfile.mkdtemp(prefix="loopsweb-unprivileged-"))
-    os.chown(found, UID, UID)
     try:
         yield found
     finally:
         shutil.rmtree(found, ignore_errors=True)
+
+
+class Unprivileged:
+    """An installation of uid UID: its commands run through `setpriv`."""
+
+    def __init__(self, base: Path) -> None:
+        site = Path(sysconfig.get_paths()["purelib"])
+        self.base = base
+        self.data = base / "data"
+        self.data.mkdir()
+        self.project = git_project(base / "projects" / "demo")
+        self.secrets = {
+            self.data / "secret_key": "the installation's key\n",
+            self.data / "loopsweb.env": "LOOPSWEB_HTTPS=0\n",
+            base / "other.env": "OPENAI_API_KEY=sk-other-account-key\n",
+        }
+        for path, text in self.secrets.items():
+            path.write_text(text)
+            path.chmod(0o600)
+        subprocess.run(["chown", "-R", f"{UID}:{UID}", str(base)], check=True)
+        self.database = self.data / "db.sqlite3"
+        self.mark = f"loopsweb-unprivileged-mark-{os.getpid()}"
+        self.env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(base),
+            "PYTHONPATH": f"{CHECKOUT}{os.pathsep}{site}",
+            "DEBUG": "1",
+            "SECRET_KEY": "unprivileged-test-key",
+            "LOOPSWEB_DATA_DIR": str(self.data),
+            "DATABASE_URL": f"sqlite:///{self.database}",
+            "LOOPSWEB_PROJECT_ROOTS": str(base / "projects"),
+            "LOOPSWEB_CODEWITH_BIN": str(PROBE_AGENT),
+            "LOOPSWEB_AGENT_ENV_PASSTHROUGH": "PROBE_*",
+            "PROBE_READ": ",".join(
+                str(p) for p in [*self.secrets, self.database, CHECKOUT / "manage.py"]
+            ),
+            "PROBE_LIST": f"{self.data},{CHECKOUT}",
+            "PROBE_WRITE": f"{self.data},{CHECKOUT}",
+            "PROBE_MARK": self.mark,
+        }
+
+    def argv(self, *args: str) -> list[str]:
+        return [
+            "setpriv",
+            f"--reuid={UID}",
+            f"--regid={UID}",
+            "--clear-groups",
+            SYSTEM_PYTHON,
+            str(CHECKOUT / "manage.py"),
+            *args,
+        ]
+
+    def manage(self, *args: str) -> str:
+        done = subprocess.run(
+            self.argv(*args),
+            cwd=self.base,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=hang_deadline(300),
+        )
+        assert done.returncode == 0, f"{args}: {done.stderr[-3000:]}"
+        return done.stdout
+
+    def row(self, sql: str, *params: str) -> tuple[object, ...] | None:
+        """One row, read as root; None while the cluster holds a write lock."""
+        try:
+            with sqlite3.connect(f"file:{self.database}?mode=ro", uri=True) as db:
+                found: tuple[object, ...] | None = db.execute(sql, params).fetchone()
+                return found
+        except sqlite3.OperationalError:
+            return None
 
 
 def test_as_an_unprivileged_user_the_probing_agent_reaches_nothing_outside_its_run(
@@ -82,76 +135,75 @@ def test_as_an_unprivileged_user_the_probing_agent_reaches_nothing_outside_its_r
             f"uid {UID} cannot read the checkout or its packages, or there is no "
             f"{SYSTEM_PYTHON}"
         )
-    data, work = base / "data", base / "work"
-    for path in (data, work):
-        path.mkdir()
-    secrets = {
-        data / "secret_key": "the installation's key\n",
-        data / "loopsweb.env": "LOOPSWEB_HTTPS=0\n",
-        base / "other.env": "OPENAI_API_KEY=sk-other\n",
-    }
-    for path, text in secrets.items():
-        path.write_text(text)
-        path.chmod(0o600)
-    for path in [*secrets, data, work]:
-        os.chown(path, UID, UID)
-    mark = f"loopsweb-unprivileged-mark-{os.getpid()}"
-    step_env = {
-        "PATH": "/usr/bin:/bin",
-        "LOOPSWEB_STEP_ID": "worker",
-        "PROBE_READ": ",".join(str(p) for p in [*secrets, data / "db.sqlite3"]),
-        "PROBE_LIST": f"{data},{CHECKOUT}",
-        "PROBE_WRITE": f"{data},{CHECKOUT}",
-        "PROBE_MARK": mark,
-    }
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(base),
-        "PYTHONPATH": f"{CHECKOUT}{os.pathsep}{site}",
-        "DJANGO_SETTINGS_MODULE": "loopsweb.settings",
-        "DEBUG": "1",
-        "SECRET_KEY": "unprivileged-test",
-        "LOOPSWEB_DATA_DIR": str(data),
-        "DATABASE_URL": f"sqlite:///{data / 'db.sqlite3'}",
-    }
-    done = subprocess.run(
-        [
-            "setpriv",
-            f"--reuid={UID}",
-            f"--regid={UID}",
-            "--clear-groups",
-            SYSTEM_PYTHON,
-            "-c",
-            STEP,
-            str(work),
-            str(PROBE_AGENT),
-            json.dumps(step_env),
-        ],
+    inst = Unprivileged(base)
+    inst.manage("migrate", "--verbosity", "0")
+    log = (base / "runs.log").open("wb")
+    cluster = subprocess.Popen(
+        inst.argv("qcluster"),
         cwd=base,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=hang_deadline(300),
+        env={**inst.env, "Q_CLUSTER_NAME": "loopsweb-runs"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["uid"] == UID
-    assert result["exit"] == 0, result["stderr"]
-    probes = [
-        line for line in result["stdout"].splitlines() if line.startswith("PROBE ")
-    ]
-    assert len(probes) >= 8, result["stdout"]
-    # Writes are judged on the host below: inside, /tmp (where this base dir lies) is the
-    # sandbox's own.
-    reached = [
-        line
-        for line in probes
-        if ": REACHED" in line and not line.startswith("PROBE write ")
-    ]
+    try:
+        wait_until(
+            lambda: (
+                inst.row("SELECT name FROM loopsweb_hosts LIMIT 1")
+                if inst.database.exists()
+                else None
+            ),
+            what="the unprivileged run cluster to register its host",
+        )
+        event = {
+            "id": "evt-unprivileged",
+            "type": "build.failed",
+            "source": "ci",
+            "data": {"project_path": str(inst.project), "title": "Look around"},
+        }
+        out = inst.manage(
+            "route_event", "generic", "--event-json", json.dumps(event), "--json"
+        )
+        run_id = json.loads(out)["run"]["id"]
+        status = wait_until(
+            lambda: (
+                found[0]
+                if (
+                    found := inst.row(
+                        "SELECT status FROM workflow_runs WHERE id = ?", run_id
+                    )
+                )
+                and found[0] in ("succeeded", "failed", "timed_out", "cancelled")
+                else None
+            ),
+            what=f"run {run_id} to end",
+        )
+    finally:
+        stop_process_group(cluster)
+        log.close()
+    stdout, ended = inst.row(
+        "SELECT stdout, processes_ended FROM workflow_step_runs "
+        "WHERE workflow_run_id = ? AND step_id = 'worker'",
+        run_id,
+    ) or ("", None)
+    assert status == "succeeded", (base / "runs.log").read_text()[-3000:]
+    text = str(stdout)
+    assert "as uid" in text and "as uid 0" not in text, text
+    probes = [line for line in text.splitlines() if line.startswith("PROBE ")]
+    assert len(probes) >= 8, text
+    worktree = inst.row("SELECT worktree_path FROM workflow_runs WHERE id = ?", run_id)
+    reached = breaches(probes, str(worktree[0] if worktree else ""))
     assert reached == [], "\n".join(reached)
     assert not list(CHECKOUT.glob("probe-*"))
-    assert (work / "probe-work-worker.txt").read_text() == "work of step worker\n"
-    assert sorted(p.name for p in data.iterdir()) == sorted(
-        ["secret_key", "loopsweb.env", "db.sqlite3"]
-    )
-    assert result["ended"] >= 1  # the setsid daemon, ended with the step
+    assert not [p for p in inst.data.iterdir() if p.name.startswith("probe-")]
+    branch = subprocess.run(
+        ["git", "-C", str(inst.project), "ls-tree", "-r", "--name-only",
+         f"loopsweb/run-{run_id}"],
+        capture_output=True, text=True, check=False,
+        env={"PATH": "/usr/bin:/bin", "GIT_CONFIG_GLOBAL": os.devnull,
+             "GIT_CONFIG_PARAMETERS": "'safe.directory=*'"},
+    ).stdout.split()  # fmt: skip
+    assert "probe-work-worker.txt" in branch
+    assert (
+        isinstance(ended, int) and ended >= 1
+    )  # the setsid daemon, ended with the step
