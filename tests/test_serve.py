@@ -237,6 +237,7 @@ def _clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
         *CHILD_TEST_ENV,
         "ALLOWED_HOSTS",
         "LOOPSWEB_STATIC_MANIFEST",
+        "LOOPSWEB_AGENT_SANDBOX",  # the suite's choice for the fake agent (tests/conftest.py)
     }
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update(
