@@ -1,13 +1,12 @@
 """A sandboxed step's only way out: a relay across the network namespace (docs/isolation.md §7).
 
-Standard library only: both halves run outside Django, each in a process of its own.
+Standard library only: the inside half runs in the step guard, outside Django.
 
-- The OUTSIDE half (`python -I -S egress.py SOCKET REPORT_FD RULES_JSON`, started by
-  ledger.processes beside the sandbox) listens on a unix socket in a private directory that
-  is bound into the sandbox. Each connection starts with one line, `host port`; the relay
+- The OUTSIDE half (`start_outside`, threads of the runner's process while the step runs,
+  ledger.processes.EgressRelay) listens on a unix socket in a private directory that is
+  bound into the sandbox. Each connection starts with one line, `host port`; the relay
   answers `OK` and joins it to a TCP connection to that host and port when a rule allows it,
-  else `NO` (the host and port are counted as refused). On SIGTERM it writes
-  `{"refused": {"host:port": count}}` to REPORT_FD and exits.
+  else `NO` (the host and port are counted as refused, `Relay.refused`).
 - The INSIDE half runs in the step guard (ledger.stepguard), the sandbox's first process, in
   the step's own network namespace where only `lo` exists: for each allowed endpoint on the
   host's loopback it listens on the same port of the namespace's loopback, and it serves an
@@ -22,11 +21,8 @@ that resolves to loopback through a wildcard is refused.
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
-import signal
 import socket
-import sys
 import threading
 from collections.abc import Iterable
 
@@ -214,32 +210,18 @@ class Relay:
             threading.Thread(target=self.serve_one, args=(conn,), daemon=True).start()
 
 
-def main(args: list[str]) -> None:
-    if len(args) != 3:
-        sys.stderr.write("usage: egress.py SOCKET REPORT_FD RULES_JSON\n")
-        sys.exit(2)
-    path, report_fd = args[0], int(args[1])
-    import ctypes
-
-    # Ends with the runner's thread that started it, like the step guard.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
-    relay = Relay([(host, port) for host, port in json.loads(args[2])])
+def start_outside(
+    path: str, rules: list[tuple[str, int | None]]
+) -> tuple[Relay, socket.socket]:
+    """The outside half, in daemon threads of the calling process (the runner's): the
+    relay and its listening socket at `path` (0600); closing the socket stops it."""
+    relay = Relay(rules)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     os.chmod(path, 0o600)
     listener.listen(64)
-
-    def stop(_signum: int, _frame: object) -> None:
-        with relay.lock:
-            line = json.dumps({"refused": dict(relay.refused)}) + "\n"
-        try:
-            os.write(report_fd, line.encode())
-        finally:
-            os._exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    os.write(report_fd, b'{"ready": true}\n')
-    relay.serve(listener)
+    threading.Thread(target=relay.serve, args=(listener,), daemon=True).start()
+    return relay, listener
 
 
 # --- inside -------------------------------------------------------------------------------------
@@ -344,7 +326,3 @@ def start_inside(path: str, forwards: dict[int, str], proxy_port: int) -> None:
             args=(sock, lambda conn: _proxy_one(path, conn)),
             daemon=True,
         ).start()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

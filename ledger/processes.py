@@ -24,6 +24,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from ledger.egress import Relay, start_outside
 from ledger.instances import WorkerId, process_space_of
 from ledger.models import WorkflowStepRun
 from ledger.providers import Invocation
@@ -42,7 +44,6 @@ from ledger.sandbox import INSIDE_DIR, guard_python
 
 STEP_SPAWN_FAILED = "step could not be started: {error}"
 STEP_GUARD = str(Path(__file__).with_name("stepguard.py"))
-EGRESS = str(Path(__file__).with_name("egress.py"))
 # With no grace, the guard still gets this long to kill what left its group (stepguard, 5).
 _GUARD_SWEEP_SECONDS = 0.2
 
@@ -264,8 +265,13 @@ def run_process(
                     else:
                         selector.unregister(key.fileobj)
             else:
-                # Both pipes closed but the process lives on: keep enforcing the limits.
-                time.sleep(_SELECT_SECONDS)
+                # Both pipes closed but the process lives on: keep enforcing the limits,
+                # and go on the moment it exits (a sandbox's bwrap outlives its pipes by
+                # a few milliseconds: a plain sleep cost every such step 100 ms).
+                try:
+                    proc.wait(timeout=_SELECT_SECONDS)
+                except subprocess.TimeoutExpired:
+                    pass
             now = time.monotonic()
             if proc.poll() is not None:
                 if not selector.get_map():
@@ -372,62 +378,37 @@ def inside_guard_argv(
 
 
 class EgressRelay:
-    """The outside half of a sandboxed step's egress (ledger.egress), in a process of its
-    own beside the sandbox, listening on a socket in a private directory."""
+    """The outside half of a sandboxed step's egress (ledger.egress), in threads of this
+    process while the step runs, listening on a socket in a private directory."""
 
-    def __init__(
-        self, proc: subprocess.Popen[bytes], socket_dir: str, report: int
-    ) -> None:
-        self.proc = proc
+    def __init__(self, relay: Relay, listener: socket.socket, socket_dir: str) -> None:
+        self.relay = relay
+        self.listener = listener
         self.socket_dir = socket_dir
-        self.report = report
 
     @classmethod
     def start(cls, rules: list[tuple[str, int | None]]) -> EgressRelay:
         socket_dir = tempfile.mkdtemp(prefix="loopsweb-egress-")  # mode 0700
-        read, write = os.pipe()
         try:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    EGRESS,
-                    os.path.join(socket_dir, "egress.sock"),
-                    str(write),
-                    json.dumps(rules),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                pass_fds=(write,),
-                start_new_session=True,
+            relay, listener = start_outside(
+                os.path.join(socket_dir, "egress.sock"), rules
             )
-        finally:
-            os.close(write)
-        # Not waited for: the sandbox binds the socket's directory, and the relay listens
-        # long before the step's CLI makes its first connection.
-        return cls(proc, socket_dir, read)
+        except OSError:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            raise
+        return cls(relay, listener, socket_dir)
 
     def stop(self) -> dict[str, int]:
-        """End the relay; what it refused (host:port -> connections)."""
+        """Stop listening; what it refused (host:port -> connections). A connection still
+        open ends when the sandbox's processes are gone (its inside end closes)."""
         try:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-        # The relay has exited: its report pipe reads to the end without blocking.
-        with os.fdopen(self.report, "rb") as handle:
-            lines = handle.read(1 << 20).splitlines()
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
-        try:
-            found = json.loads(lines[-1]) if lines else {}
-        except ValueError:
-            return {}
-        refused = found.get("refused") if isinstance(found, dict) else None
-        if not isinstance(refused, dict):
-            return {}
-        return {str(k): _count(v) for k, v in refused.items()}
+        with self.relay.lock:
+            return dict(self.relay.refused)
 
 
 def guarded_argv(report_fd: int, grace_seconds: float, argv: list[str]) -> list[str]:

@@ -3,8 +3,8 @@
 One run, alternating: STARTS step processes through `ledger.processes.run_process` exactly as
 the runner starts them, with and without the sandbox (bwrap, its egress relay and the guard
 as the namespace's first process), each running `/bin/true` in a worktree-like directory. The
-figure is the step's wall time from `run_process` called to the result returned, which is the
-start-up and tear-down the sandbox adds; the agent CLIs themselves take one to six seconds to
+figure is the step's wall time from `run_process` called to the result returned; the
+difference is the start-up and tear-down the sandbox adds; the agent CLIs themselves take one to six seconds to
 start. Target (docs/isolation.md §7): at most 100 ms added at p95 on the 2-core machine.
 """
 
@@ -100,8 +100,9 @@ def run(db: harness.BenchDatabase) -> None:
         "x",
     )
     report.note(
-        "alternating starts of /bin/true in one process; the sandbox's includes bwrap, the "
-        "egress relay's process and the guard in the step's PID namespace"
+        "alternating starts of /bin/true in one process; the sandbox's include bwrap, the "
+        "guard as the first process of the step's PID namespace with the egress relay's "
+        "inside half, and the relay's outside half (threads of the runner)"
     )
     report.finish()
 
