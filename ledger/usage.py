@@ -7,13 +7,18 @@ Contract:
 2. claude (`claude --print --output-format json`) prints one result object with
    `usage: {input_tokens, cache_creation_input_tokens, cache_read_input_tokens,
    output_tokens}` and `total_cost_usd`. Input counts every input token (cache reads and
-   cache writes included); cached counts cache reads. The last result object wins.
+   cache writes included); cached counts cache reads. A step's result objects are summed
+   (claude prints one; never "the last wins": a forged zero line cannot erase a real one).
 3. opencode (`opencode run --format json`) prints JSON Lines events; each model call ends
    with a `step_finish` event whose `part` carries `tokens: {input, output, reasoning,
    cache: {read, write}}` and `cost`. opencode's `input` leaves the cache out, so input is
    input + cache reads + cache writes and cached is cache reads (as for claude); the
    step's usage and cost are the sums over its calls.
-4. Any other provider, or output in which no usage could be read, gives None. Lines that
+4. Bounded, since the output is the agent's to write: each value is clamped to MAX_TOKENS
+   (and each sum), a cost to MAX_COST_USD, and a cost that is not a finite number is none;
+   the ledger's sums over many steps then stay far inside a 64-bit integer on either
+   database, and no API or `/metrics` answer carries NaN or Infinity.
+5. Any other provider, or output in which no usage could be read, gives None. Lines that
    are not JSON (a banner, a dropped-bytes marker, a truncated first line of the tail) are
    skipped; nothing here raises on bad output, so usage never fails a step.
 """
@@ -21,8 +26,13 @@ Contract:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
+
+# Per step: a thousand model calls of a million tokens each; a dollar figure to match.
+MAX_TOKENS = 10**9
+MAX_COST_USD = 100_000.0
 
 
 @dataclass(frozen=True)
@@ -36,7 +46,28 @@ class Usage:
 def _int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
-    return value
+    return min(value, MAX_TOKENS)
+
+
+def _cost(value: Any) -> float | None:
+    """A cost the agent reported: a finite, non-negative number, clamped; else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        return None
+    return min(number, MAX_COST_USD)
+
+
+def _bounded(
+    input_tokens: int, output_tokens: int, cached_tokens: int, cost: float | None = None
+) -> Usage:
+    return Usage(
+        input_tokens=min(input_tokens, MAX_TOKENS),
+        output_tokens=min(output_tokens, MAX_TOKENS),
+        cached_tokens=min(cached_tokens, MAX_TOKENS),
+        cost_usd=None if cost is None else min(cost, MAX_COST_USD),
+    )
 
 
 def _objects(text: str) -> list[dict[str, Any]]:
@@ -83,33 +114,32 @@ def _codex(objects: list[dict[str, Any]]) -> Usage | None:
         total_cached += _int(usage.get("cached_input_tokens")) or 0
     if not seen:
         return None
-    return Usage(
-        input_tokens=total_in, output_tokens=total_out, cached_tokens=total_cached
-    )
+    return _bounded(total_in, total_out, total_cached)
 
 
 def _claude(objects: list[dict[str, Any]]) -> Usage | None:
-    for event in reversed(objects):
+    total_in = total_out = total_cached = 0
+    cost: float | None = None
+    seen = False
+    for event in objects:
         usage = event.get("usage")
         if event.get("type") != "result" or not isinstance(usage, dict):
             continue
         inp, out = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
         if inp is None and out is None:
             continue
+        seen = True
         read = _int(usage.get("cache_read_input_tokens")) or 0
         created = _int(usage.get("cache_creation_input_tokens")) or 0
-        cost = event.get("total_cost_usd")
-        return Usage(
-            input_tokens=(inp or 0) + read + created,
-            output_tokens=out or 0,
-            cached_tokens=read,
-            cost_usd=float(cost)
-            if isinstance(cost, int | float)
-            and not isinstance(cost, bool)
-            and cost >= 0
-            else None,
-        )
-    return None
+        total_in += (inp or 0) + read + created
+        total_out += out or 0
+        total_cached += read
+        found = _cost(event.get("total_cost_usd"))
+        if found is not None:
+            cost = (cost or 0.0) + found
+    if not seen:
+        return None
+    return _bounded(total_in, total_out, total_cached, cost)
 
 
 def _opencode(objects: list[dict[str, Any]]) -> Usage | None:
@@ -132,17 +162,10 @@ def _opencode(objects: list[dict[str, Any]]) -> Usage | None:
         total_in += (inp or 0) + read + (_int(cache.get("write")) or 0)
         total_out += out or 0
         total_cached += read
-        value = part.get("cost")
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-            cost += float(value)
+        cost += _cost(part.get("cost")) or 0.0
     if not seen:
         return None
-    return Usage(
-        input_tokens=total_in,
-        output_tokens=total_out,
-        cached_tokens=total_cached,
-        cost_usd=cost,
-    )
+    return _bounded(total_in, total_out, total_cached, cost)
 
 
 PARSERS = {"codex": _codex, "claude": _claude, "opencode": _opencode}

@@ -5,6 +5,10 @@ Rules:
 1. `windows_record` writes one `AccountWindow` row per observation (autocommit, no lock: an
    observation changes no count) and prunes: per (account, window) only the newest
    `KEEP_PER_WINDOW` rows stay, and rows older than LOOPSWEB_WINDOW_KEEP_DAYS are removed.
+   What a step printed is bounded (the agent writes its CLI's output): a reset lies at most
+   the window's own length after the observation (a week for a name without a length), and
+   an account keeps at most MAX_WINDOWS_PER_ACCOUNT window names (a new name past that is
+   not recorded).
 2. `latest_windows` is the newest observation per (account, window), for the named accounts
    (or all), seen within LOOPSWEB_WINDOW_KEEP_DAYS.
 3. The estimate: an account with window budgets (`account add/edit --window 5h=TOKENS`) gets,
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,6 +46,8 @@ from ledger.window_rows import window_keep_days
 from ledger.window_spend import with_spend
 
 KEEP_PER_WINDOW = 10
+MAX_WINDOWS_PER_ACCOUNT = 16
+LONGEST_WINDOW = timedelta(days=7)  # the longest window a provider keeps (a week)
 SOURCE_ESTIMATE = "loopsweb estimate"
 _DURATION = re.compile(r"^([1-9][0-9]{0,4})([mhd])$")
 _UNIT = {"m": 60, "h": 3600, "d": 86400}
@@ -84,6 +91,9 @@ def windows_record(
     if not account or not windows:
         return 0
     now = now or timezone.now()
+    windows = _bounded(account, windows, now)
+    if not windows:
+        return 0
     AccountWindow.objects.bulk_create(
         [
             AccountWindow(
@@ -112,6 +122,32 @@ def windows_record(
         observed_at__lt=now - timedelta(days=window_keep_days())
     ).delete()
     return len(windows)
+
+
+def _bounded(account: str, windows: Sequence[Window], now: datetime) -> list[Window]:
+    """Rule 1's bounds on what a step printed."""
+    known = set(
+        AccountWindow.objects.filter(account_profile=account)
+        .values_list("window", flat=True)
+        .distinct()
+    )
+    kept: list[Window] = []
+    for window in windows:
+        name = window.name[:60]
+        if name not in known and len(known) >= MAX_WINDOWS_PER_ACCOUNT:
+            continue
+        known.add(name)
+        seconds = window_seconds(name)
+        length = (
+            timedelta(seconds=seconds)
+            if seconds and seconds <= LONGEST_WINDOW.total_seconds()
+            else LONGEST_WINDOW
+        )
+        latest = (window.observed_at or now) + length
+        if window.resets_at is not None and window.resets_at > latest:
+            window = replace(window, resets_at=latest)
+        kept.append(window)
+    return kept
 
 
 def _window(row: AccountWindow) -> Window:

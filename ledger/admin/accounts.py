@@ -9,9 +9,11 @@ from django import forms
 from django.contrib import admin
 from django.db.models import Q
 
+from ledger import services
 from ledger.models import Account
 from ledger.providers import PROVIDERS
 from ledger.services.accounts import AccountError, account_check
+from ledger.webkit.audit import log_operator_action
 
 
 class AccountForm(forms.ModelForm):
@@ -78,7 +80,7 @@ class AccountAdmin(admin.ModelAdmin):
     list_filter = ("provider", "enabled")
     search_fields = ("name", "notes")
     ordering = ("name",)
-    actions = ("disable_accounts", "enable_accounts")
+    actions = ("disable_accounts", "enable_accounts", "clear_accounts")
 
     def get_readonly_fields(self, request: Any, obj: Account | None = None) -> Any:
         # The name is what step runs record: renaming would orphan their history.
@@ -94,6 +96,19 @@ class AccountAdmin(admin.ModelAdmin):
     def disable_accounts(self, request: Any, queryset: Any) -> None:
         n = queryset.filter(enabled=True).update(enabled=False)
         self.message_user(request, f"{n} account(s) disabled")
+
+    @admin.action(
+        description="Clear selected accounts' cooldown, exhausted windows and login mark"
+    )
+    def clear_accounts(self, request: Any, queryset: Any) -> None:
+        # As `account clear NAME`: what steps' output claimed about the account goes.
+        for row in queryset:
+            done = services.account_clear(name=row.name)
+            if done.anything:
+                log_operator_action(
+                    request, Account, row.name, "Clear the account", done.text()
+                )
+            self.message_user(request, f"{row.name}: cleared {done.text()}")
 
     @admin.action(description="Enable selected accounts (clears a failed login)")
     def enable_accounts(self, request: Any, queryset: Any) -> None:

@@ -60,6 +60,8 @@ from ledger.services.common import (
     worker_identity,
 )
 from ledger.services.cooldowns import (
+    Cleared,
+    account_clear,
     account_cooldown_record,
     account_login_clear,
     account_login_failed_record,
@@ -153,6 +155,8 @@ __all__ = [
     "StepStart",
     "account_cooldown_record",
     "account_login_clear",
+    "account_clear",
+    "Cleared",
     "account_login_failed_record",
     "join_reason",
     "kill_step_process_group",

@@ -7,6 +7,7 @@ enable`), because no wait makes a revoked key good again.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -17,11 +18,12 @@ from ledger.lock import admission_lock
 from ledger.models import (
     Account,
     AccountCooldown,
+    AccountWindow,
     WorkflowStepRun,
 )
 from ledger.ratelimit import cooldown_backoff
-from ledger.services.common import clean_text, now_or_default
-from ledger.windows import windows_record
+from ledger.services.common import LedgerError, clean_text, now_or_default
+from ledger.windows import latest_windows, windows_record
 
 # The window a 429 seen by the runner is recorded as, and its source.
 RATE_LIMIT_WINDOW = "rate_limit"
@@ -131,3 +133,89 @@ def account_login_clear(*, name: str, now: datetime | None = None) -> bool:
                 login_failed_at=None, login_failed_reason=None, updated_at=now
             )
         )
+
+
+# --- an operator's clear ----------------------------------------------------------------------
+
+ACCOUNT_TO_CLEAR_NOT_FOUND = "no account named {name!r}"
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """What `account_clear` cleared (or, with dry_run, would clear)."""
+
+    name: str
+    cooldown_until: datetime | None  # the cooldown's deadline, None when it had none
+    windows: tuple[str, ...]  # the exhausted windows whose observations went
+    login_failed: bool  # a `login failed` mark was cleared
+
+    @property
+    def anything(self) -> bool:
+        return bool(self.cooldown_until or self.windows or self.login_failed)
+
+    def text(self) -> str:
+        parts = []
+        if self.cooldown_until:
+            parts.append(f"the cooldown until {self.cooldown_until.isoformat()}")
+        if self.windows:
+            parts.append(f"exhausted windows {', '.join(self.windows)}")
+        if self.login_failed:
+            parts.append("the login failed mark")
+        return (
+            ", ".join(parts) or "nothing (no cooldown, exhausted window or login mark)"
+        )
+
+
+def account_clear(
+    *,
+    name: str,
+    cooldown: bool = True,
+    windows: bool = True,
+    login: bool = True,
+    dry_run: bool = False,
+    now: datetime | None = None,
+) -> Cleared:
+    """Clear what steps' output claimed about the account (docs/operations.md, "Accounts"):
+    its cooldown, the observations of its windows that read exhausted, its `login failed`
+    mark; an operator's word, or a passing `account check` (the provider's own answer
+    outranks what a task printed). Under the admission lock: admission and step starts
+    read all three."""
+    now = now_or_default(now)
+    name = name.strip()
+    with transaction.atomic():
+        admission_lock()
+        row = Account.objects.filter(pk=name).first()
+        if row is None:
+            raise LedgerError(ACCOUNT_TO_CLEAR_NOT_FOUND.format(name=name))
+        cooling = (
+            AccountCooldown.objects.filter(pk=name, until__gt=now).first()
+            if cooldown
+            else None
+        )
+        spent = (
+            tuple(
+                w.name
+                for w in latest_windows([name], now=now).get(name, [])
+                if w.exhausted(now, max_used=1.0)
+            )
+            if windows
+            else ()
+        )
+        marked = login and row.login_failed_at is not None
+        if not dry_run:
+            if cooling is not None:
+                AccountCooldown.objects.filter(pk=name).update(until=now, reports=0)
+            if spent:
+                AccountWindow.objects.filter(
+                    account_profile=name, window__in=spent
+                ).delete()
+            if marked:
+                Account.objects.filter(pk=name).update(
+                    login_failed_at=None, login_failed_reason=None, updated_at=now
+                )
+    return Cleared(
+        name=name,
+        cooldown_until=cooling.until if cooling is not None else None,
+        windows=spent,
+        login_failed=marked,
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from routing.ops import run_work
+from routing.ops import account_actions, run_work
 from routing.ops import views as ops_views
 
 app_name = "ops"
@@ -26,6 +26,11 @@ urlpatterns: list[URLPattern] = [
     path("runs/<str:run_id>/patch/", run_work.run_patch_all, name="run-patch"),
     path("runs/<str:run_id>/<str:action>/", run_work.run_action, name="run-action"),
     path("accounts/", ops_views.accounts, name="accounts"),
+    path(
+        "accounts/<str:name>/clear/",
+        account_actions.account_clear,
+        name="account-clear",
+    ),
     path("hosts/", ops_views.hosts, name="hosts"),
     path("drains/", ops_views.drains, name="drains"),
     path("drains/<str:drain_id>/", ops_views.drain_detail, name="drain"),

@@ -151,6 +151,6 @@ def test_account_check_makes_a_real_request_and_clears_the_mark(
     del stand_in.modes[KEYS[BAD]]  # the key works again
     answered = manage(env, "account", "check", BAD)
     assert "a real request was answered" in answered.stdout
-    assert "login failed` mark is cleared" in answered.stdout
+    assert "cleared the login failed mark" in answered.stdout
     account = Account.objects.get(pk=BAD)
     assert account.login_failed_at is None and account.login_failed_reason is None

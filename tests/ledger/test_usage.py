@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.usage import Usage, parse_usage
+from ledger.usage import MAX_COST_USD, MAX_TOKENS, Usage, parse_usage
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "usage"
 
@@ -57,3 +57,41 @@ def test_a_dropped_bytes_marker_before_the_tail_does_not_hide_the_usage() -> Non
 )
 def test_output_without_readable_usage_gives_none(provider: str, text: str) -> None:
     assert parse_usage(provider, text) is None
+
+
+def _claude_result(tokens: object, cost: object) -> str:
+    usage = f'"usage":{{"input_tokens":{tokens},"output_tokens":{tokens}}}'
+    return f'{{"type":"result",{usage},"total_cost_usd":{cost}}}\n'
+
+
+def test_a_forged_zero_result_after_a_real_one_erases_nothing() -> None:
+    """The agent writes its CLI's output: a zero result line after the real one is summed,
+    never taken as the step's usage."""
+    text = _claude_result(400000, 42.5) + _claude_result(0, 0)
+    usage = parse_usage("claude", text)
+    assert usage is not None
+    assert (usage.input_tokens, usage.output_tokens) == (400000, 400000)
+    assert usage.cost_usd == 42.5
+
+
+@pytest.mark.parametrize("provider", ["claude", "codex", "opencode"])
+def test_usage_claims_are_bounded_and_finite(provider: str) -> None:
+    huge = 2**63 - 1
+    lines = {
+        "claude": _claude_result(huge, "Infinity") + _claude_result(9 * 10**18, "NaN"),
+        "codex": (
+            f'{{"type":"turn.completed","usage":{{"input_tokens":{huge},'
+            f'"output_tokens":{huge}}}}}\n'
+        )
+        * 3,
+        "opencode": (
+            f'{{"type":"step_finish","part":{{"tokens":{{"input":{huge},"output":{huge},'
+            f'"cache":{{"read":{huge}}}}},"cost":Infinity}}}}\n'
+        )
+        * 3,
+    }
+    usage = parse_usage(provider, lines[provider])
+    assert usage is not None
+    for value in (usage.input_tokens, usage.output_tokens, usage.cached_tokens):
+        assert value is not None and 0 <= value <= MAX_TOKENS
+    assert usage.cost_usd is None or (0 <= usage.cost_usd <= MAX_COST_USD)

@@ -130,6 +130,24 @@ class Command(OperatorCommand):
             sub = actions.add_parser(verb, help=f"{verb} an account")
             sub.add_argument("name")
             sub.add_argument("--json", action="store_true", help="print JSON")
+        clear = actions.add_parser(
+            "clear",
+            help="clear what steps' output claimed: cooldown, exhausted windows, login mark",
+        )
+        clear.add_argument("name")
+        clear.add_argument("--cooldown", action="store_true", help="clear the cooldown")
+        clear.add_argument(
+            "--windows", action="store_true", help="clear the exhausted windows"
+        )
+        clear.add_argument(
+            "--login", action="store_true", help="clear the login failed mark"
+        )
+        clear.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="say what would be cleared, clear nothing",
+        )
+        clear.add_argument("--json", action="store_true", help="print JSON")
         remove = actions.add_parser("remove", help="remove an account")
         remove.add_argument("name")
         remove.add_argument(
@@ -150,6 +168,8 @@ class Command(OperatorCommand):
                 self._list(as_json=options["json"])
             elif action == "check":
                 self._check(options)
+            elif action == "clear":
+                self._clear(options)
             elif action in ("disable", "enable"):
                 row, changed = services.account_set_enabled(
                     name=options["name"], enabled=action == "enable"
@@ -216,6 +236,34 @@ class Command(OperatorCommand):
         )
         verb = "would edit" if options["dry_run"] else "edited"
         self._say(options, f"account: {verb} {row.name}", row, result=verb)
+
+    def _clear(self, options: dict[str, Any]) -> None:
+        chosen = [k for k in ("cooldown", "windows", "login") if options[k]]
+        every = not chosen  # none named: all three
+        done = services.account_clear(
+            name=options["name"],
+            cooldown=every or options["cooldown"],
+            windows=every or options["windows"],
+            login=every or options["login"],
+            dry_run=options["dry_run"],
+        )
+        verb = "would clear" if options["dry_run"] else "cleared"
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "result": verb if done.anything else "nothing to clear",
+                        "account": done.name,
+                        "cooldownUntil": done.cooldown_until.isoformat()
+                        if done.cooldown_until
+                        else None,
+                        "windows": list(done.windows),
+                        "loginFailed": done.login_failed,
+                    }
+                )
+            )
+        else:
+            self.stdout.write(f"account: {verb} {done.name}: {done.text()}")
 
     def _check(self, options: dict[str, Any]) -> None:
         test = services.account_self_test(name=options["name"])
