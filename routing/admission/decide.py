@@ -19,7 +19,11 @@ from datetime import datetime
 from django.utils import timezone
 
 from domain import reasons
-from domain.pool import PoolAssignment, assign_pool_auth_profiles
+from domain.pool import (
+    LOGIN_FAILED_REASON,
+    PoolAssignment,
+    assign_pool_auth_profiles,
+)
 from domain.throttle import (
     AdmissionDecision,
     ThrottleCounts,
@@ -30,6 +34,7 @@ from domain.windows import DEFAULT_MAX_WINDOW_USED, Window, window_filter
 from ledger.selectors import (
     AccountLimits,
     RegisteredAccount,
+    account_registry,
     account_state,
     active_counts,
 )
@@ -245,7 +250,37 @@ def precheck(
     if hold is None and plan.pool_active:
         pool = view()
         hold = pool_hold(pool)
+    if hold is None and not plan.pool_active:
+        hold = pinned_hold(plan)
     return Precheck(hold=hold, decision=decision, view=pool)
+
+
+PINNED_DISABLED_REASON = "account {name}: disabled in the account registry"
+
+
+def pinned_hold(plan: RoutePlan) -> Hold | None:
+    """A route pinned to an account that cannot start (its login failed, it is disabled) is
+    deferred with the reason, as a pool of that one account is, never admitted to wait
+    silently (one read, only when a step names an account)."""
+    pinned = sorted(
+        {
+            str(target["authProfile"]).strip()
+            for step in plan.spec.get("steps") or []
+            if isinstance(target := step.get("target"), dict)
+            and target.get("type") == "agent"
+            and target.get("authProfile")
+        }
+    )
+    if not pinned:
+        return None
+    for name, row in sorted(account_registry(pinned).items()):
+        if not row.enabled:
+            return Hold(
+                PINNED_DISABLED_REASON.format(name=name), reasons.ACCOUNT_DISABLED
+            )
+        if row.login_failed:
+            return Hold(LOGIN_FAILED_REASON.format(name=name), reasons.LOGIN_FAILED)
+    return None
 
 
 def scope_hold(scope: str, limits: ThrottleLimits) -> Hold | None:

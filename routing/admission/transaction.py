@@ -341,6 +341,17 @@ def _pool_decision(
     """The decision (the throttle's, or the pool's deferral) and what the pool showed."""
     decision, view = checked.decision, checked.view
     if view is None:
+        if checked.hold is not None and (decision is None or decision.allowed):
+            # A route pinned to an account that cannot start (decide.pinned_hold).
+            decision = pool_deferral_decision(
+                scope=plan.scope,
+                project_path=plan.project_path,
+                project_group=plan.project_group,
+                counts=counts,
+                limits=plan.limits,
+                reason=checked.hold.reason,
+                reason_code=checked.hold.code,
+            )
         return decision, {}
     pool_seen = {
         "accounts": {p: view.loads.get(p, 0) for p in plan.pool},

@@ -50,9 +50,13 @@ def _claimed(name: str = "acct-a") -> None:
 
 def _state(name: str = "acct-a") -> tuple[bool, list[str], bool]:
     now = timezone.now()
-    cooling = AccountCooldown.objects.filter(account_profile=name, until__gt=now).exists()
+    cooling = AccountCooldown.objects.filter(
+        account_profile=name, until__gt=now
+    ).exists()
     windows = sorted(
-        AccountWindow.objects.filter(account_profile=name).values_list("window", flat=True)
+        AccountWindow.objects.filter(account_profile=name).values_list(
+            "window", flat=True
+        )
     )
     login = Account.objects.get(pk=name).login_failed_at is not None
     return cooling, windows, login
@@ -97,7 +101,9 @@ def test_the_ops_button_and_the_admin_action_clear_and_audit(admin_client: Any) 
     assert answer.status_code == 302
     assert _state("acct-a") == (False, ["7d"], False)
     entry = LogEntry.objects.get(object_id="acct-a")
-    assert entry.change_message.startswith("Clear the account (ops): the cooldown until")
+    assert entry.change_message.startswith(
+        "Clear the account (ops): the cooldown until"
+    )
     assert admin_client.get("/ops/accounts/acct-a/clear/").status_code == 405
     admin_client.post(
         "/admin/ledger/account/",

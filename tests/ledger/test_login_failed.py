@@ -205,3 +205,26 @@ def test_the_admins_enable_action_clears_the_mark_as_account_enable_does(
     )
     assert "1 account(s) enabled" in response.content.decode()
     assert Account.objects.get(pk="acctA").login_failed_at is None
+
+
+@pytest.mark.slow  # git makes the project
+@pytest.mark.django_db
+def test_a_route_pinned_to_an_account_that_cannot_start_is_deferred_naming_it(
+    tmp_path: Path,
+) -> None:
+    """Never admit what cannot start: a route pinned (`--auth-profile`) to an account whose
+    login failed, or that is disabled, is deferred with the reason, not admitted to wait."""
+    _register("acctA")
+    project = git_project(tmp_path / "project")
+    services.account_login_failed_record(profile="acctA", reason="Not logged in")
+    held = route_generic(project, auth_profile="acctA")
+    assert held.kind == THROTTLED
+    assert held.reason_code == reasons.LOGIN_FAILED
+    assert held.reason == "account acctA: login failed"
+    services.account_set_enabled(name="acctA", enabled=False)
+    held = route_generic(project, auth_profile="acctA")
+    assert held.reason_code == reasons.ACCOUNT_DISABLED
+    assert held.reason == "account acctA: disabled in the account registry"
+    # Enabled again (which clears the mark): admitted.
+    services.account_set_enabled(name="acctA", enabled=True)
+    assert route_generic(project, auth_profile="acctA").kind == "created"
