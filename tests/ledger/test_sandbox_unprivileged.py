@@ -1,8 +1,9 @@
 """The agent sandbox when loopsweb runs as an ordinary user (docs/isolation.md §7): bwrap then
 builds its namespaces inside a user namespace. The suite runs as root in CI; here a whole
 installation runs as uid 65534 (its SQLite database, data dir and project its own): `migrate`,
-a run cluster as `make run` starts it, and `route_event` from a second terminal, with the
-probing agent (tests/probe_agent.py) as codewith. Its files (the data dir's secrets and
+a run cluster as `make run` starts it, `route_event` from a second terminal, then
+`run_workflow` with the cluster stopped, with the probing agent (tests/probe_agent.py) as
+codewith. Its files (the data dir's secrets and
 database, another account's env file) are readable by that uid, so only the sandbox hides
 them from the agent."""
 
@@ -110,6 +111,28 @@ class Unprivileged:
         assert done.returncode == 0, f"{args}: {done.stderr[-3000:]}"
         return done.stdout
 
+    def route(self, event_id: str) -> str:
+        """`route_event` of a generic event for the project, from a second terminal."""
+        event = {
+            "id": event_id,
+            "type": "build.failed",
+            "source": "ci",
+            "data": {"project_path": str(self.project), "title": "Look around"},
+        }
+        out = self.manage(
+            "route_event", "generic", "--event-json", json.dumps(event), "--json"
+        )
+        return str(json.loads(out)["run"]["id"])
+
+    def ended(self, run_id: str) -> str | None:
+        found = self.row("SELECT status FROM workflow_runs WHERE id = ?", run_id)
+        status = str(found[0]) if found else None
+        return (
+            status
+            if status in ("succeeded", "failed", "timed_out", "cancelled")
+            else None
+        )
+
     def row(self, sql: str, *params: str) -> tuple[object, ...] | None:
         """One row, read as root; None while the cluster holds a write lock."""
         try:
@@ -155,38 +178,27 @@ def test_as_an_unprivileged_user_the_probing_agent_reaches_nothing_outside_its_r
             ),
             what="the unprivileged run cluster to register its host",
         )
-        event = {
-            "id": "evt-unprivileged",
-            "type": "build.failed",
-            "source": "ci",
-            "data": {"project_path": str(inst.project), "title": "Look around"},
-        }
-        out = inst.manage(
-            "route_event", "generic", "--event-json", json.dumps(event), "--json"
-        )
-        run_id = json.loads(out)["run"]["id"]
-        status = wait_until(
-            lambda: (
-                found[0]
-                if (
-                    found := inst.row(
-                        "SELECT status FROM workflow_runs WHERE id = ?", run_id
-                    )
-                )
-                and found[0] in ("succeeded", "failed", "timed_out", "cancelled")
-                else None
-            ),
-            what=f"run {run_id} to end",
-        )
+        run_id = inst.route("evt-unprivileged-1")
+        status = wait_until(lambda: inst.ended(run_id), what=f"run {run_id} to end")
     finally:
         stop_process_group(cluster)
         log.close()
+    assert status == "succeeded", (base / "runs.log").read_text()[-3000:]
+    _assert_isolated(inst, run_id)
+    # A second terminal's `run_workflow`, the cluster stopped (its host still registered).
+    again = inst.route("evt-unprivileged-2")
+    out = inst.manage("run_workflow", again)
+    assert "succeeded" in out, out
+    assert inst.ended(again) == "succeeded"
+    _assert_isolated(inst, again)
+
+
+def _assert_isolated(inst: Unprivileged, run_id: str) -> None:
     stdout, ended = inst.row(
         "SELECT stdout, processes_ended FROM workflow_step_runs "
         "WHERE workflow_run_id = ? AND step_id = 'worker'",
         run_id,
     ) or ("", None)
-    assert status == "succeeded", (base / "runs.log").read_text()[-3000:]
     text = str(stdout)
     assert "as uid" in text and "as uid 0" not in text, text
     probes = [line for line in text.splitlines() if line.startswith("PROBE ")]
@@ -204,6 +216,5 @@ def test_as_an_unprivileged_user_the_probing_agent_reaches_nothing_outside_its_r
              "GIT_CONFIG_PARAMETERS": "'safe.directory=*'"},
     ).stdout.split()  # fmt: skip
     assert "probe-work-worker.txt" in branch
-    assert (
-        isinstance(ended, int) and ended >= 1
-    )  # the setsid daemon, ended with the step
+    # The setsid daemon, ended with the step.
+    assert isinstance(ended, int) and ended >= 1
