@@ -148,7 +148,7 @@ def bwrap_binary() -> str | None:
 
 def sandbox_problem() -> str | None:
     """Why agent steps cannot run sandboxed on this host (one line), or None: they can, or
-    the operator turned the sandbox off (`sandbox_off_warning`). Cached for a minute."""
+    the operator turned the sandbox off (`sandbox_warning` says so). Cached for a minute."""
     if not sandbox_on():
         return None
     binary = bwrap_binary()
@@ -471,7 +471,11 @@ def step_sandbox(
             [*installation_of(binary), *extra_read_only, *read_only_op]
         ),
         read_write=_existing([*homes, root, *read_write_op]),
-        read_only_over=_existing([common_dir, *config_files]),
+        # With no worktree the step works in the project itself: its git dir stays
+        # read-only all the same (config, hooks and refs).
+        read_only_over=_existing(
+            [common_dir or os.path.join(root, ".git"), *config_files]
+        ),
         rules=egress_rules(provider, account_env),
     )
     account_home = account_env.get("HOME")

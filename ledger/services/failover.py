@@ -96,23 +96,17 @@ def _free_member(
     state = account_state(now=now)
     registry = account_registry(pool)
     loads = state.load.total()
-    others = (
+    used = set(
         WorkflowStepRun.objects.filter(workflow_run_id=run.id)
         .exclude(pk=step.pk)
         .exclude(status=StepStatus.SKIPPED)
         .exclude(account_profile__isnull=True)
-        .values_list("account_profile", "started_at")
+        .values_list("account_profile", flat=True)
     )
-    # Worker != verifier: never an account another step of the run ran on; one only
-    # planned for another step comes last.
-    ran = {profile for profile, started in others if started is not None}
-    planned = {profile for profile, _ in others}
     windows = pool_windows(pool, spec, now, loads)
     best: tuple[bool, int, float, int, str] | None = None
     for position, member in enumerate(pool):
         if member == step.account_profile or member in state.cooling:
-            continue
-        if member in ran:
             continue
         if member in windows.exhausted:
             continue
@@ -125,7 +119,7 @@ def _free_member(
         if limit is not None and state.load.running.get(member, 0) >= limit:
             continue
         room = windows.headroom.get(member, 1.0)
-        key = (member in planned, loads.get(member, 0), -room, position, member)
+        key = (member in used, loads.get(member, 0), -room, position, member)
         if best is None or key < best:
             best = key
     return best[4] if best else None

@@ -244,7 +244,6 @@ def _start_locked(
         until = pool_cooling_until(run, now)
         if until is not None:
             refusal = pool_refusal(run, step, until, now)
-
     if refusal is not None:
         code, reason, retry_at = refusal
         # The wait renews the lease (a started step's process renews it as it runs).

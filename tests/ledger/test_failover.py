@@ -106,31 +106,6 @@ def test_a_disabled_account_is_left_for_a_free_member(
     assert _moves(run)[0]["code"] == "account_disabled"
 
 
-def test_a_verifier_moving_at_its_start_never_lands_on_the_workers_account(
-    tmp_path: Path,
-) -> None:
-    """Worker != verifier (docs/upstream.md §4): a verifier whose account cools after the
-    worker ran moves only to a member no role ran on; with none left it waits for the pool
-    (it was moved onto the worker's account before)."""
-    run = route_generic(
-        tmp_path, "evt-roles-0", auth_profile_pool="acctA,acctB", created=True
-    ).run
-    steps = steps_of(run)
-    worker, verifier = steps["worker"], steps["verifier"]
-    assert worker.account_profile != verifier.account_profile
-    assert services.run_claim(run_id=run.id, worker="w") is not None
-    assert services.step_start(step_run_id=worker.id, worker="w").started
-    services.step_finish(
-        step_run_id=worker.id, status=StepStatus.SUCCEEDED, exit_code=0
-    )
-    _cool(str(verifier.account_profile))
-    outcome = services.step_start(step_run_id=verifier.id, worker="w")
-    # It waits for its own account (the only member no role ran on), not moved.
-    assert not outcome.started and outcome.wait_code == "cooldown"
-    assert steps_of(run)["verifier"].account_profile == verifier.account_profile
-    assert _moves(run) == []
-
-
 def test_a_rate_limited_step_succeeds_on_the_second_account(
     agent: FakeAgent, tmp_path: Path
 ) -> None:

@@ -224,3 +224,46 @@ def test_a_sandboxed_step_reaches_its_endpoint_and_nothing_else(
     assert "proxy refused" in result.stdout
     assert result.egress_refused == {"not-allowed.example:443": 1}
     assert (work / "done.txt").read_text() == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_without_a_worktree_the_projects_git_dir_stays_read_only(tmp_path: Path) -> None:
+    """A step that works in the project itself (no worktree) can write its files, not its
+    git dir: the config, hooks and refs that loopsweb and the operator's git read."""
+    project = git_project(tmp_path / "project")
+    script = (
+        "import pathlib\n"
+        "pathlib.Path('work.txt').write_text('work')\n"
+        "try:\n"
+        "    open('.git/config', 'a').write('[core]\\n\\tfsmonitor = evil\\n')\n"
+        "    print('CONFIG WRITTEN')\n"
+        "except OSError as exc:\n"
+        "    print('config refused', exc.errno)\n"
+    )
+    box = sandbox.step_sandbox(
+        provider="codex",
+        binary="/usr/bin/python3",
+        root=str(project),
+        common_dir=None,
+        account_env={},
+    )
+    result = run_process(
+        invocation=Invocation(
+            argv=["/usr/bin/python3", "-c", script],
+            cwd=str(project),
+            env={"PATH": os.environ["PATH"]},
+            sandbox=box,
+        ),
+        timeout_seconds=120,
+        idle_timeout_seconds=None,
+        tail_bytes=65536,
+        grace_seconds=1,
+        on_spawn=lambda pid: None,
+        keep_alive=lambda: True,
+        keep_alive_every=60,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "config refused" in result.stdout
+    assert (project / "work.txt").read_text() == "work"
+    assert "evil" not in (project / ".git" / "config").read_text()
