@@ -8,6 +8,10 @@ the step unrecorded.
   enforced by killing the group (SIGTERM, then SIGKILL after the grace period); the run's
   lease renewed through `keep_alive` about three times per lease; when the step's process
   exits, anything it left running in its group is killed.
+- in a sandbox (`Invocation.sandbox`, ledger.sandbox): bwrap runs the guard as the first
+  process of the step's namespaces, with the egress relay's outside half (`EgressRelay`,
+  threads of this process) beside it; the guard is signalled by pid (it is bwrap's child in
+  a session of its own) and reports the step's wait status, which bwrap cannot pass on.
 - `kill_step_process_group` / `kill_leftovers`: a group a step left behind on this host
   (the ledger ended the step: a cancel, a lease recovery), found by pid and start time so a
   reused pid is never signalled, and only where the claiming cluster instance's processes
