@@ -27,6 +27,9 @@ import threading
 from collections.abc import Iterable
 
 PROXY_PORT = 3128
+# Connections one step may hold open through the relay at once: each is a thread of the
+# runner's process, so a step cannot spend the worker's threads (or the pool's).
+MAX_CONNECTIONS = 64
 _BUFFER = 65536
 _HEAD_LIMIT = 16384
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -106,7 +109,7 @@ def _reserved(ip: str) -> bool:
 # --- both halves --------------------------------------------------------------------------------
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
+def _pump(source: socket.socket, sink: socket.socket, how: int) -> None:
     try:
         while data := source.recv(_BUFFER):
             sink.sendall(data)
@@ -114,19 +117,21 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
         pass
     finally:
         try:
-            sink.shutdown(socket.SHUT_WR)
+            sink.shutdown(how)
         except OSError:
             pass
 
 
 def join(a: socket.socket, b: socket.socket, first: bytes = b"") -> None:
-    """Copy bytes both ways until both sides are done, then close both."""
+    """Copy bytes both ways until both sides are done, then close both. `a` is the client
+    (the sandbox's side): once it is done, `b` is shut both ways, so a far end that keeps
+    its connection open cannot hold this thread (or a relay slot) after the step."""
     try:
         if first:
             b.sendall(first)
-        other = threading.Thread(target=_pump, args=(b, a), daemon=True)
+        other = threading.Thread(target=_pump, args=(b, a, socket.SHUT_WR), daemon=True)
         other.start()
-        _pump(a, b)
+        _pump(a, b, socket.SHUT_RDWR)
         other.join()
     except OSError:
         pass
@@ -155,6 +160,7 @@ class Relay:
         self.rules = rules
         self.refused: dict[str, int] = {}
         self.lock = threading.Lock()
+        self.open = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     def refuse(self, host: str, port: int) -> None:
         with self.lock:
@@ -207,7 +213,18 @@ class Relay:
                 conn, _ = listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self.serve_one, args=(conn,), daemon=True).start()
+            if not self.open.acquire(blocking=False):
+                conn.close()  # MAX_CONNECTIONS open already
+                continue
+            threading.Thread(
+                target=self._serve_counted, args=(conn,), daemon=True
+            ).start()
+
+    def _serve_counted(self, conn: socket.socket) -> None:
+        try:
+            self.serve_one(conn)
+        finally:
+            self.open.release()
 
 
 def start_outside(

@@ -24,6 +24,7 @@ from ledger.processes import run_process
 from ledger.providers import Invocation
 from tests.ledger.runner_helpers import git_project
 from tests.processes import manage, terminal_env
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandboxed
 
@@ -228,7 +229,9 @@ def test_a_sandboxed_step_reaches_its_endpoint_and_nothing_else(
 
 @pytest.mark.slow
 @pytest.mark.django_db
-def test_without_a_worktree_the_projects_git_dir_stays_read_only(tmp_path: Path) -> None:
+def test_without_a_worktree_the_projects_git_dir_stays_read_only(
+    tmp_path: Path,
+) -> None:
     """A step that works in the project itself (no worktree) can write its files, not its
     git dir: the config, hooks and refs that loopsweb and the operator's git read."""
     project = git_project(tmp_path / "project")
@@ -267,3 +270,46 @@ def test_without_a_worktree_the_projects_git_dir_stays_read_only(tmp_path: Path)
     assert "config refused" in result.stdout
     assert (project / "work.txt").read_text() == "work"
     assert "evil" not in (project / ".git" / "config").read_text()
+
+
+def _relayed(path: Path, port: int) -> socket.socket | None:
+    """A connection through the relay at `path` to 127.0.0.1:`port`, or None if closed."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(30)
+    try:
+        conn.connect(str(path))
+        conn.sendall(f"127.0.0.1 {port}\n".encode())
+        if conn.recv(3) == b"OK\n":
+            return conn
+    except OSError:
+        pass
+    conn.close()
+    return None
+
+
+@pytest.mark.slow  # waits for the freed slot
+def test_the_relay_holds_at_most_its_connection_limit_open(tmp_path: Path) -> None:
+    """Each relayed connection is a thread of the runner: a step that opens more than
+    MAX_CONNECTIONS at once has the rest closed, so it cannot spend the worker's threads."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(256)
+    port = server.getsockname()[1]
+    path = tmp_path / "egress.sock"
+    relay, listener = egress.start_outside(str(path), [("127.0.0.1", port)])
+    held: list[socket.socket] = []
+    try:
+        for _ in range(egress.MAX_CONNECTIONS):
+            conn = _relayed(path, port)
+            assert conn is not None
+            held.append(conn)
+        assert _relayed(path, port) is None  # closed at once, before any answer
+        held.pop().close()
+        # A slot frees once the closed connection's relay has ended.
+        held.append(wait_for(lambda: _relayed(path, port), what="a free relay slot"))
+    finally:
+        for conn in held:
+            conn.close()
+        listener.close()
+        server.close()
+    assert relay.refused == {}
