@@ -18,13 +18,21 @@ Contract:
    metadata path field does (docs/upstream.md §5.1): an absolute path as it is; an
    ``owner/repo`` name through the caller's ``find_checkout`` (the file system's business),
    and not at all without one.
+6. A drained todos task's project (docs/upstream.md §5.1, the drains' path prefix filter
+   and their route): the task's ``project_path`` / ``projectPath``; else its metadata's
+   (the task's own ``metadata``, then the envelope's) ``project_path`` / ``projectPath`` /
+   ``project_canonical_path``; else its ``Repository:`` line (contract 5); else the task's
+   ``working_dir`` / ``workingDir`` / ``cwd``; else the metadata's. The drain routes the task
+   there: its envelope's ``data.route_project_path`` is set to it (the first field of the
+   route's own order, docs/upstream.md §3.2.3), as upstream's drain sets the synthesized
+   event's route path fields (docs/upstream.md §5.2.1).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.controls import control_refused
@@ -310,3 +318,49 @@ def project_group_hint(
         or task_field(dict(data), *PROJECT_GROUP_KEYS)
         or first_string(dict(metadata), PROJECT_GROUP_KEYS)
     )
+
+
+DRAINED_PATH_KEYS: tuple[str, ...] = ("project_path", "projectPath")
+DRAINED_METADATA_PATH_KEYS: tuple[str, ...] = (
+    "project_path",
+    "projectPath",
+    "project_canonical_path",
+)
+DRAINED_WORKING_DIR_KEYS: tuple[str, ...] = ("working_dir", "workingDir", "cwd")
+ROUTE_PATH_KEY = "route_project_path"
+
+
+def drained_task_path(
+    data: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    *,
+    find_checkout: FindCheckout | None = None,
+) -> str | None:
+    """The project of a drained todos task, un-normalized (contract 6), or None."""
+    record = dict(data)
+    metadatas = [m for m in (object_field(record.get("metadata")), dict(metadata)) if m]
+
+    def from_metadata(keys: tuple[str, ...]) -> str | None:
+        for found in (first_string(m, keys) for m in metadatas):
+            if found is not None:
+                return found
+        return None
+
+    return (
+        task_field(record, *DRAINED_PATH_KEYS)
+        or from_metadata(DRAINED_METADATA_PATH_KEYS)
+        or repository_path_hint(record, find_checkout=find_checkout)
+        or task_field(record, *DRAINED_WORKING_DIR_KEYS)
+        or from_metadata(DRAINED_WORKING_DIR_KEYS)
+    )
+
+
+def with_route_path(envelope: Envelope, path: str | None) -> Envelope:
+    """`envelope` routed to `path` (contract 6): its ``data.route_project_path`` set, in
+    its raw envelope too (a retry replays the route the drain took); unchanged without a
+    path."""
+    if path is None or envelope.data.get(ROUTE_PATH_KEY) == path:
+        return envelope
+    data = {**envelope.data, ROUTE_PATH_KEY: path}
+    raw = {**envelope.raw, "data": data} if envelope.raw else envelope.raw
+    return replace(envelope, data=data, raw=raw)

@@ -12,9 +12,11 @@ started through here; nothing else of it changes):
    and `loop stop` would trust whichever wrote last.
 3. Registered (`ClusterInstance`); then each earlier instance of this host that is known
    dead (ledger.instances: `instance_fate`; or silent for LOOPSWEB_HOST_DEAD_SECONDS) is
-   ended: the runs its workers held fail at once (ledger.services.hostloss), and when no
-   other instance of this host runs, the tasks this host's queue had handed out are queued
-   again (ledger.queue.host_queue_release_fetched), whatever pid the new cluster has.
+   ended: the runs its workers held fail at once (ledger.services.hostloss), what their
+   agents left uncommitted in their worktrees is committed on their branches
+   (ledger.run_worktree.save_work_of_ended), and when no other instance of this host runs,
+   the tasks this host's queue had handed out are queued again
+   (ledger.queue.host_queue_release_fetched), whatever pid the new cluster has.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ledger.instances import (
 )
 from ledger.models import ClusterInstance
 from ledger.queue import host_queue_release_fetched
+from ledger.run_worktree import save_work_of_ended
 from ledger.services import runs_end_of_instances
 
 logger = logging.getLogger(__name__)
@@ -118,6 +121,8 @@ def cluster_start(now: datetime | None = None) -> str:
         instance_register(instance, host=host, roots=roots, now=now)
         gone, running = predecessors_end(host, instance, now)
         failed = runs_end_of_instances(gone, now=now)
+        # What their agents left uncommitted in worktrees here, on their runs' branches.
+        save_work_of_ended(failed)
         released = [] if running else host_queue_release_fetched(now)
         if gone or failed or released:
             logger.warning(

@@ -310,6 +310,18 @@ def _open_pull_request(
     }
 
 
+def _skip_reason(run: WorkflowRun, options: Mapping[str, Any]) -> str | None:
+    """Why a push or pull-request route does not deliver this ended run's work (no branch,
+    no changes, a failed run without --deliver-failed), or None: it does."""
+    if not run.worktree_branch or run.commit_head is None:
+        return NO_WORK
+    if not run.commit_diffstat:
+        return NO_CHANGES
+    if run.status != RunStatus.SUCCEEDED and not options["failed"]:
+        return NOT_DELIVERED_FAILED
+    return None
+
+
 def deliver_run(run_id: str) -> dict[str, Any]:
     """Deliver the ended run's work as its route says (module docstring); the record.
     Never raises for a refused delivery: the record says why."""
@@ -321,14 +333,11 @@ def deliver_run(run_id: str) -> dict[str, Any]:
     record.setdefault("mode", options["mode"])
     record.update(error=None, attemptedAt=timezone.now().isoformat())
     mode = options["mode"]
+    skipped = _skip_reason(run, options)
     if mode in (DELIVER_NONE, DELIVER_BRANCH):
         record["state"] = "kept" if mode == DELIVER_BRANCH else "not-kept"
-    elif not run.worktree_branch or run.commit_head is None:
-        record.update(state="skipped", reason=NO_WORK)
-    elif not run.commit_diffstat:
-        record.update(state="skipped", reason=NO_CHANGES)
-    elif run.status != RunStatus.SUCCEEDED and not options["failed"]:
-        record.update(state="skipped", reason=NOT_DELIVERED_FAILED)
+    elif skipped is not None:
+        record.update(state="skipped", reason=skipped)
     else:
         try:
             _deliver(run, record, options)
@@ -360,11 +369,24 @@ def _save(run_id: str, record: dict[str, Any]) -> None:
 
 
 def redeliverable(run: WorkflowRun) -> bool:
-    """Whether "Deliver again" applies: a push or pull-request route's ended run."""
+    """Whether "Deliver again" applies: a push or pull-request route's ended run, not
+    delivered yet, whose work its route delivers (`_skip_reason`: a failed run without
+    --deliver-failed, or one that changed nothing, has nothing to deliver again)."""
     record = run.delivery_json or {}
     return (
         run.status in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.TIMED_OUT)
         and record.get("mode") in (DELIVER_PUSH, DELIVER_PULL_REQUEST)
         and record.get("state") != "delivered"
         and run.work_discarded_at is None
+        and _skip_reason(run, delivery_options(run)) is None
     )
+
+
+def delivery_outcome(run_id: str, record: Mapping[str, Any]) -> tuple[bool, str]:
+    """(delivered, one line for the operator) of a delivery's record, as "Deliver again"
+    reports it: delivered only when the record says so; else its error or why not."""
+    state = record.get("state")
+    if state == "delivered":
+        return True, f"Run {run_id}: delivered."
+    why = record.get("error") or record.get("reason") or f"state {state}"
+    return False, f"Run {run_id}: not delivered ({why})."

@@ -58,6 +58,7 @@ class PullRequest:
     state: str
     draft: bool
     head_sha: str | None = None
+    author: str | None = None  # the login of its `user` (the review gate)
 
 
 def github_repo_of(url: str) -> tuple[str, str] | None:
@@ -133,7 +134,13 @@ def _pull_request(answer: Any) -> PullRequest:
         state="merged" if merged else str(answer.get("state") or "open"),
         draft=bool(answer.get("draft")),
         head_sha=_head_sha(answer.get("head")),
+        author=_user_login(answer.get("user")),
     )
+
+
+def _user_login(user: Any) -> str | None:
+    login = user.get("login") if isinstance(user, dict) else None
+    return login if isinstance(login, str) and login else None
 
 
 def _head_sha(head: Any) -> str | None:

@@ -70,8 +70,9 @@ _STEP_FIELDS = (
 @dataclass(frozen=True)
 class WorkItemRead:
     item: WorkflowWorkItem
-    # Newest first, each with `attempt`: its number among the runs of its loop (one
-    # admission; a loop-level retry is the next attempt).
+    # Newest first, each with `attempt`: its number among the item's runs, oldest first (a
+    # loop-level retry and a re-admission are each the next attempt, as the API numbers
+    # them: routing.api.serializers.with_attempts).
     runs: list[WorkflowRun]
     steps: dict[str, list[WorkflowStepRun]]  # by run id, in step order
     attempts: dict[str, list[WorkflowStepAttempt]]  # by step run id, oldest first
@@ -84,11 +85,7 @@ def work_item_runs(item_id: str, *, limit: int = RUNS_SHOWN) -> list[WorkflowRun
     """The item's latest runs, newest first, each with `attempt` (see WorkItemRead)."""
     return list(
         WorkflowRun.objects.filter(work_item_id=item_id)
-        .annotate(
-            attempt=Window(
-                RowNumber(), partition_by=[F("loop_id")], order_by=F("id").asc()
-            )
-        )
+        .annotate(attempt=Window(RowNumber(), order_by=F("id").asc()))
         .order_by("-id")
         .only(*_RUN_FIELDS)[:limit]
     )

@@ -5,14 +5,24 @@ The commit may be refused (the worktree's `.git` no longer names the run's git d
 then the worktree is kept on disk whatever the run's outcome, never pruned, and the run
 records why and where the work is (`WorkflowRun.commit_error`, shown on `/ops/`, the run's
 admin page and the API). docs/isolation.md.
+
+A run whose worker was killed never reaches its own commit: `save_left_work` makes it for
+an ended run, on the run's branch, recorded on the run (event `work_saved`), or records why
+it cannot (the worktree is then kept). Recovery calls it (`save_work_of_ended`: after a run
+cluster's restart failed what its dead predecessor held, after lease recovery) for the
+worktrees on this host, and the prune before it removes any worktree (ledger.worktree_prune;
+docs/operations.md, "Worktrees").
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError
 
 from domain.delivery import DELIVER_NONE
@@ -22,7 +32,12 @@ from ledger import services
 from ledger.dberrors import write_ledger
 from ledger.delivery import deliver_run, delivery_start
 from ledger.discard import discard_run_work
-from ledger.models import RunStatus, WorkflowRun, WorkflowStepRun
+from ledger.models import (
+    TERMINAL_RUN_STATUSES,
+    RunStatus,
+    WorkflowRun,
+    WorkflowStepRun,
+)
 from ledger.projects import WorktreeRequired, is_git_work_tree, project_dir_check
 from ledger.step_commits import commit_step, step_commit_record
 from ledger.worktrees import (
@@ -31,6 +46,7 @@ from ledger.worktrees import (
     Worktree,
     WorktreeError,
     worktree_branch,
+    worktree_changes,
     worktree_commit,
     worktree_create,
     worktree_dir,
@@ -212,3 +228,96 @@ class RunWorktree:
             services.run_worktree_removed(run_id=self.run.id)
         except (WorktreeError, OSError):
             logger.exception("could not remove the worktree of run %s", self.run.id)
+
+
+LEFT_WORK_MESSAGE = (
+    "loopsweb run {run_id}: work left uncommitted in its worktree, committed {why} "
+    "(work item {item})"
+)
+NO_PROJECT = "the run names no project"
+SAVED_AFTER_RECOVERY = "after recovery"
+
+
+@dataclass(frozen=True)
+class LeftWork:
+    """What `save_left_work` found: the paths left uncommitted, the commit that holds them
+    now (None: nothing to commit, or a dry run), or why the worktree must stay."""
+
+    paths: list[str] = field(default_factory=list)
+    head: str | None = None
+    kept: str | None = None
+
+
+def save_left_work(run: WorkflowRun, *, why: str, dry_run: bool = False) -> LeftWork:
+    """Commit what the ended `run` left uncommitted in its worktree on this disk on the
+    run's branch (ledger.worktrees.worktree_commit) and record it (`run_work_saved`). When
+    that cannot be done (tampered `.git`, a gone branch or project, a secret in the files)
+    the run records why (`commit_error`: the worktree is kept, never pruned) and `kept`
+    says so. `dry_run`: only what would be committed, nothing written. `run.workflow` read."""
+    assert run.worktree_path is not None
+    if not os.path.isdir(run.worktree_path) or os.path.islink(run.worktree_path):
+        return (
+            LeftWork()
+        )  # no worktree on this disk (never made, or gone): nothing left
+    found = worktree_project(run.workflow.steps_json or [])
+    try:
+        if found is None:
+            raise WorktreeError(NO_PROJECT)
+        worktree = worktree_resume(
+            project=found[0],
+            path=run.worktree_path,
+            branch=run.worktree_branch or worktree_branch(run.id),
+        )
+        paths = worktree_changes(worktree)
+        if not paths or dry_run:
+            return LeftWork(paths=paths)
+        message = LEFT_WORK_MESSAGE.format(
+            run_id=run.id, why=why, item=run.work_item_id or "-"
+        )
+        commit = worktree_commit(worktree, message=message)
+    except (WorktreeError, OSError) as exc:
+        reason = NOT_COMMITTED.format(reason=exc, path=run.worktree_path)
+        if not dry_run:
+            logger.warning("run %s: %s", run.id, reason)
+            services.run_commit_failed(run_id=run.id, error=reason)
+        return LeftWork(kept=reason)
+    services.run_work_saved(
+        run_id=run.id, head=commit.head, diffstat=commit.diffstat, paths=paths, why=why
+    )
+    logger.warning(
+        "run %s: %d path(s) left uncommitted, committed %s on %s as %s",
+        run.id,
+        len(paths),
+        why,
+        commit.branch,
+        commit.head,
+    )
+    return LeftWork(paths=paths, head=commit.head)
+
+
+def on_this_disk(run: WorkflowRun) -> bool:
+    """Whether the run's kept worktree is this host's: recorded here, or (made before hosts
+    were recorded) recorded on none and present on this disk."""
+    if not run.worktree_path or run.worktree_removed_at is not None:
+        return False
+    if run.worktree_host is None:
+        return os.path.lexists(run.worktree_path)
+    return run.worktree_host == settings.LOOPSWEB_HOST_NAME
+
+
+def save_work_of_ended(run_ids: Iterable[str]) -> list[LeftWork]:
+    """After recovery ended `run_ids` (their processes killed): each one's work left in a
+    worktree on this host committed on its branch (`save_left_work`). Never raises: a run
+    whose work cannot be saved here keeps its worktree for the prune's own check."""
+    saved = []
+    runs = WorkflowRun.objects.filter(
+        id__in=list(run_ids), commit_error__isnull=True
+    ).select_related("workflow")
+    for run in runs:
+        if run.status not in TERMINAL_RUN_STATUSES or not on_this_disk(run):
+            continue
+        try:
+            saved.append(save_left_work(run, why=SAVED_AFTER_RECOVERY))
+        except Exception:  # a run cluster's start or the recovery task must go on
+            logger.exception("could not save the left work of run %s", run.id)
+    return saved

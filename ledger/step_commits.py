@@ -7,6 +7,9 @@ the run, with trailers a reviewer or a script can read:
 
     <task title> (task <id>): step <step>
 
+(the title neutralized as a pull request's is, domain.forge_text: a "fixes #12" in a task's
+title closes nothing when the branch merges)
+
     Work left by step <step> of loopsweb run <run> on work item <item>.
 
     Loopsweb-Run: <run id>
@@ -24,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from domain.forge_text import neutralize
 from ledger.git import run_git
 from ledger.models import WorkflowRun, WorkflowStepRun
 from ledger.services.common import clean_text
@@ -82,7 +86,8 @@ def _event_title(run: WorkflowRun) -> object:
 def step_message(run: WorkflowRun, step: WorkflowStepRun) -> str:
     task = task_of(run)
     head = f" (task {one_line(task['id'], 60)}): step {one_line(step.step_id, 40)}"
-    title = one_line(task["title"], max(10, SUBJECT_CHARS - len(head))) or "loopsweb"
+    title = neutralize(one_line(task["title"], max(10, SUBJECT_CHARS - len(head))))
+    title = title or "loopsweb"
     values = {
         "run": run.id,
         "step": one_line(step.step_id, 200),

@@ -30,6 +30,7 @@ from ledger.queue import (
     hosts_release_dead,
     runs_with_a_task,
 )
+from ledger.run_worktree import save_work_of_ended
 from ledger.runner import HANDED_BACK, NOT_DUE, run_workflow_run
 from ledger.services import (
     runs_fail_unserved,
@@ -73,17 +74,20 @@ def run_workflow(run_id: str) -> str:
 
 
 def recover_expired_runs() -> int:
-    """django-q2 task (every minute): fail running runs whose worker lease expired, and hand
+    """django-q2 task (every minute): fail running runs whose worker lease expired (what
+    they left uncommitted in a worktree on this host committed on their branch), and hand
     queued or parked runs whose task is gone (dropped, never delivered, row deleted) to the
     run cluster again."""
     hosts_release_dead()
-    recovered = len(runs_recover_expired())
+    recovered = runs_recover_expired()
+    # What their killed agents left in worktrees on this host, committed on their branches.
+    save_work_of_ended(r.run_id for r in recovered)
     runs_fail_unserved(grace=timedelta(seconds=settings.LOOPSWEB_NO_HOST_GRACE_SECONDS))
     for run_id in runs_queued_stale(
         older_than=LOST_TASK_AFTER, with_task=runs_with_a_task()
     ):
         enqueue_run(run_id)
-    return recovered
+    return len(recovered)
 
 
 def prune_worktrees() -> int:
@@ -104,8 +108,8 @@ def prune_host_worktrees() -> int:
     """django-q2 task (on a host's run cluster): this host's due worktrees (succeeded runs'
     leftovers, failed runs' after LOOPSWEB_WORKTREE_KEEP_SECONDS) and the orphans on its
     disk; the number removed."""
-    pruned = [p for p in worktrees_prune() if p.error is None]
-    orphans = [p for p in worktree_orphans_prune() if p.error is None]
+    pruned = [p for p in worktrees_prune() if p.removed]
+    orphans = [p for p in worktree_orphans_prune() if p.removed]
     # Run branches that are done with (ledger.discard): no changes, or a closed PR.
     branches = [d for d in run_branches_prune() if d.deleted]
     return len(pruned) + len(orphans) + len(branches)

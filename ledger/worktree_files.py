@@ -9,8 +9,10 @@
   names; nested repositories are left out), its new blobs written with `hash-object
   --no-filters`, the tree with `update-index --index-info` and `write-tree` on an index of
   loopsweb's own.
+- `changed_paths`: what `snapshot_tree` would take that a commit does not hold (the paths
+  changed, deleted or new), read without writing anything to the repository.
 
-Both open every path component with `O_NOFOLLOW` from the worktree's root descriptor, so a
+All open every path component with `O_NOFOLLOW` from the worktree's root descriptor, so a
 symlink the agent left (a directory swapped for a link to `/`, say) is taken as a symlink
 and never followed out of the worktree. A tree entry named `..`, `.` or `.git` is refused.
 """
@@ -223,19 +225,13 @@ class SecretInWork(Exception):
         )
 
 
-def snapshot_tree(
-    *,
-    common_dir: str,
-    work_tree: str,
-    parent: str,
-    scratch: Path,
-    forbidden: Mapping[str, str] | None = None,
-) -> str:
-    """The tree of what `work_tree` holds now (module docstring), built from `parent`'s
-    entries; `scratch` is a private directory of the caller's for loopsweb's index.
-    SecretInWork when a new or changed file holds one of `forbidden`'s values."""
-    refused = [(name, value.encode()) for name, value in (forbidden or {}).items()]
-    algorithm = object_format(common_dir)
+def _work_entries(
+    common_dir: str, work_tree: str, parent: str, scratch: Path
+) -> Iterator[tuple[bytes, TreeEntry | None, tuple[str, bytes] | None]]:
+    """Each path of `work_tree` against `parent`'s tree, as `git add --all` would take it:
+    the tracked ones, then the untracked ones no ignore rule names; with the tracked entry
+    (None: untracked) and what is on disk (`read_entry`; None: missing, or a submodule,
+    which is never read). `scratch`: the caller's private directory (a scratch index)."""
     tracked = tree_entries(common_dir, parent)
     index = {"GIT_INDEX_FILE": str(scratch / "index")}
     run_git("read-tree", parent, git_dir=common_dir, cwd=common_dir, extra_env=index)
@@ -250,25 +246,68 @@ def snapshot_tree(
         extra_env=index,
     ).stdout
     untracked = [p for p in others.split(b"\0") if p and not p.endswith(b"/")]
-    lines: list[bytes] = []
-    new: list[tuple[bytes, str, bytes]] = []  # path, oid, content
     with _root(work_tree) as root:
         for path in [*tracked, *(p for p in untracked if p not in tracked)]:
             entry = tracked.get(path)
             if entry is not None and entry.kind == "commit":
-                lines.append(f"{entry.mode} {entry.oid}\t".encode() + path)
-                continue
-            found = read_entry(root, path)
-            if found is None:
-                continue  # deleted (or no longer a file)
-            mode, data = found
-            oid = blob_oid(data, algorithm)
-            if entry is None or entry.oid != oid:
-                for name, value in refused:
-                    if value in data:
-                        raise SecretInWork(path, name)
-                new.append((path, oid, data))
-            lines.append(f"{mode} {oid}\t".encode() + path)
+                yield path, entry, None
+            else:
+                yield path, entry, read_entry(root, path)
+
+
+def changed_paths(
+    *, common_dir: str, work_tree: str, commit: str, scratch: Path
+) -> list[str]:
+    """The paths whose files in `work_tree` differ from `commit`'s tree (changed, deleted,
+    new and not ignored): what `snapshot_tree` would take that `commit` does not hold.
+    Reads only: nothing is written to the repository."""
+    algorithm = object_format(common_dir)
+    changed: list[str] = []
+    for path, entry, found in _work_entries(common_dir, work_tree, commit, scratch):
+        if entry is not None and entry.kind == "commit":
+            continue
+        if found is None:
+            if entry is not None:
+                changed.append(os.fsdecode(path))  # deleted
+            continue
+        mode, data = found
+        if entry is None or (entry.oid, entry.mode) != (
+            blob_oid(data, algorithm),
+            mode,
+        ):
+            changed.append(os.fsdecode(path))
+    return changed
+
+
+def snapshot_tree(
+    *,
+    common_dir: str,
+    work_tree: str,
+    parent: str,
+    scratch: Path,
+    forbidden: Mapping[str, str] | None = None,
+) -> str:
+    """The tree of what `work_tree` holds now (module docstring), built from `parent`'s
+    entries; `scratch` is a private directory of the caller's for loopsweb's index.
+    SecretInWork when a new or changed file holds one of `forbidden`'s values."""
+    refused = [(name, value.encode()) for name, value in (forbidden or {}).items()]
+    algorithm = object_format(common_dir)
+    lines: list[bytes] = []
+    new: list[tuple[bytes, str, bytes]] = []  # path, oid, content
+    for path, entry, found in _work_entries(common_dir, work_tree, parent, scratch):
+        if entry is not None and entry.kind == "commit":
+            lines.append(f"{entry.mode} {entry.oid}\t".encode() + path)
+            continue
+        if found is None:
+            continue  # deleted (or no longer a file)
+        mode, data = found
+        oid = blob_oid(data, algorithm)
+        if entry is None or entry.oid != oid:
+            for name, value in refused:
+                if value in data:
+                    raise SecretInWork(path, name)
+            new.append((path, oid, data))
+        lines.append(f"{mode} {oid}\t".encode() + path)
     _write_blobs(common_dir, new, scratch)
     tree_index = {"GIT_INDEX_FILE": str(scratch / "tree-index")}
     run_git(

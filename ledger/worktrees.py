@@ -25,9 +25,14 @@ loopsweb chose itself, never the ones the worktree names (docs/isolation.md).
    anywhere and WorktreeError says why (the runner keeps the worktree and records it).
    Returns the branch, its head and the diffstat against the commit the run started from
    (empty: the run changed nothing).
+2c. `worktree_changes`: what `worktree_commit` would commit now (the paths changed since
+   the branch's head), read without writing anything; `tree_changes` the same for any
+   directory against a commit (an orphan's). Either raises WorktreeError when it cannot
+   tell: whoever asks keeps the directory then.
 3. Pruning (the periodic task and `manage.py prune_worktrees`) is ledger.worktree_prune:
    worktrees of succeeded runs whose removal did not happen, and of failed, timed-out or
-   cancelled runs LOOPSWEB_WORKTREE_KEEP_SECONDS after they finished.
+   cancelled runs LOOPSWEB_WORKTREE_KEEP_SECONDS after they finished; work left in one
+   is committed on its branch before it goes (docs/operations.md, "Worktrees").
 
 Adding and removing hold an exclusive lock on `<dir>/.lock`, so concurrent runs of one
 project never race on the repository's worktree records.
@@ -63,7 +68,12 @@ from ledger.git import (
 )
 from ledger.held_secrets import held_secrets
 from ledger.projects import project_roots
-from ledger.worktree_files import SecretInWork, checkout_files, snapshot_tree
+from ledger.worktree_files import (
+    SecretInWork,
+    changed_paths,
+    checkout_files,
+    snapshot_tree,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +89,7 @@ TAMPERED = "{path} no longer names the run's git dir {git_dir} (changed by the a
 BRANCH_GONE = "the run's branch {branch} is gone"
 COMMIT_FAILED = "the commit could not be made: {error}"
 NOT_COMMITTED = "work not committed: {reason}; the agent's files are kept in {path}"
+CHANGES_UNREADABLE = "cannot tell what {path} holds: {error}"
 
 
 class WorktreeError(ApplicationError):
@@ -414,6 +425,33 @@ def worktree_commit(worktree: Worktree, *, message: str) -> WorktreeCommit:
     return WorktreeCommit(
         branch=worktree.branch, head=head, diffstat=stat_text, committed=committed
     )
+
+
+def worktree_changes(worktree: Worktree) -> list[str]:
+    """The paths `worktree_commit` would commit now (module docstring, 2c); WorktreeError
+    when the worktree's `.git` was tampered with or its branch is gone."""
+    problem = worktree_tampered(worktree)
+    if problem is not None:
+        raise WorktreeError(problem)
+    head = _branch_head(worktree.common_dir, worktree.branch)
+    if head is None:
+        raise WorktreeError(BRANCH_GONE.format(branch=worktree.branch))
+    return tree_changes(worktree.common_dir, worktree.path, head)
+
+
+def tree_changes(common_dir: str, path: str, commit: str) -> list[str]:
+    """The paths of the directory `path` that differ from `commit` (module docstring, 2c);
+    WorktreeError when they cannot be read."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="loopsweb-changes-") as scratch:
+            return changed_paths(
+                common_dir=common_dir,
+                work_tree=path,
+                commit=commit,
+                scratch=Path(scratch),
+            )
+    except (GitError, OSError) as exc:
+        raise WorktreeError(CHANGES_UNREADABLE.format(path=path, error=exc)) from None
 
 
 def _identity() -> dict[str, str]:

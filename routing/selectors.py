@@ -369,6 +369,18 @@ class LiveCounts:
     active: int
     deferred: int
     oldest_deferred: datetime | None
+    # Active items whose admission named no --max-active (the API's route, a route_event
+    # without one): a drain's scope cap is shown full only over the others (/ops/).
+    uncapped: int = 0
+
+
+# An active item admitted without a --max-active: its stored route names none. Status first,
+# so the route is read only for the (few) active rows of the live ones.
+_UNCAPPED = (
+    Q(status__in=ACTIVE_WORK_ITEM_STATUSES)
+    & Q(route_options_json__isnull=False)
+    & Q(route_options_json__options__max_active__isnull=True)
+)
 
 
 def live_work() -> list[LiveCounts]:
@@ -382,6 +394,7 @@ def live_work() -> list[LiveCounts]:
             active=Count("id", filter=Q(status__in=ACTIVE_WORK_ITEM_STATUSES)),
             deferred=Count("id", filter=Q(status=WorkItemStatus.DEFERRED)),
             oldest_deferred=Min("created_at", filter=Q(status=WorkItemStatus.DEFERRED)),
+            uncapped=Count("id", filter=_UNCAPPED),
         )
         .order_by()
     )

@@ -24,11 +24,33 @@ if [ ! -e "$data_dir/loopsweb.env" ]; then
   echo "loopsweb: wrote $data_dir/loopsweb.env (development settings of this installation)"
 fi
 
-# Agents run only inside LOOPSWEB_PROJECT_ROOTS. Unless one is set, make run uses a demo root
-# in the data directory with one git project in it, so a first routed event can run.
+# Agents run only inside LOOPSWEB_PROJECT_ROOTS: the environment's, else the one the env file
+# names (read as every process reads it, loopsweb/installation.py: nothing exported here
+# overrides the file), else a demo root in the data directory. The demo root gets one git
+# project, so a first routed event can run.
+demo_roots="$(realpath -m "$data_dir")/projects"
 if [ -z "${LOOPSWEB_PROJECT_ROOTS:-}" ]; then
-  export LOOPSWEB_PROJECT_ROOTS="$(realpath -m "$data_dir")/projects"
-  demo="$LOOPSWEB_PROJECT_ROOTS/demo"
+  LOOPSWEB_PROJECT_ROOTS=$(
+    env -u LOOPSWEB_PROJECT_ROOTS "$PY" - "$data_dir/loopsweb.env" <<'EOF'
+import os
+import sys
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from loopsweb.installation import load_installation_env
+
+try:
+    load_installation_env(Path(sys.argv[1]))
+except ImproperlyConfigured:
+    pass  # manage.py names the bad line below
+print(os.environ.get("LOOPSWEB_PROJECT_ROOTS", ""))
+EOF
+  )
+  export LOOPSWEB_PROJECT_ROOTS="${LOOPSWEB_PROJECT_ROOTS:-$demo_roots}"
+fi
+if [ "$LOOPSWEB_PROJECT_ROOTS" = "$demo_roots" ]; then
+  demo="$demo_roots/demo"
   mkdir -p "$demo"
   if command -v git >/dev/null && [ ! -e "$demo/.git" ]; then
     git -c init.defaultBranch=main -C "$demo" init -q

@@ -97,3 +97,19 @@ def make_step_run(**overrides: Any) -> WorkflowStepRun:
     step = WorkflowStepRun.objects.create(**fields)
     sync_account_counts()  # a row written directly: keep the account counts true
     return step
+
+
+def make_staff_user(username: str = "ops", *perms: str, **fields: Any) -> Any:
+    """An active staff user (not a superuser) holding `perms` (`app.codename`, e.g.
+    ledger.webkit.access.ITEMS): what /ops/, the API's sessions and /metrics let see."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    fields.setdefault("is_staff", True)
+    user = get_user_model().objects.create_user(username, password="pw", **fields)
+    for perm in perms:
+        app, _, codename = perm.partition(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app, codename=codename)
+        )
+    return user

@@ -2,10 +2,14 @@
 (scripts/run.sh: runserver and both clusters) with the fake agent, the GitHub stand-in as a
 process of its own (tests/forge_standin.py), a bare repository on local disk as the
 project's `origin`; a second terminal routes a todos task with `--deliver pull-request`.
-The test watches the ledger and the stand-in's record: the agent's file on
-`loopsweb/run-<id>` in the remote, one commit per step that changed files with its
-trailers, a pull request whose body names the task and every step's account, and the PR
-link and the patch on the item page."""
+The fake agent stands in for claude over a pool of two accounts: the worker's first
+account answers 429, so the step moves to the other, and the verifier prints claude's
+stream-json with its own last words and a cost. The test watches the ledger and the
+stand-in's record: the agent's file on `loopsweb/run-<id>` in the remote, one commit per
+step that changed files with its trailers, a pull request whose title and body carry the
+task's mentions and references inert, a row for each account of the moved step, the
+verifier's own message and its cost to the cent, and the PR link and the patch on the item
+page."""
 
 from __future__ import annotations
 
@@ -17,11 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from domain.pool import render_time_profile
+from ledger.pr_body import ZWJ
+from tests.agent_lines import claude_stream
 from tests.ledger.runner_helpers import git, git_project
 from tests.processes import (
     ROOT,
     free_port,
     make_run_env,
+    manage,
     staff_login,
     start_make_run,
     stop_make_run,
@@ -37,6 +45,18 @@ pytestmark = [
 ]
 
 TOKEN = "ghp_process_standin_token_42"
+POOL = ["acct-a", "acct-b"]
+# The worker's account at admission (both idle: the pool's pick by the task id).
+FIRST = render_time_profile(POOL, "TASK-7", "worker")
+OTHER = next(account for account in POOL if account != FIRST)
+VERIFIER_SAID = "VERIFIED: README.md is there.\nThanks @octocat, this closes #12."
+# claude's stream-json as the verifier prints it: its own words in `result`, and a cost.
+VERIFIER_OUTPUT = claude_stream(
+    VERIFIER_SAID,
+    cost=0.19858499999999998,
+    earlier="Hm.",
+    usage={"input_tokens": 39009, "output_tokens": 53},
+)
 
 
 def _forge(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
@@ -70,7 +90,17 @@ def test_a_todos_task_routed_with_deliver_pull_request_ends_in_a_pr_on_the_forge
     token_file.write_text(f"GITHUB_TOKEN={TOKEN}\n")
     token_file.chmod(0o600)
     agent_config = tmp_path / "agent.json"
-    agent_config.write_text(json.dumps({"steps": {"worker": {"write": "README.md"}}}))
+    agent_config.write_text(
+        json.dumps(
+            {
+                "profiles": {FIRST: {"rate_limit": "HTTP 429 Too Many Requests"}},
+                "steps": {
+                    "worker": {"write": "README.md"},
+                    "verifier": {"output": VERIFIER_OUTPUT},
+                },
+            }
+        )
+    )
     forge, forge_url, record = _forge(tmp_path)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -78,6 +108,7 @@ def test_a_todos_task_routed_with_deliver_pull_request_ends_in_a_pr_on_the_forge
         data,
         port,
         LOOPSWEB_AGENT_ENV_PASSTHROUGH="FAKE_AGENT_*",
+        LOOPSWEB_CLAUDE_BIN=str(ROOT / "scripts" / "fake-agent"),
         FAKE_AGENT_CONFIG=str(agent_config),
         LOOPSWEB_GITHUB_API_URL=forge_url,
         LOOPSWEB_GITHUB_TOKEN_FILE=str(token_file),
@@ -86,13 +117,27 @@ def test_a_todos_task_routed_with_deliver_pull_request_ends_in_a_pr_on_the_forge
     server = start_make_run(env, tmp_path / "make-run.log")
     try:
         wait_for_http(f"{base}/admin/login/")
+        # A pool routes (and a rate-limited step moves) over registered accounts.
+        for account in POOL:
+            home = tmp_path / "logins" / account
+            home.mkdir(parents=True)
+            manage(
+                env,
+                "account",
+                "add",
+                account,
+                "--provider",
+                "claude",
+                "--claude-config-dir",
+                str(home),
+            )
         event = {
             "id": "evt-pr-1",
             "type": "task.created",
             "source": "@hasna/todos",
             "data": {
                 "id": "TASK-7",
-                "title": "Add a README",
+                "title": "Add a README for @octocat (fixes #12)",
                 "description": "Write README.md for the app.",
                 "tags": ["auto:route"],
                 "project_path": str(project),
@@ -106,8 +151,10 @@ def test_a_todos_task_routed_with_deliver_pull_request_ends_in_a_pr_on_the_forge
                 "todos-task",
                 "--event-json",
                 json.dumps(event),
-                "--auth-profile",
-                "acct-a",
+                "--provider",
+                "claude",
+                "--auth-profile-pool",
+                ",".join(POOL),
                 "--deliver",
                 "pull-request",
                 "--github-repo",
@@ -152,9 +199,9 @@ def test_a_todos_task_routed_with_deliver_pull_request_ends_in_a_pr_on_the_forge
         log = git(origin, "log", "--format=%B%x1e", f"main..{branch}").split("\x1e")
         commits = [c for c in log if c.strip()]
         assert len(commits) == 1
-        assert "Add a README (task TASK-7): step worker" in commits[0]
+        assert "(task TASK-7): step worker" in commits[0]
         assert "Loopsweb-Step: worker" in commits[0]
-        assert "Loopsweb-Account: acct-a" in commits[0]
+        assert f"Loopsweb-Account: {OTHER}" in commits[0]
         # The forge got one pull request, with the token, whose body names the task and
         # every step's account.
         requests = [json.loads(line) for line in record.read_text().splitlines()]
@@ -162,8 +209,18 @@ def test_a_todos_task_routed_with_deliver_pull_request_ends_in_a_pr_on_the_forge
         assert pull["path"] == "/repos/acme/app/pulls"
         assert pull["authorization"] == f"Bearer {TOKEN}"
         assert pull["body"]["head"] == branch and pull["body"]["base"] == "main"
+        # The title is plain text, its mention and reference inert.
+        inert = f"Add a README for @{ZWJ}octocat (fixes #{ZWJ}12)"
+        assert pull["body"]["title"] == inert
         body = pull["body"]["body"]
-        assert "Add a README" in body and "Write README.md for the app." in body
+        assert "## " + inert.replace("#", "\\#") + "\n" in body
+        assert "Write README.md for the app." in body
+        # A row for each account the worker ran on; the verifier's own words and cost.
+        assert f"| worker | {FIRST} | claude | rate limited |" in body
+        assert f"| worker | {OTHER} | claude | succeeded |" in body
+        assert "| verifier |" in body and "39,009 in / 53 out, $0.20 |" in body
+        said = VERIFIER_SAID.replace("@", "@" + ZWJ).replace("#", "#" + ZWJ)
+        assert f"The verifier's last message:\n\n```text\n{said}\n```" in body
         steps = database.execute(
             "SELECT step_id, account_profile FROM workflow_step_runs "
             "WHERE workflow_run_id = ? ORDER BY sequence",

@@ -65,6 +65,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "ledger adapters (providers, processes, projects, rate limits, usage)",
         (
+            "ledger.agent_message",
             "ledger.agent_output",
             "ledger.checks",
             "ledger.egress",
@@ -125,6 +126,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "routing.ops",
             "routing.metrics",
             "routing.templatetags",
+            # what needs attention, what was delivered: the API's and /ops' lists
+            "routing.worklists",
         ),
     ),
     ("commands", ("ledger.management", "routing.management")),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ledger.runner_helpers import git_project
 from tests.processes import (
     free_port,
     make_run_env,
@@ -135,3 +136,47 @@ def test_make_run_serves_the_login_page_the_staff_user_signs_in_and_ctrl_c_stops
     assert "created staff user 'operator'" in output
     assert f"demo project root {tmp_path / 'projects'}" in output
     assert (tmp_path / "loopsweb.sqlite3").exists()
+
+
+def test_make_run_takes_the_project_roots_its_env_file_names(tmp_path: Path) -> None:
+    """Issue 62 item 1: with nothing exported, the roots `var/loopsweb.env` names are the
+    ones every process of make run works with (the web server admits a project there, the
+    run cluster runs it), and no demo root is made beside them."""
+    mine = tmp_path / "mine"
+    project = git_project(mine / "app")
+    env_file = tmp_path / "loopsweb.env"
+    env_file.write_text(f"DEBUG=1\nLOOPSWEB_HTTPS=0\nLOOPSWEB_PROJECT_ROOTS={mine}\n")
+    env_file.chmod(0o600)
+    port = free_port()
+    env = make_run_env(tmp_path, port)
+    assert "LOOPSWEB_PROJECT_ROOTS" not in env
+    log = tmp_path / "make-run.log"
+    proc = start_make_run(env, log)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for_http(f"{base}/admin/login/")
+        answer = _route_demo_event(base, {**env, "DEBUG": "1"}, project)
+        assert answer["results"][0]["kind"] == "created", answer
+        item_id = answer["results"][0]["workItemId"]
+        database = tmp_path / "loopsweb.sqlite3"
+
+        def ended() -> bool:
+            row = _run_row(database, item_id)
+            return bool(row) and row[0] not in ("queued", "running")
+
+        with contextlib.suppress(AssertionError):
+            wait_for(ended, timeout=180, interval=0.3, what="the run to end")
+        status, *_, error = _run_row(database, item_id)
+        assert status == "succeeded", error
+    finally:
+        stop_make_run(proc)
+    assert proc.returncode != -signal.SIGKILL, "make run did not stop on Ctrl-C"
+    assert "demo project root" not in log.read_text()
+    assert not (tmp_path / "projects").exists()
+    assert env_file.read_text().endswith(f"LOOPSWEB_PROJECT_ROOTS={mine}\n")
+    wait_for(
+        lambda: not _processes_with_env(f"LOOPSWEB_DATA_DIR={tmp_path}"),
+        timeout=120,
+        interval=0.2,
+        what="no process of make run left after Ctrl-C",
+    )

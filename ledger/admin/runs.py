@@ -30,7 +30,7 @@ from ledger.admin.filters import (
     EventTypeFilter,
     ProviderFilter,
 )
-from ledger.delivery import deliver_run, redeliverable
+from ledger.delivery import deliver_run, delivery_outcome, redeliverable
 from ledger.delivery_view import delivery_line, pull_request, run_commits, run_patch
 from ledger.discard import discard_run_work
 from ledger.display import (
@@ -197,10 +197,9 @@ class WorkflowRunAdmin(LedgerAdmin):
                     request, f"{run.id}: nothing to deliver again", messages.WARNING
                 )
                 continue
-            record = deliver_run(run.id)
-            level = messages.ERROR if record.get("error") else messages.SUCCESS
+            delivered, line = delivery_outcome(run.id, deliver_run(run.id))
             self.message_user(
-                request, f"{run.id}: {record.get('error') or 'delivered'}", level
+                request, line, messages.SUCCESS if delivered else messages.ERROR
             )
 
     @admin.display(description="id", ordering="-id")

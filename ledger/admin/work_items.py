@@ -51,6 +51,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.webkit.access import RUNS, STEPS, may_view
 from ledger.webkit.cells import (
     age,
     current_state,
@@ -377,10 +378,12 @@ def item_page_context(
     deferral history, the inbox deliveries, the action history and the action buttons.
     A fixed number of queries, each bounded."""
     now = timezone.now()
-    read = work_item_read(item, output=True)
+    # Runs and their steps' output only for whoever may view both (ledger.webkit.access).
+    shown = may_view(request.user, RUNS, STEPS)
+    read = work_item_read(item, output=shown)
     runs = read.runs
     steps: dict[str, list[dict[str, Any]]] = {}
-    for step in read.every_step():
+    for step in read.every_step() if shown else ():
         attempts = read.attempts[step.id]
         steps.setdefault(step.workflow_run_id, []).append(
             {
@@ -430,7 +433,9 @@ def item_page_context(
                 ],
             }
             for run in runs
-        ],
+        ]
+        if shown
+        else None,
         "item_deferrals": deferrals,
         "item_sections": [
             (section.template, section.read(item)) for section in ITEM_SECTIONS

@@ -85,6 +85,7 @@ from ledger.services.loops import (
 )
 from ledger.services.recovery import (
     RecoveredRun,
+    run_work_saved,
     runs_fail_unserved,
     runs_queued_stale,
     runs_recover_expired,
@@ -172,6 +173,7 @@ __all__ = [
     "run_retry",
     "run_worktree_record",
     "run_worktree_removed",
+    "run_work_saved",
     "runs_fail_unserved",
     "runs_queued_stale",
     "runs_recover_expired",

@@ -32,6 +32,7 @@ from ledger.services.common import (
     ARCHIVE_REASON,
     GENERATED_TEMPLATES_BY_ROUTE_KEY,
     OPEN_STEP_STATUSES,
+    SUCCEEDED_ON_ATTEMPT_REASON,
     append_event,
     clean_text,
     to_ms,
@@ -214,6 +215,20 @@ def _work_item_status_for_run(status: str) -> str:
     return WorkItemStatus.FAILED
 
 
+def _success_reason(run: WorkflowRun) -> str | None:
+    """The item's reason when `run` succeeded after earlier runs of the item (a loop's
+    retry, an operator's retry): which attempt it was, numbered as the item page and the
+    API number the item's runs (oldest first), so the failed attempt's `retry pending`
+    reason never outlives the success. None for the item's first run (the item keeps
+    its reason, as upstream)."""
+    if not run.work_item_id:
+        return None
+    attempt = WorkflowRun.objects.filter(
+        work_item_id=run.work_item_id, id__lte=run.id
+    ).count()
+    return SUCCEEDED_ON_ATTEMPT_REASON.format(attempt=attempt) if attempt > 1 else None
+
+
 def end_run(
     run: WorkflowRun,
     *,
@@ -254,6 +269,8 @@ def end_run(
         run, status=status, error=run.error, now=now, steps=steps
     )
     if retry is None:
+        if item_reason is None and status == RunStatus.SUCCEEDED:
+            item_reason = _success_reason(run)
         _cascade_work_item(
             run,
             status=_work_item_status_for_run(status),

@@ -79,6 +79,9 @@ ITEM_RETRY_REASON = "retried by operator"
 # Loop-level retry pending (docs/upstream.md §2.1, upstream wording).
 RETRY_PENDING_REASON = "attempt failed; retry pending"
 RETRY_PENDING_REASON_WITH_ERROR = "attempt failed; retry pending: {error}"
+# A run that succeeds after earlier runs of its item (a retry): its item's reason, in place
+# of the retry pending one (docs/operations.md, "Retries within an admission").
+SUCCEEDED_ON_ATTEMPT_REASON = "succeeded on attempt {attempt}"
 WAIT_COOLING = "account {profile} is cooling down until {until}"
 WAIT_AT_CAPACITY = "account {profile} is at capacity ({running}/{limit} running steps)"
 WAIT_POOL_RATE_LIMITED = "every account of the pool is rate limited until {until}"

@@ -1,6 +1,8 @@
 """Recovery of runs whose worker or task is gone: running runs whose lease expired are
 failed (their process groups on this host killed), queued and parked runs whose task may be
-lost are handed out again.
+lost are handed out again; `run_work_saved` records the work an ended run had left
+uncommitted in its worktree once it is committed on the run's branch (ledger.run_worktree:
+`save_left_work`, after recovery and before a prune).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from ledger.services.common import (
     LEASE_EXPIRED_RUN_ERROR,
     LEASE_EXPIRED_STEP_ERROR,
     OPEN_STEP_STATUSES,
+    append_event,
+    clean_text,
     lock_run,
     now_or_default,
 )
@@ -37,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 # Most runs handed out again per call of runs_queued_stale (per kind).
 STALE_BATCH = 500
+# Paths named in a `work_saved` event (the diffstat has the rest).
+SAVED_PATHS_NAMED = 20
 
 
 @dataclass(frozen=True)
@@ -275,3 +281,28 @@ def runs_fail_unserved(*, grace: timedelta, now: datetime | None = None) -> list
         logger.warning("failed workflow run %s: %s", run_id, reason)
         failed.append(run_id)
     return failed
+
+
+def run_work_saved(
+    *, run_id: str, head: str, diffstat: str, paths: list[str], why: str
+) -> None:
+    """Record the commit of what the ended run had left uncommitted in its worktree: its
+    head and diffstat as the runner's own commit records them, and an event `work_saved`
+    (the commit, how many paths, the first of them, and `why`: recovery or prune)."""
+    with transaction.atomic():
+        lock_run(run_id)
+        WorkflowRun.objects.filter(pk=run_id).update(
+            commit_head=head,
+            commit_diffstat=clean_text(diffstat) or "",
+            commit_error=None,
+        )
+        append_event(
+            run_id,
+            "work_saved",
+            payload={
+                "commit": head,
+                "paths": len(paths),
+                "first": [clean_text(p) for p in paths[:SAVED_PATHS_NAMED]],
+                "why": why,
+            },
+        )

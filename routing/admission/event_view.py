@@ -123,12 +123,7 @@ def _task_view(envelope: Envelope, options: RouteOptions) -> EventView | RouteRe
         )
     # The key, and the PR review gate's skip (docs/upstream.md §3.2.11).
     gate = todos_review_key(
-        data,
-        eligibility.tags,
-        task_id,
-        envelope,
-        _task(task_id, data, eligibility.tags, raw_path),
-        options,
+        envelope, task_id, _task(task_id, data, eligibility.tags, raw_path), options
     )
     if gate.skipped is not None:
         return gate.skipped

@@ -458,8 +458,9 @@ def route_options_check(
     is one clear error with nothing written, never a failure recorded on each candidate:
     the template for the route, the route scope the options resolve to (`env` holds the
     loop name a scheduled drain runs under), the names the prefix makes, the project group,
-    and the project path (inside LOOPSWEB_PROJECT_ROOTS, within an index entry), each checked
-    as `plan_route` checks an event's values.
+    and the project path (inside LOOPSWEB_PROJECT_ROOTS, within an index entry; for a generic
+    route also a git work tree under `--worktree-mode required`), each checked as
+    `plan_route` checks an event's values.
     """
     route_key = route_key_for_kind(kind)
     template_for(route_key, options.template)
@@ -492,7 +493,11 @@ def route_options_check(
                 )
             )
         project, git_work_tree = project_path_admit(options.project_path)
-        if options.worktree_mode == WORKTREE_REQUIRED and not git_work_tree:
+        # A generic route's --project-path is every event's project; a todos task's is the
+        # fallback of tasks that name none, and their worktree check comes after the early
+        # dedupe (docs/upstream.md §3.2.9-10): a replayed task is deduped, not refused.
+        required = options.worktree_mode == WORKTREE_REQUIRED
+        if required and route_key != TODOS_TASK and not git_work_tree:
             raise WorktreeRequired(project)
 
 

@@ -4,9 +4,11 @@ Contract of `api_auth(scope, methods=..., allow_staff=...)`:
 1. `Authorization: Bearer <token>` present: the token must be live (401 otherwise; an expired
    one's 401 says when it expired) and carry `scope` (403 otherwise). A bad token is refused even when a staff session is also present,
    so a script never succeeds by accident through a browser cookie.
-2. No Authorization header: with `allow_staff` (read views) a staff session passes and a
-   signed-in non-staff user gets 403; anyone else, and every session on token-only views,
-   gets 401 with `WWW-Authenticate: Bearer`.
+2. No Authorization header: with `allow_staff` (read views) a staff session passes when it
+   holds the work items' view permission and `perms` (the view permissions of what the
+   endpoint shows: ledger.webkit.access, as on /ops/), and a signed-in user who is not staff
+   or lacks one gets 403; anyone else, and every session on token-only views, gets 401 with
+   `WWW-Authenticate: Bearer`.
 3. Only then the method: anything outside `methods` is 405 with `Allow`. Authenticating first
    means anonymous callers learn nothing, not even which methods exist.
 Every refusal is JSON `{"error": "..."}`. Every view behind `api_auth` is `csrf_exempt`, so
@@ -25,6 +27,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from ledger.webkit import access
 from routing.api.tokens import TOKEN_INVALID, api_token_authenticate, api_token_refusal
 from routing.models import ApiToken
 
@@ -35,6 +38,7 @@ AUTH_MALFORMED = "malformed Authorization header (expected: Bearer <token>)"
 AUTH_INVALID = TOKEN_INVALID
 AUTH_SCOPE = "this token lacks the {scope!r} scope"
 AUTH_NOT_STAFF = "staff access required"
+AUTH_PERMISSION = "this staff user needs the view permissions {perms}"
 METHOD_NOT_ALLOWED = "method {method} not allowed"
 
 
@@ -57,10 +61,15 @@ def _bearer(request: HttpRequest) -> str | None:
 
 
 def api_auth(
-    scope: str, *, methods: Iterable[str] = ("GET",), allow_staff: bool = True
+    scope: str,
+    *,
+    methods: Iterable[str] = ("GET",),
+    allow_staff: bool = True,
+    perms: Iterable[str] = (),
 ) -> Callable[[View], View]:
     # HEAD is answered wherever GET is (the GET's headers, no body: Django's handler drops it).
     allowed = tuple(methods)
+    needed = (access.ITEMS, *perms)
     if "GET" in allowed:
         allowed += ("HEAD",)
 
@@ -84,8 +93,12 @@ def api_auth(
                 user = getattr(request, "user", None) if allow_staff else None
                 if user is None or not user.is_authenticated:
                     return json_error(AUTH_REQUIRED, 401, WWW_Authenticate="Bearer")
-                if not (user.is_active and user.is_staff):
+                if not access.is_staff(user):
                     return json_error(AUTH_NOT_STAFF, 403)
+                if not access.may_view(user, *needed):
+                    return json_error(
+                        AUTH_PERMISSION.format(perms=", ".join(needed)), 403
+                    )
             if request.method not in allowed:
                 return json_error(
                     METHOD_NOT_ALLOWED.format(method=request.method),

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.urls import URLPattern, path
 
 from routing.api import views as api_views
+from routing.api import worklists as api_worklists
 
 app_name = "api"
 urlpatterns: list[URLPattern] = [
@@ -12,4 +13,6 @@ urlpatterns: list[URLPattern] = [
     path("accounts", api_views.account_list, name="accounts"),
     path("drains", api_views.drain_list, name="drains"),
     path("drains/<str:drain_id>", api_views.drain_detail, name="drain"),
+    path("attention", api_worklists.attention, name="attention"),
+    path("delivered", api_worklists.delivered, name="delivered"),
 ]

@@ -34,6 +34,7 @@ from domain.errors import ApplicationError
 from domain.events import Envelope, parse_envelope
 from domain.jsontext import loads_limited
 from domain.keys import TODOS_TASK
+from ledger.webkit import access
 from routing.admission import (
     SKIPPED,
     RouteOptions,
@@ -318,7 +319,7 @@ def work_item_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@api_auth("read")
+@api_auth("read", perms=(access.RUNS, access.STEPS))
 def work_item_detail(request: HttpRequest, item_id: str) -> HttpResponse:
     form = StrictQueryForm(request.GET)
     if not form.is_valid():
@@ -330,7 +331,7 @@ def work_item_detail(request: HttpRequest, item_id: str) -> HttpResponse:
     return JsonResponse(work_item_detail_to_dict(item))
 
 
-@api_auth("read")
+@api_auth("read", perms=(access.ACCOUNTS,))
 def account_list(request: HttpRequest) -> HttpResponse:
     form = StrictQueryForm(request.GET)
     if not form.is_valid():
@@ -340,7 +341,7 @@ def account_list(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"accounts": [account_to_dict(row, now=now) for row in rows]})
 
 
-@api_auth("read")
+@api_auth("read", perms=(access.DRAINS,))
 def drain_list(request: HttpRequest) -> HttpResponse:
     form = DrainQueryForm(request.GET)
     if not form.is_valid():
@@ -352,7 +353,7 @@ def drain_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@api_auth("read")
+@api_auth("read", perms=(access.DRAINS,))
 def drain_detail(request: HttpRequest, drain_id: str) -> HttpResponse:
     form = StrictQueryForm(request.GET)
     if not form.is_valid():

@@ -26,11 +26,10 @@ from domain.events import (
     Envelope,
     parse_envelope,
     string_field,
-    todos_project_path_hint,
 )
 from ledger.lock import ADVISORY_NAMESPACE, admission_lock
 from ledger.models import WorkflowWorkItem
-from ledger.projects import repository_checkout
+from routing.drains.sources import TODOS_EVENT_PREFIX, candidate_project
 from routing.models import InboxEvent, InboxState
 
 INGEST_LOCK_KEY = 2
@@ -66,16 +65,10 @@ class IngestRejected(ApplicationError):
 
 
 def project_hint(envelope: Envelope) -> str | None:
-    """The project an envelope names, un-normalised: the round-robin key of fair drains."""
-    return string_field(
-        todos_project_path_hint(
-            envelope.data,
-            envelope.metadata,
-            option=None,
-            cwd="",
-            find_checkout=repository_checkout,
-        )
-    )
+    """The project an envelope names, un-normalised, as the drain that takes it reads it
+    (`candidate_project`): its path prefix filter and the round-robin key of fair drains."""
+    task = envelope.type.startswith(TODOS_EVENT_PREFIX)
+    return string_field(candidate_project(envelope, task=task))
 
 
 def _row(envelope: Envelope) -> InboxEvent:

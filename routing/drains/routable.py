@@ -31,7 +31,10 @@ def kind_for_event_type(event_type: str) -> str:
 
 
 def never_routes(envelope: Envelope, *, cwd: str) -> str | None:
-    """Why no drain will ever admit `envelope` (the reason a drain would record), or None."""
+    """Why no drain will ever admit `envelope` (the reason a drain would record), or None.
+
+    A PR review task the gate skips for want of a reviewer or an author is not one: a drain
+    with `--github-reviewer`, or the forge, may supply them (docs/upstream.md §3.2.11)."""
     kind = kind_for_event_type(envelope.type)
     try:
         plan = plan_route(
@@ -39,7 +42,12 @@ def never_routes(envelope: Envelope, *, cwd: str) -> str | None:
         )
     except ApplicationError as exc:
         return str(exc)
-    return plan.reason if isinstance(plan, RouteResult) else None
+    if not isinstance(plan, RouteResult):
+        return None
+    extra = plan.extra or {}
+    if extra.get("prReviewRouting") and not extra.get("freshnessSkip"):
+        return None
+    return plan.reason
 
 
 def never_routable_warning(

@@ -21,9 +21,11 @@ from django.conf import settings
 from domain.errors import ApplicationError, ValidationError
 from domain.events import (
     Envelope,
+    drained_task_path,
+    generic_project_path_hint,
     parse_envelope,
     record_tags,
-    todos_project_path_hint,
+    with_route_path,
 )
 from domain.jsontext import loads_limited
 from domain.keys import TODOS_TASK
@@ -93,6 +95,26 @@ def scan_inbox(
         )
 
 
+def candidate_project(envelope: Envelope, *, task: bool) -> str | None:
+    """The project a drain files a candidate under, un-normalized (its path prefix filter
+    and round-robin key): a todos task's in upstream's drain order (docs/upstream.md §5.1,
+    domain.events contract 6), a generic event's as its route reads it."""
+    if task:
+        return drained_task_path(
+            envelope.data, envelope.metadata, find_checkout=repository_checkout
+        )
+    return generic_project_path_hint(envelope.data, envelope.metadata, option=None)
+
+
+def drained_envelope(envelope: Envelope, *, task: bool) -> Envelope:
+    """The envelope a drain routes: a todos task routed to the project its filter read
+    (docs/upstream.md §5.2.1: the drained event's route path fields), a generic event as
+    it is."""
+    if not task:
+        return envelope
+    return with_route_path(envelope, candidate_project(envelope, task=True))
+
+
 def inbox_envelope(row: InboxEvent) -> Envelope:
     return Envelope(
         id=row.event_id,
@@ -119,6 +141,8 @@ def load_envelopes(candidates: Sequence[Candidate]) -> list[Candidate]:
             loaded.append(candidate)
         elif candidate.inbox_id in rows:
             envelope = inbox_envelope(rows[candidate.inbox_id])
+            task = envelope.type.startswith(TODOS_EVENT_PREFIX)
+            envelope = drained_envelope(envelope, task=task)
             loaded.append(replace(candidate, envelope=envelope))
     return loaded
 
@@ -218,15 +242,10 @@ def scan_command(
         except ApplicationError as exc:
             yield exc
             continue
-        project = todos_project_path_hint(
-            envelope.data,
-            envelope.metadata,
-            option=None,
-            cwd="",
-            find_checkout=repository_checkout,
-        )
+        task = route_key == TODOS_TASK
+        project = candidate_project(envelope, task=task)
         yield Candidate(
-            envelope=envelope,
+            envelope=drained_envelope(envelope, task=task),
             project=project or "",
             tags=tuple(record_tags(envelope.data)),
         )

@@ -117,9 +117,12 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--github-reviewer",
+        "--github-reviewer-pool",
+        dest="github_reviewer",
         metavar="LOGIN[,LOGIN]",
         help="GitHub logins asked to review the pull request a pull-request delivery "
-        "opens",
+        "opens, and the reviewers the PR review gate may choose from (upstream's "
+        "--github-reviewer-pool is the same option)",
     )
     add("--dry-run", action="store_true", help="decide and report, write nothing")
     add("--json", action="store_true", help="print one JSON object")

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from domain.keys import ROUTE_KEYS
 from ledger.lock import lock_state
+from ledger.webkit import access
 from routing.api.auth import api_auth
 from routing.drains.configs import drain_configs
 from routing.models import DrainRecord
@@ -349,6 +350,6 @@ def render(families: Iterable[Family]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@api_auth("metrics")
+@api_auth("metrics", perms=(access.ACCOUNTS, access.DRAINS))
 def metrics_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse(render(collect(now=timezone.now())), content_type=CONTENT_TYPE)

@@ -12,13 +12,14 @@ from django.views.decorators.http import require_POST
 from ledger import services
 from ledger.models import Account
 from ledger.services import LedgerError
+from ledger.webkit import access
 from ledger.webkit.audit import log_operator_action
-from routing.ops.views import staff_required
+from routing.ops.views import ops_view
 
 CLEAR_PERMISSION = "ledger.change_account"
 
 
-@staff_required
+@ops_view(access.ACCOUNTS)
 @require_POST
 def account_clear(request: HttpRequest, name: str) -> HttpResponse:
     if not request.user.has_perm(CLEAR_PERMISSION):

@@ -7,6 +7,7 @@ escaped); there is no JavaScript and nothing loaded from elsewhere.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,6 +45,28 @@ def reason_label(code: str | None) -> str:
     if not code:
         return "(no code)"
     return reasons.LABELS.get(code, code)
+
+
+# Control characters in text a page shows as it is (a patch): each C0 one but the newline
+# and the tab (and a CR ending a line) as its Unicode control picture (ESC is ␛, BEL ␇),
+# DEL as ␡, a C1 one as its escape (`\x9b`). Escaping for HTML leaves them in; a browser
+# draws nothing for most, and the text pasted into a terminal would act on it.
+_SHOWN_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]|\r(?!\n)")
+
+
+def _control_picture(found: re.Match[str]) -> str:
+    code = ord(found.group(0))
+    if code < 0x20:
+        return chr(0x2400 + code)
+    if code == 0x7F:
+        return "\u2421"
+    return f"\\x{code:02x}"
+
+
+def visible_controls(text: str) -> str:
+    """`text` with its control characters shown (see _SHOWN_CONTROLS), newlines, tabs and
+    CRLF line ends kept."""
+    return _SHOWN_CONTROLS.sub(_control_picture, text)
 
 
 # --- deferral snapshots -----------------------------------------------------------------------
@@ -119,6 +142,24 @@ class LoadBar:
 
 
 LABEL_W, BAR_W, ROW_H, PAD = 170, 440, 26, 8
+# An account's name beside a chart row: the label column grows with the longest name up to
+# LABEL_MOST_W; a longer name loses its middle (the whole name is the row's <title>).
+LABEL_CHAR_W, LABEL_MOST_CHARS = 7, 40
+LABEL_MOST_W = LABEL_CHAR_W * LABEL_MOST_CHARS + 16
+
+
+def chart_label(name: str) -> str:
+    """`name`, or its start and end around an ellipsis when longer than LABEL_MOST_CHARS."""
+    if len(name) <= LABEL_MOST_CHARS:
+        return name
+    keep = LABEL_MOST_CHARS - 1
+    return f"{name[: keep - keep // 2]}…{name[-(keep // 2) :]}"
+
+
+def label_width(names: Sequence[str]) -> int:
+    """The label column's width for `names` (at least LABEL_W, at most LABEL_MOST_W)."""
+    longest = max((len(chart_label(n)) for n in names), default=0)
+    return min(max(LABEL_W, LABEL_CHAR_W * longest + 16), LABEL_MOST_W)
 
 
 def load_chart_svg(bars: Sequence[LoadBar]) -> SafeString:
@@ -132,8 +173,9 @@ def load_chart_svg(bars: Sequence[LoadBar]) -> SafeString:
         [1, *(b.running + b.reserved for b in bars), *(b.cap or 0 for b in bars)]
     )
     unit = BAR_W / scale_max
+    label_w = label_width([b.profile for b in bars])
     height = PAD * 2 + ROW_H * len(bars) + 18
-    width = LABEL_W + BAR_W + 150
+    width = label_w + BAR_W + 150
     parts: list[SafeString] = []
     for i, bar in enumerate(bars):
         y = PAD + i * ROW_H
@@ -157,22 +199,22 @@ def load_chart_svg(bars: Sequence[LoadBar]) -> SafeString:
                 '<text class="value" x="{}" y="{}">{} / {}{}</text></g>',
                 " full" if over else "",
                 summary,
-                LABEL_W - 8,
+                label_w - 8,
                 y + 16,
-                bar.profile,
-                LABEL_W,
+                chart_label(bar.profile),
+                label_w,
                 y + 4,
                 BAR_W,
                 ROW_H - 8,
-                LABEL_W,
+                label_w,
                 y + 4,
                 run_w,
                 ROW_H - 8,
-                round(LABEL_W + run_w, 1),
+                round(label_w + run_w, 1),
                 y + 4,
                 res_w,
                 ROW_H - 8,
-                LABEL_W + BAR_W + 8,
+                label_w + BAR_W + 8,
                 y + 16,
                 total,
                 bar.cap if bar.cap else "∞",
@@ -180,7 +222,7 @@ def load_chart_svg(bars: Sequence[LoadBar]) -> SafeString:
             )
         )
         if bar.cap:
-            x = round(LABEL_W + bar.cap * unit, 1)
+            x = round(label_w + bar.cap * unit, 1)
             parts.append(
                 format_html(
                     '<line class="cap" x1="{}" x2="{}" y1="{}" y2="{}"></line>',
@@ -198,19 +240,19 @@ def load_chart_svg(bars: Sequence[LoadBar]) -> SafeString:
         '<text x="{}" y="{}">reserved (admitted, not started)</text>'
         '<line class="cap" x1="{}" x2="{}" y1="{}" y2="{}"></line>'
         '<text x="{}" y="{}">--max-per-profile</text></g>',
-        LABEL_W,
+        label_w,
         legend_y - 9,
-        LABEL_W + 14,
+        label_w + 14,
         legend_y,
-        LABEL_W + 80,
+        label_w + 80,
         legend_y - 9,
-        LABEL_W + 94,
+        label_w + 94,
         legend_y,
-        LABEL_W + 320,
-        LABEL_W + 320,
+        label_w + 320,
+        label_w + 320,
         legend_y - 10,
         legend_y + 1,
-        LABEL_W + 326,
+        label_w + 326,
         legend_y,
     )
     return format_html(
@@ -245,7 +287,8 @@ def timeline_svg(
         return mark_safe("")
     peak = max([1, *counts.values()])
     top = 18
-    width = LABEL_W + CELL_W * len(hours) + 10
+    label_w = label_width(accounts)
+    width = label_w + CELL_W * len(hours) + 10
     height = top + CELL_H * len(accounts) + 6
     parts: list[SafeString] = []
     for j, hour in enumerate(hours):
@@ -253,7 +296,7 @@ def timeline_svg(
             parts.append(
                 format_html(
                     '<text class="hour" x="{}" y="12" text-anchor="middle">{}</text>',
-                    LABEL_W + j * CELL_W + CELL_W // 2,
+                    label_w + j * CELL_W + CELL_W // 2,
                     hour.strftime("%H:00"),
                 )
             )
@@ -262,9 +305,9 @@ def timeline_svg(
         parts.append(
             format_html(
                 '<text class="label" x="{}" y="{}" text-anchor="end">{}</text>',
-                LABEL_W - 8,
+                label_w - 8,
                 y + 15,
-                profile,
+                chart_label(profile),
             )
         )
         for j, hour in enumerate(hours):
@@ -281,14 +324,14 @@ def timeline_svg(
                     n,
                     "" if n == 1 else "s",
                     "" if n else " empty",
-                    LABEL_W + j * CELL_W + 1,
+                    label_w + j * CELL_W + 1,
                     y + 1,
                     CELL_W - 2,
                     CELL_H - 2,
                     opacity,
                     format_html(
                         '<text class="n" x="{}" y="{}" text-anchor="middle">{}</text>',
-                        LABEL_W + j * CELL_W + CELL_W // 2,
+                        label_w + j * CELL_W + CELL_W // 2,
                         y + 15,
                         n,
                     )
@@ -413,3 +456,58 @@ def options_text(options: Mapping[str, Any]) -> list[tuple[str, str]]:
         for key, value in sorted(options.items())
         if key != "kind"
     ]
+
+
+# --- the overview's last drains ---------------------------------------------------------------
+
+# How many drains the overview reads, and how many rows it shows of them.
+DRAINS_READ, DRAINS_SHOWN = 50, 10
+
+
+@dataclass(frozen=True)
+class EmptyDrains:
+    """Consecutive drains that did nothing, shown as one row."""
+
+    count: int
+    first: datetime  # when the oldest of them started
+    last: datetime  # when the newest of them started
+    names: tuple[str, ...]  # their schedules' names
+    empty_run = True  # what the drain table asks of a row
+
+
+def drain_did_nothing(record: Any) -> bool:
+    """A record that considered nothing, held nothing and has no error (as
+    routing.drains.retention.EMPTY, held drains kept apart)."""
+    return (
+        not record.considered
+        and not record.fatal
+        and record.error is None
+        and not record.held_reason
+    )
+
+
+def collapsed_drains(records: Sequence[Any], shown: int = DRAINS_SHOWN) -> list[Any]:
+    """The latest drain records (newest first) with each run of two or more that did
+    nothing folded into one EmptyDrains row (a 1-minute schedule writes one a minute), at
+    most `shown` rows."""
+    rows: list[Any] = []
+    run: list[Any] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            rows.append(run[0])
+        elif run:
+            names = tuple(sorted({r.name for r in run if r.name}))
+            rows.append(
+                EmptyDrains(len(run), run[-1].started_at, run[0].started_at, names)
+            )
+        run.clear()
+
+    for record in records:
+        if drain_did_nothing(record):
+            run.append(record)
+            continue
+        flush()
+        rows.append(record)
+    flush()
+    return rows[:shown]

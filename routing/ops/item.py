@@ -11,7 +11,7 @@ the same), and the output of the running steps in one, only when a step runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +35,7 @@ from ledger.models import (
     WorkItemStatus,
 )
 from routing.models import InboxState
+from routing.ops.display import visible_controls
 
 # The last lines of a running step's output the page shows (docs/operations.md: "the last few").
 LIVE_LINES = 12
@@ -70,6 +71,14 @@ class RunView:
     can_discard: bool = False
 
 
+def shown_patch(patch: Patch | None) -> Patch | None:
+    """The patch as the page shows it: its control characters as visible pictures
+    (routing.ops.display.visible_controls), never sent to the browser as they are."""
+    if patch is None:
+        return None
+    return replace(patch, text=visible_controls(patch.text))
+
+
 def work_view(view: RunView, steps: list[WorkflowStepRun]) -> None:
     """Fill in what the run left (its branch, commits, delivery, patch) on `view`."""
     run = view.run
@@ -77,7 +86,7 @@ def work_view(view: RunView, steps: list[WorkflowStepRun]) -> None:
     view.delivery = delivery_line(run)
     view.pr = pull_request(run)
     if run.status in TERMINAL_RUN_STATUSES and run.worktree_branch:
-        view.patch = run_patch(run)
+        view.patch = shown_patch(run_patch(run))
         view.can_redeliver = redeliverable(run)
         view.can_discard = run.work_discarded_at is None
 

@@ -1,6 +1,7 @@
 """The run's work on the /ops/ pages (issue 40): "Deliver again" and "Discard" (POST, CSRF,
 the item change permission, audited as the item actions are), and the run's whole patch as
-plain text ("show all": `text/plain`, `nosniff`, so nothing in it is ever markup)."""
+plain text ("show all": `text/plain`, `nosniff`, so nothing in it is ever markup). Both need
+the runs' view permission too, as the admin's run page (ledger.webkit.access)."""
 
 from __future__ import annotations
 
@@ -18,18 +19,19 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from domain.errors import ApplicationError
-from ledger.delivery import deliver_run, redeliverable
+from ledger.delivery import deliver_run, delivery_outcome, redeliverable
 from ledger.delivery_view import PATCH_MOST_CHARS, run_patch
 from ledger.discard import discard_run_work
 from ledger.models import WorkflowRun
+from ledger.webkit import access
 from ledger.webkit.audit import log_operator_action
-from routing.ops.views import staff_required
+from routing.ops.views import ops_view
 from routing.templatetags.ops_tags import ITEM_ACTION_PERMISSION
 
 RUN_ACTIONS = ("deliver", "discard")
 
 
-@staff_required
+@ops_view(access.RUNS)
 @require_POST
 def run_action(request: HttpRequest, run_id: str, action: str) -> HttpResponse:
     """Deliver again (`ledger.delivery.deliver_run`) or discard (`ledger.discard`) one
@@ -43,14 +45,15 @@ def run_action(request: HttpRequest, run_id: str, action: str) -> HttpResponse:
         if not redeliverable(run):
             messages.error(request, "deliver refused: nothing to deliver again")
         else:
-            record = deliver_run(run.id)
-            if record.get("error"):
-                messages.error(request, str(record["error"]))
+            delivered, line = delivery_outcome(run.id, deliver_run(run.id))
+            # Green only when the record says delivered: a skip or a failure is an error.
+            if delivered:
+                messages.success(request, line)
             else:
-                messages.success(request, f"Run {run.id}: delivered.")
-                log_operator_action(
-                    request, WorkflowRun, run.id, "Deliver again (ops)", "delivered"
-                )
+                messages.error(request, line)
+            log_operator_action(
+                request, WorkflowRun, run.id, "Deliver again (ops)", line
+            )
     else:
         try:
             done = discard_run_work(
@@ -75,7 +78,7 @@ def run_action(request: HttpRequest, run_id: str, action: str) -> HttpResponse:
     return HttpResponseRedirect(target)
 
 
-@staff_required
+@ops_view(access.RUNS)
 def run_patch_all(request: HttpRequest, run_id: str) -> HttpResponse:
     """The whole patch of the run's branch against its base, as plain text."""
     run = get_object_or_404(WorkflowRun.objects.select_related("workflow"), pk=run_id)

@@ -83,6 +83,42 @@ def project_rows(
     ]
 
 
+@dataclass(frozen=True)
+class ScopeCapRow(CapRow):
+    """A route scope's row with how many of its active items were admitted without a
+    --max-active (the API's route, a route_event without one): a drain's cap applies to
+    what that drain admits, so it is shown full (red) only when the items admitted under
+    a cap fill it. The drain still counts every active item of the scope."""
+
+    uncapped: int = 0
+
+    @property
+    def full(self) -> bool:
+        return self.cap is not None and self.active - self.uncapped >= self.cap.limit
+
+
+def scope_cap_rows(
+    rows: Sequence[CapRow], live: Sequence[LiveCounts]
+) -> list[ScopeCapRow]:
+    """`rows` (routing.selectors.scope_rows) with their uncapped active items, summed from
+    `live` (routing.selectors.live_work): no query."""
+    uncapped: dict[str | None, int] = {}
+    for counts in live:
+        uncapped[counts.route_scope] = (
+            uncapped.get(counts.route_scope, 0) + counts.uncapped
+        )
+    return [
+        ScopeCapRow(
+            key=r.key,
+            active=r.active,
+            deferred=r.deferred,
+            cap=r.cap,
+            uncapped=uncapped.get(r.key, 0) if r.cap is not None else 0,
+        )
+        for r in rows
+    ]
+
+
 # --- deferrals --------------------------------------------------------------------------------
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from routing.ops import account_actions, run_work
+from routing.ops import account_actions, run_work, worklists
 from routing.ops import views as ops_views
 
 app_name = "ops"
 urlpatterns: list[URLPattern] = [
     path("", ops_views.overview, name="overview"),
     path("deferrals/", ops_views.deferrals, name="deferrals"),
+    path("attention/", worklists.attention, name="attention"),
+    path("delivered/", worklists.delivered, name="delivered"),
     path("items/<str:item_id>/", ops_views.work_item, name="work-item"),
     path(
         "items/<str:item_id>/<str:action>/",

@@ -1,7 +1,8 @@
 """The /ops pages: what waits and why, which account carries what, what each drain did.
 
-Staff only, in the admin's look (the templates extend `admin/base_site.html` and get
-`admin.site.each_context`). Every page reads through routing.ops.selectors and, for what
+For staff holding the view permissions of what each page shows (`ops_view`, with
+ledger.webkit.access's rule), in the admin's look (the templates extend
+`admin/base_site.html` and get `admin.site.each_context`). Every page reads through routing.ops.selectors and, for what
 it shows as the API and /metrics do, routing.selectors, so its query count is fixed
 whatever the number of rows (tests assert it), and takes `now` once so every relative age
 on a page is measured from the same instant.
@@ -42,6 +43,7 @@ from ledger.capacity import hosts_view
 from ledger.item_read import work_item_read
 from ledger.lock import SLOW_WAIT_SECONDS, lock_state
 from ledger.models import WorkflowWorkItem
+from ledger.webkit import access
 from ledger.webkit.audit import log_operator_action
 from ledger.webkit.cells import task_description, task_title
 from ledger.webkit.paging import CappedCountPaginator
@@ -53,8 +55,11 @@ from routing.models import DrainRecord, InboxEvent
 from routing.ops import capacity_warnings
 from routing.ops import item as ops_item
 from routing.ops import selectors as sel
+from routing.ops.account_groups import accounts_page, overview_accounts
 from routing.ops.display import (
+    DRAINS_READ,
     LoadBar,
+    collapsed_drains,
     deferral_snapshot,
     load_chart_svg,
     options_text,
@@ -77,18 +82,37 @@ DRAIN_FILTERS = {
 }
 
 
-def staff_required(view: View) -> View:
-    """Anonymous → the admin login (then back here); signed in but not staff → 403."""
+# Each /ops/ view (as decorated) → the permissions it needs (ops_view).
+PERMISSIONS: dict[View, tuple[str, ...]] = {}
 
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path(), reverse("admin:login"))
-        if not (request.user.is_active and request.user.is_staff):
-            raise PermissionDenied
-        return view(request, *args, **kwargs)
 
-    return never_cache(wrapper)
+def ops_view(*perms: str) -> Callable[[View], View]:
+    """Anonymous → the admin login (then back here); signed in but not active staff holding
+    the work items' view permission and each of `perms` → 403, whatever the method, before
+    the view reads anything (ledger.webkit.access; docs/operations.md, "Who sees what").
+    What each view needs is kept in PERMISSIONS (the nav reads it)."""
+    needed = (access.ITEMS, *perms)
+
+    def decorator(view: View) -> View:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return redirect_to_login(
+                    request.get_full_path(), reverse("admin:login")
+                )
+            if not access.may_view(request.user, *needed):
+                raise PermissionDenied
+            return view(request, *args, **kwargs)
+
+        guarded = never_cache(wrapper)
+        PERMISSIONS[guarded] = needed
+        return guarded
+
+    return decorator
+
+
+# Every /ops/ page and action: active staff with the work items' view permission.
+staff_required = ops_view()
 
 
 def _render(
@@ -104,9 +128,19 @@ def _render(
             "refresh_seconds": REFRESH_SECONDS,
             # No roots, no agent runs: every page says so, naming the setting.
             "project_roots_unset": not settings.LOOPSWEB_PROJECT_ROOTS,
+            # What this user may see: the nav's links, the pages' sections.
+            "ops_may": access.visible(request.user),
+            "ops_pages": {
+                name: access.may_view(request.user, *PERMISSIONS[view])
+                for name, view in NAV.items()
+            },
             **context,
         },
     )
+
+
+# The other /ops/ page modules render with the same context (routing.ops.worklists).
+render_page = _render
 
 
 def _page(paginator: Paginator, request: HttpRequest) -> Page:
@@ -130,12 +164,14 @@ def overview(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     schedules = drain_configs.scheduled_drains()
     configs = drain_configs.drain_configs(now=now, schedules=schedules)
-    accounts = shared.account_rows(configs)
+    # A section of other records only for whoever may view them (ledger.webkit.access).
+    may = access.visible(request.user)
+    accounts = shared.account_rows(configs) if may["accounts"] else []
     live = shared.live_work()
-    drains = list(sel.latest_drains()[:10])
+    drains = list(sel.latest_drains()[:DRAINS_READ])  # also the hints' route kind
     reasons_now = sel.reason_rows(since=now - timedelta(hours=24), live=live)
     inbox = shared.inbox_by_state()
-    waiting = sel.waiting_steps()
+    waiting = sel.waiting_steps()  # also the "nothing waits" copy
     hours = timeline_hours(now)
     deferred_items = sum(r.deferred for r in reasons_now)
     overdue = sel.overdue_schedules(now=now)  # the section's and the capacity warning's
@@ -152,16 +188,20 @@ def overview(request: HttpRequest) -> HttpResponse:
         "Operations overview",
         "overview",
         now=now,
-        scopes=shared.scope_rows(configs, live),
+        # A drain's cap is red only when what it admitted fills it (ScopeCapRow).
+        scopes=sel.scope_cap_rows(shared.scope_rows(configs, live), live),
         groups=sel.group_rows(configs, live),
         projects=sel.project_rows(configs, live),
         accounts=accounts,
         cooldowns=[a for a in accounts if a.cooling(now)],
+        # The free accounts on one line (routing.ops.account_groups).
+        account_load=overview_accounts(accounts, now),
         reasons=reasons_now,
         inbox=inbox,
-        drains=drains,
-        running=sel.running_steps(),
-        waiting=waiting,
+        # Runs of drains that did nothing folded into one row each.
+        drains=collapsed_drains(drains) if may["drains"] else [],
+        running=sel.running_steps() if may["steps"] else [],
+        waiting=waiting if may["steps"] else [],
         overdue=overdue,
         throughput=throughput_svg(hours, sel.run_throughput(now=now)),
         kind=kind,
@@ -237,11 +277,13 @@ def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
         }
         for d in page.object_list
     ]
+    # Runs (their patches) and steps (their output) only for whoever may view both.
+    shown = access.may_view(request.user, access.RUNS, access.STEPS)
     read = work_item_read(item)
-    run_rows, item_usage = ops_item.run_views(read, now=now)
+    run_rows, item_usage = ops_item.run_views(read, now=now) if shown else ([], None)
     subject = item.invocation.subject_json if item.invocation_id else None
     accounts: dict[str, dict[str, Any]] = {}
-    for step in read.every_step():
+    for step in read.every_step() if shown else ():
         if step.account_profile:
             entry = accounts.setdefault(
                 step.account_profile,
@@ -316,7 +358,7 @@ def item_action(request: HttpRequest, item_id: str, action: str) -> HttpResponse
     return HttpResponseRedirect(target)
 
 
-@staff_required
+@ops_view(access.HOSTS)
 def hosts(request: HttpRequest) -> HttpResponse:
     """The machines that run agents (ledger.hosts), and the runs no live host serves."""
     now = timezone.now()
@@ -334,13 +376,17 @@ def hosts(request: HttpRequest) -> HttpResponse:
     )
 
 
-@staff_required
+@ops_view(access.ACCOUNTS)
 def accounts(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     schedules = drain_configs.scheduled_drains()
     configs = drain_configs.drain_configs(now=now, schedules=schedules)
     activity = shared.step_activity(now=now)
-    rows = shared.account_rows(configs, activity=activity)
+    # The query string's filter by provider and state (routing.ops.account_groups).
+    page = accounts_page(
+        shared.account_rows(configs, activity=activity), request.GET, now
+    )
+    rows = page["accounts"]
     hours = timeline_hours(now)
     starts: dict[tuple[str, datetime], int] = {}
     for stat in activity:
@@ -363,15 +409,14 @@ def accounts(request: HttpRequest) -> HttpResponse:
         "Accounts",
         "accounts",
         now=now,
-        accounts=rows,
-        any_windows=any(r.windows for r in rows),
+        **page,
         load_chart=load_chart_svg(bars),
         timeline=timeline_svg([r.profile for r in rows], hours, starts),
         hours=hours,
     )
 
 
-@staff_required
+@ops_view(access.DRAINS, access.SCHEDULES)
 def drains(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     show = request.GET.get("show") or ""
@@ -405,7 +450,7 @@ def drains(request: HttpRequest) -> HttpResponse:
 SCHEDULE_ACTIONS = ("pause", "resume", "run")
 
 
-@staff_required
+@ops_view(access.SCHEDULES)
 @require_POST
 def schedule_action(
     request: HttpRequest, schedule_id: int, action: str
@@ -452,7 +497,7 @@ def schedule_action(
     return HttpResponseRedirect(reverse("ops:drains") + "#schedules")
 
 
-@staff_required
+@ops_view(access.DRAINS)
 def inbox_last_drain(request: HttpRequest, inbox_id: str) -> HttpResponse:
     """From an inbox event (admin) to the drain that last recorded an outcome on it."""
     row = get_object_or_404(InboxEvent.objects.defer("data", "metadata"), pk=inbox_id)
@@ -469,7 +514,7 @@ def inbox_last_drain(request: HttpRequest, inbox_id: str) -> HttpResponse:
     return HttpResponseRedirect(reverse("ops:drain", args=[record.pk]))
 
 
-@staff_required
+@ops_view(access.DRAINS)
 def drain_detail(request: HttpRequest, drain_id: str) -> HttpResponse:
     now = timezone.now()
     record = get_object_or_404(DrainRecord, pk=drain_id)
@@ -493,3 +538,7 @@ def drain_detail(request: HttpRequest, drain_id: str) -> HttpResponse:
             record.options_json if isinstance(record.options_json, dict) else {}
         ),
     )
+
+
+# The nav's pages a user may lack (templates/ops/base.html): shown when their view lets in.
+NAV: dict[str, View] = {"accounts": accounts, "hosts": hosts, "drains": drains}

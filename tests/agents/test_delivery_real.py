@@ -88,6 +88,9 @@ def test_a_task_delivered_as_a_pull_request_by_the_real_codex(
     assert pull["authorization"] == f"Bearer {TOKEN}"
     body = pull["body"]["body"]
     assert "Write agent-output.txt" in body
+    # The verifier's last message is what codex said, not loopsweb's line of its usage.
+    said = body.split("The verifier's last message:")[1]
+    assert f"```text\n{stand_in.final_text}\n```" in said and "turn done" not in said
     for step in steps:
         assert f"| {step.step_id} | {step.account_profile} |" in body
     user = get_user_model().objects.create_superuser("op", "op@example.com", "pw")

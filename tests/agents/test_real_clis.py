@@ -21,6 +21,7 @@ import pytest
 from django.core.management import call_command
 from pytest_django import Settings
 
+from ledger.agent_message import final_message
 from ledger.agent_output import (
     agent_error,
     live_rate_limit,
@@ -155,6 +156,8 @@ def test_the_real_cli_writes_the_file_with_the_accounts_key_and_reports_its_usag
     live = summarize_output(provider, done.stdout)
     assert stand_in.file_name in live  # the tool call / command, readable
     assert stand_in.final_text in live  # the final message
+    # ... and the agent's own words, as the pull request quotes them (ledger.agent_message)
+    assert final_message(provider, done.stdout) == stand_in.final_text
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from ledger.agent_message import final_message
 from ledger.agent_output import summarize_output
 from ledger.models import RunStatus, WorkflowRun, WorkflowStepRun
 from tests.agents import clis
@@ -168,6 +169,9 @@ def test_a_drained_task_runs_worker_and_verifier_with_the_real_cli(
     # What the pages show of the worker's output: its tool call and its final message.
     live = summarize_output(provider, steps["worker"].stdout or "")
     assert stand_in.file_name in live and stand_in.final_text in live, live[-1500:]
+    # Each step's own last words (the pull request's "verifier's last message").
+    for step in steps.values():
+        assert final_message(provider, step.stdout) == stand_in.final_text, step.step_id
     # The worktree is gone; the agent's file is on the run's branch (committed by the run).
     project = tmp_path / "project"
     assert not Path(run.worktree_path).exists()

@@ -11,12 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.messages import get_messages
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
 
 from ledger import delivery_view
+from ledger.delivery import (
+    NO_CHANGES,
+    NOT_DELIVERED_FAILED,
+    delivery_outcome,
+    redeliverable,
+)
 from ledger.discard import run_branches_prune
 from ledger.models import RunStatus, WorkflowRun
 from ledger.worktrees import worktree_branch
@@ -27,6 +34,7 @@ from tests.ledger.test_delivery import (
     _run,
     forge,
     project_with_origin,
+    remote_branches,
 )
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -129,10 +137,52 @@ def test_deliver_again_from_the_item_page_opens_the_pr_a_refusal_failed_to(
     assert (
         run.delivery_json["state"] == "delivered" and run.status == RunStatus.SUCCEEDED
     )
+    assert _messages(done) == [("success", f"Run {run.id}: delivered.")]
     page = admin_client.get(
         reverse("ops:work-item", args=[run.work_item_id])
     ).content.decode()
     assert ">Deliver again</button>" not in page and "pull request #1" in page
+
+
+def _messages(response: Any) -> list[tuple[str, str]]:
+    return [(m.level_tag, str(m)) for m in get_messages(response.wsgi_request)]
+
+
+def test_deliver_again_is_offered_only_for_work_its_route_delivers(
+    agent: FakeAgent, forge: Forge, tmp_path: Path, admin_client: Client
+) -> None:
+    """Issue 62 item 2: a failed run of a route without --deliver-failed showed the button,
+    and pressing it said "delivered" in green while nothing reached the forge."""
+    project, origin = project_with_origin(tmp_path)
+    agent.configure(steps={"worker": {"write": "note.txt"}, "verifier": {"exit": 2}})
+    failed = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    assert failed.status == RunStatus.FAILED
+    assert failed.delivery_json["reason"] == NOT_DELIVERED_FAILED
+    item_page = reverse("ops:work-item", args=[failed.work_item_id])
+    page = admin_client.get(item_page).content.decode()
+    assert f"not delivered ({NOT_DELIVERED_FAILED})" in page
+    assert ">Deliver again</button>" not in page and not redeliverable(failed)
+    # Posted all the same (a page from before): refused in red, nothing sent anywhere.
+    done = admin_client.post(reverse("ops:run-action", args=[failed.id, "deliver"]))
+    assert _messages(done) == [("error", "deliver refused: nothing to deliver again")]
+    assert forge.requests == [] and remote_branches(origin) == {
+        "main": git(project, "rev-parse", "main").strip()
+    }
+    with pytest.raises(CommandError, match="nothing to deliver again"):
+        call_command("deliver_run", failed.id)
+    # With --deliver-failed but no change at all: nothing to deliver either.
+    agent.configure(steps={"verifier": {"exit": 2}})
+    empty = _run(project, deliver="push", deliver_failed=True)
+    assert empty.delivery_json["reason"] == NO_CHANGES and not redeliverable(empty)
+    # A record that says anything but delivered never reads as delivered.
+    assert delivery_outcome("r1", failed.delivery_json) == (
+        False,
+        f"Run r1: not delivered ({NOT_DELIVERED_FAILED}).",
+    )
+    assert delivery_outcome("r1", {"state": "delivered"}) == (
+        True,
+        "Run r1: delivered.",
+    )
 
 
 def test_discard_deletes_only_the_runs_branch_and_its_kept_worktree(

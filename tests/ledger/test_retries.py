@@ -76,6 +76,8 @@ def test_a_run_failing_twice_then_succeeding_with_three_attempts_succeeds_once_a
     item.refresh_from_db()
     runs = _runs(item_id)
     assert item.status == WorkItemStatus.SUCCEEDED and item.attempts == 1
+    # The retry pending reason does not outlive the success.
+    assert item.last_reason == "succeeded on attempt 3"
     assert [r.status for r in runs] == [
         RunStatus.FAILED,
         RunStatus.FAILED,
@@ -400,6 +402,51 @@ def test_the_api_item_detail_numbers_each_attempt(client: Any) -> None:
         (2, "queued", None),
     ]
     assert body["runs"][1]["scheduledFor"] is not None
+
+
+def test_a_retried_item_that_succeeds_says_so_and_numbers_every_run(
+    client: Any, admin_client: Any
+) -> None:
+    """Issue 62 item 4: after a failed attempt and a successful retry the item read
+    `succeeded` with `attempt failed; retry pending: ...` still, and the runs of an item
+    re-admitted by an operator's retry (a new loop) both read "attempt 1" on the page."""
+    from django.urls import reverse
+
+    from tests.routing.api.helpers import bearer, make_token
+    from tests.routing.helpers import generic_event, route
+
+    def end(run_id: str, status: str, error: str | None = None) -> None:
+        services.run_claim(run_id=run_id, worker="w:1")
+        services.run_finalize(run_id=run_id, status=status, error=error)
+
+    result = route(event=generic_event(), max_attempts="2", retry_backoff="30")
+    assert result.run is not None and result.work_item is not None
+    item_id = result.work_item.id
+    end(result.run.id, RunStatus.FAILED, "boom")
+    end(_runs(item_id)[1].id, RunStatus.SUCCEEDED)
+    item = WorkflowWorkItem.objects.get(pk=item_id)
+    assert (item.status, item.last_reason) == ("succeeded", "succeeded on attempt 2")
+
+    # An operator's retry re-admits it in a new loop: its run is the third attempt.
+    services.work_item_retry(item_id=item_id)
+    third = _runs(item_id)[2]
+    assert third.loop_id != result.run.loop_id
+    end(third.id, RunStatus.SUCCEEDED)
+    item.refresh_from_db()
+    assert item.last_reason == "succeeded on attempt 3"
+
+    _, token = make_token("read")
+    body = client.get(f"/api/v1/work-items/{item_id}", **bearer(token)).json()
+    assert body["lastReason"] == "succeeded on attempt 3"
+    numbered = [(r["attempt"], r["status"]) for r in body["runs"]]
+    assert numbered == [(1, "failed"), (2, "succeeded"), (3, "succeeded")]
+    page = admin_client.get(reverse("ops:work-item", args=[item_id]))
+    assert [(r.run.attempt, r.run.status) for r in page.context["runs"]] == [
+        (3, "succeeded"),
+        (2, "succeeded"),
+        (1, "failed"),
+    ]
+    assert "succeeded on attempt 3" in page.content.decode()
 
 
 def test_a_retry_after_a_rate_limit_starts_on_a_free_pool_member(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ledger.models import (
@@ -50,6 +51,15 @@ def todos_event(
             **data,
         },
     }
+
+
+def plain_project(tmp_path: Path, settings: Any) -> Path:
+    """A project directory inside the roots (`tmp_path` and /srv) that is not a git work
+    tree."""
+    directory = tmp_path / "plain"
+    directory.mkdir()
+    settings.LOOPSWEB_PROJECT_ROOTS = [str(tmp_path), "/srv"]
+    return directory
 
 
 def opts(**raw: Any) -> RouteOptions:

@@ -1,7 +1,8 @@
-"""The PR review gate (issue 40 item 5, docs/upstream.md §3.2.11): a todos task with a PR
-fingerprint and a merge or approve intent, its PR looked up on the GitHub stand-in
-(tests/forge_standin.py) or read from the task's `pr_state=`; merged / closed / open / a
-moved head; the drain's freshnessClosed count."""
+"""The PR review gate (docs/upstream.md §3.2.11): a todos
+task that references a PR and shows review or merge intent, its PR looked up on the GitHub
+stand-in (tests/forge_standin.py) or read from the task's `pr_state=`; merged / closed / open
+/ a moved head; a reviewer who is not the PR's author; the drain's freshnessClosed count.
+The domain's table tests: tests/domain/test_review.py."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def forge(settings: Any, tmp_path: Path) -> Iterator[Forge]:
         "draft": False,
         "head": {"ref": "feature", "sha": HEAD},
         "base": {"ref": "main"},
+        "user": {"login": "mona"},
     }
     forget_pr_states()
     try:
@@ -56,10 +58,8 @@ def forge(settings: Any, tmp_path: Path) -> Iterator[Forge]:
 
 
 def _review(task_id: str, **data: Any) -> dict[str, Any]:
-    event = todos_event(
-        task_id, title=f"Review {PR}", description="intent=merge", **data
-    )
-    return route("todos-task", event).to_dict()
+    event = todos_event(task_id, title=f"Review {PR}", description="merge it", **data)
+    return route("todos-task", event, github_reviewer="hubot").to_dict()
 
 
 @pytest.mark.parametrize(
@@ -108,10 +108,16 @@ def test_an_admitted_review_carries_its_pr_review_routing_a_plain_task_none(
     plain = route("todos-task", todos_event("rv-8")).to_dict()
     assert review["kind"] == plain["kind"] == "created"
     expected = {
+        "required": True,
+        "allowed": True,
+        "author": "mona",  # the forge's: the task names none
+        "authorSource": "forge",
+        "reviewers": ["hubot"],
+        "selectedReviewer": "hubot",
+        "signals": ["pr-approval-intent", "author-derived-forge"],
         "pr": "acme/widgets#1",
         "repo": "acme/widgets",
         "number": 1,
-        "intent": "merge",
         "head": HEAD,
         "prState": "OPEN",
         "source": "forge",
@@ -133,15 +139,17 @@ def test_without_a_forge_the_tasks_pr_state_decides_as_upstream_reads_it(
 ) -> None:
     settings.LOOPSWEB_GITHUB_TOKEN_FILE = None
     forget_pr_states()
-    event = todos_event(
-        "rv-3", title=f"Approve {PR}", description="pr_state=MERGED", intent="approve"
-    )
+    event = todos_event("rv-3", title=f"Approve {PR}", description="pr_state=MERGED")
     result = route("todos-task", event).to_dict()
     assert result["kind"] == "skipped" and result["freshnessSkip"] is True
     assert result["prState"] == "MERGED"
+    assert result["reason"] == (
+        "PR is already merged; skipping merge/review route (freshness gate)"
+    )
     assert result["prReviewRouting"]["source"] == "task"
-    assert result["prReviewRouting"]["intent"] == "approve"
-    # No intent: not a review task, routed as before (the fingerprint dedupe only).
+    assert result["prReviewRouting"]["signals"][-1] == "pr-not-open"
+    # No review or merge intent: not a review task, routed as before (the fingerprint
+    # dedupe only).
     plain = route(
         "todos-task", todos_event("rv-4", title=f"Look at {PR} pr_state=MERGED")
     )
@@ -153,7 +161,7 @@ def test_the_drain_counts_freshness_skips_as_freshness_closed(
 ) -> None:
     forge.set_state(1, "closed", merged=True)
     events = [
-        todos_event("rv-5", title=f"Review {PR}", description="intent=merge"),
+        todos_event("rv-5", title=f"Review {PR}", description="merge it"),
         todos_event("rv-6"),
     ]
     inbox_ingest(enumerate(events, start=1))

@@ -19,7 +19,7 @@ from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
 from tests.routing.api.helpers import row_counts
-from tests.routing.helpers import todos_event
+from tests.routing.helpers import plain_project, todos_event
 
 pytestmark = pytest.mark.django_db
 
@@ -50,11 +50,7 @@ def _drain(kind: str, *args: str) -> dict[str, Any]:
 
 @pytest.fixture
 def plain(tmp_path: Path, settings: Any) -> Path:
-    """A project directory inside the roots that is not a git work tree."""
-    directory = tmp_path / "plain"
-    directory.mkdir()
-    settings.LOOPSWEB_PROJECT_ROOTS = [str(tmp_path), "/srv"]
-    return directory
+    return plain_project(tmp_path, settings)
 
 
 # --- item 1: the early dedupe comes before the worktree check ----------------------------------

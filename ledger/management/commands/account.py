@@ -12,7 +12,8 @@ assigned, their running cap and the environment that selects their login.
 `90m`): loopsweb estimates those windows from the tokens its step runs used where the CLI
 reports nothing (docs/windows.md §3); `--window-pace` spreads each window over its length
 (docs/windows.md §4). `list` prints each account's windows (used, reset,
-source, age of the observation), with control characters escaped.
+source, age of the observation; `expired` once the reset has passed), then the names outside
+the registry that have windows, with control characters escaped.
 
 The environment says where the provider's CLI keeps the login: `--codex-home DIR` sets
 `CODEX_HOME` (its `config.toml` and `auth.json` stay there), `--claude-config-dir DIR` sets
@@ -34,6 +35,7 @@ refused one sets it. `enable NAME` clears the mark too.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -42,6 +44,7 @@ from django.utils import timezone
 from domain.bounds import option_type
 from domain.controls import terminal_text
 from domain.errors import ApplicationError
+from domain.windows import Window
 from ledger import services
 from ledger.management.terminal import OperatorCommand
 from ledger.models import Account
@@ -300,7 +303,8 @@ class Command(OperatorCommand):
             self.stdout.write(text)
 
     def _list(self, *, as_json: bool) -> None:
-        windows = window_state(now=timezone.now())
+        now = timezone.now()
+        windows = window_state(now=now)
         entries = [
             {**_entry(row), "windows": [w.to_dict() for w in windows.get(row.name, [])]}
             for row in Account.objects.order_by("name")
@@ -308,30 +312,49 @@ class Command(OperatorCommand):
         if as_json:
             self.stdout.write(json.dumps(entries))
             return
-        if not entries:
+        # Names with windows but no registry entry: a pool member that runs on the
+        # worker's own login records its windows as any account does.
+        others = sorted(set(windows) - {e["name"] for e in entries})
+        if not entries and not others:
             self.stdout.write("account: no accounts")
             return
         for e in entries:
-            env = " ".join(f"{k}={v}" for k, v in sorted(e["env"].items())) or "-"
-            cap = e["maxRunning"] if e["maxRunning"] is not None else "-"
-            state = "enabled" if e["enabled"] else "disabled"
-            if e["loginFailedAt"]:
-                state += (
-                    f"  LOGIN FAILED at {e['loginFailedAt']}: {e['loginFailedReason']}"
-                )
-            env_file = f"  env_file={e['envFile']}" if e["envFile"] else ""
-            self.stdout.write(
-                f"{e['name']}  provider={e['provider']}  {state}  max_running={cap}  "
-                f"env={env}{env_file}"
-            )
+            self.stdout.write(terminal_text(_registry_line(e)))
             budgets = e["windowBudgets"] or {}
             if budgets:
                 listed = " ".join(f"{k}={v}" for k, v in sorted(budgets.items()))
                 self.stdout.write(f"  window budgets: {listed}")
             if e["windowPace"]:
                 self.stdout.write("  window pace: on")
-            for w in e["windows"]:
-                self.stdout.write("  " + terminal_text(window_line(w)))
+            self._windows(windows.get(e["name"], []), now)
+        if others:
+            self.stdout.write(
+                "not in the registry (they run on the worker's own login), with windows:"
+            )
+        for name in others:
+            self.stdout.write(terminal_text(name))
+            self._windows(windows[name], now)
+
+    def _windows(self, seen: list[Window], now: datetime) -> None:
+        if not seen:
+            self.stdout.write("  windows: none reported yet")
+        for w in seen:
+            line = window_line(w.to_dict(), expired=w.over(now))
+            self.stdout.write("  " + terminal_text(line))
+
+
+def _registry_line(e: dict[str, Any]) -> str:
+    """`NAME  provider=P  enabled  max_running=N  env=K=V ...` of one registry entry."""
+    env = " ".join(f"{k}={v}" for k, v in sorted(e["env"].items())) or "-"
+    cap = e["maxRunning"] if e["maxRunning"] is not None else "-"
+    state = "enabled" if e["enabled"] else "disabled"
+    if e["loginFailedAt"]:
+        state += f"  LOGIN FAILED at {e['loginFailedAt']}: {e['loginFailedReason']}"
+    env_file = f"  env_file={e['envFile']}" if e["envFile"] else ""
+    return (
+        f"{e['name']}  provider={e['provider']}  {state}  max_running={cap}  "
+        f"env={env}{env_file}"
+    )
 
 
 WINDOW_HELP = (
@@ -343,14 +366,16 @@ PACE_HELP = (
 )
 
 
-def window_line(w: dict[str, Any]) -> str:
-    """`window 5h: 42% used, allowed, resets 2026-…Z (codex rollout, seen 2026-…Z)`."""
+def window_line(w: dict[str, Any], *, expired: bool = False) -> str:
+    """`window 5h: 42% used, allowed, resets 2026-…Z (codex rollout, seen 2026-…Z)`; an
+    expired one (its reset has passed: it counts for nothing) `window rate_limit: expired,
+    was rejected, reset 2026-…Z (…)`."""
     used = f"{w['used'] * 100:.0f}% used" if w["used"] is not None else "used unknown"
-    parts = [used]
+    parts = ["expired"] if expired else [used]
     if w["status"]:
-        parts.append(str(w["status"]))
+        parts.append(f"was {w['status']}" if expired else str(w["status"]))
     if w["resetsAt"]:
-        parts.append(f"resets {w['resetsAt']}")
+        parts.append(f"{'reset' if expired else 'resets'} {w['resetsAt']}")
     seen = f", seen {w['observedAt']}" if w["observedAt"] else ""
     return f"window {w['window']}: {', '.join(parts)} ({w['source']}{seen})"
 

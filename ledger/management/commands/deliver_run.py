@@ -21,7 +21,8 @@ from ledger.models import WorkflowRun
 RUN_NOT_FOUND = "run not found: {run_id}"
 NOT_REDELIVERABLE = (
     "run {run_id} has nothing to deliver again (its route does not push, its work was "
-    "delivered or discarded, or it has not ended)"
+    "delivered or discarded, it changed nothing, it failed and its route has no "
+    "--deliver-failed, or it has not ended)"
 )
 
 

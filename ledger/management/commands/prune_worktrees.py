@@ -6,6 +6,10 @@ cancelled run's worktree LOOPSWEB_WORKTREE_KEEP_SECONDS after the run finished (
 Only this host's worktrees (LOOPSWEB_HOST_NAME). `--orphans` (what the periodic task also
 does) removes the orphans on this disk too: directories under LOOPSWEB_WORKTREE_DIR the
 ledger keeps no worktree for, with their branches.
+
+Nothing that is not committed is ever removed: what a due worktree still holds is committed
+on its run's branch first (`committed`), and a worktree or orphan whose work cannot be
+committed or checked stays (`kept`, with the reason; `--json` lists them under `kept`).
 """
 
 from __future__ import annotations
@@ -52,21 +56,31 @@ class Command(OperatorCommand):
             pruned += worktree_orphans_prune(dry_run=dry_run)
         branches = run_branches_prune(dry_run=dry_run)
         failed = [p for p in pruned if p.error]
+        kept = [p for p in pruned if p.kept]
+        pruned = [p for p in pruned if not p.kept]
         if options["json"]:
             report = {
                 "dryRun": dry_run,
                 "pruned": [p.to_dict() for p in pruned],
+                "kept": [p.to_dict() for p in kept],
                 "branches": [b.to_dict() for b in branches],
             }
             self.stdout.write(json.dumps(report, indent=2))
         else:
+            verb = "would commit" if dry_run else "committed"
             for entry in pruned:
                 note = f" (failed: {entry.error})" if entry.error else ""
+                if entry.committed:
+                    note += f" ({verb} {entry.committed} path(s) left on {entry.branch} first)"
                 self.stdout.write(
                     f"  {entry.run_id} [{entry.status}] {entry.path}{note}"
                 )
             verb = "would remove" if dry_run else "removed"
             self.stdout.write(f"{verb} {len(pruned) - len(failed)} worktree(s)")
+            for entry in kept:
+                self.stdout.write(f"  {entry.run_id} {entry.path} kept: {entry.kept}")
+            if kept:
+                self.stdout.write(f"kept {len(kept)} worktree(s) holding work")
             for gone in branches:
                 self.stdout.write(
                     f"  branch {gone.branch} of {gone.run_id}: {gone.reason}"

@@ -6,7 +6,10 @@ Exit status 1 when any item hit a non-skippable error (`fatal > 0`), as upstream
 from __future__ import annotations
 
 import json
+import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -46,7 +49,8 @@ class Command(TerminalCommand):
                 )
 
         try:
-            report = drain_run(options=drain, progress=progress)
+            with queue_log_quiet(options["verbosity"] < 2):
+                report = drain_run(options=drain, progress=progress)
         except DatabaseError as exc:
             if not (connection_lost(exc) or writes_refused(exc)):
                 raise
@@ -66,6 +70,9 @@ class Command(TerminalCommand):
             self.stdout.write(report.human())
             if report.evidence_path:
                 self.stdout.write(f"evidence: {report.evidence_path}")
+        # The report's last line ends the stdout before anything goes to stderr, so a log
+        # or terminal that gets both keeps the two apart and in order.
+        self.stdout.flush()
         if report.record_error:
             self.stderr.write(report.record_error)
         if report.error:
@@ -85,3 +92,18 @@ class Command(TerminalCommand):
             raise CommandError(
                 f"route drain hit {report.fatal} non-skippable task error(s); {where}"
             )
+
+
+@contextmanager
+def queue_log_quiet(quiet: bool) -> Iterator[None]:
+    """django-q2 logs every run the drain enqueues (`Enqueued [cluster] 17`) at INFO on
+    stderr, between the report's lines, which already say what was admitted: while
+    `quiet` (below -v 2) only its warnings and errors show."""
+    log = logging.getLogger("django-q")
+    level = log.level
+    if quiet:
+        log.setLevel(max(logging.WARNING, level))
+    try:
+        yield
+    finally:
+        log.setLevel(level)

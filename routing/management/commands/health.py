@@ -47,6 +47,10 @@ class Command(OperatorCommand):
                     f"cluster {name}: {cluster['status']} (last report {seen}, "
                     f"interval {cluster['interval_seconds']} s{workers})"
                 )
+            # The report first, whole lines, then the problems: stdout is flushed before
+            # stderr is written, so a log or terminal that gets both keeps them in order
+            # (stdout is block-buffered when it is not a terminal).
+            self.stdout.flush()
             for problem in body.get("problems", []):
                 self.stderr.write(f"problem: {problem}")
         if not report.healthy:

@@ -13,8 +13,10 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve, reverse
 from django.urls.resolvers import RegexPattern, RoutePattern
 from django.utils import timezone
 
+from ledger.webkit import access
 from routing.api.tokens import api_token_revoke
 from routing.models import ApiToken, InboxEvent
+from tests.factories import make_staff_user
 from tests.routing.api.helpers import EVENTS_URL, bearer, make_token, post_events
 from tests.routing.helpers import generic_event
 
@@ -30,8 +32,10 @@ READ_URLS = [
 
 
 def _staff(client: Client, *, staff: bool = True) -> User:
-    user = User.objects.create_user(
-        "op" if staff else "viewer", password="pw-12345", is_staff=staff
+    """A staff user holding every view permission (or, with staff=False, a user holding them
+    who is not staff)."""
+    user = make_staff_user(
+        "op" if staff else "viewer", *access.RECORDS.values(), is_staff=staff
     )
     client.force_login(user)
     return user

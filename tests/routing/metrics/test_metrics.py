@@ -6,16 +6,16 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ledger.models import Account, AccountCooldown, WorkflowWorkItem
+from ledger.webkit import access
 from routing.metrics.views import escape_label
 from routing.models import DrainRecord, InboxEvent
-from tests.factories import make_run, make_step_run, make_work_item
+from tests.factories import make_run, make_staff_user, make_step_run, make_work_item
 from tests.routing.api.helpers import bearer, make_token
 
 pytestmark = pytest.mark.django_db
@@ -190,7 +190,7 @@ def test_staff_may_scrape_and_everyone_else_is_refused(client: Client) -> None:
     _, read_token = make_token("read")
     assert client.get("/metrics", **bearer(read_token)).status_code == 403
     client.force_login(
-        User.objects.create_user("op", password="pw-1234", is_staff=True)
+        make_staff_user("op", access.ITEMS, access.ACCOUNTS, access.DRAINS)
     )
     response = client.get("/metrics")
     assert (

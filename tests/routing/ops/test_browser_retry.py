@@ -1,7 +1,7 @@
 """Retry from the /ops/ item page in a real browser (issue 39): the failed item runs again
 with the provider and pool it was admitted with, as the ledger shows.
 
-Reuses the Chromium fixture and page helpers of tests/routing/ops/test_browser.py.
+Uses the Chromium fixture and page helpers of tests/routing/ops/browser.py.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from django.contrib.auth import get_user_model
 from ledger import services
 from ledger.models import WorkflowRun, WorkflowWorkItem
 from tests.routing.helpers import generic_event, route
-from tests.routing.ops.test_browser import (
+from tests.routing.ops.browser import (
     PASSWORD,
-    _chromium,  # noqa: F401 (the fixture)
-    browser,  # noqa: F401 (the fixture)
     follow,
     screenshot,
     sign_in,
@@ -30,7 +28,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.sqlite,  # as tests/routing/ops/test_browser.py says why
     pytest.mark.django_db(transaction=True),
-    pytest.mark.xdist_group("browser"),  # the worker's one Chromium (test_browser.py)
+    pytest.mark.xdist_group("browser"),  # the worker's one Chromium (tests/routing/ops/browser.py)
 ]
 
 

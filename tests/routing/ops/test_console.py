@@ -24,11 +24,12 @@ from ledger.models import (
     WorkflowWorkItem,
 )
 from ledger.services import run_finalize, step_start
+from ledger.webkit import access
 from routing.drains.inbox import inbox_ingest
 from routing.drains.retention import drain_records_prune
 from routing.models import DrainRecord, InboxEvent
 from routing.tasks import prune_empty_drains
-from tests.factories import make_run, make_step_run, make_work_item
+from tests.factories import make_run, make_staff_user, make_step_run, make_work_item
 from tests.routing.helpers import generic_event, route, todos_event
 from tests.routing.ops import seed as ops_seed
 from tests.routing.ops.test_admin import ITEMS, RUNS, admitted, messages_of, post_action
@@ -326,9 +327,7 @@ def test_schedule_actions_need_the_change_schedule_permission(
         "schedule_drain", "h", "generic", "--every", "5m", stdout=io.StringIO()
     )
     schedule = Schedule.objects.get(name="h")
-    viewer = django_user_model.objects.create_user(
-        "viewer", password="pw", is_staff=True
-    )
+    viewer = make_staff_user("viewer", access.ITEMS, access.DRAINS, access.SCHEDULES)
     client.force_login(viewer)
     assert "Pause" not in section(body(client, reverse("ops:drains")), "schedules")
     response = client.post(reverse("ops:schedule-action", args=[schedule.pk, "pause"]))

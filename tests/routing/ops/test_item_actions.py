@@ -11,6 +11,8 @@ from django.urls import reverse
 
 from ledger.models import WorkflowEvent, WorkflowRun, WorkflowWorkItem
 from ledger.services import run_finalize
+from ledger.webkit import access
+from tests.factories import make_staff_user
 from tests.routing.helpers import generic_event, route
 from tests.routing.ops.test_admin import messages_of
 
@@ -36,7 +38,8 @@ def page(client: Client, item: WorkflowWorkItem) -> str:
 
 
 def staff(django_user_model, name: str, *, perm: bool, is_staff: bool = True) -> Client:
-    user = django_user_model.objects.create_user(name, password="pw", is_staff=is_staff)
+    # Each sees the item's page (the work items' view permission); perm: may act on it.
+    user = make_staff_user(name, access.ITEMS, is_staff=is_staff)
     if perm:
         user.user_permissions.add(
             Permission.objects.get(codename="change_workflowworkitem")

@@ -17,7 +17,9 @@ from django_q.models import Schedule
 
 from ledger.models import WorkflowWorkItem
 from ledger.services.run_workers import run_worker_report
+from ledger.webkit import access
 from routing.models import DrainRecord
+from tests.factories import make_staff_user
 from tests.routing.helpers import generic_event
 from tests.routing.ops import seed as ops_seed
 
@@ -57,11 +59,11 @@ def test_signed_in_users_who_are_not_staff_are_forbidden(
     assert client.get(reverse(name, args=args)).status_code == 403
 
 
-def test_staff_without_model_permissions_may_read_the_pages(
-    client, django_user_model
-) -> None:
-    staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
-    client.force_login(staff)
+def test_staff_need_the_work_items_view_permission(client) -> None:
+    """The rest of the rule (each page's own permissions): test_permissions.py."""
+    client.force_login(make_staff_user("ops"))
+    assert client.get(reverse("ops:overview")).status_code == 403
+    client.force_login(make_staff_user("viewer", access.ITEMS))
     assert client.get(reverse("ops:overview")).status_code == 200
 
 
