@@ -28,7 +28,9 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.sqlite,  # as tests/routing/ops/test_browser.py says why
     pytest.mark.django_db(transaction=True),
-    pytest.mark.xdist_group("browser"),  # the worker's one Chromium (tests/routing/ops/browser.py)
+    pytest.mark.xdist_group(
+        "browser"
+    ),  # the worker's one Chromium (tests/routing/ops/browser.py)
 ]
 
 
