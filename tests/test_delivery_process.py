@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from domain.forge_text import ZWJ
 from domain.pool import render_time_profile
-from ledger.pr_body import ZWJ
 from tests.agent_lines import claude_stream
 from tests.ledger.runner_helpers import git, git_project
 from tests.processes import (

@@ -521,7 +521,7 @@ def test_serve_refuses_to_start_without_secret_key_or_allowed_hosts(
 def test_serve_in_production_admin_styled_ops_scripts_health_and_clean_stop(
     tmp_path: Path, serve_database: str
 ) -> None:
-    from tests.routing.ops.test_browser import CHROMEDRIVER, CHROMIUM
+    from tests.routing.ops.browser import CHROMEDRIVER, CHROMIUM
 
     if os.environ.get("LOOPSWEB_SKIP_BROWSER") == "1":
         pytest.skip("LOOPSWEB_SKIP_BROWSER=1")
@@ -731,7 +731,7 @@ def _browse_admin_and_ops(tmp_path: Path, base: str) -> list[str]:
     and /ops/ loaded (absolute URLs)."""
     from selenium.webdriver.common.by import By
 
-    from tests.routing.ops.test_browser import start_chromium, visit, wait_until_shown
+    from tests.routing.ops.browser import start_chromium, visit, wait_until_shown
 
     driver = start_chromium(tmp_path / "chromium-profile")
     try:

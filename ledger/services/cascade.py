@@ -10,8 +10,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, F, Q, TextField, Value
-from django.db.models.functions import Coalesce
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    Subquery,
+    TextField,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Coalesce, Concat
+from django.db.models.lookups import GreaterThan
 
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
@@ -96,15 +109,28 @@ def finish_open_steps(
 
 
 def _cascade_work_item(
-    run: WorkflowRun, *, status: str, reason: str | None, now: datetime
+    run: WorkflowRun,
+    *,
+    status: str,
+    reason: str | None,
+    now: datetime,
+    succeeded: bool = False,
 ) -> int:
     """Bulk cascade to the run's work item (docs/upstream.md §2.1): only while it is active.
 
     `last_reason = COALESCE(new reason, old reason)`; the lease is cleared; bindings stay (the
-    item keeps pointing at the run that decided it).
+    item keeps pointing at the run that decided it). A run that succeeded with no reason of
+    its own after earlier runs of the item (a loop's retry, an operator's retry) gives the
+    item `succeeded on attempt N`, numbered as the item page and the API number its runs
+    (oldest first), so a failed attempt's `retry pending` reason never outlives the
+    success; the item's first run keeps the old reason, as upstream. Counted inside the
+    same UPDATE: no statement of its own.
     """
     if not run.work_item_id:
         return 0
+    old_reason: Any = F("last_reason")
+    if succeeded and reason is None:
+        old_reason = _attempt_reason(run, old_reason)
     return WorkflowWorkItem.objects.filter(
         Q(workflow_run_id=run.id) | Q(workflow_run__isnull=True),
         pk=run.work_item_id,
@@ -112,8 +138,34 @@ def _cascade_work_item(
     ).update(
         status=status,
         lease_expires_at=None,
-        last_reason=Coalesce(Value(reason, output_field=TextField()), F("last_reason")),
+        last_reason=Coalesce(Value(reason, output_field=TextField()), old_reason),
         updated_at=now,
+    )
+
+
+def _attempt_reason(run: WorkflowRun, otherwise: Any) -> Any:
+    """`succeeded on attempt N` when `run` is the item's N-th run (N > 1), else `otherwise`."""
+    runs = (
+        WorkflowRun.objects.filter(work_item_id=OuterRef("pk"), id__lte=run.id)
+        .order_by()
+        .values("work_item_id")
+        .annotate(n=Count("*"))
+        .values("n")
+    )
+    attempt = Subquery(runs, output_field=IntegerField())
+    head, tail = SUCCEEDED_ON_ATTEMPT_REASON.split("{attempt}")
+    return Case(
+        When(
+            GreaterThan(attempt, 1),
+            then=Concat(
+                Value(head),
+                Cast(attempt, TextField()),
+                Value(tail),
+                output_field=TextField(),
+            ),
+        ),
+        default=otherwise,
+        output_field=TextField(),
     )
 
 
@@ -215,20 +267,6 @@ def _work_item_status_for_run(status: str) -> str:
     return WorkItemStatus.FAILED
 
 
-def _success_reason(run: WorkflowRun) -> str | None:
-    """The item's reason when `run` succeeded after earlier runs of the item (a loop's
-    retry, an operator's retry): which attempt it was, numbered as the item page and the
-    API number the item's runs (oldest first), so the failed attempt's `retry pending`
-    reason never outlives the success. None for the item's first run (the item keeps
-    its reason, as upstream)."""
-    if not run.work_item_id:
-        return None
-    attempt = WorkflowRun.objects.filter(
-        work_item_id=run.work_item_id, id__lte=run.id
-    ).count()
-    return SUCCEEDED_ON_ATTEMPT_REASON.format(attempt=attempt) if attempt > 1 else None
-
-
 def end_run(
     run: WorkflowRun,
     *,
@@ -269,13 +307,12 @@ def end_run(
         run, status=status, error=run.error, now=now, steps=steps
     )
     if retry is None:
-        if item_reason is None and status == RunStatus.SUCCEEDED:
-            item_reason = _success_reason(run)
         _cascade_work_item(
             run,
             status=_work_item_status_for_run(status),
             reason=item_reason,
             now=now,
+            succeeded=status == RunStatus.SUCCEEDED,
         )
     _close_one_shot_loop(run, now)
     # Under the admission lock: an admission reusing this spec by name either committed its

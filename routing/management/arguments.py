@@ -116,8 +116,8 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         help="OWNER/NAME of the pull request when the remote's URL is not a GitHub one",
     )
     add(
+        "--github-reviewer-pool",  # upstream's other name; the last is the one shown
         "--github-reviewer",
-        "--github-reviewer-pool",
         dest="github_reviewer",
         metavar="LOGIN[,LOGIN]",
         help="GitHub logins asked to review the pull request a pull-request delivery "

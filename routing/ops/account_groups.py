@@ -50,8 +50,15 @@ def account_state(row: AccountRow, now: datetime) -> str:
 
 
 def needs_a_row(row: AccountRow, now: datetime) -> bool:
-    """Whether the account gets its own table row; the others are listed on one line."""
-    return account_state(row, now) != "free" or row.window_mark is not None
+    """Whether the account gets its own table row: one with something to show (a state
+    other than free, a window mark, steps or usage in the last 7 days). The others, free
+    and unused, are listed on one line."""
+    return (
+        account_state(row, now) != "free"
+        or row.window_mark is not None
+        or row.steps_7d > 0
+        or row.usage_7d is not None
+    )
 
 
 @dataclass

@@ -355,12 +355,15 @@ THROUGHPUT_W, THROUGHPUT_H = 22, 90
 
 
 def throughput_svg(
-    hours: Sequence[datetime], counts: Mapping[datetime, tuple[int, int]]
+    hours: Sequence[datetime],
+    counts: Mapping[datetime, tuple[int, int]],
+    failed_href: str = "",
 ) -> SafeString:
     """Runs finished per UTC hour: succeeded stacked under failed, one column per hour.
 
     `counts[hour] = (succeeded, failed)`; hours with nothing get an empty track so the 24
-    columns always line up. Every column has a `<title>` with its numbers."""
+    columns always line up. Every column has a `<title>` with its numbers. With
+    `failed_href`, the legend's "failed or timed out (N)" links there (the list of them)."""
     if not hours:
         return mark_safe("")
     peak = max([1, *(ok + bad for ok, bad in counts.values())])
@@ -424,7 +427,7 @@ def throughput_svg(
             '<g class="legend"><rect class="ok" x="{}" y="{}" width="10" height="10"></rect>'
             '<text x="{}" y="{}">succeeded ({})</text>'
             '<rect class="bad" x="{}" y="{}" width="10" height="10"></rect>'
-            '<text x="{}" y="{}">failed or timed out ({})</text></g>',
+            '{}<text x="{}" y="{}">failed or timed out ({})</text>{}</g>',
             left,
             height - 11,
             left + 14,
@@ -432,9 +435,13 @@ def throughput_svg(
             total_ok,
             left + 140,
             height - 11,
+            format_html('<a class="failed-link" href="{}">', failed_href)
+            if failed_href
+            else "",
             left + 154,
             height - 2,
             total_bad,
+            mark_safe("</a>") if failed_href else "",
         )
     )
     return format_html(

@@ -203,7 +203,14 @@ def overview(request: HttpRequest) -> HttpResponse:
         running=sel.running_steps() if may["steps"] else [],
         waiting=waiting if may["steps"] else [],
         overdue=overdue,
-        throughput=throughput_svg(hours, sel.run_throughput(now=now)),
+        throughput=throughput_svg(
+            hours,
+            sel.run_throughput(now=now),
+            # The failed ones of the chart's 24 hours, with their reasons.
+            failed_href=f"{reverse('ops:attention')}?since=24h"
+            if may["runs"] and may["steps"]
+            else "",
+        ),
         kind=kind,
         # The copy beside the numbers: "nothing is waiting" only when nothing is.
         deferred_items=deferred_items,

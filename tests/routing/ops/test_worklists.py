@@ -218,6 +218,10 @@ def test_the_overview_links_the_lists_without_a_query_of_its_own(
     for kind in ("failed", "timed_out", "not_delivered"):
         assert f'href="{ATTENTION}?kind={kind}"' in box
     assert f'href="{DELIVERED}"' in box
+    # The chart's own "failed or timed out (N)" is a link to the last 24 hours of them.
+    legend = box.split('class="legend"')[1].split("</g>")[0]
+    assert f'<a class="failed-link" href="{ATTENTION}?since=24h"><text' in legend
+    assert "failed or timed out (" in legend.split("failed-link")[1]
     tabs = html.split('class="ops-tabs"')[1].split("</ul>")[0]
     assert f'href="{ATTENTION}"' in tabs and f'href="{DELIVERED}"' in tabs
 
