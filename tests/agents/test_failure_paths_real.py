@@ -87,13 +87,16 @@ def test_a_whole_pool_rate_limit_waits_for_the_earliest_cooldown_and_then_succee
 
     thread = threading.Thread(target=answer_again, daemon=True)
     thread.start()
-    # codex names no reset: its accounts cool for the backoff, short here.
+    # codex names no reset: its accounts cool for the backoff. The first account's
+    # cooldown must outlast the second account's whole step (a sandboxed codex start on a
+    # busy machine takes seconds); were it over by then, the step would go back to it
+    # (answering again) and never wait for the pool.
     run = drain_and_run(
         "codex",
         cli_bin,
         stand_in,
         tmp_path,
-        env_extra={"LOOPSWEB_COOLDOWN_BASE_SECONDS": "3"},
+        env_extra={"LOOPSWEB_COOLDOWN_BASE_SECONDS": "20"},
     )
     thread.join(5)
 
