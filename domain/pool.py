@@ -26,6 +26,12 @@ Contract:
    known every headroom is equal and the walk order decides, as upstream.
 7. ``valid_profile_name`` is the shape every account name must have: it lands next to
    flags on an agent's command line, so it never starts with ``-`` and holds no spaces.
+8. loopsweb: worker ≠ verifier, always. When the removals of 6 leave one member, the worker
+   takes it and the verifier takes the least-loaded other member that was set aside for a
+   while (cooling, a spent window, at its cap), so it moves or waits at its own start
+   (ledger.services.failover rule 3); when every other member is disabled or its login
+   failed, the route is deferred (``login_failed`` or ``account_disabled``). Upstream
+   lets both roles share the one member.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from domain import reasons
@@ -50,6 +57,22 @@ PROFILE_CAP_REASON = (
 COOLDOWN_REASON = "all {n} pool members cooling down"
 DISABLED_REASON = "all {n} pool members disabled in the account registry"
 LOGIN_FAILED_REASON = "account {name}: login failed"
+UNRESPONSIVE_REASON = "account {name}: unresponsive (a step hung on it)"
+
+
+class HangMark:
+    """An account row's `unresponsive` mark (a step hung on it, 0026): until when (None: no
+    mark); in force while that lies ahead."""
+
+    unresponsive_until: datetime | None
+
+    def unresponsive_at(self, now: datetime) -> bool:
+        return self.unresponsive_until is not None and self.unresponsive_until > now
+
+
+SEPARATE_VERIFIER_REASON = (
+    "worker ≠ verifier: no pool member but {worker} can take the verifier ({why})"
+)
 ACCOUNT_CAP_REASON = "every pool member is at its own running cap (min {min_load})"
 PROFILE_NAME_INVALID = (
     "account name {name!r} is not valid: letters, digits and _ . @ + : = - only, "
@@ -214,15 +237,17 @@ def assign_pool_auth_profiles(
     cooling: Collection[str] = (),
     disabled: Collection[str] = (),
     login_failed: Collection[str] = (),
+    unresponsive: Collection[str] = (),
     account_caps: Mapping[str, int] | None = None,
     windows: WindowFilter | None = None,
 ) -> PoolAssignment:
     """Choose one profile per role from ``pool`` (docs/upstream.md §4.4 plus cooldown).
 
     1. Drop blank entries; an empty pool assigns nothing and does not defer.
-    2. Remove disabled members, then those whose login failed, then cooling ones; when a
-       removal empties the pool, defer with ``account_disabled``, ``login_failed`` (the
-       reason names them: ``account NAME: login failed``) or ``cooldown``.
+    2. Remove disabled members, then those whose login failed, then unresponsive ones (a
+       step hung on them), then cooling ones; when a removal empties the pool, defer with
+       ``account_disabled``, ``login_failed`` (the reason names them: ``account NAME:
+       login failed``), ``unresponsive`` (named too) or ``cooldown``.
     3. ``min_load`` is the minimum load over the remaining members.
     4. Guard: defer with ``profile_cap`` when ``max_per_profile > 0`` and
        ``min_load >= max_per_profile``.
@@ -244,6 +269,13 @@ def assign_pool_auth_profiles(
             reasons.LOGIN_FAILED,
             lambda left: "; ".join(
                 LOGIN_FAILED_REASON.format(name=entry.strip()) for entry in left
+            ),
+        ),
+        (
+            unresponsive,
+            reasons.UNRESPONSIVE,
+            lambda left: "; ".join(
+                UNRESPONSIVE_REASON.format(name=entry.strip()) for entry in left
             ),
         ),
         (cooling, reasons.COOLDOWN, lambda left: COOLDOWN_REASON.format(n=len(left))),
@@ -309,7 +341,50 @@ def assign_pool_auth_profiles(
         )
         profiles[role] = profile
         taken.add(profile)
+    if profiles.get("verifier") is not None and profiles.get(
+        "verifier"
+    ) == profiles.get("worker"):
+        return _separate_verifier(
+            profiles, drop_blank(pool), load_counts, min_load, disabled, login_failed
+        )
     return PoolAssignment(profiles=profiles, deferred=False, min_load=min_load)
+
+
+def _separate_verifier(
+    profiles: dict[str, str],
+    pool: Sequence[str],
+    load_counts: Mapping[str, int],
+    min_load: int,
+    disabled: Collection[str],
+    login_failed: Collection[str],
+) -> PoolAssignment:
+    """Worker ≠ verifier (contract 8): the only member left took the worker; the verifier
+    gets the least-loaded member set aside for a while (cooling, spent window, at a cap),
+    and moves or waits at its start. Deferred when every other member is disabled or its
+    login failed (or the pool names one account twice)."""
+    worker = profiles["worker"]
+    others = [m for m in pool if m != worker]
+    usable = [m for m in others if m not in disabled and m not in login_failed]
+    if not usable:
+        failed = [m for m in others if m in login_failed]
+        return PoolAssignment(
+            deferred=True,
+            min_load=min_load,
+            reason=SEPARATE_VERIFIER_REASON.format(
+                worker=worker,
+                why="; ".join(LOGIN_FAILED_REASON.format(name=m) for m in failed)
+                or (
+                    "every other member is disabled"
+                    if others
+                    else "the pool names no other account"
+                ),
+            ),
+            reason_code=reasons.LOGIN_FAILED if failed else reasons.ACCOUNT_DISABLED,
+        )
+    verifier = select_least_loaded(usable, load_counts, 0, ())
+    return PoolAssignment(
+        profiles={**profiles, "verifier": verifier}, deferred=False, min_load=min_load
+    )
 
 
 def render_time_profile(pool: Sequence[str], seed: str, role: str) -> str | None:

@@ -16,6 +16,7 @@ ACCOUNT_DISABLED = "account_disabled"
 LOGIN_FAILED = "login_failed"
 WINDOW_EXHAUSTED = "window_exhausted"
 WINDOW_PACED = "window_paced"
+UNRESPONSIVE = "unresponsive"
 
 ALL: tuple[str, ...] = (
     ROUTE_CAP,
@@ -27,6 +28,7 @@ ALL: tuple[str, ...] = (
     LOGIN_FAILED,
     WINDOW_EXHAUSTED,
     WINDOW_PACED,
+    UNRESPONSIVE,
 )
 
 LABELS: dict[str, str] = {
@@ -39,4 +41,5 @@ LABELS: dict[str, str] = {
     LOGIN_FAILED: "All pool accounts' logins failed (account check to clear)",
     WINDOW_EXHAUSTED: "All pool accounts at their window budget (--max-window-used)",
     WINDOW_PACED: "All pool accounts ahead of their window pace (--window-pace)",
+    UNRESPONSIVE: "All pool accounts unresponsive (a step hung on each; account clear)",
 }

@@ -112,6 +112,8 @@ def seconds(ms: int | None) -> str:
 ATTEMPT_OUTCOMES = {
     "rate_limited": "rate limited",
     "timed_out": "timed out",
+    "login_failed": "login failed",
+    "unresponsive": "unresponsive (no progress)",
 }
 
 

@@ -28,13 +28,16 @@
    about three times per lease.
 5. Record the step (exit code, pid, duration, tails, and the token usage its agent printed
    in machine-readable output, ledger.usage). An agent step that reports a provider rate
-   limit puts its account in cooldown; when its run was admitted with a pool and another
-   member is free, the step moves there and runs again (at most LOOPSWEB_RATE_LIMIT_MOVES
-   times, ledger.services.failover). A failed or timed-out step ends the run: the remaining
-   steps are skipped (runs are sequential and fail fast) and the run is `failed` /
-   `timed_out`; all steps succeeded → `succeeded`. The last step's record and the run's end
-   are one transaction, as are a step's record and the next step's start. When a step's
-   process exits, anything it left running in its group is killed.
+   limit puts its account in cooldown, a refused login marks it `login failed`, a hang (no
+   progress for the idle limit) marks it `unresponsive`; when its run was admitted with a
+   pool and another member is free, the step moves there and runs again (at most
+   LOOPSWEB_RATE_LIMIT_MOVES times, ledger.services.failover rule 6): an account's failure
+   fails the run only when no other account of the pool is left. A failed or timed-out
+   step ends the run: the remaining steps are skipped (runs are sequential and fail fast)
+   and the run is `failed` / `timed_out`; all steps succeeded → `succeeded`. The last
+   step's record and the run's end are one transaction, as are a step's record and the
+   next step's start. When a step's process exits, anything it left running in its group
+   is killed.
 6. If the lease is lost (the run was cancelled, or recovered after a stall), the process
    group is killed and nothing more is written.
 7. A database error that passes (ledger.dberrors: a full disk, a read-only or locked
@@ -58,6 +61,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -82,6 +86,8 @@ from ledger.dberrors import (
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
 from ledger.run_signals import HandedBack, LeaseLost, PoolWaitOver
 from ledger.run_worktree import RunWorktree, WorktreeLeaseLost
+from ledger.services.failover import RATE_LIMIT_CODE
+from ledger.services.retries import TRY_LATER_EXIT_CODE
 from ledger.step_process import StepProcess
 from ledger.step_start import HandBack, StepStarter
 from ledger.worktrees import Worktree, WorktreeError
@@ -99,10 +105,12 @@ STEP_KIND_UNKNOWN = "unknown step kind: {kind}"
 RATE_LIMIT_NOTE = "; provider rate limit: {snippet}"
 SKIP_AFTER_FAILURE = "not run: step {step_id} {status}"
 RUN_STEP_FAILED = "step {step_id} {status}: {error}"
+RUN_STEP_TRY_LATER = "step {step_id}: the agent asked to try later (exit 75)"
 RUN_FAILED_BEFORE_START = "workflow cannot run: {error}"
 RUNNER_CRASHED = "runner error: {error}"
 RUNNER_STOPPED = "runner stopped before the run finished"
 COOLDOWN_REASON = "{provider} rate limit on step {step_id} of run {run_id}: {snippet}"
+NO_ACCOUNT_LEFT = "; no other account of the run's pool is left to move it to"
 RUN_LEFT_AS_IT_WAS = (
     "run {run_id} stopped: the database did not take its writes for {seconds} s ({error});"
     " the run is left as it was, and its lease is recovered once it expires"
@@ -215,17 +223,22 @@ class _RunExecution:
         rest: Sequence[WorkflowStepRun],
     ) -> services.RunEnd:
         """How the run ends after `step`: succeeded when it was the last and succeeded;
-        else failed (timed_out when the step timed out), the steps after it skipped."""
+        else failed (timed_out when the step timed out), the steps after it skipped. A
+        step that exited 75 asked to try later: its run's end says so, and the cascade runs
+        it again (ledger.services.retries)."""
         if result.status == StepStatus.SUCCEEDED and not rest:
             return services.RunEnd(status=RunStatus.SUCCEEDED)
         status = result.status
+        error = RUN_STEP_FAILED.format(
+            step_id=step.step_id, status=status, error=result.error or status
+        )
+        if status == StepStatus.FAILED and result.exit_code == TRY_LATER_EXIT_CODE:
+            error = RUN_STEP_TRY_LATER.format(step_id=step.step_id)
         return services.RunEnd(
             status=RunStatus.TIMED_OUT
             if status == StepStatus.TIMED_OUT
             else RunStatus.FAILED,
-            error=RUN_STEP_FAILED.format(
-                step_id=step.step_id, status=status, error=result.error or status
-            ),
+            error=error,
             skip_reason=SKIP_AFTER_FAILURE.format(step_id=step.step_id, status=status),
         )
 
@@ -289,50 +302,68 @@ class _RunExecution:
     def _run_step_with_moves(
         self, start: services.StepStart, spec: Mapping[str, Any]
     ) -> tuple[services.StepResult, bool]:
-        """Run a started step; when its agent reports a rate limit and another member of
-        the run's pool is free, record the attempt, move the step there and try again, up
-        to LOOPSWEB_RATE_LIMIT_MOVES moves (ledger.services.failover). Pinned and
+        """Run a started step; when its account failed it (a rate limit, a refused login, a
+        hang: `StepProcess.account_failure`) and another member of the run's pool is free,
+        record the attempt, move the step there and try again, up to
+        LOOPSWEB_RATE_LIMIT_MOVES moves (ledger.services.failover rule 6). Pinned and
         single-account steps never move.
 
-        When no member is free and every one is cooling, the step waits for the earliest
-        cooldown (parked, holding no worker: failover rule 5) and runs again; a wait that is
-        over raises `PoolWaitOver`.
+        When no member is free: after a rate limit, and while every member is cooling, the
+        step waits for the earliest cooldown (parked, holding no worker: failover rule 5)
+        and runs again; a wait that is over raises `PoolWaitOver`. After a refused login or
+        a hang it waits for a member only when one is left (`pool_member_left`), else the
+        run ends with the step's reason and `NO_ACCOUNT_LEFT`.
 
-        Returns the last attempt's result and whether it is recorded already (a rate-limited
-        attempt that found no member to move to); otherwise the caller records it."""
+        Returns the last attempt's result and whether it is recorded already (an attempt
+        that found no member to move to); otherwise the caller records it."""
         moves = 0
         while True:
             result = self.process.execute(start, spec)
-            rate_limited = self.process.rate_limited
-            if result.status == StepStatus.SUCCEEDED or rate_limited is None:
-                return result, False
-            if moves >= int(settings.LOOPSWEB_RATE_LIMIT_MOVES):
+            failure = self.process.account_failure
+            # Bounded trust (ledger.claims): a second account of this task reported the
+            # same, so the task parks (its run ends, not retried) instead of moving on.
+            if self.process.parked and result.status != StepStatus.SUCCEEDED:
+                return parked_result(result, self.process.parked), False
+            if failure is None or moves >= int(settings.LOOPSWEB_RATE_LIMIT_MOVES):
                 return result, False
             step = start.step_run
             self._complete(step, result)
             moved = write_ledger(
                 f"run {self.run.id}: the move of step {step.step_id}",
                 partial(
-                    services.step_move_after_rate_limit,
+                    services.step_move_after_failure,
                     step_run_id=step.id,
-                    reason=rate_limited,
+                    code=failure.code,
+                    reason=failure.reason,
                 ),
             )
             if moved is None:
                 if services.run_pool(self.run) is None:
                     return result, True
+                if failure.code != RATE_LIMIT_CODE and not services.pool_member_left(
+                    self.run, step, timezone.now()
+                ):
+                    error = (result.error or result.status) + NO_ACCOUNT_LEFT
+                    return replace(result, error=error), True
                 # Every member is busy or cooling: wait for one (parked), then go on.
                 start = self.starter.wait(step)
                 moves = 0
                 continue
             moves += 1
             logger.info(
-                "run %s step %s rate limited; trying again on %s",
+                "run %s step %s failed on its account (%s); trying again on %s",
                 self.run.id,
                 step.step_id,
+                failure.code,
                 moved,
             )
             start = self.starter.wait(step)
+
+
+def parked_result(result: services.StepResult, reason: str) -> services.StepResult:
+    """A parked attempt's result: the task's reason first, then what the step said."""
+    said = f" ({result.error})" if result.error else ""
+    return replace(result, error=f"{reason}{said}")
 
 
 def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:

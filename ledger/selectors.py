@@ -25,6 +25,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field, Model, QuerySet
 
+from domain.pool import HangMark
 from domain.windows import Window
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
@@ -184,17 +185,17 @@ WHERE "until" > %s
 
 
 @dataclass(frozen=True)
-class AccountLimits:
-    """What a pool assignment reads of a registered account: whether it takes work, its
-    own cap on running steps (None: no cap), and whether its login failed (0014)."""
+class AccountLimits(HangMark):
+    """What a pool assignment reads of a registered account: whether it takes work, its own
+    cap on running steps (None: no cap), its login failed (0014) or unresponsive marks."""
 
     enabled: bool
     max_running: int | None
     login_failed: bool = False
     # 0021: the operator gave it window budgets (ledger.windows estimates those windows).
     window_budgets: bool = False
-    # 0021: its windows are paced (domain.windows rule 7).
-    window_pace: bool = False
+    window_pace: bool = False  # 0021: its windows are paced (domain.windows rule 7).
+    unresponsive_until: datetime | None = None
 
 
 # The registry rows of the named accounts, in the same statement (`account_state(accounts=)`):
@@ -206,7 +207,7 @@ SELECT 'account', name,
   + CASE WHEN login_failed_at IS NULL THEN 0 ELSE 2 END
   + CASE WHEN window_budgets IS NULL THEN 0 ELSE 4 END
   + CASE WHEN window_pace THEN 8 ELSE 0 END,
-  max_running, NULL
+  max_running, unresponsive_until
 FROM "{Account._meta.db_table}"
 WHERE name IN ({{marks}})
 """
@@ -296,6 +297,7 @@ def account_state(
                     login_failed=bool(n_running & 2),
                     window_budgets=bool(n_running & 4),
                     window_pace=bool(n_running & 8),
+                    unresponsive_until=_aware(until) if until is not None else None,
                 )
             else:
                 cooling[profile] = _aware(until)
@@ -440,7 +442,7 @@ def distinct_values(
 
 
 @dataclass(frozen=True)
-class RegisteredAccount:
+class RegisteredAccount(HangMark):
     """One row of the account registry, as decisions read it."""
 
     name: str
@@ -448,14 +450,14 @@ class RegisteredAccount:
     enabled: bool
     max_running: int | None
     env: dict[str, str]
-    # The account's env file (read when a step starts), None without one.
-    env_file: str | None = None
+    env_file: str | None = None  # read when a step starts; None without one
     # 0014: when a step's login was refused, and the agent's words (None: no mark).
     login_failed_at: datetime | None = None
     login_failed_reason: str | None = None
     # 0021: token budget per window (`{"5h": 2000000}`), None without one.
     window_budgets: dict[str, int] | None = None
     window_pace: bool = False
+    unresponsive_until: datetime | None = None  # 0026: domain.pool.HangMark
 
     @property
     def login_failed(self) -> bool:
@@ -481,6 +483,7 @@ def account_registry(names: Any = None) -> dict[str, RegisteredAccount]:
             if isinstance(row.window_budgets, dict)
             else None,
             window_pace=bool(row.window_pace),
+            unresponsive_until=row.unresponsive_until,
         )
         for row in rows
     }
@@ -506,7 +509,7 @@ _COOLDOWNS = AccountCooldown._meta.db_table
 _LOADS = AccountLoadCount._meta.db_table
 _GATE_SQL = (
     "SELECT a.name, a.provider, a.enabled, a.max_running, a.env_json, a.env_file, "
-    "a.login_failed_at, a.login_failed_reason, "
+    "a.login_failed_at, a.login_failed_reason, a.unresponsive_until, "
     f'(SELECT c."until" FROM "{_COOLDOWNS}" c '
     'WHERE c.account_profile = p.name AND c."until" > %s), '
     f'(SELECT l.running FROM "{_LOADS}" l WHERE l.account_profile = p.name) '
@@ -527,6 +530,7 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
             env_file,
             failed_at,
             failed_reason,
+            hung_until,
             until,
             running,
         ) = cursor.fetchone()
@@ -544,6 +548,7 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
             env_file=env_file or None,
             login_failed_at=_aware(failed_at) if failed_at is not None else None,
             login_failed_reason=failed_reason,
+            unresponsive_until=_aware(hung_until) if hung_until is not None else None,
         )
     return AccountGate(
         account=account,

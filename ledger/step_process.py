@@ -1,11 +1,14 @@
 """One started step as a process (ledger.runner, module docstring 4-5): its invocation (the
 agent's target checked again and moved into the run's worktree, or a command), the process
 under its watch (ledger.agent_step), and what it said about its account: a provider rate
-limit puts the account in cooldown, an authentication error marks its login failed."""
+limit puts the account in cooldown, an authentication error marks its login failed, a hang
+(no progress for the idle limit) marks it unresponsive; `account_failure` tells the runner
+which, so it moves the step to another pool account (ledger.services.failover rule 6)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +18,7 @@ from domain.errors import ValidationError
 from domain.sandbox import step_isolation
 from ledger import services
 from ledger.agent_step import StepWatch, step_limits
+from ledger.claims import confirm_enqueue
 from ledger.dberrors import write_ledger
 from ledger.held_secrets import held_secrets
 from ledger.models import StepStatus, WorkflowRun, WorkflowStepRun
@@ -30,12 +34,18 @@ from ledger.providers import (
 from ledger.ratelimit import RateLimitSignal, detect_login_failure, detect_rate_limit
 from ledger.run_signals import LeaseLost
 from ledger.sandbox import StepSandbox, sandbox_on, sandbox_problem, step_sandbox
+from ledger.services.failover import (
+    LOGIN_FAILED_CODE,
+    RATE_LIMIT_CODE,
+    UNRESPONSIVE_CODE,
+)
 from ledger.usage import Usage, parse_usage
 from ledger.worktrees import Worktree
 
 STEP_KIND_UNKNOWN = "unknown step kind: {kind}"
 RATE_LIMIT_NOTE = "; provider rate limit: {snippet}"
 COOLDOWN_REASON = "{provider} rate limit on step {step_id} of run {run_id}: {snippet}"
+UNRESPONSIVE_REASON = "step {step_id} of run {run_id} hung: {error}"
 
 
 class StepProcess:
@@ -56,6 +66,11 @@ class StepProcess:
         self.keep_alive_every = keep_alive_every
         self.deadline = deadline  # the task's (ledger.agent_step.task_deadline)
         self.rate_limited: str | None = None
+        # How the last attempt's account failed it (None: it did not), for the runner's move.
+        self.account_failure: AccountFailure | None = None
+        # Set when the task's bound refused to mark this attempt's account (ledger.claims):
+        # the task parks with this reason instead of trying another account.
+        self.parked: str | None = None
 
     @property
     def worktree(self) -> Worktree | None:
@@ -66,6 +81,8 @@ class StepProcess:
     ) -> services.StepResult:
         """Run a started step's process; its result, not yet recorded."""
         self.rate_limited = None
+        self.account_failure = None
+        self.parked = None
         step = start.step_run
         target = found if isinstance(found := spec.get("target"), dict) else {}
         kind = target.get("type") or spec.get("kind")
@@ -107,23 +124,29 @@ class StepProcess:
         status, error = watch.outcome(result, timeout_ms=timeout_ms, idle_ms=idle_ms)
         usage = None
         note = None
-        login_failed = False
+        login_failed = unresponsive = False
         if is_agent and result.timeout is None:
             note = self._record_rate_limit(step, provider, result, watch.signal)
             if note and error:
                 error += note
             elif status != StepStatus.SUCCEEDED:
                 login_failed = self._record_login_failure(step, result, error)
+        elif is_agent and result.timeout == "idle":
+            unresponsive = True
+            self._record_unresponsive(step, error or "")
         if is_agent:
             usage = parse_usage(provider, result.stdout)
-        return _step_result(
+        done = _step_result(
             result,
             status,
             error=error,
             usage=usage,
             rate_limited=note is not None and status != StepStatus.SUCCEEDED,
             login_failed=login_failed,
+            unresponsive=unresponsive,
         )
+        self.account_failure = _account_failure(done, self.rate_limited)
+        return done
 
     def _invocation(
         self,
@@ -209,21 +232,23 @@ class StepProcess:
         if step.account_profile:
             # Recorded before the step is finished, so no other step can start on the
             # account in between and hit the same limit.
-            profile = step.account_profile
-            write_ledger(
-                f"run {self.run.id}: the cooldown of account {profile}",
-                lambda: services.account_cooldown_record(
-                    profile=profile,
-                    tool=step.account_tool or provider,
-                    until=signal_seen.until,
-                    reason=COOLDOWN_REASON.format(
-                        provider=provider,
-                        step_id=step.step_id,
-                        run_id=self.run.id,
-                        snippet=signal_seen.snippet,
+            # Bounded per task, 15 minutes unless confirmed (ledger.claims).
+            self._reported(
+                write_ledger(
+                    f"run {self.run.id}: the cooldown of account {step.account_profile}",
+                    lambda: services.account_cooldown_report(
+                        step_run=step,
+                        tool=step.account_tool or provider,
+                        until=signal_seen.until,
+                        reason=COOLDOWN_REASON.format(
+                            provider=provider,
+                            step_id=step.step_id,
+                            run_id=self.run.id,
+                            snippet=signal_seen.snippet,
+                        ),
                     ),
-                    step_run=step,
                 ),
+                step,
             )
         return RATE_LIMIT_NOTE.format(snippet=signal_seen.snippet)
 
@@ -242,13 +267,42 @@ class StepProcess:
             return False
         if not profile:
             return True
-        write_ledger(
-            f"run {self.run.id}: the login failure of account {profile}",
-            lambda: services.account_login_failed_record(
-                profile=profile, reason=error or signal.snippet
+        # Bounded per task (ledger.claims): a second account is not marked.
+        self._reported(
+            write_ledger(
+                f"run {self.run.id}: the login failure of account {profile}",
+                lambda: services.account_login_failed_report(
+                    step_run=step, reason=error or signal.snippet
+                ),
             ),
+            step,
         )
         return True
+
+    def _record_unresponsive(self, step: WorkflowStepRun, error: str) -> None:
+        """An agent step that made no progress for its idle limit (a hang) marks its
+        account `unresponsive` for LOOPSWEB_UNRESPONSIVE_SECONDS (ledger.services.cooldowns):
+        pool assignment, step starts and failover skip it until then."""
+        profile = step.account_profile
+        if not profile:
+            return
+        write_ledger(
+            f"run {self.run.id}: the hang of account {profile}",
+            lambda: services.account_unresponsive_record(
+                profile=profile,
+                reason=UNRESPONSIVE_REASON.format(
+                    step_id=step.step_id, run_id=self.run.id, error=error
+                ),
+            ),
+        )
+
+    def _reported(self, report: services.Report, step: WorkflowStepRun) -> None:
+        """What the task's bound decided: parked (no other account is tried), or a claim
+        longer than 15 minutes, whose confirmation is queued (ledger.claims)."""
+        if report.parked is not None:
+            self.parked = report.parked
+        if report.claim is not None:
+            confirm_enqueue(report.claim, step_run_id=step.id)
 
 
 def _step_result(
@@ -259,6 +313,7 @@ def _step_result(
     usage: Usage | None = None,
     rate_limited: bool = False,
     login_failed: bool = False,
+    unresponsive: bool = False,
 ) -> services.StepResult:
     return services.StepResult(
         status=status,
@@ -273,4 +328,28 @@ def _step_result(
         egress_refused=result.egress_refused,
         rate_limited=rate_limited,
         login_failed=login_failed,
+        unresponsive=unresponsive,
     )
+
+
+@dataclass(frozen=True)
+class AccountFailure:
+    """An attempt that failed because of its account: the `step_account_moved` code
+    (ledger.services.failover) and the reason the move records."""
+
+    code: str
+    reason: str
+
+
+def _account_failure(
+    result: services.StepResult, rate_limit: str | None
+) -> AccountFailure | None:
+    if result.status == StepStatus.SUCCEEDED:
+        return None
+    if result.rate_limited and rate_limit is not None:
+        return AccountFailure(RATE_LIMIT_CODE, rate_limit)
+    if result.login_failed:
+        return AccountFailure(LOGIN_FAILED_CODE, result.error or LOGIN_FAILED_CODE)
+    if result.unresponsive:
+        return AccountFailure(UNRESPONSIVE_CODE, result.error or UNRESPONSIVE_CODE)
+    return None

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django_q.conf import Conf
 from django_q.tasks import async_task
 
+from ledger.claims import Claim
 from ledger.discard import run_branches_prune
 from ledger.hosts import (
     live_hosts,
@@ -37,6 +39,7 @@ from ledger.services import (
     runs_queued_stale,
     runs_recover_expired,
 )
+from ledger.services.confirm import confirm_claim
 from ledger.worktree_prune import worktree_orphans_prune, worktrees_prune
 
 logger = logging.getLogger(__name__)
@@ -71,6 +74,13 @@ def run_workflow(run_id: str) -> str:
         if due is not None:
             enqueue_run(run_id, due)
     return result
+
+
+def confirm_account_claim(claim: dict[str, Any]) -> str:
+    """django-q2 task (the run cluster of the host the step ran on): loopsweb's own
+    request with an account a step claimed cooling or exhausted for longer than 15 minutes;
+    the claim stands only when the provider answers with a rate limit (ledger.claims)."""
+    return confirm_claim(Claim.from_dict(claim))
 
 
 def recover_expired_runs() -> int:

@@ -4,7 +4,8 @@
 claude's `rate_limit_event` lines and opencode's error headers on stdout; for codex, the
 rollout file its thread id names under the account's `CODEX_HOME/sessions/`. When that differs
 from what this watch recorded last, it is recorded for the step's account
-(`ledger.windows.windows_record`). `ledger.agent_step.StepWatch` calls it on every output flush,
+(`ledger.windows.windows_claimed`: an exhausted window is bounded per task and lasts 15
+minutes unless loopsweb's own request confirms it, ledger.claims). `ledger.agent_step.StepWatch` calls it on every output flush,
 for codex also every flush interval without output (the rollout changes while stdout is
 quiet), and once when the process has ended. A database error is logged, never raised: windows never
 fail a step.
@@ -20,8 +21,9 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from domain.windows import Window
+from ledger.claims import WINDOW, Claim, confirm_enqueue
 from ledger.window_parse import codex_rollout_windows, codex_thread_id, stdout_windows
-from ledger.windows import windows_record
+from ledger.windows import windows_claimed
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class WindowWatch:
         self.step_run_id = step_run_id
         self.thread_id: str | None = None
         self.recorded: tuple[tuple[object, ...], ...] = ()
+        self.confirming: set[str] = set()  # windows whose confirmation is queued
 
     @property
     def reads_files(self) -> bool:
@@ -98,7 +101,8 @@ class WindowWatch:
         if not found or key == self.recorded:
             return 0
         try:
-            written = windows_record(
+            # Bounded per task, 15 minutes unless confirmed (ledger.claims).
+            written, claimed = windows_claimed(
                 account=self.account,
                 provider=self.provider,
                 windows=found,
@@ -108,4 +112,23 @@ class WindowWatch:
             logger.exception("could not record the windows of account %s", self.account)
             return 0
         self.recorded = key
+        for window in claimed:
+            self._confirm(window)
         return written
+
+    def _confirm(self, window: Window) -> None:
+        """Queue the confirmation of an exhausted window (once per window and step)."""
+        if self.account is None or window.resets_at is None:
+            return
+        if window.name in self.confirming:
+            return
+        self.confirming.add(window.name)
+        claim = Claim(
+            account=self.account,
+            kind=WINDOW,
+            until=window.resets_at,
+            reason=window.source,
+            tool=self.provider,
+            window=window.to_dict(),
+        )
+        confirm_enqueue(claim, step_run_id=self.step_run_id)

@@ -34,13 +34,15 @@ from django.utils import timezone
 from domain import reasons
 from domain.windows import (
     DEFAULT_MAX_WINDOW_USED,
+    REJECTED,
     WINDOWS_OFF,
     MaxWindowUsed,
     Window,
     WindowFilter,
     window_filter,
 )
-from ledger.models import Account, AccountWindow, WorkflowStepRun
+from ledger.claims import UNCONFIRMED_LONGEST, UNCONFIRMED_SOURCE, task_runs
+from ledger.models import Account, AccountWindow, WorkflowRun, WorkflowStepRun
 from ledger.selectors import AccountState
 from ledger.window_rows import window_keep_days
 from ledger.window_spend import with_spend
@@ -124,6 +126,78 @@ def windows_record(
     return len(windows)
 
 
+def windows_claimed(
+    *,
+    account: str,
+    provider: str | None,
+    windows: Sequence[Window],
+    step_run_id: str | None,
+    now: datetime | None = None,
+) -> tuple[int, list[Window]]:
+    """What a step's CLI reported (ledger.claims): `windows_record` after the task's bound
+    on exhausted windows (rejected, or 100 % used; a 429 the runner saw is one too). One
+    of a second account of the task is not recorded; one that would stand longer than
+    UNCONFIRMED_LONGEST is recorded until then, its source saying unconfirmed. Returns the
+    rows written and the windows as claimed, to confirm."""
+    now = now or timezone.now()
+    spent = [w for w in windows if w.exhausted(now, max_used=1.0)]
+    if not spent or not step_run_id:
+        return windows_record(
+            account=account,
+            provider=provider,
+            windows=windows,
+            step_run_id=step_run_id,
+            now=now,
+        ), []
+    kept = [w for w in windows if w not in spent]
+    confirm: list[Window] = []
+    if not _task_spent_elsewhere(account, step_run_id):
+        longest = now + UNCONFIRMED_LONGEST
+        for window in spent:
+            if window.resets_at is not None and window.resets_at <= longest:
+                kept.append(window)
+                continue
+            claimed = window.resets_at or now + _length(window.name)
+            confirm.append(replace(window, resets_at=claimed))
+            source = UNCONFIRMED_SOURCE.format(
+                claimed=claimed.isoformat(), source=window.source
+            )
+            kept.append(replace(window, resets_at=longest, source=source))
+    written = windows_record(
+        account=account,
+        provider=provider,
+        windows=kept,
+        step_run_id=step_run_id,
+        now=now,
+    )
+    return written, confirm
+
+
+def _task_spent_elsewhere(account: str, step_run_id: str) -> bool:
+    """Whether the step's task (ledger.claims rule 1) recorded an exhausted window of
+    another account."""
+    run = WorkflowRun.objects.filter(step_runs=step_run_id).first()
+    if run is None:
+        return False
+    steps = WorkflowStepRun.objects.filter(workflow_run_id__in=task_runs(run))
+    return (
+        AccountWindow.objects.filter(
+            Q(status=REJECTED) | Q(used__gte=1.0),
+            step_run_id__in=steps.values("id"),
+        )
+        .exclude(account_profile=account)
+        .exists()
+    )
+
+
+def _length(name: str) -> timedelta:
+    """A window's length (the longest a provider keeps for a name without one)."""
+    seconds = window_seconds(name)
+    if seconds and seconds <= LONGEST_WINDOW.total_seconds():
+        return timedelta(seconds=seconds)
+    return LONGEST_WINDOW
+
+
 def _bounded(account: str, windows: Sequence[Window], now: datetime) -> list[Window]:
     """Rule 1's bounds on what a step printed."""
     known = set(
@@ -137,13 +211,7 @@ def _bounded(account: str, windows: Sequence[Window], now: datetime) -> list[Win
         if name not in known and len(known) >= MAX_WINDOWS_PER_ACCOUNT:
             continue
         known.add(name)
-        seconds = window_seconds(name)
-        length = (
-            timedelta(seconds=seconds)
-            if seconds and seconds <= LONGEST_WINDOW.total_seconds()
-            else LONGEST_WINDOW
-        )
-        latest = (window.observed_at or now) + length
+        latest = (window.observed_at or now) + _length(name)
         if window.resets_at is not None and window.resets_at > latest:
             window = replace(window, resets_at=latest)
         kept.append(window)

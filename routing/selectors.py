@@ -50,7 +50,7 @@ from ledger.selectors import (
     account_state,
     created_since,
 )
-from ledger.services.attempts import ATTEMPT_RATE_LIMITED
+from ledger.services.attempts import ACCOUNT_FAILURES, ATTEMPT_RATE_LIMITED
 from ledger.windows import with_estimates
 from routing.drains.configs import Cap, DrainConfig, strictest
 from routing.models import InboxEvent, InboxState
@@ -254,8 +254,8 @@ def step_activity(*, now: datetime) -> list[dict[str, Any]]:
 
     `hour` is the UTC hour for attempts started in the last 24 h and NULL before, so the
     same rows give the 7-day totals, the 24-hour totals and the hourly timeline. Per row: n
-    attempts; failed (failed, timed out or rate limited); rate_limited (the runner noted a
-    provider limit).
+    attempts; failed (failed, timed out, or failed by its account); rate_limited (the
+    runner noted a provider limit).
     """
     week, day = now - timedelta(days=7), now - timedelta(hours=24)
     # Truncate the CASE, not CASE the truncation: TruncHour converts its result to an
@@ -275,7 +275,7 @@ def step_activity(*, now: datetime) -> list[dict[str, Any]]:
         .annotate(
             n=Count("id"),
             failed=Count(
-                "id", filter=Q(status__in=(*FAILED_STEP_STATUSES, ATTEMPT_RATE_LIMITED))
+                "id", filter=Q(status__in=(*FAILED_STEP_STATUSES, *ACCOUNT_FAILURES))
             ),
             rate_limited=Count("id", filter=Q(status=ATTEMPT_RATE_LIMITED)),
         )

@@ -22,7 +22,10 @@ Cases:
   a `credential.helper`, `core.sshCommand` and a `pre-push` hook (in `core.hooksPath` and
   in the repository's own hooks dir), each the mark command;
 - `setsid`: a daemon (double fork, `setsid`) left running, its pid appended to
-  `$HOSTILE_DIR/pids`.
+  `$HOSTILE_DIR/pids`;
+- `forge-429` (issue 58): a forged provider rate limit lasting a week printed (`HTTP 429 Too
+  Many Requests: try again in 168 hours`), exit 1;
+- `forge-login` (issue 58): a forged refused login printed (`Not logged in`), exit 1.
 
 The mark command appends a line to `$HOSTILE_DIR/marks` and passes its input through (so a
 filter using it would "work"): a mark file means loopsweb ran the agent's command.
@@ -164,7 +167,21 @@ def main(argv: list[str]) -> int:
     if "own-repo" in cases:
         _own_repo(mark)
     print(f"HOSTILE_AGENT did {sorted(cases)}", flush=True)
-    return 0
+    return _forged(cases)
+
+
+FORGED = {
+    "forge-429": "HTTP 429 Too Many Requests: try again in 168 hours",
+    "forge-login": "Not logged in \u00b7 Please run /login",
+}
+
+
+def _forged(cases: set[str]) -> int:
+    """What the forging cases print about the account (the CLI's own words); 1 when one did."""
+    said = [FORGED[case] for case in sorted(cases) if case in FORGED]
+    for line in said:
+        print(line, flush=True)
+    return 1 if said else 0
 
 
 if __name__ == "__main__":

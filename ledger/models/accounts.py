@@ -39,6 +39,12 @@ class Account(TimestampedModel):
     # 0021: pace the account's windows (domain.windows rule 7): it may use a window only as
     # far as the window has elapsed (None/False: no pacing).
     window_pace = models.BooleanField(null=True, blank=True)
+    # 0026: set when a step on the account made no progress for its idle limit (a hang):
+    # until when the account cools off (LOOPSWEB_UNRESPONSIVE_SECONDS), and the step's words.
+    # Pool assignment, step starts and failover skip it until then; `account clear` and a
+    # passing `account check` clear it.
+    unresponsive_until = models.DateTimeField(null=True, blank=True)
+    unresponsive_reason = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "accounts"

@@ -61,16 +61,21 @@ from ledger.services.common import (
 )
 from ledger.services.cooldowns import (
     Cleared,
+    Report,
     account_clear,
     account_cooldown_record,
+    account_cooldown_report,
     account_login_clear,
     account_login_failed_record,
+    account_login_failed_report,
+    account_unresponsive_record,
 )
 from ledger.services.failover import (
     POOL_RATE_LIMITED_CODE,
     POOL_WAIT_OVER_CODE,
+    pool_member_left,
     run_pool,
-    step_move_after_rate_limit,
+    step_move_after_failure,
 )
 from ledger.services.hostloss import (
     HOST_GONE_ERROR,
@@ -155,10 +160,14 @@ __all__ = [
     "StepResult",
     "StepStart",
     "account_cooldown_record",
+    "account_cooldown_report",
+    "account_login_failed_report",
+    "Report",
     "account_login_clear",
     "account_clear",
     "Cleared",
     "account_login_failed_record",
+    "account_unresponsive_record",
     "join_reason",
     "kill_step_process_group",
     "loop_status_change",
@@ -179,7 +188,8 @@ __all__ = [
     "runs_recover_expired",
     "step_complete",
     "step_finish",
-    "step_move_after_rate_limit",
+    "step_move_after_failure",
+    "pool_member_left",
     "POOL_RATE_LIMITED_CODE",
     "POOL_WAIT_OVER_CODE",
     "run_pool",

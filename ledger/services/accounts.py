@@ -523,36 +523,41 @@ def _run_request(invocation: Invocation, cwd: str) -> tuple[int | None, str, str
     return result.exit_code, result.stdout, result.stderr
 
 
-def _real_request(test: SelfTest, row: Account) -> None:
-    """Rules 6-7: the smallest request a step would make, answered or not."""
+def account_request(row: Account) -> tuple[int | None, str, str]:
+    """The smallest request a step would make with the account, outside any task, in a
+    throwaway directory and its own sandbox: (exit code, stdout, stderr); ProviderError when
+    it cannot be made. `account check` makes it, and the confirmation of a claim about the
+    account (ledger.services.confirm)."""
     with tempfile.TemporaryDirectory(prefix="loopsweb-account-check-") as cwd:
-        try:
-            invocation = agent_invocation(
-                target={
-                    "type": "agent",
-                    "provider": row.provider,
-                    "prompt": REQUEST_PROMPT,
-                    "cwd": cwd,
-                },
-                profile=row.name,
-                tool=None,
-                run_id="account-check",
-                step_id="check",
-            )
-        except ProviderError as exc:
-            test.problem(str(exc))
-            return
+        invocation = agent_invocation(
+            target={
+                "type": "agent",
+                "provider": row.provider,
+                "prompt": REQUEST_PROMPT,
+                "cwd": cwd,
+            },
+            profile=row.name,
+            tool=None,
+            run_id="account-check",
+            step_id="check",
+        )
         argv = invocation.argv
         if row.provider == "codex" and "--skip-git-repo-check" not in argv:
             # The throwaway directory is no repository, whatever lies above it.
             argv.insert(argv.index("--"), "--skip-git-repo-check")
         try:
-            code, stdout, stderr = _run_request(invocation, cwd)
-        except ProviderError as exc:
-            test.problem(str(exc))
-            return
+            return _run_request(invocation, cwd)
         finally:
             invocation.remove_files()
+
+
+def _real_request(test: SelfTest, row: Account) -> None:
+    """Rules 6-7: the smallest request a step would make, answered or not."""
+    try:
+        code, stdout, stderr = account_request(row)
+    except ProviderError as exc:
+        test.problem(str(exc))
+        return
     if code == 0:
         test.fine("a real request was answered (exit 0)")
         # The provider's own answer outranks what a task printed about the account.

@@ -2,10 +2,12 @@
 
 A step's start opens an attempt (running, on the account the step starts on); whatever ends
 the step closes it with the step's outcome: its finish (succeeded, failed, timed_out, or
-`rate_limited` when the agent reported a provider limit), a skip of a running step, or the
-run's end by cancel, recovery or timeout. A step that moves to another account after a rate
-limit and runs again opens a second attempt, so the rate-limited account and the time spent
-on it stay on record (the step run itself keeps only the last account).
+when its account failed it, `rate_limited` for a provider limit, `login_failed` for a
+refused login, `unresponsive` for a hang: no progress for its idle limit), a skip of a
+running step, or the run's end by cancel, recovery or timeout. A step that moves to another
+account after such a failure and runs again opens a second attempt, so the failed account
+and the time spent on it stay on record (the step run itself keeps only the last account);
+a retry of the item leaves out the accounts of its `ACCOUNT_FAILURES` attempts.
 
 Both writes are single statements inside the caller's transaction (the step's lock).
 """
@@ -18,6 +20,10 @@ from ledger.models import WorkflowStepAttempt, WorkflowStepRun
 
 ATTEMPT_RUNNING = "running"
 ATTEMPT_RATE_LIMITED = "rate_limited"
+ATTEMPT_LOGIN_FAILED = "login_failed"
+ATTEMPT_UNRESPONSIVE = "unresponsive"
+# The attempts that ended because of their account, not the task.
+ACCOUNT_FAILURES = (ATTEMPT_RATE_LIMITED, ATTEMPT_LOGIN_FAILED, ATTEMPT_UNRESPONSIVE)
 
 
 def attempt_open(step: WorkflowStepRun, *, now: datetime) -> None:
@@ -34,14 +40,15 @@ def attempt_open(step: WorkflowStepRun, *, now: datetime) -> None:
 
 
 def attempt_close(
-    step: WorkflowStepRun, *, now: datetime, rate_limited: bool = False
+    step: WorkflowStepRun, *, now: datetime, status: str | None = None
 ) -> None:
     """Close the open attempt of `step` with what the step row now says of it (its status,
-    duration, exit code, error and usage); `rate_limited` marks a provider limit."""
+    duration, exit code, error and usage); `status` (one of ACCOUNT_FAILURES) says its
+    account failed it."""
     WorkflowStepAttempt.objects.filter(
         step_run_id=step.id, finished_at__isnull=True
     ).update(
-        status=ATTEMPT_RATE_LIMITED if rate_limited else step.status,
+        status=status or step.status,
         finished_at=now,
         duration_ms=step.duration_ms,
         exit_code=step.exit_code,

@@ -26,6 +26,7 @@ from django.db.models import (
 from django.db.models.functions import Cast, Coalesce, Concat
 from django.db.models.lookups import GreaterThan
 
+from ledger.claims import PARKED_EVENT
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -34,6 +35,7 @@ from ledger.models import (
     SpecStatus,
     StepReasonCode,
     StepStatus,
+    WorkflowEvent,
     WorkflowRun,
     WorkflowStepRun,
     WorkflowWorkItem,
@@ -51,6 +53,14 @@ from ledger.services.common import (
     to_ms,
 )
 from ledger.services.retries import loop_retry_schedule
+
+
+def task_parked(run_id: str) -> bool:
+    """Whether the run parked its task: a second account's report was refused
+    (ledger.claims, event `task_parked`)."""
+    return WorkflowEvent.objects.filter(
+        workflow_run_id=run_id, event_type=PARKED_EVENT
+    ).exists()
 
 
 def finish_open_steps(
@@ -303,8 +313,13 @@ def end_run(
     if error:
         payload.setdefault("error", run.error)
     append_event(run.id, status, payload=payload or None)
-    retry = loop_retry_schedule(
-        run, status=status, error=run.error, now=now, steps=steps
+    # A parked task (ledger.claims) waits for an operator: no loop retry.
+    retry = (
+        None
+        if status == RunStatus.FAILED and task_parked(run.id)
+        else loop_retry_schedule(
+            run, status=status, error=run.error, now=now, steps=steps
+        )
     )
     if retry is None:
         _cascade_work_item(

@@ -1,32 +1,48 @@
 """Account failover for a step about to start: when its account cannot take it (cooling,
-disabled in the registry, its login failed, at its cap) or just reported a rate limit, move the step to
-another member of the pool its run was admitted with.
+disabled in the registry, its login failed, unresponsive, at its cap) or just failed it (a
+rate limit, a refused login, a hang: `step_move_after_failure`), move the step to another
+member of the pool its run was admitted with.
 
 Rules:
 1. Only steps of runs admitted with pool routing on (`scope_json.providerRouting.poolRouting`)
    and of the route's provider move; pinned profiles (`--*-auth-profile`) switch pool routing
    off at admission, so they never move, and neither does a single `--auth-profile`.
-2. A free member is enabled (or unregistered), its login not failed, not cooling, its
+2. A free member is enabled (or unregistered), its login not failed, not unresponsive
+   (a hang's cool-off, LOOPSWEB_UNRESPONSIVE_SECONDS), not cooling, its
    rate-limit windows not spent (ledger.windows, domain.windows), and below its cap: running steps
    < min(the step's maxPerProfile, the account's max_running), either when set.
-3. Among free members: first those no other step of this run uses (verifier != worker where
-   possible), then the least load (running + reserved), then pool order.
+3. Worker ≠ verifier, always: a step never moves onto an account a step of the other of
+   the two roles (`routing.role` worker / verifier) of the same run has started on
+   (`role_excluded`); such an account is not free for it. Among free members: first those
+   no other step of this run uses (a pending step's planned account: it moves at its own
+   start), then the least load (running + reserved), then pool order.
 4. The caller holds the admission lock and the run row lock; the move rewrites the step's
    `account_profile` (its attribution) and appends a `step_account_moved` event with the
    old and new account, the reason code and the reason.
 
 5. A whole-pool limit waits: when every usable member (enabled, of the route's provider)
    is cooling, a step start is refused with `pool_rate_limited` until the earliest cooldown
-   ends (`pool_refusal`), and the runner parks the run meanwhile. A wait that would last
+   ends (`pool_refusal`), and the runner parks the run meanwhile. So is a step whose only
+   free member is the other role's (rule 3) while every other usable member cools: it
+   waits for them, the reason ends "(worker ≠ verifier)". (A step whose pool's other
+   members are busy at their caps waits as an account at its cap does, `role_conflict`.) A wait that would last
    LOOPSWEB_POOL_WAIT_SECONDS or more from its first such `step_waiting` event is over
    (`pool_wait_over`): the runner ends the run with that reason.
 
+6. An account's failure moves the step, never fails the task: after a rate limit, a
+   refused login or a hang the runner calls `step_move_after_failure` (the event's code:
+   `rate_limit`, `login_failed`, `unresponsive`). When no member is free, a rate limit waits
+   as rule 5 says; a refused login or a hang fails the run only when no other member is
+   left at all (`pool_member_left`: enabled, login not failed, not unresponsive), else the
+   step waits for one.
+
 Step start calls `step_failover` (ledger/services/steps.py); the runner calls
-`step_move_after_rate_limit` after a step reported a rate limit.
+`step_move_after_failure` after an attempt failed on its account.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +50,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from domain import reasons
+from domain.pool import LOGIN_FAILED_REASON
 from ledger.lock import admission_lock
 from ledger.models import StepStatus, WorkflowEvent, WorkflowRun, WorkflowStepRun
 from ledger.selectors import RegisteredAccount, account_registry, account_state
@@ -51,8 +69,75 @@ from ledger.windows import pool_windows
 
 MOVED_EVENT = "step_account_moved"
 RATE_LIMIT_CODE = "rate_limit"
+LOGIN_FAILED_CODE = reasons.LOGIN_FAILED
+UNRESPONSIVE_CODE = reasons.UNRESPONSIVE
 POOL_RATE_LIMITED_CODE = "pool_rate_limited"
 POOL_WAIT_OVER_CODE = "pool_wait_over"
+ROLE_CONFLICT_CODE = "role_conflict"
+# The two roles that never share an account in one run (rule 3).
+SEPARATE_ROLES = ("worker", "verifier")
+WAIT_ROLE_CONFLICT = (
+    "account {profile} is the run's {role} account (worker ≠ verifier); "
+    "no other account of the pool is free"
+)
+ROLE_NO_OTHER = (
+    "no account of the pool but {profile} (the run's {role} account) can take this "
+    "step (worker ≠ verifier): {why}"
+)
+WAIT_OTHERS_RATE_LIMITED = (
+    "every other account of the pool is busy or rate limited until {until} "
+    "(worker ≠ verifier)"
+)
+
+
+def step_role(spec: dict[str, Any]) -> str | None:
+    """The step's `routing.role` (on the step or its target), None when it has none."""
+    target = spec.get("target")
+    for routing in (
+        spec.get("routing"),
+        target.get("routing") if isinstance(target, dict) else None,
+    ):
+        role = routing.get("role") if isinstance(routing, dict) else None
+        if isinstance(role, str) and role:
+            return role
+    return None
+
+
+def role_excluded(
+    run: WorkflowRun, step: WorkflowStepRun, steps: list[WorkflowStepRun]
+) -> dict[str, str]:
+    """Account -> role for the accounts `step` must not use (rule 3): those the run's
+    other steps of the other of worker/verifier started on (running or finished, not
+    pending or skipped). Empty for a step of neither role."""
+    role = step_role(step_spec(run, step.step_id))
+    if role not in SEPARATE_ROLES:
+        return {}
+    out: dict[str, str] = {}
+    for other in steps:
+        if (
+            other.pk == step.pk
+            or not other.account_profile
+            or other.status in (StepStatus.PENDING, StepStatus.SKIPPED)
+        ):
+            continue
+        other_role = step_role(step_spec(run, other.step_id))
+        if other_role in SEPARATE_ROLES and other_role != role:
+            out[other.account_profile] = other_role
+    return out
+
+
+def role_refusal(
+    step: WorkflowStepRun, excluded: dict[str, str]
+) -> tuple[str, str, datetime | None] | None:
+    """The refusal of a step whose own account is one it must not use (rule 3)."""
+    profile = step.account_profile
+    if not profile or profile not in excluded:
+        return None
+    return (
+        ROLE_CONFLICT_CODE,
+        WAIT_ROLE_CONFLICT.format(profile=profile, role=excluded[profile]),
+        None,
+    )
 
 
 def run_pool(run: WorkflowRun) -> tuple[str, list[str]] | None:
@@ -96,23 +181,29 @@ def _free_member(
     state = account_state(now=now)
     registry = account_registry(pool)
     loads = state.load.total()
-    used = set(
+    others = list(
         WorkflowStepRun.objects.filter(workflow_run_id=run.id)
         .exclude(pk=step.pk)
         .exclude(status=StepStatus.SKIPPED)
         .exclude(account_profile__isnull=True)
-        .values_list("account_profile", flat=True)
     )
+    used = {other.account_profile for other in others}
+    excluded = role_excluded(run, step, others)
     windows = pool_windows(pool, spec, now, loads)
     best: tuple[bool, int, float, int, str] | None = None
     for position, member in enumerate(pool):
         if member == step.account_profile or member in state.cooling:
             continue
+        if member in excluded:
+            continue
         if member in windows.exhausted:
             continue
         account = registry.get(member)
         if account is not None and (
-            not account.enabled or account.login_failed or account.provider != provider
+            not account.enabled
+            or account.login_failed
+            or account.unresponsive_at(now)
+            or account.provider != provider
         ):
             continue
         limit = account_limit(spec, account)
@@ -156,9 +247,12 @@ def step_failover(
     return chosen
 
 
-def pool_cooling_until(run: WorkflowRun, now: datetime) -> datetime | None:
-    """The earliest end of a cooldown when every usable member of the run's pool is cooling
-    (rule 5), else None (not pool-routed, or some member is not cooling)."""
+def pool_cooling_until(
+    run: WorkflowRun, now: datetime, excluded: Collection[str] = ()
+) -> datetime | None:
+    """The earliest end of a cooldown when every usable member of the run's pool but the
+    `excluded` ones (rule 3) is cooling (rule 5), else None (not pool-routed, or some
+    member is not cooling)."""
     context = run_pool(run)
     if context is None:
         return None
@@ -168,8 +262,9 @@ def pool_cooling_until(run: WorkflowRun, now: datetime) -> datetime | None:
     ends = []
     for member in pool:
         account = registry.get(member)
-        if account is not None and (
-            not account.enabled or account.provider != provider
+        if member in excluded or (
+            account is not None
+            and (not account.enabled or account.provider != provider)
         ):
             continue
         until = cooling.get(member)
@@ -180,14 +275,19 @@ def pool_cooling_until(run: WorkflowRun, now: datetime) -> datetime | None:
 
 
 def pool_refusal(
-    run: WorkflowRun, step: WorkflowStepRun, until: datetime, now: datetime
+    run: WorkflowRun,
+    step: WorkflowStepRun,
+    until: datetime,
+    now: datetime,
+    *,
+    others_only: bool = False,
 ) -> tuple[str, str, datetime | None]:
-    """The refusal of a step whose whole pool cools until `until` (rule 5): wait until
-    then; the wait is over when it would last LOOPSWEB_POOL_WAIT_SECONDS or more from its
-    first `step_waiting` event (0: no wait at all)."""
-    reason = WAIT_POOL_RATE_LIMITED.format(
-        until=timezone.localtime(until).strftime("%H:%M")
-    )
+    """The refusal of a step whose whole pool cools until `until` (rule 5; `others_only`:
+    every member but the other role's, rule 3): wait until then; the wait is over when it
+    would last LOOPSWEB_POOL_WAIT_SECONDS or more from its first `step_waiting` event (0: no
+    wait at all)."""
+    template = WAIT_OTHERS_RATE_LIMITED if others_only else WAIT_POOL_RATE_LIMITED
+    reason = template.format(until=timezone.localtime(until).strftime("%H:%M"))
     bound = int(settings.LOOPSWEB_POOL_WAIT_SECONDS)
     began = (
         WorkflowEvent.objects.filter(
@@ -210,11 +310,91 @@ def pool_refusal(
     return POOL_RATE_LIMITED_CODE, reason, until
 
 
-def step_move_after_rate_limit(
-    *, step_run_id: str, reason: str, now: datetime | None = None
+def pool_wait(
+    run: WorkflowRun,
+    step: WorkflowStepRun,
+    refusal: tuple[str, str, datetime | None],
+    excluded: dict[str, str],
+    now: datetime,
+) -> tuple[str, str, datetime | None]:
+    """What a refused start that found no free member waits for. A cooling account, or one
+    the other role started on (rule 3), waits for the earliest cooldown of the members
+    left (rule 5: `pool_refusal`). When some account is `excluded` and no other member
+    could ever take the step (each disabled, its login failed: an operator must act), the
+    wait is over at once (`pool_wait_over`), naming them. Otherwise `refusal`."""
+    if refusal[0] in ("cooldown", ROLE_CONFLICT_CODE):
+        until = pool_cooling_until(run, now, excluded)
+        if until is not None:
+            whole = not excluded or pool_cooling_until(run, now) is not None
+            return pool_refusal(run, step, until, now, others_only=not whole)
+    why = _others_unusable(run, excluded) if excluded else None
+    if why is None:
+        return refusal
+    profile, role = next(iter(excluded.items()))
+    return (
+        POOL_WAIT_OVER_CODE,
+        ROLE_NO_OTHER.format(profile=profile, role=role, why=why),
+        None,
+    )
+
+
+def _others_unusable(run: WorkflowRun, excluded: Collection[str]) -> str | None:
+    """Why every member of the run's pool but the `excluded` ones stays unusable until an
+    operator acts (disabled, its login failed), or None when one is usable or may become
+    so by itself (cooling, busy, unresponsive, unregistered)."""
+    context = run_pool(run)
+    if context is None:
+        return None
+    provider, pool = context
+    registry = account_registry(pool)
+    why = []
+    for member in pool:
+        account = registry.get(member)
+        if member in excluded or (account and account.provider != provider):
+            continue
+        if account is None or (account.enabled and not account.login_failed):
+            return None
+        why.append(
+            LOGIN_FAILED_REASON.format(name=member)
+            if account.login_failed
+            else f"account {member}: disabled"
+        )
+    return "; ".join(why) or None
+
+
+def pool_member_left(run: WorkflowRun, step: WorkflowStepRun, now: datetime) -> bool:
+    """Whether the run's pool has a member other than the step's account that could take
+    the step once free (rule 6): enabled (or unregistered), of the route's provider, its
+    login not failed, not unresponsive; a cooling or busy member counts."""
+    context = run_pool(run)
+    if context is None:
+        return False
+    provider, pool = context
+    registry = account_registry(pool)
+    for member in pool:
+        if member == step.account_profile:
+            continue
+        account = registry.get(member)
+        if account is None or (
+            account.enabled
+            and account.provider == provider
+            and not account.login_failed
+            and not account.unresponsive_at(now)
+        ):
+            return True
+    return False
+
+
+def step_move_after_failure(
+    *,
+    step_run_id: str,
+    reason: str,
+    code: str = RATE_LIMIT_CODE,
+    now: datetime | None = None,
 ) -> str | None:
-    """After a rate-limited attempt, move the (finished, failed) step to a free pool
-    member so the runner can try it again; None when no member is free."""
+    """After an attempt that failed on its account (`code`: a rate limit, a refused login,
+    a hang), move the (finished, failed or timed out) step to a free pool member so the
+    runner can try it again; None when no member is free."""
     now = now_or_default(now)
     with transaction.atomic():
         admission_lock()
@@ -226,7 +406,7 @@ def step_move_after_rate_limit(
             run=run,
             step=step,
             steps=steps,
-            code=RATE_LIMIT_CODE,
+            code=code,
             reason=reason,
             now=now,
         )

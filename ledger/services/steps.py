@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from domain import reasons
-from domain.pool import LOGIN_FAILED_REASON
+from domain.pool import LOGIN_FAILED_REASON, UNRESPONSIVE_REASON
 from ledger.lock import admission_lock
 from ledger.models import (
     RunStatus,
@@ -23,7 +23,13 @@ from ledger.models import (
 )
 from ledger.selectors import AccountGate, RegisteredAccount, account_gate
 from ledger.services.account_loads import apply_load_delta, load_change, run_load
-from ledger.services.attempts import attempt_close, attempt_open
+from ledger.services.attempts import (
+    ATTEMPT_LOGIN_FAILED,
+    ATTEMPT_RATE_LIMITED,
+    ATTEMPT_UNRESPONSIVE,
+    attempt_close,
+    attempt_open,
+)
 from ledger.services.cascade import end_run
 from ledger.services.common import (
     OPEN_STEP_STATUSES,
@@ -47,8 +53,9 @@ from ledger.services.common import (
 )
 from ledger.services.failover import (
     account_limit,
-    pool_cooling_until,
-    pool_refusal,
+    pool_wait,
+    role_excluded,
+    role_refusal,
     run_pool,
     step_failover,
 )
@@ -91,6 +98,7 @@ class StepResult:
     egress_refused: dict[str, int] | None = None
     rate_limited: bool = False  # the agent reported a provider rate limit
     login_failed: bool = False  # the agent named an authentication error
+    unresponsive: bool = False  # the agent made no progress for its idle limit (a hang)
 
     def reason_code(self) -> str:
         """The step's stored `reason_code` (StepReasonCode) for this ending."""
@@ -101,6 +109,17 @@ class StepResult:
         if self.login_failed:
             return StepReasonCode.LOGIN_FAILED
         return StepReasonCode.FAILED
+
+    def attempt_status(self) -> str | None:
+        """How its attempt closes when its account failed it (ledger.services.attempts),
+        None: as the step's status."""
+        if self.status == StepStatus.SUCCEEDED:
+            return None
+        if self.rate_limited:
+            return ATTEMPT_RATE_LIMITED
+        if self.login_failed:
+            return ATTEMPT_LOGIN_FAILED
+        return ATTEMPT_UNRESPONSIVE if self.unresponsive else None
 
 
 @dataclass(frozen=True)
@@ -131,7 +150,10 @@ def step_start(
        a step of a pool-routed run moves to a free pool member (ledger.services.failover:
        attribution rewritten, event `step_account_moved`) and starts there; when every
        member of its pool is cooling, the refusal says so and waits for the earliest end
-       (or says the wait is over, `pool_wait_over`: failover rule 5). A refusal
+       (or says the wait is over, `pool_wait_over`: failover rule 5). Worker ≠ verifier
+       (failover rule 3): in a pool-routed run, a worker or verifier step whose account the
+       other role started on is refused (`role_conflict`) and moves; when the only free
+       member is the other role's, it waits as the whole pool's cooldown does (rule 5). A refusal
        records one `step_waiting` event per distinct reason and renews the run's lease;
        the runner retries.
     4. Started: started_at = now, finish fields and output cleared, an attempt opened on
@@ -229,7 +251,12 @@ def _start_locked(
     # Spent windows refuse only where the step can move (a pool-routed run): a pinned
     # account's step runs and meets the provider's own answer.
     pooled = run_pool(run) is not None
-    refusal = _account_refusal(step, spec, gate, now if pooled else None)
+    # Worker ≠ verifier (failover rule 3): an account the run's other role started on
+    # refuses this step as a cooling one does, so it moves or waits.
+    excluded = role_excluded(run, step, steps) if pooled else {}
+    refusal = role_refusal(step, excluded) or _account_refusal(
+        step, spec, gate, now if pooled else None
+    )
     if refusal is not None and step_failover(
         run=run,
         step=step,
@@ -240,10 +267,8 @@ def _start_locked(
     ):
         gate = _account_gate(step, now)
         refusal = _account_refusal(step, spec, gate, now if pooled else None)
-    if refusal is not None and refusal[0] == "cooldown":
-        until = pool_cooling_until(run, now)
-        if until is not None:
-            refusal = pool_refusal(run, step, until, now)
+    if refusal is not None and pooled:
+        refusal = pool_wait(run, step, refusal, excluded, now)
     if refusal is not None:
         code, reason, retry_at = refusal
         # The wait renews the lease (a started step's process renews it as it runs).
@@ -313,6 +338,16 @@ def _account_refusal(
             reasons.LOGIN_FAILED,
             LOGIN_FAILED_REASON.format(name=profile),
             None,
+        )
+    if (
+        account is not None
+        and windows_at is not None  # as spent windows: only where the step can move
+        and account.unresponsive_at(windows_at)
+    ):
+        return (
+            reasons.UNRESPONSIVE,
+            UNRESPONSIVE_REASON.format(name=profile),
+            account.unresponsive_until,
         )
     if gate.cooling_until is not None:
         return (
@@ -450,7 +485,7 @@ def _finish_locked(
     step.processes_ended = result.processes_ended
     step.egress_refused = result.egress_refused or None
     step.save()
-    attempt_close(step, now=now, rate_limited=result.rate_limited)
+    attempt_close(step, now=now, status=result.attempt_status())
     append_event(
         run.id,
         f"step_{result.status}",

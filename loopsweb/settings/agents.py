@@ -90,11 +90,17 @@ LOOPSWEB_STEP_PROVIDER_ERRORS = env_int("LOOPSWEB_STEP_PROVIDER_ERRORS", 3)
 # How long a step of a pool-routed run waits when every account of its pool is rate
 # limited (holding no run worker), before its run fails with that reason (ledger.runner).
 LOOPSWEB_POOL_WAIT_SECONDS = env_int("LOOPSWEB_POOL_WAIT_SECONDS", 3600)
+# How long an account whose step made no progress for its idle limit (a hang) is marked
+# unresponsive and skipped by pool assignment, step starts and failover (ledger.runner).
+LOOPSWEB_UNRESPONSIVE_SECONDS = env_int("LOOPSWEB_UNRESPONSIVE_SECONDS", 900)
 # How often a running step's output tails are written to its step run (only when it printed
 # something new), so /ops/ and the item page show what the agent is doing now.
 LOOPSWEB_OUTPUT_FLUSH_SECONDS = env_int("LOOPSWEB_OUTPUT_FLUSH_SECONDS", 5)
 # Loop-level retries (--max-attempts): the delay doubles per failed attempt up to this cap.
 LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS = env_int("LOOPSWEB_RETRY_BACKOFF_CAP_SECONDS", 3600)
+# An item re-dispatched (a loop retry, an exit 75 "try later") more than this many times
+# since its last admission is dead-lettered instead; rate-limit waits never count.
+LOOPSWEB_MAX_REDISPATCH = env_int("LOOPSWEB_MAX_REDISPATCH", 8)
 # --- end runner ---
 
 # --- isolation ---

@@ -21,6 +21,7 @@ from django.utils import timezone
 from domain import reasons
 from domain.pool import (
     LOGIN_FAILED_REASON,
+    UNRESPONSIVE_REASON,
     PoolAssignment,
     assign_pool_auth_profiles,
 )
@@ -93,6 +94,7 @@ def pool_view(
     members_cooling = {p: until for p, until in cooling.items() if p in plan.pool}
     members = {p.strip() for p in plan.pool}
     seen = {name: list(w) for name, w in (windows or {}).items() if name in members}
+    at = now or timezone.now()
     max_used = plan.max_window_used or DEFAULT_MAX_WINDOW_USED
     paced = {
         name for name, row in registry.items() if name in members and row.window_pace
@@ -100,7 +102,7 @@ def pool_view(
     spent = window_filter(
         list(plan.pool),
         seen,
-        now or timezone.now(),
+        at,
         max_used,
         paced=paced,
         running=loads,
@@ -121,6 +123,11 @@ def pool_view(
             name
             for name, row in registry.items()
             if name in members and row.login_failed
+        ),
+        unresponsive=tuple(
+            name
+            for name, row in registry.items()
+            if name in members and row.unresponsive_at(at)
         ),
         account_caps={
             name: row.max_running
@@ -194,6 +201,7 @@ class FullCaps:
                 reasons.COOLDOWN,
                 reasons.ACCOUNT_DISABLED,
                 reasons.LOGIN_FAILED,
+                reasons.UNRESPONSIVE,
                 reasons.WINDOW_EXHAUSTED,
                 reasons.WINDOW_PACED,
             )
@@ -259,9 +267,9 @@ PINNED_DISABLED_REASON = "account {name}: disabled in the account registry"
 
 
 def pinned_hold(plan: RoutePlan) -> Hold | None:
-    """A route pinned to an account that cannot start (its login failed, it is disabled) is
-    deferred with the reason, as a pool of that one account is, never admitted to wait
-    silently (one read, only when a step names an account)."""
+    """A route pinned to an account that cannot start (its login failed, it is disabled, it
+    is unresponsive) is deferred with the reason, as a pool of that one account is, never
+    admitted to wait silently (one read, only when a step names an account)."""
     pinned = sorted(
         {
             str(target["authProfile"]).strip()
@@ -280,6 +288,8 @@ def pinned_hold(plan: RoutePlan) -> Hold | None:
             )
         if row.login_failed:
             return Hold(LOGIN_FAILED_REASON.format(name=name), reasons.LOGIN_FAILED)
+        if row.unresponsive_at(timezone.now()):
+            return Hold(UNRESPONSIVE_REASON.format(name=name), reasons.UNRESPONSIVE)
     return None
 
 

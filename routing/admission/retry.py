@@ -10,19 +10,26 @@ inbox rows that produced the item record the outcome, as a drain's would. A defe
 keeps its route (the stored route is marked `retry`): the drain that meets its inbox row
 later admits it with the stored route, not the drain's options (`transaction.admit`).
 
+The retry re-picks accounts: a pool-routed route leaves out the pool members that failed
+this item (rate limited, login failed, unresponsive: the `ACCOUNT_FAILURES` attempts of its
+earlier runs), unless none would be left; the run's pool (what failover moves among) is the
+pool without them (`without_failed_accounts`).
+
 Bad input raises (the stored project no longer inside LOOPSWEB_PROJECT_ROOTS, a template
 gone): the retry's transaction rolls back and the item stays as it was.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from domain.errors import ValidationError
-from ledger.models import WorkflowWorkItem, WorkItemStatus
+from ledger.models import WorkflowStepAttempt, WorkflowWorkItem, WorkItemStatus
 from ledger.selectors import registered_providers
-from routing.admission.plan import plan_stored_route
+from ledger.services.attempts import ACCOUNT_FAILURES
+from routing.admission.plan import RoutePlan, plan_stored_route
 from routing.admission.results import THROTTLED, RouteResult
 from routing.admission.transaction import admit, hand_over
 from routing.models import InboxEvent, InboxState
@@ -52,6 +59,7 @@ def readmit_retried(
         raise ValidationError(
             RETRY_OTHER_ITEM.format(key=plan.idempotency_key, item_id=item.id)
         )
+    plan = without_failed_accounts(plan, failed_accounts(item))
     result = admit(plan, now=now, enqueue=False)
     assert isinstance(result, RouteResult)  # no holds without hold_when_full
     deferred = result.kind == THROTTLED
@@ -65,6 +73,38 @@ def readmit_retried(
     )
     hand_over(result)
     return result
+
+
+def failed_accounts(item: WorkflowWorkItem) -> set[str]:
+    """The accounts that failed `item` in its runs so far (ledger.services.attempts
+    ACCOUNT_FAILURES: a rate limit, a refused login, a hang); one query."""
+    return {
+        (name or "").strip()
+        for name in WorkflowStepAttempt.objects.filter(
+            workflow_run__work_item_id=item.id,
+            status__in=ACCOUNT_FAILURES,
+            account_profile__isnull=False,
+        ).values_list("account_profile", flat=True)
+    }
+
+
+def without_failed_accounts(plan: RoutePlan, failed: set[str]) -> RoutePlan:
+    """`plan` with the pool members in `failed` left out of its pool (the pool assignment)
+    and of the run's pool (`providerRouting.pool`, what failover moves among); `plan` as
+    it is when it does not route a pool, names none of them, or none would be left."""
+    if not plan.pool_active:
+        return plan
+    kept = tuple(m for m in plan.pool if m.strip() not in failed)
+    if not kept or len(kept) == len(plan.pool):
+        return plan
+    fields = dict(plan.invocation_fields)
+    scope = dict(fields.get("scope_json") or {})
+    scope["providerRouting"] = {
+        **(scope.get("providerRouting") or {}),
+        "pool": [m.strip() for m in kept],
+    }
+    fields["scope_json"] = scope
+    return replace(plan, pool=kept, invocation_fields=fields)
 
 
 def retry_outcome(item: WorkflowWorkItem) -> str:

@@ -21,6 +21,7 @@ from routing.selectors import AccountRow
 STATES = (
     ("cooling", "cooling down"),
     ("login-failed", "login failed"),
+    ("unresponsive", "unresponsive"),
     ("disabled", "disabled"),
     ("at-window", "at a window"),
     ("busy", "running or reserved"),
@@ -38,6 +39,8 @@ def account_state(row: AccountRow, now: datetime) -> str:
         return "cooling"
     if registered is not None and registered.login_failed:
         return "login-failed"
+    if registered is not None and registered.unresponsive_at(now):
+        return "unresponsive"
     if row.disabled:
         return "disabled"
     if row.window_mark == "at window":

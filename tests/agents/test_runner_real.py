@@ -3,7 +3,8 @@ test, `run_workflow_run` as `manage.py run_workflow` calls it) or, where a test 
 ledger while the step still runs, in a `manage.py run_workflow` process.
 
 What each shows (issue 26): a 429 account cools until the provider's reset and the step moves
-to the other pool member and succeeds; a hang fails at the idle timeout naming it, with the
+to the other pool member and succeeds, and the verifier, whose only free account is then the
+worker's, waits for the cooling one instead (worker ≠ verifier, issue 58); a hang fails at the idle timeout naming it, with the
 output seen so far; a 401 (codex, opencode) and a claude account with no login fail with the
 CLI's own message and the exit code, and mark the account login failed; a slow answer's
 output is in the step run while the step still runs; a run with no changes says so. The 429
@@ -14,6 +15,7 @@ and slow-answer tests are about the ledger, so they run without opencode
 from __future__ import annotations
 
 import io
+import itertools
 import threading
 import time
 from datetime import timedelta
@@ -26,6 +28,8 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
+from domain.keys import generic_pool_seed
+from domain.pool import stable_index
 from ledger.models import (
     Account,
     AccountCooldown,
@@ -61,9 +65,11 @@ PROVIDERS = clis.on_each_cli(*clis.REAL_CLIS)
 KEY_A, KEY_B = "key-of-acct-a-0123", "key-of-acct-b-4567"
 
 
-def _route(project: Path, provider: str, **raw: Any) -> WorkflowRun:
+def _route(
+    project: Path, provider: str, event_id: str | None = None, **raw: Any
+) -> WorkflowRun:
     event = {
-        "id": f"evt-{time.time_ns()}",
+        "id": event_id or f"evt-{time.time_ns()}",
         "type": "build.failed",
         "source": "ci",
         "data": {
@@ -93,6 +99,28 @@ def _staff_page(path: str) -> str:
     return response.content.decode()
 
 
+def _worker_first_event_id() -> str:
+    """An event id whose pool seed puts the worker on the pool's first member (acct-a)."""
+    for n in itertools.count():
+        event_id = f"evt-{time.time_ns()}-{n}"
+        if stable_index(generic_pool_seed("ci", "build.failed", event_id), 2) == 0:
+            return event_id
+    raise AssertionError("unreachable")
+
+
+def _open_after_the_move(stand_in: ProviderStandIn) -> threading.Thread:
+    """acct-a answers again once acct-b took a model call (the worker's move): its 429s
+    are over by then, and the verifier, waiting for acct-a's cooldown, finds it open."""
+
+    def watch() -> None:
+        wait_for(lambda: stand_in.model_calls(KEY_B), what="a model call on acct-b")
+        stand_in.modes[KEY_A] = "ok"
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.parametrize("provider", clis.through_the_ledger(*clis.REAL_CLIS))
 def test_a_429_account_cools_until_its_reset_and_the_step_moves_and_succeeds(
     provider: str,
@@ -102,43 +130,71 @@ def test_a_429_account_cools_until_its_reset_and_the_step_moves_and_succeeds(
 ) -> None:
     stand_in.modes[KEY_A] = "429"
     # codex cools for the backoff (60 s: it prints no reset); claude waits Retry-After once
-    # before it gives up, so its reset is also this test's wait; opencode is stopped as soon
-    # as its log names the limit. Each reset lies far enough ahead that /ops/accounts/ still
-    # shows the account cooling once the step has run again on acct-b, even on a loaded
-    # machine (claude's second run takes about 4 s; opencode's move and second run took 40 s
-    # once, past a 30 s reset).
-    stand_in.retry_after = {"codex": 2, "claude": 15, "opencode": 120}[provider]
+    # before it gives up, so its reset is also this test's wait.
+    stand_in.retry_after = {"codex": 2, "claude": 15, "opencode": 20}[provider]
     clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
     clis.register_account(provider, "acct-b", stand_in, tmp_path, key=KEY_B)
     project = git_project(tmp_path / "project")
-    run = _route(project, provider, auth_profile_pool="acct-a,acct-b")
-    # One role starts on each account; the one on acct-a meets the limit and moves.
+    run = _route(
+        project, provider, _worker_first_event_id(), auth_profile_pool="acct-a,acct-b"
+    )
+    # The worker on acct-a meets the limit and moves to acct-b, the verifier's account.
+    assert steps_of(run)["worker"].account_profile == "acct-a"
+    assert steps_of(run)["verifier"].account_profile == "acct-b"
+    opener = _open_after_the_move(stand_in)
     started = timezone.now()
 
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED, WorkflowRun.objects.get(
         pk=run.id
     ).error
-    moves = list(
-        WorkflowEvent.objects.filter(workflow_run=run, event_type="step_account_moved")
-    )
-    assert len(moves) == 1
+    opener.join(timeout=5)
+    moves = [
+        (
+            e.step_id,
+            e.payload_json["from"],
+            e.payload_json["to"],
+            e.payload_json["code"],
+        )
+        for e in WorkflowEvent.objects.filter(
+            workflow_run=run, event_type="step_account_moved"
+        ).order_by("sequence")
+    ]
+    # Worker ≠ verifier: the verifier waited for acct-a rather than run on acct-b.
+    assert moves == [
+        ("worker", "acct-a", "acct-b", "rate_limit"),
+        ("verifier", "acct-b", "acct-a", "role_conflict"),
+    ], moves
     steps = steps_of(run)
-    assert {s.account_profile for s in steps.values()} == {"acct-b"}
+    assert (steps["worker"].account_profile, steps["verifier"].account_profile) == (
+        "acct-b",
+        "acct-a",
+    )
+    waits = [
+        (e.payload_json["code"], e.payload_json["reason"])
+        for e in WorkflowEvent.objects.filter(
+            workflow_run=run, event_type="step_waiting", step_id="verifier"
+        )
+    ]
+    assert waits and all(code == "pool_rate_limited" for code, _ in waits), waits
+    assert waits[0][1].endswith("(worker ≠ verifier)"), waits
     assert stand_in.model_calls(KEY_B)
-    finished = timezone.now()
     cooldown = AccountCooldown.objects.get(account_profile="acct-a")
     assert cooldown.until > started
+    # The verifier started on acct-a once its cooldown was over, not before.
+    verifier_start = WorkflowEvent.objects.get(
+        workflow_run=run, event_type="step_started", step_id="verifier"
+    )
+    assert verifier_start.created_at >= cooldown.until
     if provider != "codex":  # codex prints no reset for an API rate limit: the backoff
         # The provider's reset ("try again in N s", Retry-After), counted from when the
-        # runner read it (claude: when it gave up; opencode: its log, at once).
+        # runner read it (claude: when it gave up).
         reset = timedelta(seconds=stand_in.retry_after)
         assert started + reset - timedelta(seconds=5) <= cooldown.until, cooldown.until
-        assert cooldown.until <= finished + reset + timedelta(seconds=5), cooldown.until
+        assert cooldown.until <= verifier_start.created_at, cooldown.until
     assert "429" in (cooldown.reason or "") or "rate" in (cooldown.reason or "").lower()
     page = _staff_page("/ops/accounts/")
-    assert cooldown.until.strftime("%Y-%m-%d %H:%M:%S") in page
     assert KEY_A not in page and KEY_B not in page
-    _every_attempt_is_visible(run, moves[0].step_id, page)
+    _every_attempt_is_visible(run, "worker", page)
 
 
 def _every_attempt_is_visible(run: WorkflowRun, moved: str, accounts: str) -> None:
@@ -174,11 +230,12 @@ def _every_attempt_is_visible(run: WorkflowRun, moved: str, accounts: str) -> No
     out = io.StringIO()
     call_command("routes", "show", run.work_item_id, stdout=out)
     assert story in out.getvalue(), out.getvalue()
-    # /ops/accounts/: acct-a's attempt counts there (a step, a failure, a rate limit).
+    # /ops/accounts/: acct-a's attempt counts there (a step, a failure, a rate limit; the
+    # verifier's step there too: two in all).
     row = accounts.split("<code>acct-a</code>")[1].split("</tr>")[0]
     cells = [c.split("</td>")[0] for c in row.split('<td class="num')[1:]]
     counts = [c.split(">")[-1].strip() for c in cells][-4:]
-    assert counts == ["1", "1", "1", "1"], counts
+    assert counts == ["2", "2", "1", "1"], counts
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -371,10 +373,65 @@ def test_equal_loads_reproduce_the_render_time_pick_for_every_role(
 
 def test_disabled_members_are_never_assigned() -> None:
     result = assign_pool_auth_profiles(
-        P3, {}, "task-42", ["worker", "verifier"], 2, disabled=["acctB", "acctC"]
+        P3, {}, "task-42", ["worker", "planner"], 2, disabled=["acctB", "acctC"]
     )
     assert not result.deferred
     assert set(result.profiles.values()) == {"acctA"}
+
+
+# --- loopsweb: worker ≠ verifier, always (contract 8) ------------------------------------------
+
+
+def test_one_enabled_member_defers_a_verifier_rather_than_share_the_worker_s() -> None:
+    result = assign_pool_auth_profiles(
+        P3, {}, "task-42", ["worker", "verifier"], 2, disabled=["acctB", "acctC"]
+    )
+    assert result.deferred and result.reason_code == reasons.ACCOUNT_DISABLED
+    assert result.reason == (
+        "worker ≠ verifier: no pool member but acctA can take the verifier "
+        "(every other member is disabled)"
+    )
+    failed = assign_pool_auth_profiles(
+        P3,
+        {},
+        "s",
+        ["worker", "verifier"],
+        0,
+        login_failed=["acctB"],
+        disabled=["acctC"],
+    )
+    assert failed.deferred and failed.reason_code == reasons.LOGIN_FAILED
+    assert failed.reason is not None and "account acctB: login failed" in failed.reason
+
+
+@pytest.mark.parametrize(
+    "aside",
+    [
+        {"cooling": ["acctB", "acctC"]},
+        {"account_caps": {"acctB": 1, "acctC": 1}},
+    ],
+)
+def test_one_free_member_takes_the_worker_and_the_verifier_one_set_aside(
+    aside: dict[str, Any],
+) -> None:
+    loads = {"acctB": 3, "acctC": 1}
+    result = assign_pool_auth_profiles(
+        P3, loads, "task-42", LIFECYCLE, 0, disabled=[], **aside
+    )
+    assert not result.deferred
+    # The worker on the one free member; the verifier on the least loaded other one,
+    # where it moves or waits at its start (ledger.services.failover rule 3).
+    assert result.profiles["worker"] == "acctA"
+    assert result.profiles["verifier"] == "acctC"
+    assert result.profiles["planner"] == "acctA"  # other roles may share, as upstream
+
+
+def test_a_pool_naming_one_account_twice_defers_a_verifier() -> None:
+    result = assign_pool_auth_profiles(
+        ["acctA", "acctA"], {}, "s", ["worker", "verifier"]
+    )
+    assert result.deferred
+    assert result.reason is not None and "names no other account" in result.reason
 
 
 def test_a_wholly_disabled_pool_defers_with_its_own_reason_code() -> None:

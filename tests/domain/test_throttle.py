@@ -202,5 +202,6 @@ def test_reason_codes_are_listed_and_labelled() -> None:
         "login_failed",
         "window_exhausted",
         "window_paced",
+        "unresponsive",
     )
     assert set(reasons.LABELS) == set(reasons.ALL)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -20,6 +21,7 @@ from django.db import DatabaseError, connection, connections
 from django.utils import timezone
 
 from domain.templates import EVENT_WORKER_VERIFIER
+from ledger import services
 from ledger.lock import ADMISSION_KEY, ADVISORY_NAMESPACE
 from ledger.models import (
     WorkflowEvent,
@@ -253,6 +255,16 @@ def event_types(run: WorkflowRun) -> list[tuple[int, str, str | None]]:
 
 def steps_of(run: WorkflowRun) -> dict[str, WorkflowStepRun]:
     return {s.step_id: s for s in WorkflowStepRun.objects.filter(workflow_run=run)}
+
+
+def cool_account(profile: str, minutes: int = 10) -> None:
+    """`profile` reported a rate limit: it cools for `minutes` from now."""
+    services.account_cooldown_record(
+        profile=profile,
+        tool="codewith",
+        until=timezone.now() + timedelta(minutes=minutes),
+        reason="429",
+    )
 
 
 # --- child processes against the test database -------------------------------------------------

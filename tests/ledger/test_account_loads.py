@@ -225,7 +225,7 @@ def _apply(op: tuple[Any, ...]) -> None:
                 n,
             )
             if step:
-                services.step_move_after_rate_limit(
+                services.step_move_after_failure(
                     step_run_id=step.id, reason="429 from test"
                 )
         elif name == "skip":

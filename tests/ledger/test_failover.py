@@ -30,6 +30,9 @@ from tests.ledger.runner_helpers import (
     route_generic,
     steps_of,
 )
+from tests.ledger.runner_helpers import (
+    cool_account as _cool,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -41,15 +44,6 @@ def _moves(run: WorkflowRun) -> list[dict[str, Any]]:
             workflow_run=run, event_type="step_account_moved"
         ).order_by("sequence")
     ]
-
-
-def _cool(profile: str, minutes: int = 10) -> None:
-    services.account_cooldown_record(
-        profile=profile,
-        tool="codewith",
-        until=timezone.now() + timedelta(minutes=minutes),
-        reason="429",
-    )
 
 
 def test_a_step_whose_account_cools_after_admission_moves_to_a_free_member_without_waiting(
@@ -109,11 +103,15 @@ def test_a_disabled_account_is_left_for_a_free_member(
 def test_a_rate_limited_step_succeeds_on_the_second_account(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
+    # Three members: the worker moves to the one the verifier does not use (with two, the
+    # verifier would wait for the first to cool off: tests/ledger/test_worker_verifier.py).
     run = route_generic(
-        tmp_path, "evt-failover-0", auth_profile_pool="acctA,acctB", created=True
+        tmp_path, "evt-failover-0", auth_profile_pool="acctA,acctB,acctC", created=True
     ).run
     first = steps_of(run)["worker"].account_profile
-    other = ({"acctA", "acctB"} - {first}).pop()
+    other = (
+        {"acctA", "acctB", "acctC"} - {first, steps_of(run)["verifier"].account_profile}
+    ).pop()
     agent.configure(profiles={first: {"rate_limit": "HTTP 429 Too Many Requests"}})
 
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED

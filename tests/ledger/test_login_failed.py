@@ -22,13 +22,13 @@ from ledger import services
 from ledger.models import (
     Account,
     RunStatus,
-    StepReasonCode,
     WorkflowEvent,
-    WorkflowStepRun,
+    WorkflowStepAttempt,
 )
 from ledger.ratelimit import detect_login_failure
 from ledger.runner import run_workflow_run
 from routing.admission import THROTTLED
+from tests.ledger.account_failover_helpers import pooled_run
 from tests.ledger.runner_helpers import FakeAgent, git_project, route_generic, steps_of
 
 # What the real CLIs print on a refused login (docs/agents.md, measured).
@@ -72,9 +72,15 @@ def test_other_output_is_no_login_failure(output: str, exit_code: int) -> None:
 
 def test_pool_assignment_skips_a_failed_login_and_defers_naming_it() -> None:
     chosen = assign_pool_auth_profiles(
+        ["a", "b", "c"], {}, "seed", ["worker", "verifier"], login_failed=["a"]
+    )
+    assert set(chosen.profiles.values()) == {"b", "c"} and not chosen.deferred
+    # Worker ≠ verifier: with b the only member left, a verifier has none (domain.pool 8).
+    alone = assign_pool_auth_profiles(
         ["a", "b"], {}, "seed", ["worker", "verifier"], login_failed=["a"]
     )
-    assert set(chosen.profiles.values()) == {"b"} and not chosen.deferred
+    assert alone.deferred and alone.reason_code == reasons.LOGIN_FAILED
+    assert alone.reason is not None and "account a: login failed" in alone.reason
     # b disabled: no other member left, the deferral names the account.
     held = assign_pool_auth_profiles(
         ["a", "b"], {}, "seed", ["worker"], disabled=["b"], login_failed=["a"]
@@ -104,28 +110,34 @@ def test_a_refused_login_marks_the_account_and_no_later_step_is_assigned_to_it(
         }
     )
     project = git_project(tmp_path / "project")
-    first = route_generic(project, auth_profile_pool="acctA,acctB", created=True).run
-    assert run_workflow_run(first.id) == RunStatus.FAILED
-    failed = WorkflowStepRun.objects.get(
-        workflow_run=first, account_profile="acctA", status="failed"
+    # A step on acctA (issue 58: the refused login moves it to acctB, the run succeeds).
+    first = pooled_run(project, ["acctA", "acctB"])
+    assert run_workflow_run(first.id) == RunStatus.SUCCEEDED
+    failed = WorkflowStepAttempt.objects.get(
+        workflow_run=first, account_profile="acctA", status="login_failed"
     )
     account = Account.objects.get(pk="acctA")
     assert account.login_failed_at is not None
     assert account.login_failed_at >= failed.started_at
     assert "401 Unauthorized" in (account.login_failed_reason or "")
-    assert failed.reason_code == StepReasonCode.LOGIN_FAILED
+    assert failed.error == account.login_failed_reason
     assert Account.objects.get(pk="acctB").login_failed_at is None
 
-    # Every later admission leaves acctA out; its runs succeed on acctB.
+    # Every later admission leaves acctA out; its runs succeed on acctB and acctC (worker ≠
+    # verifier: a run of two roles needs two accounts).
+    _register("acctC")
     for _ in range(3):
-        run = route_generic(project, auth_profile_pool="acctA,acctB", created=True).run
-        assert {s.account_profile for s in steps_of(run).values()} == {"acctB"}
+        run = route_generic(
+            project, auth_profile_pool="acctA,acctB,acctC", created=True
+        ).run
+        assert {s.account_profile for s in steps_of(run).values()} == {"acctB", "acctC"}
         assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
     assert [r["profile"] for r in agent.records()].count("acctA") == 1
 
     # No other member left: the pool defers, naming the account.
     services.account_set_enabled(name="acctB", enabled=False)
-    held = route_generic(project, auth_profile_pool="acctA,acctB")
+    services.account_set_enabled(name="acctC", enabled=False)
+    held = route_generic(project, auth_profile_pool="acctA,acctB,acctC")
     assert held.kind == THROTTLED
     assert held.reason_code == reasons.LOGIN_FAILED
     assert held.reason == "account acctA: login failed"

@@ -324,7 +324,9 @@ def test_a_paced_account_waits_for_its_pace_and_a_paced_pool_defers(
     services.account_edit(name="acctB", window_pace=False)
     result = route_generic(tmp_path, "evt-pace-2", auth_profile_pool="acctA,acctB")
     assert result.run is not None
-    assert set((result.account_profiles or {}).values()) == {"acctB"}
+    # The worker takes the one unpaced account; the verifier never shares it (worker ≠
+    # verifier): it is planned on the paced one and waits for its pace when it starts.
+    assert (result.account_profiles or {}) == {"worker": "acctB", "verifier": "acctA"}
 
 
 def test_a_steps_spend_is_read_from_the_observations_of_step_runs() -> None:
@@ -350,12 +352,13 @@ def test_admission_drops_an_account_predicted_to_run_out_with_its_load(
     plan = route_generic(
         tmp_path, "evt-p2", auth_profile_pool=pool, max_per_profile=0, dry_run=True
     )
-    assert set((plan.account_profiles or {}).values()) == {other}
+    # The worker goes where the load fits; the verifier never shares its account.
+    assert (plan.account_profiles or {}) == {"worker": other, "verifier": loaded}
     second = route_generic(
         tmp_path, "evt-p2", auth_profile_pool=pool, max_per_profile=0
     )
     assert second.run is not None
-    assert set((second.account_profiles or {}).values()) == {other}
+    assert (second.account_profiles or {}) == {"worker": other, "verifier": loaded}
     # Both carry a step now: a third would take either past 100 %.
     third = route_generic(tmp_path, "evt-p3", auth_profile_pool=pool, max_per_profile=0)
     assert third.run is None

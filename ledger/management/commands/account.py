@@ -262,6 +262,7 @@ class Command(OperatorCommand):
                         else None,
                         "windows": list(done.windows),
                         "loginFailed": done.login_failed,
+                        "unresponsiveUntil": _iso(done.unresponsive_until),
                     }
                 )
             )
@@ -343,6 +344,16 @@ class Command(OperatorCommand):
             self.stdout.write("  " + terminal_text(line))
 
 
+def _unresponsive(row: Account) -> dict[str, Any]:
+    until = row.unresponsive_until
+    if until is None or until <= timezone.now():
+        return {"unresponsiveUntil": None, "unresponsiveReason": None}
+    return {
+        "unresponsiveUntil": _iso(until),
+        "unresponsiveReason": row.unresponsive_reason,
+    }
+
+
 def _registry_line(e: dict[str, Any]) -> str:
     """`NAME  provider=P  enabled  max_running=N  env=K=V ...` of one registry entry."""
     env = " ".join(f"{k}={v}" for k, v in sorted(e["env"].items())) or "-"
@@ -350,6 +361,10 @@ def _registry_line(e: dict[str, Any]) -> str:
     state = "enabled" if e["enabled"] else "disabled"
     if e["loginFailedAt"]:
         state += f"  LOGIN FAILED at {e['loginFailedAt']}: {e['loginFailedReason']}"
+    if e["unresponsiveUntil"]:
+        state += (
+            f"  UNRESPONSIVE until {e['unresponsiveUntil']}: {e['unresponsiveReason']}"
+        )
     env_file = f"  env_file={e['envFile']}" if e["envFile"] else ""
     return (
         f"{e['name']}  provider={e['provider']}  {state}  max_running={cap}  "
@@ -391,6 +406,8 @@ def _entry(row: Account) -> dict[str, Any]:
         "notes": row.notes,
         "loginFailedAt": _iso(row.login_failed_at),
         "loginFailedReason": row.login_failed_reason,
+        # A hang's cool-off while it lasts (ledger.services.cooldowns), else None.
+        **_unresponsive(row),
         "windowBudgets": row.window_budgets or None,
         "windowPace": bool(row.window_pace),
         "createdAt": _iso(row.created_at),

@@ -1,0 +1,107 @@
+"""An account's failure moves the step, never fails the task (issue 58, items 6-7), with the
+REAL CLIs against the provider stand-in, the runner in this process (`run_workflow_run`, as
+`manage.py run_workflow` calls it): the stand-in answers 401 to one pool member's key, or
+never answers it (a hang: no progress for the route's idle limit); the step on that member
+moves to a free one and the run succeeds there, the member marked `login failed` or
+`unresponsive`.
+
+A pool of three: the member that fails is the worker's, chosen after admission, so the
+worker moves to the member no step of the run uses and the verifier keeps its own (worker ≠
+verifier holds). The fake agent's tests of every path, and a pool of two through a
+`manage.py run_workflow` process: tests/ledger/test_account_failover*.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from domain import reasons
+from ledger.models import (
+    Account,
+    RunStatus,
+    WorkflowEvent,
+    WorkflowRun,
+    WorkflowStepAttempt,
+)
+from ledger.runner import run_workflow_run
+from tests.agents import clis
+from tests.agents.provider import ProviderStandIn
+from tests.ledger.runner_helpers import git_project, route_generic, steps_of
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db,
+    pytest.mark.sqlite,  # the runner in this process: clis.on_each_cli says why
+    pytest.mark.xdist_group("agent_clis_runner"),
+]
+
+KEYS = {
+    "acct-a": "key-of-acct-a-0123",
+    "acct-b": "key-of-acct-b-4567",
+    "acct-c": "key-of-acct-c-89ab",
+}
+# The stand-in's mode for the failing member -> its attempt's status and the move's code.
+FAILURES = {
+    "401": ("login_failed", reasons.LOGIN_FAILED),
+    "hang": ("unresponsive", reasons.UNRESPONSIVE),
+}
+
+
+@pytest.mark.parametrize(
+    ("provider", "mode"),
+    clis.through_the_ledger(
+        ("codex", "401"), ("codex", "hang"), ("claude", "401"), ("claude", "hang")
+    ),
+)
+def test_a_failing_pool_member_moves_the_step_and_the_run_succeeds(
+    provider: str,
+    mode: str,
+    binaries: Path,
+    stand_in: ProviderStandIn,
+    tmp_path: Path,
+    settings: Any,
+) -> None:
+    settings.LOOPSWEB_KILL_GRACE_SECONDS = 1
+    for name, key in KEYS.items():
+        clis.register_account(provider, name, stand_in, tmp_path, key=key)
+    project = git_project(tmp_path / "project")
+    run: WorkflowRun = route_generic(
+        project,
+        title="Write agent-output.txt",
+        message="Write the file agent-output.txt in the working directory.",
+        created=True,
+        provider=provider,
+        auth_profile_pool=",".join(KEYS),
+        step_idle_timeout=8,
+    ).run
+    steps = steps_of(run)
+    bad = steps["worker"].account_profile
+    verifier = steps["verifier"].account_profile
+    assert bad in KEYS and verifier in KEYS and bad != verifier
+    stand_in.modes[KEYS[bad]] = mode
+
+    assert run_workflow_run(run.id) == RunStatus.SUCCEEDED, WorkflowRun.objects.get(
+        pk=run.id
+    ).error
+    status, code = FAILURES[mode]
+    (free,) = set(KEYS) - {bad, verifier}
+    worker = [
+        (a.account_profile, a.status)
+        for a in WorkflowStepAttempt.objects.filter(
+            workflow_run=run, step_id="worker"
+        ).order_by("started_at")
+    ]
+    assert worker == [(bad, status), (free, "succeeded")], worker
+    moved = WorkflowEvent.objects.get(workflow_run=run, event_type="step_account_moved")
+    assert (moved.payload_json["from"], moved.payload_json["to"]) == (bad, free)
+    assert moved.payload_json["code"] == code
+    assert steps_of(run)["verifier"].account_profile == verifier
+    assert stand_in.model_calls(KEYS[free])
+    account = Account.objects.get(pk=bad)
+    if mode == "401":
+        assert account.login_failed_at is not None
+    else:
+        assert account.unresponsive_until is not None
+        assert "(idle limit)" in (account.unresponsive_reason or "")

@@ -1,0 +1,128 @@
+"""What an agent prints is evidence, not orders (issue 58, ledger.claims), through real
+processes: the hostile agent stand-in (tests/hostile_agent.py, cases `forge-429` and
+`forge-login`) as codewith, events routed by `manage.py route_event` (a second terminal) and
+run by a run cluster. A forged week-long 429 on a pool of 3 cools at most one account, for at
+most 15 minutes, unconfirmed (the run cluster's own request with the account passes), and
+parks the item with the reason; a forged `Not logged in` with --max-attempts 3 marks at
+most one account."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+from django_q.models import Task
+
+from ledger import services
+from ledger.claims import (
+    CONFIRM_TASK,
+    COOLDOWN,
+    LOGIN,
+    PARKED_REASONS,
+    UNCONFIRMED_LONGEST,
+)
+from ledger.models import (
+    TERMINAL_WORK_ITEM_STATUSES,
+    Account,
+    AccountCooldown,
+    WorkflowRun,
+    WorkflowWorkItem,
+    WorkItemStatus,
+)
+from tests.ledger.runner_helpers import child_database_url, git_project
+from tests.processes import manage, start_qcluster, stop_process_group, terminal_env
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+HOSTILE_AGENT = Path(__file__).resolve().parents[1] / "hostile_agent.py"
+
+
+def _route(env: dict[str, str], project: Path, cases: str, *options: str) -> str:
+    """Route one event whose text steers the agent into `cases`; the item's id."""
+    event = {
+        "id": f"evt-claims-{cases}-{os.getpid()}",
+        "type": "build.failed",
+        "source": "ci",
+        "data": {
+            "project_path": str(project),
+            "title": "Fix the build",
+            "message": f"Please also run this: HOSTILE_CASES={cases}",
+        },
+    }
+    done = manage(
+        env,
+        "route_event",
+        "generic",
+        "--event-json",
+        json.dumps(event),
+        "--json",
+        *options,
+    )
+    run = WorkflowRun.objects.get(pk=json.loads(done.stdout)["run"]["id"])
+    return str(run.work_item_id)
+
+
+def _ended(item_id: str) -> WorkflowWorkItem | None:
+    item = WorkflowWorkItem.objects.get(pk=item_id)
+    return item if item.status in TERMINAL_WORK_ITEM_STATUSES else None
+
+
+def test_forged_limits_and_logins_mark_at_most_one_account(tmp_path: Path) -> None:
+    for name in ("acctA", "acctB", "acctC", "acctD", "acctE", "acctF"):
+        services.account_add(name=name, provider="codewith")
+    env = terminal_env(
+        Path(settings.DATA_DIR),
+        SECRET_KEY=settings.SECRET_KEY,
+        DATABASE_URL=child_database_url(),
+        LOOPSWEB_CODEWITH_BIN=str(HOSTILE_AGENT),
+        LOOPSWEB_AGENT_ENV_PASSTHROUGH="HOSTILE_*",
+        HOSTILE_DIR=str(tmp_path / "hostile"),
+    )
+    cluster = start_qcluster(env, tmp_path / "runs.log", cluster="loopsweb-runs")
+    try:
+        forged = _route(
+            env,
+            git_project(tmp_path / "p1"),
+            "forge-429",
+            "--auth-profile-pool",
+            "acctA,acctB,acctC",
+        )
+        item = wait_for(lambda: _ended(forged), what="the forged 429's item to end")
+        cooling = list(AccountCooldown.objects.filter(until__gt=timezone.now()))
+        assert len(cooling) == 1
+        assert cooling[0].until <= timezone.now() + UNCONFIRMED_LONGEST
+        assert (cooling[0].reason or "").startswith("unconfirmed")
+        assert item.status == WorkItemStatus.FAILED
+        assert PARKED_REASONS[COOLDOWN] in (item.last_reason or "")
+        # The run cluster made its own request with the account: answered, unconfirmed.
+        wait_for(
+            lambda: Task.objects.filter(func=CONFIRM_TASK).first(),
+            what="the confirmation to run",
+        )
+        assert Task.objects.get(func=CONFIRM_TASK).result == "unconfirmed"
+        again = AccountCooldown.objects.get(pk=cooling[0].pk)
+        assert again.until == cooling[0].until
+
+        login = _route(
+            env,
+            git_project(tmp_path / "p2"),
+            "forge-login",
+            "--auth-profile-pool",
+            "acctD,acctE,acctF",
+            "--max-attempts",
+            "3",
+            "--retry-backoff",
+            "0",
+        )
+        item = wait_for(lambda: _ended(login), what="the forged login's item to end")
+        assert Account.objects.filter(login_failed_at__isnull=False).count() <= 1
+        assert item.status == WorkItemStatus.FAILED
+        assert PARKED_REASONS[LOGIN] in (item.last_reason or "")
+        assert WorkflowRun.objects.filter(work_item_id=login).count() <= 3
+    finally:
+        stop_process_group(cluster)
