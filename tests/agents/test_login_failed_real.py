@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from ledger.models import Account, RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
+from ledger.models import (
+    Account,
+    RunStatus,
+    WorkflowRun,
+    WorkflowStepAttempt,
+    WorkflowStepRun,
+)
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
 from tests.agents.test_runs_real import KEYS, _run_env
@@ -34,6 +40,7 @@ pytestmark = [
 
 PROVIDERS = clis.through_the_ledger(*clis.REAL_CLIS)
 BAD = "acct-a"  # the stand-in answers 401 to its key
+THIRD, THIRD_KEY = "acct-c", "key-of-acct-c-89ab"
 
 
 def _task(tmp_path: Path, project: Path, n: int) -> Path:
@@ -66,18 +73,20 @@ def test_a_401_account_gets_no_second_step(
     provider: str, cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path
 ) -> None:
     stand_in.modes[KEYS[BAD]] = "401"
-    for name, key in KEYS.items():
+    # A third account: once acct-a's login failed, a run needs two others (worker !=
+    # verifier).
+    for name, key in {**KEYS, THIRD: THIRD_KEY}.items():
         clis.register_account(provider, name, stand_in, tmp_path, key=key)
     project = git_project(tmp_path / "project")
     env = _run_env(provider, cli_bin)
     log = tmp_path / "runs.log"
     cluster = start_qcluster(env, log, cluster="loopsweb-runs")
 
-    def drain(n: int) -> str:
+    def drain(n: int, pool: str = "acct-a,acct-b") -> str:
         manage(env, "ingest_events", str(_task(tmp_path, project, n)))
         # No --provider: the pool's accounts are all `provider`'s.
         return manage(
-            env, "drain", "todos-task", "--auth-profile-pool", "acct-a,acct-b", "--json"
+            env, "drain", "todos-task", "--auth-profile-pool", pool, "--json"
         ).stdout
 
     def ended(n: int) -> WorkflowRun:
@@ -91,35 +100,35 @@ def test_a_401_account_gets_no_second_step(
         return wait_until(done, timeout=240, what=f"run {n} to end")
 
     try:
+        # A pool of two: the step that met the 401 has no account to move to (the other
+        # one is the other role's), so this run fails.
         assert '"created": 1' in drain(1)
         first = ended(1)
         assert first.status == RunStatus.FAILED, first.error
         account = Account.objects.get(pk=BAD)
         assert account.login_failed_at is not None, first.error
-        failed = WorkflowStepRun.objects.get(
-            workflow_run=first, account_profile=BAD, status=StepStatus.FAILED
+        # The attempt on acct-a (the step may have been moved off it since).
+        failed = WorkflowStepAttempt.objects.get(
+            workflow_run=first, account_profile=BAD
         )
-        # The agent's own words, as the step recorded them.
+        assert failed.status == "login_failed", failed.status
+        # The agent's own words, as the attempt recorded them.
         assert account.login_failed_reason == failed.error
         assert KEYS[BAD] not in (account.login_failed_reason or "")
         posts = _posts(stand_in, KEYS[BAD])
         assert posts >= 1
 
-        assert '"created": 1' in drain(2)
+        assert '"created": 1' in drain(2, f"acct-a,acct-b,{THIRD}")
         second = ended(2)
         assert second.status == RunStatus.SUCCEEDED, second.error
         assert set(
             WorkflowStepRun.objects.filter(workflow_run=second).values_list(
                 "account_profile", flat=True
             )
-        ) == {"acct-b"}
+        ) == {"acct-b", THIRD}
         assert _posts(stand_in, KEYS[BAD]) == posts  # no second request on its key
-        assert (
-            WorkflowStepRun.objects.filter(account_profile=BAD)
-            .exclude(status=StepStatus.SKIPPED)
-            .count()
-            == 1
-        )
+        # One attempt ever on acct-a: the one that met the 401.
+        assert WorkflowStepAttempt.objects.filter(account_profile=BAD).count() == 1
 
         # No other member: the drain defers, naming the account.
         manage(env, "account", "disable", "acct-b")

@@ -60,10 +60,13 @@ def _records(tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def _setup(
-    tmp_path: Path, provider: str, events: int
+    tmp_path: Path,
+    provider: str,
+    events: int,
+    names: tuple[str, ...] = ("acctA", "acctB"),
 ) -> tuple[dict[str, str], dict[str, Path]]:
     env = _env(tmp_path)
-    homes = {name: tmp_path / "logins" / name for name in ("acctA", "acctB")}
+    homes = {name: tmp_path / "logins" / name for name in names}
     for name, home in homes.items():
         home.mkdir(parents=True)
         manage(
@@ -156,7 +159,9 @@ def test_drains_over_a_registered_pool_run_each_step_with_its_accounts_login(
 def test_a_rate_limited_step_runs_again_on_the_other_account(
     tmp_path: Path,
 ) -> None:
-    env, homes = _setup(tmp_path, "codex", events=1)
+    # Three accounts: after the worker's move the verifier keeps one that is neither the
+    # worker's nor cooling (worker != verifier; with two it would wait for the cooldown).
+    env, homes = _setup(tmp_path, "codex", events=1, names=("acctA", "acctB", "acctC"))
     manage(
         env,
         "drain",
@@ -164,7 +169,7 @@ def test_a_rate_limited_step_runs_again_on_the_other_account(
         "--provider",
         "codex",
         "--auth-profile-pool",
-        "acctA,acctB",
+        "acctA,acctB,acctC",
         "--json",
         timeout=180,
     )
@@ -172,13 +177,17 @@ def test_a_rate_limited_step_runs_again_on_the_other_account(
     limited = WorkflowStepRun.objects.get(
         workflow_run=run, step_id="worker"
     ).account_profile
-    other = ({"acctA", "acctB"} - {limited}).pop()
     (homes[limited] / "rate-limited").write_text("")
 
     manage(env, "run_workflow", run.id, timeout=180)
 
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED
+    other = WorkflowStepRun.objects.get(
+        workflow_run=run, step_id="worker"
+    ).account_profile
+    verifier = WorkflowStepRun.objects.get(workflow_run=run, step_id="verifier")
+    assert other not in (limited, None) and verifier.account_profile != other
     worker = [r for r in _records(tmp_path) if r["step"] == "worker"]
     assert [r["home"] for r in worker] == [str(homes[limited]), str(homes[other])]
     assert (

@@ -455,13 +455,14 @@ def test_a_retry_after_a_rate_limit_starts_on_a_free_pool_member(
     """The retry is admitted on the failed attempt's accounts; the account rules (issue 15's
     failover at step start) then move its step off the account the rate limit left cooling."""
     settings.LOOPSWEB_RATE_LIMIT_MOVES = 0  # the rate limit fails the attempt itself
+    # Three accounts: the verifier keeps one that is neither the worker's nor cooling
+    # (worker != verifier; with two it would wait for the cooldown).
     result = route_created(
-        tmp_path, auth_profile_pool="acctA,acctB", max_attempts=2, retry_backoff=0
+        tmp_path, auth_profile_pool="acctA,acctB,acctC", max_attempts=2, retry_backoff=0
     )
     item_id = result.work_item.id
     limited = result.run.step_runs.get(step_id="worker").account_profile
     assert limited is not None
-    other = ({"acctA", "acctB"} - {limited}).pop()
     agent.configure(profiles={limited: {"rate_limit": "HTTP 429 Too Many Requests"}})
 
     assert run_workflow_run(result.run.id) == RunStatus.FAILED
@@ -470,7 +471,9 @@ def test_a_retry_after_a_rate_limit_starts_on_a_free_pool_member(
     assert second.step_runs.get(step_id="worker").account_profile == limited
 
     assert run_workflow_run(second.id) == RunStatus.SUCCEEDED
-    assert second.step_runs.get(step_id="worker").account_profile == other
+    other = second.step_runs.get(step_id="worker").account_profile
+    assert other not in (limited, None)
+    assert second.step_runs.get(step_id="verifier").account_profile != other
     (move,) = [
         e.payload_json
         for e in second.events.filter(event_type="step_account_moved")

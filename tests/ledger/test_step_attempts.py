@@ -62,17 +62,18 @@ def test_a_rate_limited_attempt_stays_on_record_on_every_surface(
     agent: FakeAgent, tmp_path: Path, admin_client: Client
 ) -> None:
     # A codex pool routes over registered codex accounts (codex prints usage to read).
-    for name in ("acctA", "acctB"):
+    # Three accounts: after the worker's move, the verifier still has one that is neither
+    # the worker's nor cooling (worker != verifier; with two it would wait for the cooldown).
+    for name in ("acctA", "acctB", "acctC"):
         services.account_add(name=name, provider="codex")
     run = route_generic(
         tmp_path,
         message="It fails <script>alert(1)</script> one run in ten.",
-        auth_profile_pool="acctA,acctB",
+        auth_profile_pool="acctA,acctB,acctC",
         provider="codex",
         created=True,
     ).run
     first = steps_of(run)["worker"].account_profile
-    other = ({"acctA", "acctB"} - {first}).pop()
     agent.configure(
         default={"output": CODEX_USAGE},
         profiles={first: {"rate_limit": "HTTP 429 Too Many Requests"}},
@@ -90,6 +91,8 @@ def test_a_rate_limited_attempt_stays_on_record_on_every_surface(
         str([(r["step"], r["profile"]) for r in agent.records()]),
     )
 
+    other = steps_of(run)["worker"].account_profile
+    assert other != first and other != steps_of(run)["verifier"].account_profile
     assert _attempts(run, "worker") == [(first, "rate_limited"), (other, "succeeded")]
     assert len(_attempts(run, "verifier")) == 1
     limited = WorkflowStepAttempt.objects.get(workflow_run=run, status="rate_limited")

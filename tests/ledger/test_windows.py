@@ -297,7 +297,7 @@ def test_a_429_the_runner_sees_is_recorded_as_a_rejected_window(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
     run = route_generic(
-        tmp_path, "evt-w-429", auth_profile_pool="acctA,acctB", created=True
+        tmp_path, "evt-w-429", auth_profile_pool="acctA,acctB,acctC", created=True
     ).run
     first = steps_of(run)["worker"].account_profile
     agent.configure(profiles={first: {"rate_limit": "HTTP 429 Too Many Requests"}})
