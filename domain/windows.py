@@ -11,8 +11,11 @@ Contract:
    predicted to run out before the step would finish: with `spend` the window's estimate of
    what one step spends of it (None: unknown) and `running` the steps the account carries
    now (running + reserved, the load the least-loaded rule uses), used + (running + 1) x
-   spend > 1.0. With no spend known (or no used fraction) only the first two hold, so a
-   pool with no windows, or with windows but no spend known, is decided as before.
+   spend > 1.0: one step's expected spend is kept in reserve for each step the account
+   carries and for the one to start. With no spend known (or no used fraction) only the
+   first two hold, so a pool with no windows, or with windows but no spend known, is
+   decided as before; except loopsweb's own estimate from a token budget (rule 10), whose
+   unknown spend holds the account to one step at a time (running >= 1: runs out).
 4. An account is exhausted when any of its windows is; it is free again at the LATEST reset
    of its exhausted windows (None when one of them has no known reset), a predicted one
    included.
@@ -36,6 +39,13 @@ Contract:
 9. With `max_used` `off` (WINDOWS_OFF, the route's `--max-window-used off`) the rule is
    skipped: `window_filter` keeps every member, exhausted, paced and headroom empty, so
    the pool is decided exactly as with no window known.
+10. loopsweb's estimate from a token budget (docs/windows.md §3: `estimated`, its used
+   fraction the tokens of the account's steps that finished within the window over the
+   budget) knows its spend from one finished step, no second observation needed
+   (`budget_spend`): the MAX of the latest `SPEND_SAMPLES` finished steps' tokens over the
+   budget. Before any step finished within the window the spend is unknown, and the
+   account takes one step at a time (rule 3), so the budget is passed by at most that
+   step's spend.
 """
 
 from __future__ import annotations
@@ -88,6 +98,15 @@ def step_spend(observations: Sequence[Observation]) -> float | None:
     return max(recent) if recent else None
 
 
+def budget_spend(step_tokens: Sequence[int], budget: int) -> float | None:
+    """Rule 10: what one step spends of a token budget, from the tokens (input + output)
+    of the steps that finished within the window, oldest first; None before any did."""
+    recent = [max(tokens, 0) for tokens in step_tokens][-SPEND_SAMPLES:]
+    if budget <= 0 or not recent:
+        return None
+    return max(recent) / budget
+
+
 @dataclass(frozen=True)
 class Window:
     name: str
@@ -98,13 +117,20 @@ class Window:
     observed_at: datetime | None = None
     # What one step spends of this window (0..1; None: unknown): ledger.window_spend.
     spend: float | None = None
+    # loopsweb's estimate from a token budget (rule 10), not a provider's observation.
+    estimated: bool = False
 
     def over(self, now: datetime) -> bool:
         return self.resets_at is not None and self.resets_at <= now
 
     def runs_out(self, running: int) -> bool:
-        """Rule 3's prediction: `running` steps and this one would pass 100 %."""
-        if self.used is None or self.spend is None or self.spend <= 0:
+        """Rule 3's prediction: `running` steps and this one would pass 100 % (an estimate
+        whose spend is unknown: a second step at once, rule 10)."""
+        if self.used is None:
+            return False
+        if self.spend is None:
+            return self.estimated and running > 0
+        if self.spend <= 0:
             return False
         return self.used + (max(running, 0) + 1) * self.spend > 1.0
 
@@ -119,12 +145,15 @@ class Window:
 
     def label(self) -> str:
         """`5h 95% until 2026-12-04T20:00:00Z` (what a deferral reason says; with a spend
-        estimate `5h 64% (32%/step) until …`)."""
+        estimate `5h 64% (32%/step) until …`; loopsweb's estimate before its spend is
+        known `5h 10% (spend unknown: one step at a time) until …`)."""
         parts = [self.name]
         if self.used is not None:
             parts.append(f"{self.used * 100:.0f}%")
         if self.spend is not None:
             parts.append(f"({self.spend * 100:.0f}%/step)")
+        elif self.estimated:
+            parts.append("(spend unknown: one step at a time)")
         if self.status:
             parts.append(self.status)
         if self.resets_at is not None:

@@ -11,7 +11,8 @@ calls").
 - `StepWatch`: the output tails written to the step run every LOOPSWEB_OUTPUT_FLUSH_SECONDS
   while there is new output (`ledger.processes.run_process` calls it), and, for an agent,
   `ledger.agent_output.live_rate_limit` on the output so far: a rate limit the agent hit but
-  is still retrying stops it at once.
+  is still retrying stops it at once, with no kill grace (`STOP_GRACE_SECONDS`: the CLI is
+  only waiting to try again), so the step moves to another account without waiting.
 - Progress, not bytes: for a CLI whose stream tells progress apart (ledger.agent_output,
   contract 5), the idle limit counts from its last model answer or tool call, so a CLI that
   only retries or logs errors is idle; the time of the last progress is written with the
@@ -86,6 +87,10 @@ STEP_RATE_LIMITED = (
 )
 LAST_OUTPUT = "; last output: {line}"
 STOP_RATE_LIMIT = "rate-limit"
+# The grace of a step stopped because its provider refused it (a rate limit, provider errors
+# in a row): the CLI is only waiting to try again, so it is killed at once and the step
+# moves without waiting LOOPSWEB_KILL_GRACE_SECONDS (tests/bench/bench_failover_opencode.py).
+STOP_GRACE_SECONDS = 0.0
 
 
 def _positive_ms(*values: Any) -> int | None:
@@ -191,6 +196,7 @@ class StepWatch:
             stop_when=self.stop_when,
             on_line=self.line if self.tracks_progress else None,
             on_quiet=self.quiet if self.windows and self.windows.reads_files else None,
+            stop_grace_seconds=STOP_GRACE_SECONDS,
         )
         result = self.redacted(result)
         if self.windows is not None:

@@ -5,6 +5,11 @@ task may claim"): the shared pieces of the bound and of the confirmation.
    One task puts at most one account into cooldown, at most one into `login failed` and at
    most one into an exhausted window (`KINDS`). A second account reporting the same for the
    same task is not marked: the task is parked (`PARKED_REASONS`, event `task_parked`).
+   A task parked for a rate limit holds, it does not fail: its next step start waits until
+   the hold ends (`task_hold`: the second account's claimed end, or the cooldown backoff
+   growing with each such park of the task, never longer than `UNCONFIRMED_LONGEST`), its
+   run parked holding no worker, and then runs again. A task parked for a failed login
+   ends its run, not retried, until an operator acts (no wait makes a key good again).
 2. A cooldown or exhausted window a step claims for longer than `UNCONFIRMED_LONGEST` is
    recorded for that long only, its reason or source saying "unconfirmed", and loopsweb's
    own smallest request with the account (as `account check` makes it) is queued
@@ -22,10 +27,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
+from django.db.models import Q
+from django.utils import timezone
 from django_q.tasks import async_task
 
+from ledger.admissions import admission_start
 from ledger.hosts import host_queue
-from ledger.models import WorkflowRun, WorkflowStepRun
+from ledger.models import WorkflowEvent, WorkflowRun, WorkflowStepRun
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +60,7 @@ UNCONFIRMED_REASON = (
     "the account confirms or not): {reason}"
 )
 UNCONFIRMED_SOURCE = "unconfirmed (claimed until {claimed}): {source}"
+HELD_REASON = "{reason} (the task waits until {until})"
 
 
 def unconfirmed_minutes() -> int:
@@ -93,10 +102,55 @@ class Claim:
 
 
 def task_runs(run: WorkflowRun) -> Any:
-    """The runs of `run`'s task (rule 1), as a queryset of ids."""
+    """The runs of `run`'s task (rule 1), as a queryset of ids: its work item's runs since
+    the item's last admission or operator retry (ledger.admissions, the notion the
+    re-dispatch count uses: an operator's retry starts the bound afresh), and `run`."""
     if run.work_item_id:
-        return WorkflowRun.objects.filter(work_item_id=run.work_item_id).values("id")
+        runs = WorkflowRun.objects.filter(work_item_id=run.work_item_id)
+        start = admission_start(run.work_item_id)
+        if start is not None:
+            runs = runs.filter(Q(id__gte=start) | Q(pk=run.pk))
+        return runs.values("id")
     return WorkflowRun.objects.filter(pk=run.pk).values("id")
+
+
+def task_hold(run: WorkflowRun, now: datetime) -> tuple[str, datetime] | None:
+    """The hold of `run`'s task (rule 1) in force at `now`: the waiting reason and its end,
+    from the latest end of its `task_parked` events of a rate limit; None when none holds.
+    Read at every step start: one query when the item's runs never parked it."""
+    parks = WorkflowEvent.objects.filter(event_type=PARKED_EVENT)
+    parks = (
+        parks.filter(workflow_run__work_item_id=run.work_item_id)
+        if run.work_item_id
+        else parks.filter(workflow_run_id=run.pk)
+    )
+    found = list(parks.values_list("workflow_run_id", "payload_json"))
+    if not found:
+        return None
+    runs = set(task_runs(run).values_list("id", flat=True))
+    until = None
+    for run_id, payload in found:
+        if run_id not in runs or not isinstance(payload, dict):
+            continue
+        if payload.get("kind") != COOLDOWN:
+            continue
+        try:
+            end = datetime.fromisoformat(str(payload.get("until")))
+        except ValueError:
+            continue
+        if end > now and (until is None or end > until):
+            until = end
+    if until is None:
+        return None
+    return held_reason(until), until
+
+
+def held_reason(until: datetime) -> str:
+    """What a task held after a rate limit says (on its waiting step and its item)."""
+    return HELD_REASON.format(
+        reason=PARKED_REASONS[COOLDOWN],
+        until=timezone.localtime(until).strftime("%H:%M:%S"),
+    )
 
 
 def confirm_enqueue(claim: Claim, *, step_run_id: str | None) -> None:

@@ -185,6 +185,7 @@ def run_process(
     stop_when: Callable[[str, str], str | None] | None = None,
     on_line: Callable[[str, str], bool] | None = None,
     on_quiet: Callable[[str], None] | None = None,
+    stop_grace_seconds: float | None = None,
 ) -> ProcessResult:
     """Run one step's process to the end; never raises for the process's own failures.
 
@@ -194,7 +195,8 @@ def run_process(
     `on_output(stdout, stderr)` receives the tails while the step runs: at most every
     `output_every` seconds and only when there is output it has not seen, so a step that ends
     within `output_every` is never flushed. `stop_when(stdout, stderr)`, called when new output
-    arrived (at most every `_STOP_CHECK_SECONDS`), returns a reason to stop the step now.
+    arrived (at most every `_STOP_CHECK_SECONDS`), returns a reason to stop the step now;
+    such a stop gives the group `stop_grace_seconds` (None: `grace_seconds`) before SIGKILL.
     `on_line(stream, line)` ("stdout" or "stderr") sees each complete line as it arrives and
     says whether it shows progress; with it, the idle limit counts from the last line that
     did (an agent that only retries or logs errors is idle), without it from any output.
@@ -235,6 +237,7 @@ def run_process(
     finally:
         os.close(report_write)
     sandboxed = box is not None
+    stop_grace = grace_seconds if stop_grace_seconds is None else stop_grace_seconds
     out, err = _Tail(tail_bytes), _Tail(tail_bytes)
     timeout: str | None = None
     lost = False
@@ -314,7 +317,8 @@ def run_process(
                 next_keep_alive = now + keep_alive_every
                 lost = not keep_alive()
             if timeout is not None or lost or stopped is not None:
-                kill_process_group(proc, grace_seconds, sandboxed=sandboxed)
+                grace = grace_seconds if stopped is None else stop_grace
+                kill_process_group(proc, grace, sandboxed=sandboxed)
         selector.close()
     except BaseException:
         # Whatever happened to the runner (an error, SystemExit from SIGTERM), the step's

@@ -26,7 +26,7 @@ An unregistered name only reaches codewith (`--profile`) and aicopilot
 | codex     | `codex exec --json --sandbox S [--skip-git-repo-check] -c ... -- PROMPT` | `CODEX_HOME` (registry) |
 | claude    | `claude --print --output-format stream-json --verbose --permission-mode M -- PROMPT` | `CLAUDE_CONFIG_DIR` (registry) |
 | cursor    | `cursor-agent --print -- PROMPT`                            | `HOME` (registry; not on npm, unverified) |
-| opencode  | `opencode run --format json --print-logs --log-level WARN -- PROMPT` | `XDG_*_HOME` (registry) |
+| opencode  | `opencode run --format json --print-logs --log-level WARN --title loopsweb -- PROMPT` | `XDG_*_HOME` (registry) |
 | aicopilot | `aicopilot --prompt-file FILE`                              | `AICOPILOT_PROFILE`      |
 
 What each real CLI needs to work headless (measured against the pinned versions, see
@@ -49,7 +49,9 @@ docs/agents.md and tests/agents/):
   its own retries (about 150 s, no setting bounds them) run out, so the runner watches
   stderr (`ledger.agent_output.live_rate_limit`). Permissions through `OPENCODE_PERMISSION`
   by sandbox (`read-only`: edit and bash denied; otherwise allowed); auto-update and the
-  models.dev fetch off.
+  models.dev fetch off. `--title` names the session, so opencode makes no model call to
+  title it: the step's first request is its own, and a 429 on it is in the log at once
+  (the title call's 429 was retried without a word, seconds before the step's).
 N is `settings.LOOPSWEB_AGENT_MAX_RETRIES` (default 1: one retry, so a rate limit reaches
 loopsweb in seconds and the step moves to another account).
 
@@ -179,7 +181,17 @@ ADAPTERS: dict[str, Adapter] = {
     # XDG directories). `opencode run --help`: --format json, --print-logs, --log-level.
     "opencode": Adapter(
         "opencode",
-        ("run", "--format", "json", "--print-logs", "--log-level", "WARN"),
+        # --title: opencode then makes no model call to title the session (docstring).
+        (
+            "run",
+            "--format",
+            "json",
+            "--print-logs",
+            "--log-level",
+            "WARN",
+            "--title",
+            "loopsweb",
+        ),
         account_variable="XDG_DATA_HOME",
         fixed_env=(
             ("OPENCODE_DISABLE_AUTOUPDATE", "1"),

@@ -110,6 +110,8 @@ RUN_FAILED_BEFORE_START = "workflow cannot run: {error}"
 RUNNER_CRASHED = "runner error: {error}"
 RUNNER_STOPPED = "runner stopped before the run finished"
 COOLDOWN_REASON = "{provider} rate limit on step {step_id} of run {run_id}: {snippet}"
+# Per-minute limits a step waits out on its account in a row before it moves (rule 7).
+PAUSES_IN_A_ROW = 3
 NO_ACCOUNT_LEFT = "; no other account of the run's pool is left to move it to"
 RUN_LEFT_AS_IT_WAS = (
     "run {run_id} stopped: the database did not take its writes for {seconds} s ({error});"
@@ -316,17 +318,32 @@ class _RunExecution:
 
         Returns the last attempt's result and whether it is recorded already (an attempt
         that found no member to move to); otherwise the caller records it."""
-        moves = 0
+        moves = pauses = 0
         while True:
             result = self.process.execute(start, spec)
             failure = self.process.account_failure
             # Bounded trust (ledger.claims): a second account of this task reported the
-            # same, so the task parks (its run ends, not retried) instead of moving on.
+            # same, so the task parks instead of moving on: after a rate limit it holds
+            # (the next start waits, the run parked, then it runs again); after a failed
+            # login its run ends, not retried.
             if self.process.parked and result.status != StepStatus.SUCCEEDED:
-                return parked_result(result, self.process.parked), False
+                result = parked_result(result, self.process.parked)
+                if not self.process.held:
+                    return result, False
+                self._complete(start.step_run, result)
+                start = self.starter.wait(start.step_run)
+                moves = 0
+                continue
+            step = start.step_run
+            paused = self.process.paused_until
+            if failure is not None and paused is not None and pauses < PAUSES_IN_A_ROW:
+                # A per-minute limit (failover rule 7): stay on the account, after it.
+                self._complete(step, result)
+                start = self.starter.pause(step, paused)
+                pauses += 1
+                continue
             if failure is None or moves >= int(settings.LOOPSWEB_RATE_LIMIT_MOVES):
                 return result, False
-            step = start.step_run
             self._complete(step, result)
             moved = write_ledger(
                 f"run {self.run.id}: the move of step {step.step_id}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -71,6 +72,10 @@ class StepProcess:
         # Set when the task's bound refused to mark this attempt's account (ledger.claims):
         # the task parks with this reason instead of trying another account.
         self.parked: str | None = None
+        self.held = False  # a parked task that waits (ledger.claims rule 1)
+        # A per-minute 429 (a reset at most LOOPSWEB_THROTTLE_SECONDS off): the account
+        # pauses until then and the step stays on it.
+        self.paused_until: datetime | None = None
 
     @property
     def worktree(self) -> Worktree | None:
@@ -83,6 +88,8 @@ class StepProcess:
         self.rate_limited = None
         self.account_failure = None
         self.parked = None
+        self.held = False
+        self.paused_until = None
         step = start.step_run
         target = found if isinstance(found := spec.get("target"), dict) else {}
         kind = target.get("type") or spec.get("kind")
@@ -229,6 +236,7 @@ class StepProcess:
         if signal_seen is None:
             return None
         self.rate_limited = signal_seen.snippet
+        self.paused_until = _pause_end(signal_seen.until)
         if step.account_profile:
             # Recorded before the step is finished, so no other step can start on the
             # account in between and hit the same limit.
@@ -301,6 +309,7 @@ class StepProcess:
         longer than 15 minutes, whose confirmation is queued (ledger.claims)."""
         if report.parked is not None:
             self.parked = report.parked
+            self.held = report.held
         if report.claim is not None:
             confirm_enqueue(report.claim, step_run_id=step.id)
 
@@ -339,6 +348,15 @@ class AccountFailure:
 
     code: str
     reason: str
+
+
+def _pause_end(until: datetime | None) -> datetime | None:
+    """The end of a per-minute limit's pause: a named reset at most LOOPSWEB_THROTTLE_SECONDS
+    off; None for a longer one or none named (an exhausted window: the step moves)."""
+    bound = int(settings.LOOPSWEB_THROTTLE_SECONDS)
+    if until is None or bound <= 0:
+        return None
+    return until if until <= timezone.now() + timedelta(seconds=bound) else None
 
 
 def _account_failure(

@@ -6,9 +6,10 @@ back to the queue with a delay (the django-q2 task), holding no worker meanwhile
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -80,6 +81,26 @@ class StepStarter:
                 next_renewal = time.monotonic() + self.keep_alive_every
                 if not self.keep_alive():
                     raise LeaseLost()
+
+    def pause(self, step: WorkflowStepRun, until: datetime) -> services.StepStart:
+        """Wait out the step's account's per-minute limit (ledger.services.failover rule
+        7), then start the step again on it: `until` plus up to a quarter of the pause
+        more (the stagger: steps paused by one limit do not all start at once). Parked
+        meanwhile as a django-q2 task; inline, sleeping and renewing the lease."""
+        write_ledger(
+            f"run {self.run.id}: the pause of step {step.step_id}",
+            lambda: services.step_pause(step_run_id=step.id, until=until),
+        )
+        pause = max(0.0, (until - timezone.now()).total_seconds())
+        delay = pause + random.uniform(0, pause / 4)
+        if self.hand_back is not None:
+            self.park(max(delay, 0.01))
+        resume = time.monotonic() + delay
+        while (left := resume - time.monotonic()) > 0:
+            time.sleep(min(left, self.keep_alive_every))
+            if not self.keep_alive():
+                raise LeaseLost()
+        return self.wait(step)
 
     def park(self, delay: float) -> None:
         """Free this worker: the run's task comes back in `delay` seconds (see run_park)."""

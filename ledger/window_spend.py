@@ -17,7 +17,9 @@ from ledger.window_rows import window_keep_days
 def with_spend(
     windows: Mapping[str, Sequence[Window]], now: datetime
 ) -> dict[str, list[Window]]:
-    """`windows` (account -> its windows) with each window's spend estimate set."""
+    """`windows` (account -> its windows) with each window's spend estimate set; a window
+    that knows its spend already (loopsweb's estimate from a token budget, domain.windows
+    rule 10) keeps it."""
     out = {name: list(seen) for name, seen in windows.items()}
     accounts = sorted(name for name, seen in out.items() if seen)
     if not accounts:
@@ -45,7 +47,9 @@ def with_spend(
         )
     for account in accounts:
         out[account] = [
-            replace(w, spend=step_spend(seen_rows.get((account, w.name), ())))
+            w
+            if w.spend is not None
+            else replace(w, spend=step_spend(seen_rows.get((account, w.name), ())))
             for w in out[account]
         ]
     return out

@@ -15,7 +15,8 @@ Rules:
    for each budget window that no provider observation still covers (none, or its reset has
    passed), the tokens (input + output) its step runs finished within the window's length
    before now, divided by the budget; it resets when the oldest of those steps leaves the
-   window. Its source says `loopsweb estimate` with the tokens and the cost.
+   window. Its source says `loopsweb estimate` with the tokens and the cost; its spend is
+   the most one of the latest three of those steps spent (domain.windows rule 10).
 4. `window_state` = the provider observations plus the estimates: what admission, failover,
    /ops/, /metrics and the API read.
 """
@@ -39,6 +40,7 @@ from domain.windows import (
     MaxWindowUsed,
     Window,
     WindowFilter,
+    budget_spend,
     window_filter,
 )
 from ledger.claims import UNCONFIRMED_LONGEST, UNCONFIRMED_SOURCE, task_runs
@@ -256,26 +258,33 @@ def _estimate(account: str, name: str, budget: int, now: datetime) -> Window | N
     if length is None:
         return None
     since = now - timedelta(seconds=length)
-    tokens = 0
     cost = 0.0
+    steps: list[int] = []  # each step's tokens, oldest first (its spend, rule 10)
     oldest: datetime | None = None
-    for inp, out, usd, finished in WorkflowStepRun.objects.filter(
-        Q(usage_input_tokens__isnull=False) | Q(usage_output_tokens__isnull=False),
-        account_profile=account,
-        finished_at__gte=since,
-    ).values_list(
-        "usage_input_tokens", "usage_output_tokens", "usage_cost_usd", "finished_at"
+    for inp, out, usd, finished in (
+        WorkflowStepRun.objects.filter(
+            Q(usage_input_tokens__isnull=False) | Q(usage_output_tokens__isnull=False),
+            account_profile=account,
+            finished_at__gte=since,
+        )
+        .order_by("finished_at", "id")
+        .values_list(
+            "usage_input_tokens", "usage_output_tokens", "usage_cost_usd", "finished_at"
+        )
     ):
-        tokens += (inp or 0) + (out or 0)
+        steps.append((inp or 0) + (out or 0))
         cost += usd or 0.0
         if finished is not None and (oldest is None or finished < oldest):
             oldest = finished
+    tokens = sum(steps)
     return Window(
         name=name,
         used=min(tokens / budget, 1.0),
         resets_at=oldest + timedelta(seconds=length) if oldest else None,
         source=f"{SOURCE_ESTIMATE}: {tokens} of {budget} tokens, ${cost:.2f}",
         observed_at=now,
+        spend=budget_spend(steps, budget),
+        estimated=True,
     )
 
 

@@ -1,7 +1,8 @@
 """Pruning per-run git worktrees (ledger.worktrees, its docstring's point 3), the periodic
 task's and `manage.py prune_worktrees`' work. A prune never loses work:
 
-- `worktrees_prune`: worktrees of succeeded runs whose removal did not happen, and of
+- `worktrees_prune`: worktrees of succeeded runs whose removal did not happen (5 minutes
+  after their end, `SUCCEEDED_GRACE_SECONDS`: the runner removes its own just after), and of
   failed, timed-out or cancelled runs LOOPSWEB_WORKTREE_KEEP_SECONDS after they finished
   (kept that long for an operator). Only this host's worktrees (LOOPSWEB_HOST_NAME). What
   a worktree still holds uncommitted (a run whose worker was killed mid-step, whose
@@ -78,6 +79,10 @@ class PrunedWorktree:
         }
 
 
+# How long after its end a succeeded run's worktree is left to its runner's own removal.
+SUCCEEDED_GRACE_SECONDS = 300
+
+
 def worktrees_due(*, now: datetime, keep_seconds: int) -> Any:
     """This host's runs whose worktree should go now (module docstring, 3), oldest first.
 
@@ -86,6 +91,10 @@ def worktrees_due(*, now: datetime, keep_seconds: int) -> Any:
     host recorded (made before hosts were recorded) is this host's when its directory is
     here (checked in worktrees_prune)."""
     kept_until = now - timedelta(seconds=keep_seconds)
+    # A succeeded run's runner removes its worktree just after recording the end: one
+    # whose removal is not recorded a while later is one where it did not happen (a
+    # prune at once would race the runner's own removal).
+    removal_missed = now - timedelta(seconds=SUCCEEDED_GRACE_SECONDS)
     return (
         WorkflowRun.objects.filter(
             worktree_path__isnull=False,
@@ -96,7 +105,10 @@ def worktrees_due(*, now: datetime, keep_seconds: int) -> Any:
         .filter(
             Q(worktree_host=settings.LOOPSWEB_HOST_NAME) | Q(worktree_host__isnull=True)
         )
-        .filter(Q(status=RunStatus.SUCCEEDED) | Q(finished_at__lte=kept_until))
+        .filter(
+            Q(status=RunStatus.SUCCEEDED, finished_at__lte=removal_missed)
+            | Q(finished_at__lte=kept_until)
+        )
         .select_related("workflow")
         .order_by("finished_at", "id")
     )

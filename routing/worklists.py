@@ -5,10 +5,13 @@ summary, so the pages and the API list the same rows.
 - **Needs attention** lists work items as they stand now, one row each, of these kinds
   (`ATTENTION_KINDS`, decided from statuses and codes, never from reason text):
   `failed` (the item failed: its run failed, was lost or never ran), `timed_out` (the
-  item failed because its run timed out) and `not_delivered` (its run's delivery was
-  refused: `delivery_json.state` is `failed`). An item that is retried, cancelled or
-  dead-lettered leaves the list; a redelivery that goes through takes it off too. There is
-  no status for "needs a human" in the ledger, so there is no such kind.
+  item failed because its run timed out), `dead_lettered` (the re-dispatch bound set the
+  item aside: status `dead_letter` with reason code `dead_lettered`,
+  ledger/services/retries.py) and `not_delivered` (its run's delivery was refused:
+  `delivery_json.state` is `failed`). An item that is retried, requeued, cancelled or
+  dead-lettered by an operator leaves the list; a redelivery that goes through takes it
+  off too. There is no status for "needs a human" in the ledger, so there is no such
+  kind.
 - **Delivered** lists runs whose work went out (`delivery_json.state` is `delivered`): a
   pushed branch, and the pull request when one was opened, with its state as last
   recorded (`open`, `closed`, `merged`; `pushed`: no pull request).
@@ -42,14 +45,17 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
+from ledger.services.retries import DEAD_LETTERED_CODE
 from ledger.webkit.cells import task_title
 
 FAILED = "failed"
 TIMED_OUT = "timed_out"
+DEAD_LETTERED = DEAD_LETTERED_CODE  # "dead_lettered", the item's reason code
 NOT_DELIVERED = "not_delivered"
 ATTENTION_KINDS = {
     FAILED: "failed",
     TIMED_OUT: "timed out",
+    DEAD_LETTERED: "dead-lettered",
     NOT_DELIVERED: "not delivered",
 }
 PUSHED = "pushed"  # delivered without a pull request
@@ -200,6 +206,9 @@ def _kind_filters() -> dict[str, Q]:
     return {
         FAILED: Q(status=WorkItemStatus.FAILED) & ~timed_out,
         TIMED_OUT: Q(status=WorkItemStatus.FAILED) & timed_out,
+        DEAD_LETTERED: Q(
+            status=WorkItemStatus.DEAD_LETTER, reason_code=DEAD_LETTERED_CODE
+        ),
         NOT_DELIVERED: Q(workflow_run_id__in=_undelivered_runs()),
     }
 
@@ -225,7 +234,11 @@ def attention_items(
     """Items that need attention now (module docstring), newest change first."""
     kinds = _kind_filters()
     needs = (
-        kinds[kind] if kind else Q(status=WorkItemStatus.FAILED) | kinds[NOT_DELIVERED]
+        kinds[kind]
+        if kind
+        else Q(status=WorkItemStatus.FAILED)
+        | kinds[DEAD_LETTERED]
+        | kinds[NOT_DELIVERED]
     )
     items = WorkflowWorkItem.objects.filter(
         needs,
@@ -243,6 +256,7 @@ def attention_items(
             "project_key",
             "subject_ref",
             "last_reason",
+            "reason_code",
             "attempts",
             "updated_at",
             "invocation__subject_json",
@@ -255,10 +269,16 @@ def attention_items(
 
 def attention_counts() -> dict[str, int]:
     """Items per kind of attention (an item may be of two kinds). Two queries, each on an
-    index: the failed items by their run's status, the items of runs not delivered."""
+    index: the failed and dead-lettered items by their run's status and their reason
+    code, the items of runs not delivered."""
     kinds = _kind_filters()
-    found = WorkflowWorkItem.objects.filter(status=WorkItemStatus.FAILED).aggregate(
-        **{kind: Count("pk", filter=kinds[kind]) for kind in (FAILED, TIMED_OUT)}
+    found = WorkflowWorkItem.objects.filter(
+        status__in=(WorkItemStatus.FAILED, WorkItemStatus.DEAD_LETTER)
+    ).aggregate(
+        **{
+            kind: Count("pk", filter=kinds[kind])
+            for kind in (FAILED, TIMED_OUT, DEAD_LETTERED)
+        }
     )
     found[NOT_DELIVERED] = WorkflowWorkItem.objects.filter(kinds[NOT_DELIVERED]).count()
     return {kind: int(found.get(kind) or 0) for kind in ATTENTION_KINDS}
@@ -352,7 +372,8 @@ class AttentionRow:
     run: WorkflowRun | None
     title: str
     kinds: list[str]
-    reason: str  # why it failed ("" when it did not)
+    # why it failed or was dead-lettered ("" when neither)
+    reason: str
     delivery_error: str  # why its delivery was refused ("" when it was not)
     spend: RunSpend
 
@@ -375,22 +396,32 @@ def attention_rows(items: Iterable[WorkflowWorkItem]) -> list[AttentionRow]:
         record = run.delivery_json if run is not None else None
         record = record if isinstance(record, dict) else {}
         kinds = []
-        if item.status == WorkItemStatus.FAILED:
+        failed = item.status == WorkItemStatus.FAILED
+        if failed:
             timed_out = run is not None and run.status == RunStatus.TIMED_OUT
             kinds.append(TIMED_OUT if timed_out else FAILED)
+        dead = (
+            item.status == WorkItemStatus.DEAD_LETTER
+            and item.reason_code == DEAD_LETTERED_CODE
+        )
+        if dead:
+            kinds.append(DEAD_LETTERED)
         undelivered = record.get("state") == DELIVERY_FAILED_STATE
         if undelivered:
             kinds.append(NOT_DELIVERED)
-        failed = item.status == WorkItemStatus.FAILED
+        error = (run.error if run is not None else None) or ""
+        reason = ""
+        if failed:
+            reason = error or item.last_reason or ""
+        elif dead:  # `re-dispatched N times: dead-lettered (<the run's error>)`
+            reason = item.last_reason or error
         rows.append(
             AttentionRow(
                 item=item,
                 run=run,
                 title=task_title(item.invocation.subject_json, item.subject_ref),
                 kinds=kinds,
-                reason=((run.error if run else None) or item.last_reason or "")
-                if failed
-                else "",
+                reason=reason,
                 delivery_error=str(record.get("error") or "") if undelivered else "",
                 spend=run_spend(run),
             )

@@ -5,7 +5,7 @@ and exits 0 (the attack is in what it leaves behind, not in failing).
 
 Its prompt (the argv item after `--`, or the last argv item) names the cases, as outside
 text steering an agent would: `HOSTILE_CASES=own-repo,setsid`. Only the `worker` step acts
-(LOOPSWEB_STEP_ID); every step writes `agent-work-<step>.txt` in its working directory (the
+(LOOPSWEB_STEP_ID; `forge-usage-huge` excepted); every step writes `agent-work-<step>.txt` in its working directory (the
 agent's work, which must survive on the run's branch or in a kept worktree).
 
 Cases:
@@ -25,7 +25,23 @@ Cases:
   `$HOSTILE_DIR/pids`;
 - `forge-429` (issue 58): a forged provider rate limit lasting a week printed (`HTTP 429 Too
   Many Requests: try again in 168 hours`), exit 1;
-- `forge-login` (issue 58): a forged refused login printed (`Not logged in`), exit 1.
+- `forge-login` (issue 58): a forged refused login printed (`Not logged in`), exit 1;
+- `forge-windows` (docs/windows.md §7): rate-limit windows no provider sent, each resetting
+  at 9999-12-31. As claude (LOOPSWEB_PROVIDER), `rate_limit_event` lines: the 5-hour window
+  `rejected`, the weekly one half used. As codex, a rollout file the agent writes in its own
+  `CODEX_HOME` (primary 100 % used, secondary 50 %) and the `thread.started` line naming it;
+- `forge-names` (claude): `FORGED_NAMES` `rate_limit_event` lines of distinct window names;
+- `forge-usage` (claude): a real-looking result (300,000 input and 100,000 output tokens,
+  $42.50), then a zero one;
+- `forge-usage-huge` (claude, printed by EVERY step, so a run's steps add up): a result
+  claiming 9e18 input and 2**63-1 output tokens at a cost of `Infinity`;
+- `inject-429`, `inject-login`: a tool (a child process of the agent) writes `forge-429`'s
+  or `forge-login`'s line straight into its parent's stdout through `/proc/<ppid>/fd/1`,
+  then kills its parent; the agent itself prints nothing forged.
+
+`HOSTILE_PROVIDER=rate-limited` (the environment, not the prompt) stands for a provider that
+really limits the account: loopsweb's own request with it (LOOPSWEB_STEP_ID `check`,
+ledger/services/accounts.py `account_request`) is answered with a 429, exit 1.
 
 The mark command appends a line to `$HOSTILE_DIR/marks` and passes its input through (so a
 filter using it would "work"): a mark file means loopsweb ran the agent's command.
@@ -33,11 +49,16 @@ filter using it would "work"): a mark file means loopsweb ran the agent's comman
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import signal
 import stat
 import subprocess
 import sys
 import time
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -145,14 +166,21 @@ def _setsid(hostile: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == [TOOL]:
+        return _tool(argv[1])
     step = os.environ.get("LOOPSWEB_STEP_ID", "step")
     Path(f"agent-work-{step}.txt").write_text(f"work of step {step}\n")
     print(f"HOSTILE_AGENT step={step} cwd={os.getcwd()}", flush=True)
+    if step == "check" and os.environ.get("HOSTILE_PROVIDER") == "rate-limited":
+        print(FORGED["forge-429"], flush=True)
+        return 1
+    cases = _cases(argv)
+    if "forge-usage-huge" in cases:
+        _result(9 * 10**18, 2**63 - 1, math.inf)
     if step != "worker":
         return 0
     hostile = Path(os.environ["HOSTILE_DIR"])
     hostile.mkdir(parents=True, exist_ok=True)
-    cases = _cases(argv)
     mark = _mark_command(hostile)
     if "setsid" in cases:
         _setsid(hostile)
@@ -166,7 +194,14 @@ def main(argv: list[str]) -> int:
         Path(".git").unlink()
     if "own-repo" in cases:
         _own_repo(mark)
+    _windows(cases)
+    if "forge-usage" in cases:
+        _result(300_000, 100_000, 42.5)
+        _result(0, 0, 0.0)
     print(f"HOSTILE_AGENT did {sorted(cases)}", flush=True)
+    injected = sorted(case for case in cases if case in INJECTED)
+    if injected:
+        return _injected(injected[0])
     return _forged(cases)
 
 
@@ -182,6 +217,117 @@ def _forged(cases: set[str]) -> int:
     for line in said:
         print(line, flush=True)
     return 1 if said else 0
+
+
+# 9999-12-31T00:00:00Z, the latest day a provider could name.
+FORGED_RESET = 253402214400
+FORGED_NAMES = 550
+TOOL = "--hostile-tool"
+INJECTED = {"inject-429": "forge-429", "inject-login": "forge-login"}
+
+
+def _print_json(event: dict[str, object]) -> None:
+    """One JSON line as the CLIs print it (compact)."""
+    print(json.dumps(event, separators=(",", ":")), flush=True)
+
+
+def _result(input_tokens: int, output_tokens: int, cost: float) -> None:
+    """A claude `result` line (ledger/usage.py reads its usage and cost)."""
+    _print_json(
+        {
+            "type": "result",
+            "subtype": "success",
+            "is_error": False,
+            "result": "done",
+            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+            "total_cost_usd": cost,
+        }
+    )
+
+
+def _window_event(name: str, **info: object) -> str:
+    """One claude `rate_limit_event` line (ledger/window_parse.py reads it)."""
+    return json.dumps(
+        {
+            "type": "rate_limit_event",
+            "rate_limit_info": {"rateLimitType": name, **info},
+        },
+        separators=(",", ":"),
+    )
+
+
+def _windows(cases: set[str]) -> None:
+    """`forge-windows` and `forge-names` as the provider the agent runs as prints them."""
+    provider = os.environ.get("LOOPSWEB_PROVIDER")
+    lines: list[str] = []
+    if "forge-windows" in cases and provider == "claude":
+        lines.append(
+            _window_event("five_hour", status="rejected", resetsAt=FORGED_RESET)
+        )
+        lines.append(
+            _window_event(
+                "seven_day",
+                status="allowed_warning",
+                utilization=0.5,
+                resetsAt=FORGED_RESET,
+            )
+        )
+    if "forge-windows" in cases and provider == "codex":
+        _codex_rollout()
+    if "forge-names" in cases and provider == "claude":
+        # Each name a tenth used (so each would be a gauge on /metrics), all in one write.
+        lines += [
+            _window_event(f"w{n:04d}", utilization=0.1) for n in range(FORGED_NAMES)
+        ]
+    if lines:
+        sys.stdout.write("".join(f"{line}\n" for line in lines))
+        sys.stdout.flush()
+
+
+def _codex_rollout() -> None:
+    """A rollout file of the agent's own in `$CODEX_HOME/sessions/YYYY/MM/DD/`, whose
+    `token_count` line says what no provider sent, and the `thread.started` line that
+    names it (ledger/window_watch.py reads both)."""
+    thread = str(uuid.uuid4())
+    now = datetime.now(UTC)
+    day = Path(os.environ["CODEX_HOME"]) / "sessions" / now.strftime("%Y/%m/%d")
+    day.mkdir(parents=True, exist_ok=True)
+    limits = {
+        "primary": {"used_percent": 100.0, "window_minutes": 300},
+        "secondary": {"used_percent": 50.0, "window_minutes": 10080},
+    }
+    for entry in limits.values():
+        entry["resets_at"] = FORGED_RESET
+    line = {
+        "type": "event_msg",
+        "payload": {"type": "token_count", "rate_limits": limits},
+    }
+    name = f"rollout-{now.strftime('%Y-%m-%dT%H-%M-%S')}-{thread}.jsonl"
+    (day / name).write_text(json.dumps(line) + "\n")
+    _print_json({"type": "thread.started", "thread_id": thread})
+
+
+def _injected(case: str) -> int:
+    """Run the tool that forges `case` into this process's stdout; it kills this process,
+    so returning (0, nothing forged) means the injection did not happen."""
+    subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), TOOL, case],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
+    return 0
+
+
+def _tool(case: str) -> int:
+    """The tool: the forged line into the parent's stdout, then the parent killed (a
+    CLI that died on its own failure)."""
+    parent = os.getppid()
+    with open(f"/proc/{parent}/fd/1", "a") as out:
+        out.write(FORGED[INJECTED[case]] + "\n")
+    os.kill(parent, signal.SIGKILL)
+    return 0
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ledger.hosts",
             "ledger.instances",
             "ledger.queue",
+            "ledger.admissions",
             "ledger.claims",
         ),
     ),

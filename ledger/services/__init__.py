@@ -76,6 +76,7 @@ from ledger.services.failover import (
     pool_member_left,
     run_pool,
     step_move_after_failure,
+    step_pause,
 )
 from ledger.services.hostloss import (
     HOST_GONE_ERROR,
@@ -189,6 +190,7 @@ __all__ = [
     "step_complete",
     "step_finish",
     "step_move_after_failure",
+    "step_pause",
     "pool_member_left",
     "POOL_RATE_LIMITED_CODE",
     "POOL_WAIT_OVER_CODE",

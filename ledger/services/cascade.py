@@ -26,7 +26,7 @@ from django.db.models import (
 from django.db.models.functions import Cast, Coalesce, Concat
 from django.db.models.lookups import GreaterThan
 
-from ledger.claims import PARKED_EVENT
+from ledger.claims import COOLDOWN, PARKED_EVENT
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -56,11 +56,14 @@ from ledger.services.retries import loop_retry_schedule
 
 
 def task_parked(run_id: str) -> bool:
-    """Whether the run parked its task: a second account's report was refused
-    (ledger.claims, event `task_parked`)."""
-    return WorkflowEvent.objects.filter(
-        workflow_run_id=run_id, event_type=PARKED_EVENT
-    ).exists()
+    """Whether the run parked its task for good: a second account's report of a failed
+    login was refused (ledger.claims, event `task_parked`; one of a rate limit holds the
+    task instead, and its run goes on)."""
+    return (
+        WorkflowEvent.objects.filter(workflow_run_id=run_id, event_type=PARKED_EVENT)
+        .exclude(payload_json__kind=COOLDOWN)
+        .exists()
+    )
 
 
 def finish_open_steps(

@@ -28,6 +28,7 @@ from ledger.claims import (
     UNCONFIRMED_LONGEST,
     UNCONFIRMED_REASON,
     Claim,
+    held_reason,
     task_runs,
     unconfirmed_minutes,
 )
@@ -39,6 +40,7 @@ from ledger.models import (
     WorkflowEvent,
     WorkflowRun,
     WorkflowStepRun,
+    WorkflowWorkItem,
 )
 from ledger.ratelimit import cooldown_backoff
 from ledger.services.common import (
@@ -162,27 +164,40 @@ def _cooldown_write(
 @dataclass(frozen=True)
 class Report:
     """What a step's report about its account did: `taken` (the account is marked), else
-    `parked` (the task's reason: a second account reported the same, not marked); `claim`,
-    a cooldown claimed for longer than 15 minutes, to confirm (`confirm_enqueue`)."""
+    `parked` (the task's reason: a second account reported the same, not marked; `held`:
+    the task waits, ledger.claims rule 1, rather than ending); `claim`, a cooldown claimed
+    for longer than 15 minutes, to confirm (`confirm_enqueue`)."""
 
     taken: bool
     parked: str | None = None
+    held: bool = False
     claim: Claim | None = None
 
 
 def _task_bound(
-    run: WorkflowRun, step: WorkflowStepRun, profile: str, kind: str
+    run: WorkflowRun,
+    step: WorkflowStepRun,
+    profile: str,
+    kind: str,
+    *,
+    claimed: datetime | None = None,
+    now: datetime | None = None,
 ) -> str | None:
     """ledger.claims rule 1, under the admission lock and the run row: None when `profile`
     may be marked (the task's first account of `kind`, or the one it marked already), with
     an `account_marked` event the first time; else the parked reason, with a `task_parked`
-    event."""
+    event. A rate limit's park holds the task (the event's `until`, `_hold_end`)."""
     marked: set[str] = set()
-    for payload in WorkflowEvent.objects.filter(
-        workflow_run_id__in=task_runs(run), event_type=MARKED_EVENT
-    ).values_list("payload_json", flat=True):
-        if isinstance(payload, dict) and payload.get("kind") == kind:
+    parks = 0
+    for event_type, payload in WorkflowEvent.objects.filter(
+        workflow_run_id__in=task_runs(run), event_type__in=(MARKED_EVENT, PARKED_EVENT)
+    ).values_list("event_type", "payload_json"):
+        if not isinstance(payload, dict) or payload.get("kind") != kind:
+            continue
+        if event_type == MARKED_EVENT:
             marked.add(str(payload.get("account")))
+        else:
+            parks += 1
     others = sorted(marked - {profile})
     if not others:
         if profile not in marked:
@@ -194,19 +209,36 @@ def _task_bound(
             )
         return None
     reason = PARKED_REASONS[kind]
-    append_event(
-        run.id,
-        PARKED_EVENT,
-        step_id=step.step_id,
-        payload={
-            "code": TASK_PARKED,
-            "kind": kind,
-            "account": profile,
-            "marked": others[0],
-            "reason": reason,
-        },
-    )
+    payload = {
+        "code": TASK_PARKED,
+        "kind": kind,
+        "account": profile,
+        "marked": others[0],
+        "reason": reason,
+    }
+    if kind == COOLDOWN:
+        now = now_or_default(now)
+        until = _hold_end(claimed, parks, now)
+        payload["until"] = until.isoformat()
+        # The item says why it waits (its run ends with its own words).
+        WorkflowWorkItem.objects.filter(pk=run.work_item_id).update(
+            last_reason=held_reason(until), updated_at=now
+        )
+    append_event(run.id, PARKED_EVENT, step_id=step.step_id, payload=payload)
     return reason
+
+
+def _hold_end(claimed: datetime | None, parks: int, now: datetime) -> datetime:
+    """When a task parked for a rate limit may try again (ledger.claims rule 1): the end the
+    step claimed, else the cooldown backoff growing with the task's earlier parks; never
+    more than UNCONFIRMED_LONGEST from now."""
+    if claimed is None:
+        claimed = now + cooldown_backoff(
+            reports=parks + 1,
+            base_seconds=float(settings.LOOPSWEB_COOLDOWN_BASE_SECONDS),
+            cap_seconds=float(settings.LOOPSWEB_COOLDOWN_CAP_SECONDS),
+        )
+    return max(now, min(claimed, now + UNCONFIRMED_LONGEST))
 
 
 def _lock_run(step: WorkflowStepRun) -> WorkflowRun:
@@ -231,9 +263,9 @@ def account_cooldown_report(
     with transaction.atomic():
         admission_lock()
         run = _lock_run(step_run)
-        parked = _task_bound(run, step_run, profile, COOLDOWN)
+        parked = _task_bound(run, step_run, profile, COOLDOWN, claimed=until, now=now)
         if parked is not None:
-            return Report(taken=False, parked=parked)
+            return Report(taken=False, parked=parked, held=True)
         row, claimed = _cooldown_write(
             profile=profile,
             tool=tool,

@@ -36,6 +36,12 @@ Rules:
    left at all (`pool_member_left`: enabled, login not failed, not unresponsive), else the
    step waits for one.
 
+7. A per-minute limit pauses, it does not rotate: a 429 whose named reset is at most
+   LOOPSWEB_THROTTLE_SECONDS off cools its account until then, and the step stays on it
+   (`step_pause`, a `step_waiting` event `account_paused`), starting again once the reset
+   has passed, a little later for each (the runner's stagger) so paused steps do not all
+   start at once. The pool is not rotated for it; a longer limit, or none named, moves.
+
 Step start calls `step_failover` (ledger/services/steps.py); the runner calls
 `step_move_after_failure` after an attempt failed on its account.
 """
@@ -74,6 +80,11 @@ UNRESPONSIVE_CODE = reasons.UNRESPONSIVE
 POOL_RATE_LIMITED_CODE = "pool_rate_limited"
 POOL_WAIT_OVER_CODE = "pool_wait_over"
 ROLE_CONFLICT_CODE = "role_conflict"
+ACCOUNT_PAUSED_CODE = "account_paused"
+WAIT_ACCOUNT_PAUSED = (
+    "account {profile} answered a per-minute rate limit (reset {until}): the step stays "
+    "on it and starts again after the reset"
+)
 # The two roles that never share an account in one run (rule 3).
 SEPARATE_ROLES = ("worker", "verifier")
 WAIT_ROLE_CONFLICT = (
@@ -412,3 +423,21 @@ def step_move_after_failure(
         )
         apply_load_delta(load_change(before, run_load(run.status, steps)))
         return moved
+
+
+def step_pause(*, step_run_id: str, until: datetime) -> None:
+    """Record that a finished step waits out its account's per-minute limit (rule 7)."""
+    with transaction.atomic():
+        run, step, _ = lock_step(step_run_id)
+        stamp = timezone.localtime(until).strftime("%H:%M:%S")
+        append_event(
+            run.id,
+            "step_waiting",
+            step_id=step.step_id,
+            payload={
+                "code": ACCOUNT_PAUSED_CODE,
+                "reason": WAIT_ACCOUNT_PAUSED.format(
+                    profile=step.account_profile, until=stamp
+                ),
+            },
+        )

@@ -9,7 +9,7 @@ Two rules of upstream's later releases (docs/operations.md, "Retries within an a
   `step_try_later`; the attempt is refunded (`run_attempt_failures` does not count it).
 - **Re-dispatch bound.** Each automatic new run of an item (a loop retry, a try later; a
   lease recovery ends in a loop retry) is a re-dispatch, counted back to the item's last
-  admission or operator retry (`redispatch_count`). One more than
+  admission or operator retry (`redispatch_count`, ledger.admissions). One more than
   LOOPSWEB_MAX_REDISPATCH dead-letters the item instead (`dead_letter`, reason code
   `dead_lettered`). A re-dispatch after a rate limit (a step of the run put its account in
   cooldown: quota) is never counted, so quota never dead-letters an item.
@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Q
 
 from domain.retry import attempts_left, retry_backoff_seconds
+from ledger.admissions import admission_created
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     AccountCooldown,
@@ -94,26 +95,16 @@ def try_later_step(steps: list[WorkflowStepRun]) -> WorkflowStepRun | None:
 
 def redispatch_count(item_id: str) -> int:
     """How many times the item was re-dispatched since its last admission or operator
-    retry: its runs, newest first, created by a loop retry or a try later (`retryOf`),
-    back to the first one that was not (an admission's, a retry's); a loop's resume
-    (`resumeOf`) is passed over, and a re-dispatch after a rate limit is not counted."""
-    payloads = (
-        WorkflowEvent.objects.filter(
-            workflow_run__work_item_id=item_id, event_type="created"
-        )
-        .order_by("-workflow_run_id")
-        .values_list("payload_json", flat=True)
+    retry (ledger.admissions `admission_created`): its runs created by a loop retry or a
+    try later (`retryOf`) since then; a loop's resume (`resumeOf`) is passed over, and a
+    re-dispatch after a rate limit is not counted."""
+    return sum(
+        1
+        for _, created in admission_created(item_id)
+        if created.get("retryOf")
+        and not created.get("resumeOf")
+        and not created.get("rateLimited")
     )
-    count = 0
-    for payload in payloads:
-        created = payload if isinstance(payload, dict) else {}
-        if created.get("resumeOf"):
-            continue
-        if not created.get("retryOf"):
-            break
-        if not created.get("rateLimited"):
-            count += 1
-    return count
 
 
 def _steps_of(run: WorkflowRun) -> list[WorkflowStepRun]:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from domain import reasons
 from domain.pool import LOGIN_FAILED_REASON, UNRESPONSIVE_REASON
+from ledger.claims import TASK_PARKED, task_hold
 from ledger.lock import admission_lock
 from ledger.models import (
     RunStatus,
@@ -246,29 +247,7 @@ def _start_locked(
                 else f"{step.status} (run {run.status})",
             )
         )
-    spec = step_spec(run, step.step_id)
-    gate = _account_gate(step, now)
-    # Spent windows refuse only where the step can move (a pool-routed run): a pinned
-    # account's step runs and meets the provider's own answer.
-    pooled = run_pool(run) is not None
-    # Worker ≠ verifier (failover rule 3): an account the run's other role started on
-    # refuses this step as a cooling one does, so it moves or waits.
-    excluded = role_excluded(run, step, steps) if pooled else {}
-    refusal = role_refusal(step, excluded) or _account_refusal(
-        step, spec, gate, now if pooled else None
-    )
-    if refusal is not None and step_failover(
-        run=run,
-        step=step,
-        steps=steps,
-        code=refusal[0],
-        reason=refusal[1],
-        now=now,
-    ):
-        gate = _account_gate(step, now)
-        refusal = _account_refusal(step, spec, gate, now if pooled else None)
-    if refusal is not None and pooled:
-        refusal = pool_wait(run, step, refusal, excluded, now)
+    gate, refusal = _start_refusal(run, step, steps, now)
     if refusal is not None:
         code, reason, retry_at = refusal
         # The wait renews the lease (a started step's process renews it as it runs).
@@ -315,6 +294,41 @@ def _start_locked(
     return StepStart(
         started=True, step_run=step, account=gate.account if gate else None
     )
+
+
+def _start_refusal(
+    run: WorkflowRun, step: WorkflowStepRun, steps: list[WorkflowStepRun], now: datetime
+) -> tuple[AccountGate | None, tuple[str, str, datetime | None] | None]:
+    """Whether the step may start now (`step_start`, 3): its account's gate and the
+    refusal, None when it may. A task held after a rate limit (ledger.claims rule 1) waits
+    first, on no account at all."""
+    held = task_hold(run, now)
+    if held is not None:
+        return None, (TASK_PARKED, held[0], held[1])
+    spec = step_spec(run, step.step_id)
+    gate = _account_gate(step, now)
+    # Spent windows refuse only where the step can move (a pool-routed run): a pinned
+    # account's step runs and meets the provider's own answer.
+    pooled = run_pool(run) is not None
+    # Worker ≠ verifier (failover rule 3): an account the run's other role started on
+    # refuses this step as a cooling one does, so it moves or waits.
+    excluded = role_excluded(run, step, steps) if pooled else {}
+    refusal = role_refusal(step, excluded) or _account_refusal(
+        step, spec, gate, now if pooled else None
+    )
+    if refusal is not None and step_failover(
+        run=run,
+        step=step,
+        steps=steps,
+        code=refusal[0],
+        reason=refusal[1],
+        now=now,
+    ):
+        gate = _account_gate(step, now)
+        refusal = _account_refusal(step, spec, gate, now if pooled else None)
+    if refusal is not None and pooled:
+        refusal = pool_wait(run, step, refusal, excluded, now)
+    return gate, refusal
 
 
 def _account_gate(step: WorkflowStepRun, now: datetime) -> AccountGate | None:

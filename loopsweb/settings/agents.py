@@ -89,7 +89,11 @@ LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS = env_int("LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS
 LOOPSWEB_STEP_PROVIDER_ERRORS = env_int("LOOPSWEB_STEP_PROVIDER_ERRORS", 3)
 # How long a step of a pool-routed run waits when every account of its pool is rate
 # limited (holding no run worker), before its run fails with that reason (ledger.runner).
-LOOPSWEB_POOL_WAIT_SECONDS = env_int("LOOPSWEB_POOL_WAIT_SECONDS", 3600)
+LOOPSWEB_POOL_WAIT_SECONDS = env_int("LOOPSWEB_POOL_WAIT_SECONDS", 604800)
+# A 429 whose named reset is at most this far off is a per-minute limit: the account
+# pauses until then and the step stays on it (staggered), rather than rotating the pool
+# (ledger.runner; 0: every 429 moves the step).
+LOOPSWEB_THROTTLE_SECONDS = env_int("LOOPSWEB_THROTTLE_SECONDS", 20)
 # How long an account whose step made no progress for its idle limit (a hang) is marked
 # unresponsive and skipped by pool assignment, step starts and failover (ledger.runner).
 LOOPSWEB_UNRESPONSIVE_SECONDS = env_int("LOOPSWEB_UNRESPONSIVE_SECONDS", 900)

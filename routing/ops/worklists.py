@@ -1,5 +1,5 @@
-"""/ops/attention/ (what failed, timed out or was not delivered, and why) and
-/ops/delivered/ (the pull requests and branches loopsweb delivered): the rows of
+"""/ops/attention/ (what failed, timed out, was dead-lettered or was not delivered, and
+why) and /ops/delivered/ (the pull requests and branches loopsweb delivered): the rows of
 routing.worklists, filtered by the query string and paginated as the other /ops lists.
 
 Both show runs' errors and what their steps used (accounts, tokens, cost), so they need
@@ -68,8 +68,9 @@ def _answer(
 
 @ops_view(access.RUNS, access.STEPS)
 def attention(request: HttpRequest) -> HttpResponse:
-    """Work items that failed, timed out or were not delivered, newest first, each with
-    its reason, the accounts its run used and what it cost."""
+    """Work items that failed, timed out, were dead-lettered by the re-dispatch bound or
+    were not delivered, newest first, each with its reason, the accounts its run used and
+    what it cost."""
     form = worklists.AttentionFilterForm(request.GET)
     listing = _listing(
         request, form, worklists.attention_items, worklists.attention_rows

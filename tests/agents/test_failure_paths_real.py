@@ -4,9 +4,9 @@
 - A provider that keeps failing: opencode retries a server error many times, logging a
   `stream error` line each time; those lines are not progress, and the runner stops the
   step after LOOPSWEB_STEP_PROVIDER_ERRORS of them with the provider's error as the reason.
-- A whole pool rate limited: every account answers 429; the step waits (its run parked,
-  holding no run worker) for the earliest cooldown and runs again, and the run succeeds
-  once the provider answers again, through a real run cluster.
+- A whole pool rate limited: every account answers 429; the task is held (its run parked,
+  holding no run worker) and runs again, and the run succeeds once the provider answers
+  again, through a real run cluster.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from ledger.models import RunStatus, StepStatus, WorkflowEvent
+from ledger.claims import COOLDOWN, PARKED_REASONS, TASK_PARKED
+from ledger.models import AccountCooldown, RunStatus, StepStatus, WorkflowEvent
 from ledger.runner import run_workflow_run
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
@@ -67,12 +68,14 @@ def test_a_provider_that_keeps_failing_ends_the_step_with_its_error(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_whole_pool_rate_limit_waits_for_the_earliest_cooldown_and_then_succeeds(
+def test_a_whole_pool_rate_limit_holds_the_task_and_then_succeeds(
     cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path
 ) -> None:
-    """codex: both accounts answer 429; the step moves once, then waits with the reason
-    on record; the stand-in answers again once both accounts were refused, and the run
-    succeeds on one of them. (The item is not failed at --max-attempts 1.)"""
+    """codex: both accounts answer 429; the step moves once, and the second account's
+    report, one task's second, holds the task (ledger.claims rule 1: the one account it
+    marked cools, the other is not marked) with the reason on record; the stand-in answers
+    again once both accounts were refused, and the run succeeds once the hold is over.
+    (The item is not failed at --max-attempts 1.)"""
     stand_in.retry_after = 3
     stand_in.modes.update({key: "429" for key in KEYS.values()})
 
@@ -87,16 +90,14 @@ def test_a_whole_pool_rate_limit_waits_for_the_earliest_cooldown_and_then_succee
 
     thread = threading.Thread(target=answer_again, daemon=True)
     thread.start()
-    # codex names no reset: its accounts cool for the backoff. The first account's
-    # cooldown must outlast the second account's whole step (a sandboxed codex start on a
-    # busy machine takes seconds); were it over by then, the step would go back to it
-    # (answering again) and never wait for the pool.
+    # codex names no reset: the first account cools, and the task is held, for the
+    # backoff, short here.
     run = drain_and_run(
         "codex",
         cli_bin,
         stand_in,
         tmp_path,
-        env_extra={"LOOPSWEB_COOLDOWN_BASE_SECONDS": "20"},
+        env_extra={"LOOPSWEB_COOLDOWN_BASE_SECONDS": "3"},
     )
     thread.join(5)
 
@@ -105,15 +106,12 @@ def test_a_whole_pool_rate_limit_waits_for_the_earliest_cooldown_and_then_succee
         WorkflowEvent.objects.filter(
             workflow_run_id=run.id,
             event_type="step_waiting",
-            payload_json__code="pool_rate_limited",
+            payload_json__code=TASK_PARKED,
         )
     )
-    assert waits, "the step waited for the pool"
-    assert (
-        waits[0]
-        .payload_json["reason"]
-        .startswith("every account of the pool is rate limited until ")
-    )
+    assert waits, "the task was held"
+    assert waits[0].payload_json["reason"].startswith(PARKED_REASONS[COOLDOWN])
+    assert AccountCooldown.objects.count() == 1  # one task marks one account
     refused = [r for r in stand_in.requests if r.mode == "429"]
     answered = [r for r in stand_in.model_calls() if r.mode == "ok"]
     assert {r.key for r in refused} == set(KEYS.values())

@@ -127,7 +127,11 @@ def test_a_429_account_cools_until_its_reset_and_the_step_moves_and_succeeds(
     binaries: Path,
     stand_in: ProviderStandIn,
     tmp_path: Path,
+    settings: Any,
 ) -> None:
+    # Every 429 moves here: the pause of a per-minute limit (a reset this short) stays
+    # on the account instead (tests/ledger/test_per_minute_limit.py).
+    settings.LOOPSWEB_THROTTLE_SECONDS = 0
     stand_in.modes[KEY_A] = "429"
     # codex cools for the backoff (60 s: it prints no reset); claude waits Retry-After once
     # before it gives up, so its reset is also this test's wait.

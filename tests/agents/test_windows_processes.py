@@ -2,9 +2,10 @@
 as child processes, the run cluster (`qcluster`) running the REAL codex against the provider
 stand-in, which reports acct-a's 5-hour window 95 % used and acct-b's 42 %.
 
-The first run's steps meet both accounts and record their windows from codex's rollout; the
-next task's steps all go to acct-b (acct-a is past --max-window-used); with
-`--max-window-used 0.4` no account is left and the drain defers the task with
+The first run's steps (pool acct-a, acct-b) meet both accounts and record their windows from
+codex's rollout; the next task's steps (pool acct-a, acct-b, acct-c; acct-c at 45 %) go to
+acct-b and acct-c, never acct-a (past --max-window-used; worker ≠ verifier takes the third);
+with `--max-window-used 0.4` no account is left and the drain defers the task with
 `window_exhausted` until the earliest reset; /ops/accounts/, /metrics and the API show the
 windows the stand-in sent.
 """
@@ -41,7 +42,13 @@ pytestmark = [
     pytest.mark.xdist_group("agent_clis"),
 ]
 
-KEYS = {"acct-a": "key-of-acct-a-0123", "acct-b": "key-of-acct-b-4567"}
+KEYS = {
+    "acct-a": "key-of-acct-a-0123",
+    "acct-b": "key-of-acct-b-4567",
+    "acct-c": "key-of-acct-c-89ab",
+}
+FIRST_POOL = "acct-a,acct-b"
+POOL = ",".join(KEYS)
 
 
 def _ingest(env: dict[str, str], project: Path, tmp_path: Path, n: int) -> None:
@@ -53,13 +60,13 @@ def _ingest(env: dict[str, str], project: Path, tmp_path: Path, n: int) -> None:
     manage(env, "ingest_events", str(path))
 
 
-def _drain(env: dict[str, str], *extra: str) -> dict[str, Any]:
+def _drain(env: dict[str, str], pool: str, *extra: str) -> dict[str, Any]:
     done = manage(
         env,
         "drain",
         "todos-task",
         "--auth-profile-pool",
-        "acct-a,acct-b",
+        pool,
         "--provider",
         "codex",
         "--max-active",
@@ -73,7 +80,11 @@ def _drain(env: dict[str, str], *extra: str) -> dict[str, Any]:
 def test_a_spent_window_steers_the_next_steps_and_then_defers_the_pool(
     cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path
 ) -> None:
-    stand_in.windows = {KEYS["acct-a"]: 0.95, KEYS["acct-b"]: 0.42}
+    stand_in.windows = {
+        KEYS["acct-a"]: 0.95,
+        KEYS["acct-b"]: 0.42,
+        KEYS["acct-c"]: 0.45,
+    }
     for name, key in KEYS.items():
         clis.register_account("codex", name, stand_in, tmp_path, key=key)
     project = git_project(tmp_path / "project")
@@ -91,11 +102,12 @@ def test_a_spent_window_steers_the_next_steps_and_then_defers_the_pool(
 
     try:
         _ingest(env, project, tmp_path, 1)
-        assert _drain(env)["created"] == 1
+        assert _drain(env, FIRST_POOL)["created"] == 1
         (first,) = wait_until(lambda: ended(1), timeout=240, what="the first run")
         assert first.status == RunStatus.SUCCEEDED, first.error
         steps = WorkflowStepRun.objects.filter(workflow_run=first)
-        assert {s.account_profile for s in steps} == set(KEYS)  # nothing known yet
+        # Nothing known yet: worker and verifier on the two accounts.
+        assert {s.account_profile for s in steps} == set(FIRST_POOL.split(","))
         seen = {
             (w.account_profile, w.window): w.used
             for w in AccountWindow.objects.filter(source="codex rollout")
@@ -104,7 +116,7 @@ def test_a_spent_window_steers_the_next_steps_and_then_defers_the_pool(
         assert seen[("acct-b", "5h")] == pytest.approx(0.42)
 
         _ingest(env, project, tmp_path, 2)
-        assert _drain(env)["created"] == 1
+        assert _drain(env, POOL)["created"] == 1
         runs = wait_until(lambda: ended(2), timeout=240, what="the second run")
         (second,) = [r for r in runs if r.id != first.id]
         assert second.status == RunStatus.SUCCEEDED, second.error
@@ -112,17 +124,18 @@ def test_a_spent_window_steers_the_next_steps_and_then_defers_the_pool(
             s.account_profile
             for s in WorkflowStepRun.objects.filter(workflow_run=second)
         }
-        assert accounts == {"acct-b"}
+        assert accounts == {"acct-b", "acct-c"}
         assert not stand_in.model_calls(KEYS["acct-a"])[len(steps) :]  # no new call
 
         _ingest(env, project, tmp_path, 3)
-        report = _drain(env, "--max-window-used", "0.4")
+        report = _drain(env, POOL, "--max-window-used", "0.4")
         assert report["throttled"] == 1, report
         (held,) = report["results"]
     finally:
         stop_process_group(cluster)
     assert held["reasonCode"] == reasons.WINDOW_EXHAUSTED
     assert "acct-a: 5h 95%" in held["reason"] and "acct-b: 5h 42%" in held["reason"]
+    assert "acct-c: 5h 45%" in held["reason"]
     reset = stand_in._window_epoch + stand_in.window_reset_seconds
     first = datetime.fromtimestamp(reset, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert held["reason"].endswith(f"until {first}")  # the earliest reset
@@ -134,7 +147,7 @@ def test_a_spent_window_steers_the_next_steps_and_then_defers_the_pool(
     client = Client()
     client.force_login(user)
     page = client.get("/ops/accounts/").content.decode()
-    assert page.count('class="window-row"') == 4 and "codex rollout" in page
+    assert page.count('class="window-row"') == 6 and "codex rollout" in page
     _, token = make_token("metrics", "read")
     text = client.get("/metrics", **bearer(token)).content.decode()
     assert (
@@ -142,4 +155,4 @@ def test_a_spent_window_steers_the_next_steps_and_then_defers_the_pool(
     )
     api = client.get("/api/v1/accounts", **bearer(token)).json()["accounts"]
     marks = {a["profile"]: a["windowMark"] for a in api}
-    assert marks == {"acct-a": "at window", "acct-b": None}
+    assert marks == {"acct-a": "at window", "acct-b": None, "acct-c": None}

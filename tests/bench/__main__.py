@@ -33,10 +33,12 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("pages", "tests.bench.bench_pages"),
     ("run_latency", "tests.bench.bench_run_latency"),
     ("failover", "tests.bench.bench_failover"),
+    ("failover_opencode", "tests.bench.bench_failover_opencode"),
     ("hosts", "tests.bench.bench_hosts"),
     ("idle", "tests.bench.bench_idle"),
     ("windows", "tests.bench.bench_windows"),
     ("sandbox", "tests.bench.bench_sandbox"),
+    ("storm", "tests.bench.bench_storm"),
 ]
 
 

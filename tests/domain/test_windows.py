@@ -15,6 +15,7 @@ from domain.windows import (
     WINDOWS_OFF,
     Observation,
     Window,
+    budget_spend,
     frees_at,
     headroom,
     paced_until,
@@ -298,6 +299,92 @@ def test_with_no_spend_known_the_loads_change_nothing(used, loads) -> None:
     assert window_filter(P3, windows, NOW, running=loads) == window_filter(
         P3, windows, NOW
     )
+
+
+BUDGET = 40_000  # tokens in the 5-hour window (`account add --window 5h=40000`)
+
+
+def est(step_tokens: list[int], running_tokens: int = 0) -> Window:
+    """loopsweb's estimate (rule 10) of a window whose finished steps spent `step_tokens`."""
+    return Window(
+        name="5h",
+        used=min(sum(step_tokens) / BUDGET, 1.0),
+        resets_at=SOON if step_tokens else None,
+        source="loopsweb estimate",
+        spend=budget_spend(step_tokens, BUDGET),
+        estimated=True,
+    )
+
+
+def test_a_token_budget_keeps_one_steps_expected_spend_in_reserve() -> None:
+    """Rules 3 and 10: opencode's 40,000-token budget reached 45,500 (114 %): the estimate
+    had no spend (rule 8 reads the provider's observations, and an estimate has none), so a
+    step was admitted at 35,500 (89 %, under the 0.9 limit) and spent 10,000 more."""
+    finished = [8_000, 9_500, 9_000, 9_000]  # 35,500 tokens: 89 %
+    before = Window(name="5h", used=35_500 / BUDGET, resets_at=SOON, estimated=True)
+    assert frees_at([before], NOW, 0.9, 0) == (False, None)  # what let it pass
+    window = est(finished)
+    assert window.spend == pytest.approx(9_500 / BUDGET)  # the max of the latest three
+    assert frees_at([window], NOW, 0.9, 0) == (True, SOON)  # 89 % + 24 % > 100 %
+    assert "5h 89% (24%/step) until" in window.label()
+    # Steps admitted at once: each running step keeps its spend in reserve too.
+    two = est([10_000])  # 25 %, 25 %/step
+    assert frees_at([two], NOW, 0.9, 2) == (False, None)  # 25 % + 3 x 25 % = 100 %
+    assert frees_at([two], NOW, 0.9, 3) == (True, SOON)  # a fourth at once: 125 %
+
+
+def test_an_estimate_whose_spend_is_unknown_takes_one_step_at_a_time() -> None:
+    fresh = est([])  # no step finished within the window yet
+    assert fresh.spend is None and fresh.used == 0.0
+    assert frees_at([fresh], NOW, 0.9, 0) == (False, None)
+    assert frees_at([fresh], NOW, 0.9, 1) == (True, None)  # frees when that one ends
+    assert "(spend unknown: one step at a time)" in fresh.label()
+    found = window_filter(P3, {"acctA": [fresh]}, NOW, running={"acctA": 1})
+    assert found.kept == ["acctB", "acctC"]
+    # A provider's window with no spend known is decided on its used fraction (rule 3).
+    assert frees_at([w(used=0.0)], NOW, 0.9, 1) == (False, None)
+
+
+# Rule 10: the finished steps' tokens (oldest first) -> what one step spends of 40,000.
+BUDGET_SPEND_CASES = [
+    ([], None),
+    ([10_000], 0.25),  # one finished step is enough
+    ([20_000, 4_000, 6_000, 8_000], 0.2),  # the max of the latest three
+    ([0, 0], 0.0),
+    ([-5, 4_000], 0.1),  # a negative count spends nothing
+]
+
+
+@pytest.mark.parametrize(("tokens", "expected"), BUDGET_SPEND_CASES)
+def test_a_budgets_spend_is_the_latest_steps_tokens_over_the_budget(tokens, expected):
+    got = budget_spend(tokens, BUDGET)
+    assert got == (None if expected is None else pytest.approx(expected))
+    assert budget_spend(tokens, 0) is None
+
+
+@given(step=st.integers(1_000, 60_000), cap=st.integers(1, 8))
+def test_a_budget_is_never_passed_by_more_than_one_steps_spend(step, cap) -> None:
+    """Admissions and step starts as the ledger runs them: a step starts while the rule
+    keeps the account (`running`: the steps in flight, at most `cap` at once, the
+    route's --max-per-profile), else one running step ends and its tokens count in the
+    estimate, until nothing can start. Every step spends `step` tokens."""
+    finished: list[int] = []
+    in_flight = 0
+    while True:
+        window = est(finished)
+        if (
+            in_flight < cap
+            and window_filter(
+                ["acctA"], {"acctA": [window]}, NOW, running={"acctA": in_flight}
+            ).kept
+        ):
+            in_flight += 1
+        elif in_flight:
+            in_flight -= 1
+            finished.append(step)
+        else:
+            break
+    assert sum(finished) <= max(BUDGET, step) <= BUDGET + step
 
 
 T0 = NOW - timedelta(minutes=30)

@@ -8,7 +8,7 @@ cluster: tests/ledger/test_claims_process.py."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -23,17 +23,21 @@ from ledger.claims import (
     UNCONFIRMED_LONGEST,
     WINDOW,
     Claim,
+    task_hold,
 )
 from ledger.models import (
     Account,
     AccountCooldown,
     AccountWindow,
+    RunStatus,
     WorkflowEvent,
+    WorkflowRun,
     WorkflowStepRun,
 )
 from ledger.services.cascade import task_parked
 from ledger.windows import latest_windows, windows_claimed
 from tests.factories import make_run, make_step_run, make_work_item
+from tests.routing.helpers import generic_event, route
 
 WEEK = timedelta(hours=168)
 
@@ -71,7 +75,16 @@ def test_a_second_account_of_one_task_is_not_cooled_and_the_task_parks() -> None
     )
     assert parked.payload_json["code"] == TASK_PARKED
     assert parked.payload_json["marked"] == "acctA"
-    assert task_parked(second_step.workflow_run_id)
+    # A rate limit holds the task (at most the 15 minutes a claim gets unconfirmed), it
+    # does not end it for good as a failed login does; the item says why it waits.
+    assert second.held and not task_parked(second_step.workflow_run_id)
+    until = datetime.fromisoformat(parked.payload_json["until"])
+    assert timezone.now() < until <= timezone.now() + UNCONFIRMED_LONGEST
+    held = task_hold(second_step.workflow_run, timezone.now())
+    assert held is not None and held[1] == until
+    assert held[0].startswith(PARKED_REASONS[COOLDOWN])
+    item.refresh_from_db()
+    assert item.last_reason == held[0]
     # The account the task marked may report again (it is the one account).
     assert _report(_step("acctA", item)).taken
     # Another task may mark acctB.
@@ -92,6 +105,7 @@ def test_a_second_login_failure_of_one_task_is_not_marked() -> None:
     )
     assert first.taken and not second.taken
     assert second.parked is not None and "failed login" in second.parked
+    assert not second.held
     marked = set(
         Account.objects.filter(login_failed_at__isnull=False).values_list(
             "name", flat=True
@@ -168,6 +182,54 @@ def test_an_exhausted_window_is_bounded_per_task_and_cut_to_15_minutes() -> None
         step_run_id=_step("acctB").id,
     )
     assert written == 1 and len(claimed) == 1
+
+
+def _routed(max_attempts: str) -> str:
+    """A work item admitted by a route (its run's `created` event as an admission writes
+    it); its id."""
+    result = route(event=generic_event(), max_attempts=max_attempts, retry_backoff="30")
+    assert result.work_item is not None and result.run is not None
+    return result.work_item.id
+
+
+def _on_latest(item_id: str, account: str) -> WorkflowStepRun:
+    """A step of the item's newest run on `account`."""
+    run = WorkflowRun.objects.filter(work_item_id=item_id).order_by("-id").first()
+    return make_step_run(
+        workflow_run=run, account_profile=account, step_id=f"probe-{account}"
+    )
+
+
+def _fail_latest(item_id: str) -> None:
+    run = WorkflowRun.objects.filter(work_item_id=item_id).order_by("-id").first()
+    assert run is not None
+    services.run_claim(run_id=run.id, worker="w:1")
+    services.run_finalize(run_id=run.id, status=RunStatus.FAILED, error="boom")
+
+
+@pytest.mark.django_db
+def test_an_operator_retry_starts_the_task_bound_afresh() -> None:
+    """After acct-a's mark, the item's loop retry is the same task: acct-b's report parks
+    it. An operator's retry (routing/admission/retry.py) starts the bound afresh: acct-b
+    is marked, and the bound holds again within the new admission (acct-c parks)."""
+    looped = _routed(max_attempts="2")
+    assert _report(_on_latest(looped, "acct-a")).taken
+    _fail_latest(looped)  # the loop retries it: a new run, `retryOf`
+    assert WorkflowRun.objects.filter(work_item_id=looped).count() == 2
+    parked = _report(_on_latest(looped, "acct-b"))
+    assert not parked.taken and parked.parked == PARKED_REASONS[COOLDOWN]
+    assert not AccountCooldown.objects.filter(pk="acct-b").exists()
+
+    retried = _routed(max_attempts="1")
+    assert _report(_on_latest(retried, "acct-a")).taken
+    _fail_latest(retried)  # no attempt left: the item fails
+    services.work_item_retry(item_id=retried, actor="ops")
+    assert WorkflowRun.objects.filter(work_item_id=retried).count() == 2
+    marked = _report(_on_latest(retried, "acct-b"))
+    assert marked.taken and marked.parked is None
+    assert AccountCooldown.objects.filter(pk="acct-b").exists()
+    again = _report(_on_latest(retried, "acct-c"))
+    assert not again.taken and again.parked == PARKED_REASONS[COOLDOWN]
 
 
 @pytest.mark.django_db

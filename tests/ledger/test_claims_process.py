@@ -3,8 +3,8 @@ processes: the hostile agent stand-in (tests/hostile_agent.py, cases `forge-429`
 `forge-login`) as codewith, events routed by `manage.py route_event` (a second terminal) and
 run by a run cluster. A forged week-long 429 on a pool of 3 cools at most one account, for at
 most 15 minutes, unconfirmed (the run cluster's own request with the account passes), and
-parks the item with the reason; a forged `Not logged in` with --max-attempts 3 marks at
-most one account."""
+holds the item with the reason (its run parked, waiting); a forged `Not logged in` with
+--max-attempts 3 marks at most one account."""
 
 from __future__ import annotations
 
@@ -23,12 +23,15 @@ from ledger.claims import (
     COOLDOWN,
     LOGIN,
     PARKED_REASONS,
+    TASK_PARKED,
     UNCONFIRMED_LONGEST,
 )
 from ledger.models import (
     TERMINAL_WORK_ITEM_STATUSES,
     Account,
     AccountCooldown,
+    RunStatus,
+    WorkflowEvent,
     WorkflowRun,
     WorkflowWorkItem,
     WorkItemStatus,
@@ -72,6 +75,17 @@ def _ended(item_id: str) -> WorkflowWorkItem | None:
     return item if item.status in TERMINAL_WORK_ITEM_STATUSES else None
 
 
+def _held(item_id: str) -> WorkflowRun | None:
+    """The item's run once it waits, parked, for its task's hold (ledger.claims rule 1)."""
+    run = WorkflowRun.objects.get(work_item_id=item_id)
+    waiting = WorkflowEvent.objects.filter(
+        workflow_run_id=run.id,
+        event_type="step_waiting",
+        payload_json__code=TASK_PARKED,
+    ).exists()
+    return run if waiting and run.claimed_by is None else None
+
+
 def test_forged_limits_and_logins_mark_at_most_one_account(tmp_path: Path) -> None:
     for name in ("acctA", "acctB", "acctC", "acctD", "acctE", "acctF"):
         services.account_add(name=name, provider="codewith")
@@ -92,13 +106,17 @@ def test_forged_limits_and_logins_mark_at_most_one_account(tmp_path: Path) -> No
             "--auth-profile-pool",
             "acctA,acctB,acctC",
         )
-        item = wait_for(lambda: _ended(forged), what="the forged 429's item to end")
+        # Held, not failed: the run waits, parked (holding no run worker), with the
+        # reason on its item, for at most the 15 minutes a claim gets unconfirmed.
+        run = wait_for(lambda: _held(forged), what="the forged 429's task to be held")
+        item = WorkflowWorkItem.objects.get(pk=forged)
         cooling = list(AccountCooldown.objects.filter(until__gt=timezone.now()))
         assert len(cooling) == 1
         assert cooling[0].until <= timezone.now() + UNCONFIRMED_LONGEST
         assert (cooling[0].reason or "").startswith("unconfirmed")
-        assert item.status == WorkItemStatus.FAILED
-        assert PARKED_REASONS[COOLDOWN] in (item.last_reason or "")
+        assert item.status == WorkItemStatus.RUNNING
+        assert (item.last_reason or "").startswith(PARKED_REASONS[COOLDOWN])
+        assert run.status == RunStatus.RUNNING
         # The run cluster made its own request with the account: answered, unconfirmed.
         wait_for(
             lambda: Task.objects.filter(func=CONFIRM_TASK).first(),

@@ -1,11 +1,11 @@
 """Bounded trust through the runner, in-process with the fake agent (issue 58, ledger.claims):
 a forged week-long 429 on a pool of 3 cools one account for 15 minutes, unconfirmed, and
-parks the item with the reason; a forged `Not logged in` with --max-attempts 3 marks one
+holds the item with the reason (its run waits, then resumes); a forged `Not logged in` with --max-attempts 3 marks one
 account; the confirmation makes loopsweb's own request with the fake agent as the CLI."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.runner import run_workflow_run
+from ledger.runner import HANDED_BACK, run_workflow_run
 from ledger.services.confirm import CONFIRMED, UNCONFIRMED, confirm_claim
 from ledger.webkit import access
 from tests.factories import make_staff_user
@@ -65,25 +65,50 @@ def test_a_forged_week_long_429_on_a_pool_of_3_cools_one_account_15_minutes(
     run = route_generic(
         project, auth_profile_pool=POOL, created=True, max_attempts=3, retry_backoff=0
     ).run
-    item = _run_item(run)
+    handed: list[float] = []
+    outcome = run_workflow_run(
+        run.id, hand_back=lambda _id, delay: handed.append(delay)
+    )
+    assert outcome == HANDED_BACK and handed
     cooling = list(AccountCooldown.objects.filter(until__gt=timezone.now()))
     assert len(cooling) == 1
     assert cooling[0].until <= timezone.now() + UNCONFIRMED_LONGEST
     assert (cooling[0].reason or "").startswith("unconfirmed")
-    # Parked, not retried: the item failed with the reason an operator reads.
-    assert item.status == WorkItemStatus.FAILED
-    assert WorkflowRun.objects.filter(work_item_id=item.id).count() == 1
-    assert PARKED_REASONS[COOLDOWN] in (item.last_reason or "")
-    assert WorkflowEvent.objects.filter(
-        workflow_run_id=run.id, event_type=PARKED_EVENT
-    ).exists()
+    # Held, not failed: the run waits (parked, holding no worker) with the reason an
+    # operator reads, for at most the 15 minutes a claim gets unconfirmed.
+    run.refresh_from_db()
+    item = WorkflowWorkItem.objects.get(pk=run.work_item_id)
+    assert run.status == RunStatus.RUNNING and run.claimed_by is None
+    assert item.status != WorkItemStatus.FAILED
+    parked = WorkflowEvent.objects.get(workflow_run_id=run.id, event_type=PARKED_EVENT)
+    until = datetime.fromisoformat(parked.payload_json["until"])
+    assert timezone.now() < until <= timezone.now() + UNCONFIRMED_LONGEST
+    waits = WorkflowEvent.objects.filter(
+        workflow_run_id=run.id, event_type="step_waiting"
+    ).order_by("-sequence")
+    assert waits[0].payload_json["code"] == PARKED_EVENT
+    assert waits[0].payload_json["reason"].startswith(PARKED_REASONS[COOLDOWN])
     # Two accounts tried (the second one not marked), never the third.
     tried = {r["profile"] for r in agent.records() if r["step"] == "worker"}
     assert len(tried) == 2
     # The item page says so.
     client.force_login(make_staff_user("ops", access.ITEMS, access.RUNS))
+    client.raise_request_exception = True
     page = client.get(reverse("ops:work-item", args=[item.id])).content.decode()
     assert escape(PARKED_REASONS[COOLDOWN]) in page
+
+    # Once the hold is over (its end moved to the past: the time a hold lasts), the
+    # run resumes where it stopped and succeeds; the item never failed.
+    agent.configure()
+    payload = dict(parked.payload_json, until=timezone.now().isoformat())
+    WorkflowEvent.objects.filter(pk=parked.pk).update(payload_json=payload)
+    resumed = run_workflow_run(
+        run.id, hand_back=lambda _id, delay: handed.append(delay)
+    )
+    assert resumed == RunStatus.SUCCEEDED
+    item.refresh_from_db()
+    assert item.status == WorkItemStatus.SUCCEEDED
+    assert WorkflowRun.objects.filter(work_item_id=item.id).count() == 1
 
 
 @pytest.mark.slow

@@ -137,6 +137,8 @@ def test_the_estimate_counts_the_accounts_tokens_in_the_window() -> None:
     assert estimate.used == pytest.approx(0.7)  # the step 400 min ago is outside 5 h
     assert estimate.resets_at == now - timedelta(minutes=100) + timedelta(hours=5)
     assert "700 of 1000 tokens, $0.50" in estimate.source
+    # What one step spends: the most a step within the window spent (domain.windows rule 10).
+    assert estimate.estimated and estimate.spend == pytest.approx(0.4)
     # A provider observation still in force is fresher than the estimate.
     spend("acctA", 0.2)
     (seen,) = window_state(["acctA"], now=now)["acctA"]

@@ -14,6 +14,7 @@ from ledger.models import (
     WorkflowStepAttempt,
     WorkflowWorkItem,
 )
+from ledger.services.retries import DEAD_LETTERED_CODE, DEAD_LETTERED_REASON
 from tests.factories import make_invocation, make_run, make_step_run, make_work_item
 
 # A title an agent or a task could carry: the pages must show it as text.
@@ -170,6 +171,30 @@ def seed_attention() -> dict[str, WorkflowWorkItem]:
             title="Still running", item_status="running", run_status="running"
         ),
     }
+
+
+FLAKY = "step worker failed: step exited with code 3"
+DEAD_LETTERED = DEAD_LETTERED_REASON.format(count=8, reason=FLAKY)
+
+
+def dead_lettered_item(**fields: Any) -> WorkflowWorkItem:
+    """An item the re-dispatch bound set aside, as ledger/services/retries.py
+    `_dead_letter` leaves it: `dead_letter`, reason code `dead_lettered`, its reason naming
+    the count and its last run's error (that run `failed`)."""
+    item = item_with_run(
+        title=fields.pop("title", "Flaky suite"),
+        item_status="dead_letter",
+        run_status="failed",
+        error=FLAKY,
+        step_status="failed",
+        step_reason="failed",
+        **fields,
+    )
+    WorkflowWorkItem.objects.filter(pk=item.pk).update(
+        reason_code=DEAD_LETTERED_CODE, last_reason=DEAD_LETTERED
+    )
+    item.refresh_from_db()
+    return item
 
 
 def seed_delivered() -> dict[str, WorkflowRun]:

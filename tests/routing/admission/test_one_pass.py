@@ -104,7 +104,8 @@ def _lookups(statements: list[str]) -> int:
 
 def _assert_one_pass(statements: list[str]) -> None:
     """One admitted event's statements: each read and write once, nothing twice."""
-    shown = [" ".join(s.split())[:90] for s in statements]
+    # One line per statement, so a failure shows every one (a list's repr is cut short).
+    shown = "\n".join(" ".join(s.split())[:160] for s in statements)
     assert len(statements) <= BOUND, shown
     # The lock: PostgreSQL's advisory lock, or SQLite's BEGIN IMMEDIATE (the write lock).
     if connection.vendor == "postgresql":

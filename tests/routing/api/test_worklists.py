@@ -61,6 +61,28 @@ def test_attention_lists_each_kind_with_its_reason_accounts_and_usage(
     assert undelivered["usage"]["costUsd"] is None
 
 
+def test_a_dead_lettered_item_is_listed_as_such_with_its_reason(
+    read: Callable[..., Any],
+) -> None:
+    items = seed.seed_attention()
+    dead = seed.dead_lettered_item()
+    rows = {row["workItemId"]: row for row in read("/api/v1/attention")["attention"]}
+    assert items["dead_letter"].id not in rows  # an operator's dead-letter: not listed
+    row = rows[dead.id]
+    assert row["kinds"] == ["dead_lettered"] and row["status"] == "dead_letter"
+    assert row["reason"] == seed.DEAD_LETTERED
+    assert row["runStatus"] == "failed"
+    assert row["failedStep"] == {
+        "stepId": "worker",
+        "status": "failed",
+        "reasonCode": "failed",
+    }
+    only = read("/api/v1/attention?kind=dead_lettered")["attention"]
+    assert [r["workItemId"] for r in only] == [dead.id]
+    failed = read("/api/v1/attention?kind=failed")["attention"]
+    assert [r["workItemId"] for r in failed] == [items["failed"].id]
+
+
 def test_attention_filters_and_pages_with_a_cursor(read: Callable[..., Any]) -> None:
     items = seed.seed_attention()
     only = read("/api/v1/attention?kind=timed_out")["attention"]

@@ -74,6 +74,34 @@ def test_attention_lists_each_item_that_failed_timed_out_or_was_not_delivered(
     assert "not delivered (1)" in kinds
 
 
+def test_a_dead_lettered_item_is_its_own_kind_with_its_reason(admin_client) -> None:
+    """An item the re-dispatch bound set aside is listed as dead-lettered (never as failed,
+    though its last run failed), with the bound's reason; one an operator dead-lettered
+    (seed_attention's `dead_letter`: no reason code) is not listed."""
+    items = seed.seed_attention()
+    dead = seed.dead_lettered_item(project="/srv/jobs")
+    html = page(admin_client, ATTENTION)
+    assert len(rows_of(html, "attention")) == 4
+    row = row_of(html, dead)
+    assert ">dead-lettered</span>" in row and ">failed</span>" not in row
+    assert "re-dispatched 8 times: dead-lettered (step worker failed" in row
+    assert "step <code>worker</code> failed" in row
+    assert f"item-{items['dead_letter'].id}" not in html
+    kinds = html.split('id="kinds"')[1].split("</p>")[0]
+    assert "failed (1)" in kinds and "dead-lettered (1)" in kinds
+    assert '<option value="dead_lettered">dead-lettered</option>' in html
+
+    only = page(admin_client, ATTENTION, kind="dead_lettered")
+    assert [row_of(only, dead)] == rows_of(only, "attention")
+    assert f"item-{dead.id}" not in page(admin_client, ATTENTION, kind="failed")
+    assert f"item-{dead.id}" in page(admin_client, ATTENTION, project="/srv/jobs")
+    # An operator's retry or requeue admits it again (the reason code cleared): off the list.
+    WorkflowWorkItem.objects.filter(pk=dead.pk).update(
+        status="queued", reason_code=None
+    )
+    assert f"item-{dead.id}" not in page(admin_client, ATTENTION)
+
+
 def test_an_item_retried_leaves_the_list(admin_client) -> None:
     item = seed.seed_attention()["failed"]
     WorkflowWorkItem.objects.filter(pk=item.pk).update(status="queued")
@@ -215,7 +243,7 @@ def test_the_overview_links_the_lists_without_a_query_of_its_own(
     seed.seed_attention()
     html = page(admin_client, reverse("ops:overview"))
     box = html.split('id="throughput"')[1].split("</section>")[0]
-    for kind in ("failed", "timed_out", "not_delivered"):
+    for kind in ("failed", "timed_out", "dead_lettered", "not_delivered"):
         assert f'href="{ATTENTION}?kind={kind}"' in box
     assert f'href="{DELIVERED}"' in box
     # The chart's own "failed or timed out (N)" is a link to the last 24 hours of them.
