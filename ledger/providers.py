@@ -50,8 +50,8 @@ docs/agents.md and tests/agents/):
   stderr (`ledger.agent_output.live_rate_limit`). Permissions through `OPENCODE_PERMISSION`
   by sandbox (`read-only`: edit and bash denied; otherwise allowed); auto-update and the
   models.dev fetch off. `--title` names the session, so opencode makes no model call to
-  title it: the step's first request is its own, and a 429 on it is in the log at once
-  (the title call's 429 was retried without a word, seconds before the step's).
+  title it: the step's first request is its own, and a 429 on it is in the log at once (a
+  title call sent first had its 429 retried without a word, seconds before the step's).
 N is `settings.LOOPSWEB_AGENT_MAX_RETRIES` (default 1: one retry, so a rate limit reaches
 loopsweb in seconds and the step moves to another account).
 

@@ -139,9 +139,12 @@ def windows_claimed(
     """What a step's CLI reported (ledger.claims): `windows_record` after the task's bound
     on exhausted windows (rejected, or 100 % used; a 429 the runner saw is one too). One
     of a second account of the task is not recorded; one that would stand longer than
-    UNCONFIRMED_LONGEST is recorded until then, its source saying unconfirmed. Returns the
+    UNCONFIRMED_LONGEST is recorded until then, its source saying unconfirmed. A lower
+    reading of a window the ledger holds exhausted is left out (`_no_refill`). Returns the
     rows written and the windows as claimed, to confirm."""
     now = now or timezone.now()
+    if step_run_id:
+        windows = _no_refill(account, windows, now)
     spent = [w for w in windows if w.exhausted(now, max_used=1.0)]
     if not spent or not step_run_id:
         return windows_record(
@@ -173,6 +176,20 @@ def windows_claimed(
         now=now,
     )
     return written, confirm
+
+
+def _no_refill(account: str, windows: Sequence[Window], now: datetime) -> list[Window]:
+    """A step's report never refills a window the ledger holds exhausted until a reset that
+    has not passed: such a window's lower reading is left out (only the provider's own
+    answer to loopsweb's request, `account check` or `account clear` ends it early)."""
+    held = {
+        w.name
+        for w in latest_windows([account], now=now).get(account, [])
+        if w.exhausted(now, max_used=1.0)
+    }
+    if not held:
+        return list(windows)
+    return [w for w in windows if w.name not in held or w.exhausted(now, max_used=1.0)]
 
 
 def _task_spent_elsewhere(account: str, step_run_id: str) -> bool:

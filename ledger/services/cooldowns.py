@@ -43,12 +43,14 @@ from ledger.models import (
     WorkflowWorkItem,
 )
 from ledger.ratelimit import cooldown_backoff
+from ledger.selectors import account_state
 from ledger.services.common import (
     LedgerError,
     append_event,
     clean_text,
     now_or_default,
 )
+from ledger.services.failover import run_pool
 from ledger.windows import latest_windows, windows_record
 
 # The window a 429 seen by the runner is recorded as, and its source.
@@ -219,6 +221,9 @@ def _task_bound(
     if kind == COOLDOWN:
         now = now_or_default(now)
         until = _hold_end(claimed, parks, now)
+        reset = _pool_reset(run, now)
+        if reset is not None and reset < until:
+            until = reset  # an account of its pool is free again before: try then
         payload["until"] = until.isoformat()
         # The item says why it waits (its run ends with its own words).
         WorkflowWorkItem.objects.filter(pk=run.work_item_id).update(
@@ -226,6 +231,17 @@ def _task_bound(
         )
     append_event(run.id, PARKED_EVENT, step_id=step.step_id, payload=payload)
     return reason
+
+
+def _pool_reset(run: WorkflowRun, now: datetime) -> datetime | None:
+    """The earliest end of a cooldown among the run's pool members (a pool-routed run), so
+    a held task tries again as soon as one of them is free, not at its own claim's end."""
+    context = run_pool(run)
+    if context is None:
+        return None
+    cooling = account_state(now=now, accounts=context[1]).cooling
+    ends = [end for end in cooling.values() if end > now]
+    return min(ends) if ends else None
 
 
 def _hold_end(claimed: datetime | None, parks: int, now: datetime) -> datetime:

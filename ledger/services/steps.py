@@ -165,7 +165,7 @@ def step_start(
         admission_lock()
         run, step, steps = lock_step(step_run_id)
         before = run_load(run.status, steps)
-        outcome = _start_locked(run, step, steps, worker=worker, now=now)
+        outcome = _start_locked(run, step, steps, worker=worker, now=now, own=True)
         apply_load_delta(load_change(before, run_load(run.status, steps)))
     return outcome
 
@@ -231,8 +231,12 @@ def _start_locked(
     *,
     worker: str,
     now: datetime,
+    own: bool = False,
 ) -> StepStart:
-    """`step_start` on rows the caller locked; the caller applies the load change."""
+    """`step_start` on rows the caller locked; the caller applies the load change. `own`:
+    a start of its own (`step_start`), which reads the task's hold; a start made by the
+    transaction that finished the step before it follows a step that ran, so no hold of
+    its task is in force (a held step starts again through `step_start`)."""
     if (
         run.status != RunStatus.RUNNING
         or run.claimed_by != worker
@@ -247,7 +251,7 @@ def _start_locked(
                 else f"{step.status} (run {run.status})",
             )
         )
-    gate, refusal = _start_refusal(run, step, steps, now)
+    gate, refusal = _start_refusal(run, step, steps, now, held=own)
     if refusal is not None:
         code, reason, retry_at = refusal
         # The wait renews the lease (a started step's process renews it as it runs).
@@ -297,14 +301,19 @@ def _start_locked(
 
 
 def _start_refusal(
-    run: WorkflowRun, step: WorkflowStepRun, steps: list[WorkflowStepRun], now: datetime
+    run: WorkflowRun,
+    step: WorkflowStepRun,
+    steps: list[WorkflowStepRun],
+    now: datetime,
+    *,
+    held: bool,
 ) -> tuple[AccountGate | None, tuple[str, str, datetime | None] | None]:
     """Whether the step may start now (`step_start`, 3): its account's gate and the
-    refusal, None when it may. A task held after a rate limit (ledger.claims rule 1) waits
-    first, on no account at all."""
-    held = task_hold(run, now)
-    if held is not None:
-        return None, (TASK_PARKED, held[0], held[1])
+    refusal, None when it may. With `held`, a task held after a rate limit (ledger.claims
+    rule 1) waits first, on no account at all."""
+    hold = task_hold(run, now) if held else None
+    if hold is not None:
+        return None, (TASK_PARKED, hold[0], hold[1])
     spec = step_spec(run, step.step_id)
     gate = _account_gate(step, now)
     # Spent windows refuse only where the step can move (a pool-routed run): a pinned

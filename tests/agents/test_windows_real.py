@@ -9,11 +9,15 @@ the run cluster and drain processes is tests/agents/test_windows_processes.py.
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from domain.keys import generic_pool_seed
+from domain.pool import stable_index
 from ledger.models import (
     AccountWindow,
     RunStatus,
@@ -41,6 +45,21 @@ pytestmark = [
 ]
 
 KEYS = {"acct-a": "sk-ant-oat01-key-of-acct-a", "acct-b": "sk-ant-oat01-key-of-acct-b"}
+# A third account, fresh: worker ≠ verifier needs two accounts once acct-a is left out.
+KEY_C = "sk-ant-oat01-key-of-acct-c"
+POOL3 = "acct-a,acct-b,acct-c"
+
+
+def _worker_on_acct_a_of_three() -> str:
+    """An event id whose pool seed puts the worker on acct-a of a pool of three (the
+    verifier on acct-b)."""
+    for n in itertools.count():
+        event_id = f"evt-{time.time_ns()}-{n}"
+        if stable_index(generic_pool_seed("ci", "build.failed", event_id), 3) == 0:
+            return event_id
+    raise AssertionError("unreachable")
+
+
 SOURCES = {"codex": "codex rollout", "claude": "claude rate_limit_event"}
 
 
@@ -78,9 +97,14 @@ def test_each_steps_window_is_recorded_for_its_account(
     else:  # claude: allowed carries no number; the warning does
         assert (a.status, b.status, b.used) == ("allowed_warning", "allowed", None)
 
-    # acct-a is past --max-window-used (0.9): the next run's steps all go to acct-b.
-    second = _route(project, provider, auth_profile_pool="acct-a,acct-b")
-    assert {s.account_profile for s in steps_of(second).values()} == {"acct-b"}
+    # acct-a is past --max-window-used (0.9): the next run's steps go to acct-b and a
+    # third account (worker ≠ verifier), never acct-a.
+    clis.register_account(provider, "acct-c", stand_in, tmp_path, key=KEY_C, oauth=True)
+    second = _route(project, provider, auth_profile_pool=POOL3)
+    assert {s.account_profile for s in steps_of(second).values()} == {
+        "acct-b",
+        "acct-c",
+    }
 
 
 @pytest.mark.sqlite
@@ -90,22 +114,32 @@ def test_opencode_tells_nothing_before_a_429_and_the_429_is_recorded(
     """opencode reads no window on success; at a spent window (the stand-in's 429 with the
     headers) the runner stops it as soon as its log names the limit, before opencode prints
     its error line, so what is recorded is the 429 the runner saw: rejected until the
-    cooldown's end. The step moves to acct-b."""
-    stand_in.windows = {KEYS["acct-a"]: 1.0, KEYS["acct-b"]: 0.3}
+    cooldown's end. The worker moves to acct-c (the verifier, on acct-b, is another
+    account: worker ≠ verifier)."""
+    stand_in.windows = {KEYS["acct-a"]: 1.0, KEYS["acct-b"]: 0.3, KEY_C: 0.3}
     stand_in.retry_after = 120
-    for name, key in KEYS.items():
+    for name, key in {**KEYS, "acct-c": KEY_C}.items():
         clis.register_account("opencode", name, stand_in, tmp_path, key=key)
     project = git_project(tmp_path / "project")
-    run = _route(project, "opencode", auth_profile_pool="acct-a,acct-b")
+    run = _route(
+        project, "opencode", _worker_on_acct_a_of_three(), auth_profile_pool=POOL3
+    )
+    assert steps_of(run)["worker"].account_profile == "acct-a"
 
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED, WorkflowRun.objects.get(
         pk=run.id
     ).error
 
-    assert {s.account_profile for s in steps_of(run).values()} == {"acct-b"}
+    steps = steps_of(run)
+    assert (steps["worker"].account_profile, steps["verifier"].account_profile) == (
+        "acct-c",
+        "acct-b",
+    )
     spent = AccountWindow.objects.get(account_profile="acct-a")
     assert (spent.window, spent.status) == ("rate_limit", "rejected")
-    assert not AccountWindow.objects.filter(account_profile="acct-b").exists()
+    assert not AccountWindow.objects.filter(
+        account_profile__in=["acct-b", "acct-c"]
+    ).exists()
 
 
 @pytest.mark.parametrize("provider", clis.on_each_cli("codex", "claude"))

@@ -3,26 +3,28 @@
 A real run cluster (`Q_CLUSTER_NAME=loopsweb-runs manage.py qcluster`) serves the throwaway
 database; the pinned opencode (tests/agents/clis.py, installed from npm once) talks to the
 provider stand-in (tests/agents/provider.py) on 127.0.0.1. A pool of three accounts; the
-stand-in answers the first key that asks (the worker's account, acct-a here) with HTTP 429
-and `Retry-After: 30`, so the worker moves to the member the verifier does not use (acct-b
-here; worker ≠ verifier). opencode retries a 429
-by itself (minutes at that Retry-After) and prints only a log line for it (docs/agents.md),
-so the runner reads that line, stops opencode and moves the step (ledger/agent_step.py,
-ledger/runner.py). Target: the moved step's opencode running on acct-b (its first request)
-at most 10 s after the 429 was read.
+stand-in answers the first key that asks (the worker's account) with HTTP 429 and
+`Retry-After: 30`, so the worker moves to the member the verifier does not use (worker ≠
+verifier). opencode retries a 429 by itself (minutes at that Retry-After) and prints only a
+log line for it (docs/agents.md), so the runner reads that line, stops opencode and moves the
+step (ledger/agent_step.py, ledger/runner.py). Target: the moved step's opencode running on
+the other account (its first request) at most 10 s after the 429 was read.
 
 Per run, on one clock (the stand-in's request log, opencode's own log timestamp, the step's
-attempts' `started_at` / `finished_at`):
-- first 429 → 429 logged: opencode's log line naming the 429 (its `timestamp=`; the first
-  429 is often its title request's, which it retries without a word);
-- 429 logged → attempt ended: the runner reading the line, stopping opencode, recording the
-  attempt and the account's cooldown;
-- attempt ended → next attempt started: the move and the start on acct-b;
-- next attempt started → acct-b's first request: the sandbox and opencode's own start;
-- 429 logged → acct-b's first request: the figure with the target.
+attempts' `started_at` / `finished_at`), the PHASES:
+- the first 429 → the 429 logged: opencode's log line naming the 429 (its `timestamp=`); a
+  title request of opencode's own that went first had its 429 retried without a word (each
+  run prints which requests got a 429: `title` offers no tools, `step` does);
+- the 429 logged → the attempt ended: the runner reading the line, stopping opencode,
+  recording the attempt and the account's cooldown;
+- the attempt ended → the next attempt started: the move and the start on the other account;
+- the next attempt started → the other account's first request: the sandbox and opencode's
+  own start;
+- the 429 logged → the other account's first request: the figure with the target.
 
-The whole-benchmark figure per CLI (codex, claude, opencode, from the first 429) stays in
-tests/bench/bench_failover.py; this one is opencode's only, with more runs.
+The figure per CLI (codex, claude, opencode, from the first 429) stays in
+tests/bench/bench_failover.py; this one is opencode's only, phase by phase. Results:
+tests/bench/RESULTS.md section 8c.
 """
 
 from __future__ import annotations
@@ -160,6 +162,12 @@ def _one(rep: int, work: Path, projects: Path) -> tuple[list[float], str]:
         assert ended is not None
         ended_at, next_at = ended.timestamp(), attempts[1].started_at.timestamp()
         first_b = min(at for at in on_b if at >= next_at)
+        refused = [  # opencode's title request offers no tools
+            f"{'step' if (r.body or {}).get('tools') else 'title'} +{r.at - first_429:.2f}"
+            for r in stand_in.requests
+            if r.refused == 429
+        ]
+        print(f"  run {rep + 1}: 429s answered at {', '.join(refused)}")
         return [
             read_at - first_429,
             ended_at - read_at,

@@ -13,7 +13,8 @@ Real processes throughout: the accounts registered with `manage.py account add`
 (claude), `BENCH_STORM_ITEMS` todos tasks (200; 20 at BENCH_SCALE=small), each in its own
 git project, loaded with `manage.py ingest_events`, a run cluster (`Q_CLUSTER_NAME=loopsweb-
 runs manage.py qcluster`, 4 workers), and `manage.py drain todos-task` over the pool
-(`--max-active 8 --max-dispatch 8`, the product's defaults otherwise) started every
+(`--max-active 8 --max-dispatch 8`, the product's defaults otherwise but
+LOOPSWEB_THROTTLE_SECONDS, `BENCH_STORM_THROTTLE`, 0: see THROTTLE) started every
 `BENCH_STORM_DRAIN_EVERY` seconds (3) until every item ended. Each item is a worker and a
 verifier step: two requests when all goes well. `python -m tests.bench storm` runs it alone.
 
@@ -56,6 +57,12 @@ CAPACITY = int(os.environ.get("BENCH_STORM_CAPACITY") or harness.scaled(5, 2))
 WINDOW = int(os.environ.get("BENCH_STORM_WINDOW") or harness.scaled(30, 20))
 DRAIN_EVERY = float(os.environ.get("BENCH_STORM_DRAIN_EVERY") or 3)
 STEP_SECONDS = os.environ.get("BENCH_STORM_STEP") or "0.5"
+# LOOPSWEB_THROTTLE_SECONDS, compressed with the clock: a 429 whose reset is at most this
+# far off is a per-minute limit (the step pauses on its account). A spent 5-hour window
+# resets hours off, so the rule never applies to it; here every window resets within
+# seconds, and the product's default (20) would take each spent window for a per-minute
+# limit. 0: every 429 is an exhausted window, as at full length.
+THROTTLE = os.environ.get("BENCH_STORM_THROTTLE") or "0"
 ACCOUNTS = ("storm-a", "storm-b", "storm-c", "storm-d")
 MAX_ACTIVE = 8
 RUN_WORKERS = 4
@@ -258,6 +265,7 @@ def _environment(db: harness.BenchDatabase, epoch: int) -> dict[str, str]:
     env = harness.child_env()
     env.update(
         LOOPSWEB_AGENT_SANDBOX="off",  # the stand-in's state lives outside any worktree
+        LOOPSWEB_THROTTLE_SECONDS=THROTTLE,
         LOOPSWEB_CLAUDE_BIN=str(STORM_AGENT),
         LOOPSWEB_AGENT_ENV_PASSTHROUGH="FAKE_AGENT_*",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
@@ -458,6 +466,8 @@ def _report(report: harness.Report, s: dict[str, Any]) -> None:
     )
     report.note(
         f"fake agent steps of {STEP_SECONDS} s; a run cluster of {RUN_WORKERS} workers; "
+        f"LOOPSWEB_THROTTLE_SECONDS {THROTTLE} (the per-minute rule, compressed with the "
+        "clock); "
         "the drains are `manage.py drain` processes, one at a time, each started an "
         "interval after the previous one began (or when it ended); the agent sandbox is "
         "off (the stand-in keeps its count outside the worktrees)."

@@ -66,7 +66,7 @@ def refused(
     """(requests refused; of them, sent after a finished request on the same account had
     reported the same window spent; sent while loopsweb held a `rejected` row of the
     account; sent while its newest row of a window said so). Each refused request is
-    marked `told`, `known` and `newest` accordingly."""
+    marked `told`, `known` (with `known_for`, seconds) and `newest` accordingly."""
     refusals = [r for r in requests if not r["answered"]]
     for r in refusals:
         r["told"] = any(
@@ -77,12 +77,16 @@ def refused(
             and spent_report(pool, q)
             for q in requests
         )
-        r["known"] = any(
-            row["account_profile"] == r["account"]
+        seen = [
+            row["observed_at"].timestamp()
+            for row in rows
+            if row["account_profile"] == r["account"]
             and row["observed_at"].timestamp() <= r["start"]
             and spent_row(row, r["start"])
-            for row in rows
-        )
+        ]
+        r["known"] = bool(seen)
+        # How long before the agent started loopsweb held the first such row.
+        r["known_for"] = round(r["start"] - min(seen), 2) if seen else None
         r["newest"] = newest_spent(rows, r["account"], r["start"])
     return (
         len(refusals),

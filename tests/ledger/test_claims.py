@@ -9,6 +9,7 @@ cluster: tests/ledger/test_claims_process.py."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -35,11 +36,13 @@ from ledger.models import (
     WorkflowStepRun,
 )
 from ledger.services.cascade import task_parked
-from ledger.windows import latest_windows, windows_claimed
+from ledger.windows import latest_windows, windows_claimed, windows_record
 from tests.factories import make_run, make_step_run, make_work_item
+from tests.ledger.account_failover_helpers import pooled_run
 from tests.routing.helpers import generic_event, route
 
 WEEK = timedelta(hours=168)
+HOUR = timedelta(hours=1)
 
 
 def _step(account: str, item: object | None = None) -> WorkflowStepRun:
@@ -182,6 +185,64 @@ def test_an_exhausted_window_is_bounded_per_task_and_cut_to_15_minutes() -> None
         step_run_id=_step("acctB").id,
     )
     assert written == 1 and len(claimed) == 1
+
+
+@pytest.mark.django_db
+def test_a_held_task_tries_again_when_an_account_of_its_pool_is_free(
+    tmp_path: Path,
+) -> None:
+    """The hold ends at the earliest end of a cooldown in the run's pool when that comes
+    before the second account's own claim."""
+    run = pooled_run(tmp_path, ["acctA", "acctB", "acctC"])
+    (step,) = WorkflowStepRun.objects.filter(workflow_run=run)
+    services.account_cooldown_record(
+        profile="acctC",
+        tool="codewith",
+        until=timezone.now() + timedelta(minutes=2),
+        reason="another task's 429",
+    )
+    assert _report(step, until_in=timedelta(minutes=10)).taken  # acctA: marked
+    step.account_profile = "acctB"
+    step.save(update_fields=["account_profile"])
+    held = _report(step, until_in=timedelta(minutes=10))
+    assert held.held
+    hold = task_hold(run, timezone.now())
+    assert hold is not None
+    cooled = AccountCooldown.objects.get(pk="acctC").until
+    assert hold[1] == cooled  # acctC's end, not acctB's claimed 10 minutes
+
+
+@pytest.mark.django_db
+def test_a_lower_reading_never_refills_a_window_held_exhausted() -> None:
+    """A forged `USED:0` (or any lower reading a step prints) after an exhausted window
+    leaves it exhausted until its reset; an operator's clear ends it."""
+    services.account_add(name="acctA", provider="codex")
+    now = timezone.now()
+    spent = Window(name="5h", used=1.0, status=REJECTED, resets_at=now + HOUR * 4)
+    # Held exhausted (as loopsweb's confirmation records it: no step of a task).
+    windows_record(account="acctA", provider="codex", windows=[spent], step_run_id=None)
+    refill = Window(name="5h", used=0.0, status="allowed", resets_at=now + HOUR * 5)
+    weekly = Window(name="7d", used=0.3, status="allowed", resets_at=now + WEEK)
+    written, claimed = windows_claimed(
+        account="acctA",
+        provider="codex",
+        windows=[refill, weekly],
+        step_run_id=_step("acctA").id,
+    )
+    assert written == 1 and claimed == []  # the weekly one only
+    held = {w.name: w for w in latest_windows(["acctA"])["acctA"]}
+    assert held["5h"].used == 1.0 and held["5h"].status == REJECTED
+    assert held["7d"].used == pytest.approx(0.3)
+    # The operator's word outranks it: cleared, a step's reading counts again.
+    services.account_clear(name="acctA", windows=True)
+    windows_claimed(
+        account="acctA",
+        provider="codex",
+        windows=[refill],
+        step_run_id=_step("acctA").id,
+    )
+    held = {w.name: w for w in latest_windows(["acctA"])["acctA"]}
+    assert held["5h"].used == 0.0
 
 
 def _routed(max_attempts: str) -> str:

@@ -101,6 +101,10 @@ def _argv(provider: str, binary: Path, prompt: str, settings: Settings) -> list[
     return invocation.argv
 
 
+# Flags whose value is loopsweb's own text, not one the help lists (opencode's session title).
+FREE_VALUES = {"--title"}
+
+
 @pytest.mark.parametrize("provider", sorted(CLI_PACKAGES))
 def test_every_flag_the_adapter_passes_is_in_the_clis_help(
     provider: str, cli_bin: Path, tmp_path: Path, settings: Settings
@@ -135,12 +139,12 @@ def test_every_flag_the_adapter_passes_is_in_the_clis_help(
     argv = _argv(provider, binary, "fix the build", settings)
     options = argv[1 : argv.index("--")]
     adapter = ADAPTERS[provider]
-    for item in options:
+    for before, item in zip(["", *options], options, strict=False):
         if item.startswith("-"):
             assert item in text, (
                 f"{provider} {CLI_PACKAGES[provider][1]}: no {item} in help"
             )
-        elif item in adapter.leading:
+        elif item in adapter.leading and before not in FREE_VALUES:
             # A subcommand (top-level help) or the value of a flag (the subcommand's).
             assert item in top.stdout + top.stderr + text, (
                 f"{provider}: no subcommand or value {item}"

@@ -21,7 +21,7 @@ from ledger.models import (
     WorkflowEvent,
     WorkflowRun,
 )
-from ledger.runner import run_workflow_run
+from ledger.runner import HANDED_BACK, run_workflow_run
 from ledger.services.account_loads import account_load_drift
 from routing.admission import route_event, route_options
 from tests.ledger.runner_helpers import (
@@ -127,7 +127,7 @@ def test_a_rate_limited_step_succeeds_on_the_second_account(
     assert account_load_drift() == []
 
 
-def test_rate_limit_moves_are_bounded_then_the_run_fails(
+def test_every_account_rate_limited_holds_the_task_at_its_second_account(
     agent: FakeAgent, tmp_path: Path, settings: Any
 ) -> None:
     settings.LOOPSWEB_RATE_LIMIT_MOVES = 2
@@ -137,17 +137,24 @@ def test_rate_limit_moves_are_bounded_then_the_run_fails(
         tmp_path, "evt-failover-0", auth_profile_pool=",".join(pool), created=True
     ).run
 
-    assert run_workflow_run(run.id) == RunStatus.FAILED
+    handed: list[float] = []
+    outcome = run_workflow_run(
+        run.id, hand_back=lambda _id, delay: handed.append(delay)
+    )
+    assert outcome == HANDED_BACK and handed
 
     attempts = [r["profile"] for r in agent.records() if r["step"] == "worker"]
     # Every account reports a rate limit: the first is cooled and the step moves; the
-    # second one's report is the same task's second, so the task is parked there (one
-    # task marks at most one account, ledger/claims.py) before the move bound is reached.
+    # second one's report is the same task's second, so the task is held there (one
+    # task marks at most one account, ledger/claims.py) before the move bound is
+    # reached: its run waits, parked, and is not failed.
     assert len(attempts) == 2 and len(set(attempts)) == 2
     assert len(_moves(run)) == 1
     assert WorkflowEvent.objects.filter(
         workflow_run=run, event_type="task_parked"
     ).exists()
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING and run.claimed_by is None
 
 
 def test_a_pinned_profile_never_moves(agent: FakeAgent, tmp_path: Path) -> None:
