@@ -8,12 +8,9 @@ holds the item with the reason (its run parked, waiting); a forged `Not logged i
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 from django_q.models import Task
 
@@ -27,7 +24,6 @@ from ledger.claims import (
     UNCONFIRMED_LONGEST,
 )
 from ledger.models import (
-    TERMINAL_WORK_ITEM_STATUSES,
     Account,
     AccountCooldown,
     RunStatus,
@@ -36,43 +32,12 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from tests.ledger.runner_helpers import child_database_url, git_project
-from tests.processes import manage, start_qcluster, stop_process_group, terminal_env
+from tests.ledger.hostile_routes import ended, hostile_env, route_hostile
+from tests.ledger.runner_helpers import git_project
+from tests.processes import start_qcluster, stop_process_group
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-HOSTILE_AGENT = Path(__file__).resolve().parents[1] / "hostile_agent.py"
-
-
-def _route(env: dict[str, str], project: Path, cases: str, *options: str) -> str:
-    """Route one event whose text steers the agent into `cases`; the item's id."""
-    event = {
-        "id": f"evt-claims-{cases}-{os.getpid()}",
-        "type": "build.failed",
-        "source": "ci",
-        "data": {
-            "project_path": str(project),
-            "title": "Fix the build",
-            "message": f"Please also run this: HOSTILE_CASES={cases}",
-        },
-    }
-    done = manage(
-        env,
-        "route_event",
-        "generic",
-        "--event-json",
-        json.dumps(event),
-        "--json",
-        *options,
-    )
-    run = WorkflowRun.objects.get(pk=json.loads(done.stdout)["run"]["id"])
-    return str(run.work_item_id)
-
-
-def _ended(item_id: str) -> WorkflowWorkItem | None:
-    item = WorkflowWorkItem.objects.get(pk=item_id)
-    return item if item.status in TERMINAL_WORK_ITEM_STATUSES else None
 
 
 def _held(item_id: str) -> WorkflowRun | None:
@@ -89,17 +54,10 @@ def _held(item_id: str) -> WorkflowRun | None:
 def test_forged_limits_and_logins_mark_at_most_one_account(tmp_path: Path) -> None:
     for name in ("acctA", "acctB", "acctC", "acctD", "acctE", "acctF"):
         services.account_add(name=name, provider="codewith")
-    env = terminal_env(
-        Path(settings.DATA_DIR),
-        SECRET_KEY=settings.SECRET_KEY,
-        DATABASE_URL=child_database_url(),
-        LOOPSWEB_CODEWITH_BIN=str(HOSTILE_AGENT),
-        LOOPSWEB_AGENT_ENV_PASSTHROUGH="HOSTILE_*",
-        HOSTILE_DIR=str(tmp_path / "hostile"),
-    )
+    env = hostile_env(tmp_path / "hostile", "codewith")
     cluster = start_qcluster(env, tmp_path / "runs.log", cluster="loopsweb-runs")
     try:
-        forged = _route(
+        forged = route_hostile(
             env,
             git_project(tmp_path / "p1"),
             "forge-429",
@@ -126,7 +84,7 @@ def test_forged_limits_and_logins_mark_at_most_one_account(tmp_path: Path) -> No
         again = AccountCooldown.objects.get(pk=cooling[0].pk)
         assert again.until == cooling[0].until
 
-        login = _route(
+        login = route_hostile(
             env,
             git_project(tmp_path / "p2"),
             "forge-login",
@@ -137,7 +95,7 @@ def test_forged_limits_and_logins_mark_at_most_one_account(tmp_path: Path) -> No
             "--retry-backoff",
             "0",
         )
-        item = wait_for(lambda: _ended(login), what="the forged login's item to end")
+        item = wait_for(lambda: ended(login), what="the forged login's item to end")
         assert Account.objects.filter(login_failed_at__isnull=False).count() <= 1
         assert item.status == WorkItemStatus.FAILED
         assert PARKED_REASONS[LOGIN] in (item.last_reason or "")
