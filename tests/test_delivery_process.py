@@ -45,10 +45,13 @@ pytestmark = [
 ]
 
 TOKEN = "ghp_process_standin_token_42"
-POOL = ["acct-a", "acct-b"]
-# The worker's account at admission (both idle: the pool's pick by the task id).
+POOL = ["acct-a", "acct-b", "acct-c"]
+# The worker's and the verifier's accounts at admission (all idle: the pool's pick by the
+# task id); the worker's 429 moves it to the third (worker ≠ verifier: never the
+# verifier's).
 FIRST = render_time_profile(POOL, "TASK-7", "worker")
-OTHER = next(account for account in POOL if account != FIRST)
+VERIFIER = render_time_profile(POOL, "TASK-7", "verifier")
+OTHER = next(account for account in POOL if account not in (FIRST, VERIFIER))
 VERIFIER_SAID = "VERIFIED: README.md is there.\nThanks @octocat, this closes #12."
 # claude's stream-json as the verifier prints it: its own words in `result`, and a cost.
 VERIFIER_OUTPUT = claude_stream(
