@@ -307,18 +307,16 @@ class _RunExecution:
         """Run a started step; when its account failed it (a rate limit, a refused login, a
         hang: `StepProcess.account_failure`) and another member of the run's pool is free,
         record the attempt, move the step there and try again, up to
-        LOOPSWEB_RATE_LIMIT_MOVES moves (ledger.services.failover rule 6). Pinned and
-        single-account steps never move.
-
-        When no member is free: after a rate limit, and while every member is cooling, the
-        step waits for the earliest cooldown (parked, holding no worker: failover rule 5)
-        and runs again; a wait that is over raises `PoolWaitOver`. After a refused login or
-        a hang it waits for a member only when one is left (`pool_member_left`), else the
-        run ends with the step's reason and `NO_ACCOUNT_LEFT`.
-
-        Returns the last attempt's result and whether it is recorded already (an attempt
-        that found no member to move to); otherwise the caller records it."""
-        moves = pauses = 0
+        LOOPSWEB_RATE_LIMIT_MOVES moves (failover rule 6); pinned steps never move. A
+        per-minute limit waits on its account instead (`StepStarter.pause`), PAUSES_IN_A_ROW
+        times since the last move (`step_pauses`: across hand-backs; rule 7). A task whose
+        second account reported a rate limit is held (ledger.claims); a login, it ends.
+        When no member is free: after a rate limit, while every member cools, the step
+        waits for the earliest cooldown (parked: rule 5), a wait that is over raises
+        `PoolWaitOver`; after a login or a hang it waits only when a member is left
+        (`pool_member_left`), else the run ends with `NO_ACCOUNT_LEFT`. Returns the last
+        result and whether it is recorded already; otherwise the caller records it."""
+        moves = 0
         while True:
             result = self.process.execute(start, spec)
             failure = self.process.account_failure
@@ -336,11 +334,15 @@ class _RunExecution:
                 continue
             step = start.step_run
             paused = self.process.paused_until
-            if failure is not None and paused is not None and pauses < PAUSES_IN_A_ROW:
+            if (
+                failure is not None
+                and paused is not None
+                and services.step_pauses(run_id=self.run.id, step_id=step.step_id)
+                < PAUSES_IN_A_ROW
+            ):
                 # A per-minute limit (failover rule 7): stay on the account, after it.
                 self._complete(step, result)
                 start = self.starter.pause(step, paused)
-                pauses += 1
                 continue
             if failure is None or moves >= int(settings.LOOPSWEB_RATE_LIMIT_MOVES):
                 return result, False

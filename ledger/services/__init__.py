@@ -77,6 +77,7 @@ from ledger.services.failover import (
     run_pool,
     step_move_after_failure,
     step_pause,
+    step_pauses,
 )
 from ledger.services.hostloss import (
     HOST_GONE_ERROR,
@@ -191,6 +192,7 @@ __all__ = [
     "step_finish",
     "step_move_after_failure",
     "step_pause",
+    "step_pauses",
     "pool_member_left",
     "POOL_RATE_LIMITED_CODE",
     "POOL_WAIT_OVER_CODE",

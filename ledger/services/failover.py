@@ -441,3 +441,21 @@ def step_pause(*, step_run_id: str, until: datetime) -> None:
                 ),
             },
         )
+
+
+def step_pauses(*, run_id: str, step_id: str) -> int:
+    """How many per-minute pauses (rule 7) the run's step waited out on its account since
+    it last moved: counted from the run's events, so a run handed back between pauses
+    counts them all."""
+    events = WorkflowEvent.objects.filter(
+        workflow_run_id=run_id,
+        step_id=step_id,
+        event_type__in=("step_waiting", MOVED_EVENT),
+    ).order_by("-sequence")
+    pauses = 0
+    for event_type, payload in events.values_list("event_type", "payload_json"):
+        if event_type == MOVED_EVENT:
+            break
+        if isinstance(payload, dict) and payload.get("code") == ACCOUNT_PAUSED_CODE:
+            pauses += 1
+    return pauses

@@ -111,3 +111,33 @@ def test_a_longer_limit_moves_the_step_to_the_other_account(
         for e in _events(run.id, "step_waiting")
         if e.get("code") == ACCOUNT_PAUSED_CODE
     ]
+
+
+def test_after_three_pauses_across_hand_backs_the_step_moves(
+    agent: FakeAgent, tmp_path: Path
+) -> None:
+    agent.configure(
+        profiles={"acctA": {"rate_limit": "HTTP 429 Too Many Requests. Retry-After: 2"}}
+    )
+    run = pooled_run(git_project(tmp_path / "project"), POOL)
+    handed: list[float] = []
+
+    def hand_back(_run_id: str, delay: float) -> None:
+        handed.append(delay)
+
+    outcomes = []
+    for _ in range(4):
+        outcomes.append(run_workflow_run(run.id, hand_back=hand_back))
+        if outcomes[-1] != HANDED_BACK:
+            break
+        # The reset has passed (the time a pause lasts): the run resumes.
+        now = timezone.now()
+        AccountCooldown.objects.filter(pk="acctA").update(until=now)
+        AccountWindow.objects.filter(account_profile="acctA").update(resets_at=now)
+    # Three pauses, each its own delivery of the run's task, then the fourth limit moves.
+    assert outcomes == [HANDED_BACK] * 3 + [RunStatus.SUCCEEDED], outcomes
+    assert attempts_of(run) == [("acctA", "rate_limited")] * 4 + [
+        ("acctB", "succeeded")
+    ]
+    (moved,) = _events(run.id, "step_account_moved")
+    assert (moved["from"], moved["to"]) == ("acctA", "acctB")
