@@ -7,7 +7,7 @@ to the pool's other account, as an exhausted window does."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +74,18 @@ def test_a_paused_run_is_handed_back_for_the_reset_and_resumes_on_the_account(
 ) -> None:
     _limited_once(agent, tmp_path, 15)
     run = pooled_run(git_project(tmp_path / "project"), POOL)
-    handed: list[float] = []
+    handed: list[tuple[datetime, float]] = []
 
     def hand_back(_run_id: str, delay: float) -> None:
-        handed.append(delay)
+        handed.append((timezone.now(), delay))
 
     assert run_workflow_run(run.id, hand_back=hand_back) == HANDED_BACK
-    # Parked for the reset and at most a quarter more (the stagger), holding no worker.
-    (delay,) = handed
-    assert 10 <= delay <= 15 * 1.25
+    # Parked until the reset and at most a quarter of the pause more (the stagger),
+    # holding no worker: the task comes back no sooner than the account is free.
+    ((at, delay),) = handed
+    reset = AccountCooldown.objects.get(pk="acctA").until
+    assert at + timedelta(seconds=delay) >= reset - timedelta(seconds=0.05)
+    assert delay <= 15 * 1.25
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING and run.claimed_by is None
     assert attempts_of(run) == [("acctA", "rate_limited")]
