@@ -1,7 +1,7 @@
 """Run capacity: which run workers exist (busy / total per cluster) and which runs wait too long.
 
 - Every worker process of a run cluster reports itself every HEARTBEAT_SECONDS from a small
-  thread started when django-q2 spawns it (ledger.heartbeat, writing with
+  thread started when django-q2 spawns it (runs.heartbeat, writing with
   ledger.services.run_workers); this module only reads those rows: a row not
   seen for LIVE_WITHIN is a worker that is gone (stopped, killed, its machine down).
 - Busy workers are the live ones holding a running run (`claimed_by`: ledger.instances

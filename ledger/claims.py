@@ -13,7 +13,7 @@ task may claim"): the shared pieces of the bound and of the confirmation.
 2. A cooldown or exhausted window a step claims for longer than `UNCONFIRMED_LONGEST` is
    recorded for that long only, its reason or source saying "unconfirmed", and loopsweb's
    own smallest request with the account (as `account check` makes it) is queued
-   (`confirm_enqueue`, django-q2 task `CONFIRM_TASK`, ledger.services.confirm): when the
+   (`confirm_enqueue`, django-q2 task `CONFIRM_TASK`, runs.confirm): when the
    provider itself answers with a rate limit, the claim stands (still under the caps);
    otherwise the 15 minutes are all it gets.
 """
@@ -47,7 +47,7 @@ PARKED_EVENT = "task_parked"  # a second account's report, not marked
 TASK_PARKED = "task_parked"  # the code, in the event's payload
 
 UNCONFIRMED_LONGEST = timedelta(minutes=15)
-CONFIRM_TASK = "ledger.tasks.confirm_account_claim"
+CONFIRM_TASK = "runs.tasks.confirm_account_claim"
 
 _CHECK = "check the accounts with `account check`"
 PARKED_REASONS = {

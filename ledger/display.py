@@ -42,14 +42,14 @@ def worktree_text(run: WorkflowRun) -> str:
 
 NO_CHANGES = "no changes: the run left the project as it was"
 # The checkout an operator copies runs none of what an agent may have planted in the project's
-# config (hooks, an fsmonitor command), as loopsweb's own git never does (ledger.git).
+# config (hooks, an fsmonitor command), as loopsweb's own git never does (runs.git).
 CHECKOUT_COMMAND = (
     "git -c core.hooksPath=/dev/null -c core.fsmonitor=false switch {branch}"
 )
 
 
 def commit_text(run: WorkflowRun) -> str:
-    """What a run left on its branch (ledger.worktrees.worktree_commit): the branch, its
+    """What a run left on its branch (runs.worktrees.worktree_commit): the branch, its
     head, the diffstat's summary line and the command that checks it out; why the work was
     not committed and where it is kept, when it was not; `-` before the run ended or when it
     had no worktree."""

@@ -2,8 +2,8 @@
 sandbox binds, the files hidden even inside a bound directory, and the secret VALUES
 (`held_secrets`): every account's env-file values, the tokens of the accounts' login files,
 the GitHub token, SECRET_KEY and the database password. Those values are redacted from every
-step's stored output, errors and events (ledger.redaction), and a run whose work holds one is
-not committed (ledger.worktrees)."""
+step's stored output, errors and events (agents.redaction), and a run whose work holds one is
+not committed (runs.worktrees)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from ledger.envfile import EnvFileError, read_env_file
-from ledger.redaction import MIN_LENGTH, looks_secret
+from agents.envfile import EnvFileError, read_env_file
+from agents.redaction import MIN_LENGTH, looks_secret
 
 
 def protected_paths() -> list[tuple[str, str]]:

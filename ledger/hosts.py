@@ -1,9 +1,9 @@
 """Hosts: the machines that run agents, and which of them can serve a run.
 
 - Registration: every worker of a run cluster writes its host's row (`Host`) with its
-  heartbeat (ledger.heartbeat, every 10 s): the stable name (LOOPSWEB_HOST_NAME), the real
+  heartbeat (runs.heartbeat, every 10 s): the stable name (LOOPSWEB_HOST_NAME), the real
   paths of LOOPSWEB_PROJECT_ROOTS, the providers whose binary it finds (resolved as
-  ledger.providers resolves them: LOOPSWEB_<PROVIDER>_BIN on PATH or absolute) and its
+  runs.providers resolves them: LOOPSWEB_<PROVIDER>_BIN on PATH or absolute) and its
   worker count. A host seen within LOOPSWEB_HOST_DEAD_SECONDS is live.
 - Serving: a host serves a run when the project of the run's agent steps (their `cwd`) lies
   inside one of its roots, the host has that project on its disk, and it has the steps'
@@ -88,7 +88,7 @@ def local_roots() -> list[str]:
 
 
 def local_providers() -> list[str]:
-    """Providers whose agent binary this machine finds (as ledger.providers finds it)."""
+    """Providers whose agent binary this machine finds (as runs.providers finds it)."""
     found = []
     for provider, configured in sorted(settings.LOOPSWEB_PROVIDER_BINARIES.items()):
         if shutil.which(configured or provider) is not None:

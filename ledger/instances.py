@@ -16,7 +16,7 @@
   machine's previous container (the namespace of a restarted container is gone), so dead
   too; another machine is not this machine's to judge (its heartbeat says).
 
-Record layer: models and settings only (ledger.cluster_start acts on what this finds).
+Record layer: models and settings only (runs.cluster_start acts on what this finds).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from django.conf import settings
 from ledger.models import ClusterInstance
 
 # The instance of the run cluster this process belongs to: set by the qcluster's main
-# process at start (ledger.cluster_start), inherited by its sentinel and workers.
+# process at start (runs.cluster_start), inherited by its sentinel and workers.
 INSTANCE_ENV = "LOOPSWEB_CLUSTER_INSTANCE"
 MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 
@@ -230,7 +230,7 @@ def process_space_of(instance: str) -> bool:
 
 def host_conflicts(*, now: datetime, live_within: timedelta) -> dict[str, str]:
     """Host names that live run clusters of different machines or roots report at once
-    (ledger.cluster_start refuses the second; one that slipped past is shown loudly):
+    (runs.cluster_start refuses the second; one that slipped past is shown loudly):
     name -> what differs."""
     rows = ClusterInstance.objects.filter(
         cluster=True, ended_at__isnull=True, seen_at__gte=now - live_within

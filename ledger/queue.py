@@ -3,7 +3,7 @@
 Runs go to their own queue, `settings.LOOPSWEB_RUN_CLUSTER`, served by the run cluster
 (`Q_CLUSTER_NAME=loopsweb-runs manage.py qcluster`, LOOPSWEB_RUN_WORKERS workers); everything
 else (drains, schedules, recovery) stays on the main cluster's queue. The task itself is
-`ledger.tasks.run_workflow` (`RUN_TASK`, a dotted path stored in broker rows and schedules).
+`runs.tasks.run_workflow` (`RUN_TASK`, a dotted path stored in broker rows and schedules).
 
 Below the services (which enqueue retries and resumed loops) and above nothing of the ledger
 but django-q2: the services import it at module level.
@@ -46,7 +46,7 @@ from ledger.models import Host, RunStatus, WorkflowRun
 
 logger = logging.getLogger(__name__)
 
-RUN_TASK = "ledger.tasks.run_workflow"
+RUN_TASK = "runs.tasks.run_workflow"
 # A queued or parked run with no task in the broker for this long is handed out again. The
 # recovery schedule runs every minute (checked every ~30 s), so a lost run is found within
 # about two minutes.

@@ -571,7 +571,7 @@ def step_attempts(step_ids: Iterable[str]) -> dict[str, list[WorkflowStepAttempt
     return found
 
 
-# The variables of an account that name its login directories (ledger.sandbox binds them).
+# The variables of an account that name its login directories (runs.sandbox binds them).
 ACCOUNT_HOME_VARIABLES = (
     "CODEX_HOME",
     "CLAUDE_CONFIG_DIR",
@@ -584,7 +584,7 @@ ACCOUNT_HOME_VARIABLES = (
 
 
 def account_env_files() -> list[str]:
-    """Every registered account's env file (ledger.sandbox hides them all)."""
+    """Every registered account's env file (runs.sandbox hides them all)."""
     return [path for path in Account.objects.values_list("env_file", flat=True) if path]
 
 

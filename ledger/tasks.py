@@ -1,125 +1,21 @@
-"""django-q2 tasks of the ledger: thin adapters that call one service each. Their dotted
-paths (`ledger.tasks.run_workflow`, …) are stored in schedules and queued tasks: they never move.
+"""A shim for one release: django-q2 rows written before the execution moved to `runs`
+(queued runs, schedules) name their function `ledger.tasks.<name>`; this module answers
+them with `runs.tasks`. New rows name `runs.tasks` (ledger.queue RUN_TASK, routing's
+schedules), and `manage.py sync_schedules` rewrites the schedules. Remove it in the next
+release: `tests/test_layers.py` allows this one upward import and no other."""
 
-How a run's task is queued (the run cluster's queue, hand-back, the broker read) is
-`ledger.queue`; this module holds only the entry points.
-"""
-
-from __future__ import annotations
-
-import logging
-from datetime import timedelta
-from typing import Any
-
-from django.conf import settings
-from django_q.conf import Conf
-from django_q.tasks import async_task
-
-from ledger.claims import Claim
-from ledger.discard import run_branches_prune
-from ledger.hosts import (
-    live_hosts,
-    project_check_here,
-    run_target,
-    serve_here,
+from runs.tasks import (
+    confirm_account_claim,
+    prune_host_worktrees,
+    prune_worktrees,
+    recover_expired_runs,
+    run_workflow,
 )
-from ledger.models import WorkflowRun
-from ledger.queue import (
-    LOST_TASK_AFTER,
-    enqueue_run,
-    hand_back_elsewhere,
-    hand_back_run,
-    hosts_release_dead,
-    runs_with_a_task,
-)
-from ledger.run_worktree import save_work_of_ended
-from ledger.runner import HANDED_BACK, NOT_DUE, run_workflow_run
-from ledger.services import (
-    runs_fail_unserved,
-    runs_queued_stale,
-    runs_recover_expired,
-)
-from ledger.services.confirm import confirm_claim
-from ledger.worktree_prune import worktree_orphans_prune, worktrees_prune
 
-logger = logging.getLogger(__name__)
-PRUNE_TASK = "ledger.tasks.prune_host_worktrees"
-
-
-def run_workflow(run_id: str) -> str:
-    """django-q2 task: execute one admitted run (idempotent: a second delivery is a no-op).
-
-    While a step waits for its account the run goes back to the queue (hand_back_run) instead
-    of holding this worker; the next delivery resumes it. A retry delivered before its
-    backoff ended (a stale-run hand-over) is handed over again for its due time.
-    """
-    # Several machines: a run this host cannot serve (project not here, no binary for its
-    # provider) goes back to the queue of one that can, never failed here.
-    target = run_target(run_id)
-    why = serve_here(target) if target is not None else None
-    if why is not None and not Conf.SYNC:
-        logger.info("run %s handed back: %s", run_id, why)
-        hand_back_elsewhere(run_id, target.project if target is not None else None)
-        return HANDED_BACK
-    if target is not None and target.project is not None:
-        project_check_here(target.project, has=True)  # recorded once
-    # Sync mode (debugging) runs tasks inline: a hand-back would recurse, so wait inline.
-    result = run_workflow_run(run_id, hand_back=None if Conf.SYNC else hand_back_run)
-    if result == NOT_DUE:
-        due = (
-            WorkflowRun.objects.filter(pk=run_id)
-            .values_list("scheduled_for", flat=True)
-            .first()
-        )
-        if due is not None:
-            enqueue_run(run_id, due)
-    return result
-
-
-def confirm_account_claim(claim: dict[str, Any]) -> str:
-    """django-q2 task (the run cluster of the host the step ran on): loopsweb's own
-    request with an account a step claimed cooling or exhausted for longer than 15 minutes;
-    the claim stands only when the provider answers with a rate limit (ledger.claims)."""
-    return confirm_claim(Claim.from_dict(claim))
-
-
-def recover_expired_runs() -> int:
-    """django-q2 task (every minute): fail running runs whose worker lease expired (what
-    they left uncommitted in a worktree on this host committed on their branch), and hand
-    queued or parked runs whose task is gone (dropped, never delivered, row deleted) to the
-    run cluster again."""
-    hosts_release_dead()
-    recovered = runs_recover_expired()
-    # What their killed agents left in worktrees on this host, committed on their branches.
-    save_work_of_ended(r.run_id for r in recovered)
-    runs_fail_unserved(grace=timedelta(seconds=settings.LOOPSWEB_NO_HOST_GRACE_SECONDS))
-    for run_id in runs_queued_stale(
-        older_than=LOST_TASK_AFTER, with_task=runs_with_a_task()
-    ):
-        enqueue_run(run_id)
-    return len(recovered)
-
-
-def prune_worktrees() -> int:
-    """django-q2 task (periodic, main cluster): each host prunes only what it made, so the
-    prune goes to every live host's own queue (`prune_host_worktrees` runs there); with no
-    host registered (one machine) it runs here. Returns the hosts asked (or the removals)."""
-    hosts = live_hosts(fresh=True)
-    if not hosts:
-        return prune_host_worktrees()
-    for host in hosts:
-        async_task(
-            PRUNE_TASK, task_name=f"prune-worktrees-{host.name}", cluster=host.queue
-        )
-    return len(hosts)
-
-
-def prune_host_worktrees() -> int:
-    """django-q2 task (on a host's run cluster): this host's due worktrees (succeeded runs'
-    leftovers, failed runs' after LOOPSWEB_WORKTREE_KEEP_SECONDS) and the orphans on its
-    disk; the number removed."""
-    pruned = [p for p in worktrees_prune() if p.removed]
-    orphans = [p for p in worktree_orphans_prune() if p.removed]
-    # Run branches that are done with (ledger.discard): no changes, or a closed PR.
-    branches = [d for d in run_branches_prune() if d.deleted]
-    return len(pruned) + len(orphans) + len(branches)
+__all__ = [
+    "confirm_account_claim",
+    "prune_host_worktrees",
+    "prune_worktrees",
+    "recover_expired_runs",
+    "run_workflow",
+]

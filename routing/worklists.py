@@ -33,7 +33,6 @@ from django import forms
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.utils import timezone
 
-from ledger.delivery_view import pull_request
 from ledger.display import UsageSum, step_usage
 from ledger.models import (
     RunStatus,
@@ -47,6 +46,7 @@ from ledger.models import (
 )
 from ledger.services.retries import DEAD_LETTERED_CODE
 from ledger.webkit.cells import task_title
+from runs.delivery_view import pull_request
 
 FAILED = "failed"
 TIMED_OUT = "timed_out"
@@ -65,7 +65,7 @@ DELIVERED_STATES = {
     "closed": "pull request closed",
     PUSHED: "branch pushed, no pull request",
 }
-DELIVERY_FAILED_STATE = "failed"  # ledger.delivery's record: the delivery was refused
+DELIVERY_FAILED_STATE = "failed"  # runs.delivery's record: the delivery was refused
 DELIVERY_DONE_STATE = "delivered"
 
 SINCE_INVALID = (

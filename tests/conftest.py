@@ -206,7 +206,7 @@ def _lock_idle_limit_outlasts_the_test_transaction(
 
 @pytest.fixture(autouse=True)
 def _agent_sandbox(request: pytest.FixtureRequest, monkeypatch, settings) -> None:
-    """Which tests run their agents in the product's default sandbox (bwrap, ledger.sandbox):
+    """Which tests run their agents in the product's default sandbox (bwrap, runs.sandbox):
     the real CLIs (tests/agents/) and the tests marked `sandboxed` (the isolation's own, the
     hostile agents). The fake agent's logic tests run with LOOPSWEB_AGENT_SANDBOX=off: their
     agent writes its records, barriers and probes into the test's own directories, which a

@@ -232,7 +232,7 @@ def _print_json(event: dict[str, object]) -> None:
 
 
 def _result(input_tokens: int, output_tokens: int, cost: float) -> None:
-    """A claude `result` line (ledger/usage.py reads its usage and cost)."""
+    """A claude `result` line (agents/usage.py reads its usage and cost)."""
     _print_json(
         {
             "type": "result",
@@ -246,7 +246,7 @@ def _result(input_tokens: int, output_tokens: int, cost: float) -> None:
 
 
 def _window_event(name: str, **info: object) -> str:
-    """One claude `rate_limit_event` line (ledger/window_parse.py reads it)."""
+    """One claude `rate_limit_event` line (agents/window_parse.py reads it)."""
     return json.dumps(
         {
             "type": "rate_limit_event",
@@ -287,7 +287,7 @@ def _windows(cases: set[str]) -> None:
 def _codex_rollout() -> None:
     """A rollout file of the agent's own in `$CODEX_HOME/sessions/YYYY/MM/DD/`, whose
     `token_count` line says what no provider sent, and the `thread.started` line that
-    names it (ledger/window_watch.py reads both)."""
+    names it (runs/window_watch.py reads both)."""
     thread = str(uuid.uuid4())
     now = datetime.now(UTC)
     day = Path(os.environ["CODEX_HOME"]) / "sessions" / now.strftime("%Y/%m/%d")

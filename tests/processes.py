@@ -23,7 +23,7 @@ from http.cookiejar import CookieJar
 from pathlib import Path
 from typing import Any
 
-from ledger.providers import PROVIDERS
+from agents.providers import PROVIDERS
 from tests.conftest import CHILD_TEST_ENV
 from tests.waiting import hang_deadline
 from tests.waiting import wait_for as wait_until  # the suite's one polling helper

@@ -25,8 +25,8 @@ from ledger.models import (
     WorkflowStepRun,
     WorkflowWorkItem,
 )
-from ledger.worktrees import worktree_branch
 from routing.admission import CREATED, route_event, route_options
+from runs.worktrees import worktree_branch
 from tests.ledger.runner_helpers import (
     child_database_url,
     git,

@@ -63,7 +63,7 @@ def _changed(before: dict[str, int], after: dict[str, int]) -> set[str]:
 # --- management commands --------------------------------------------------------------------------
 
 # Every command of our apps, found at run time: a new command is covered without a change here.
-# But `qcluster`: django-q2's, which ledger's only starts through ledger.cluster_start; it runs
+# But `qcluster`: django-q2's, which ledger's only starts through runs.cluster_start; it runs
 # a cluster until stopped (its start is tested through the processes, tests/test_run_clusters.py).
 COMMANDS = {
     name: app

@@ -16,9 +16,9 @@ Large tables (a million work items, millions of step runs) stay fast:
 
 
 Modules: `base` (the shared admin, links), `filters`, `actions` (lifecycle actions),
-`work_items`, `runs`, `accounts`; the cells, the paginator and the audit trail they share
+`work_items`, `accounts` (the runs' admin, which shows their commits and patch, is runs.admin); the cells, the paginator and the audit trail they share
 with /ops/ are in ledger.webkit. Layer: a web surface; imports `ledger.*`, `domain`
 and lower layers, never `routing.api`/`routing.ops` pages.
 """
 
-from ledger.admin import accounts, runs, work_items  # noqa: F401  (registers the admins)
+from ledger.admin import accounts, work_items  # noqa: F401  (registers the admins)

@@ -9,9 +9,9 @@ from django import forms
 from django.contrib import admin
 from django.db.models import Q
 
+from agents.providers import PROVIDERS
 from ledger import services
 from ledger.models import Account
-from ledger.providers import PROVIDERS
 from ledger.services.accounts import AccountError, account_check
 from ledger.webkit.audit import log_operator_action
 

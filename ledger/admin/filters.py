@@ -12,6 +12,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from agents.providers import PROVIDERS
 from domain import reasons
 from domain.templates import (
     EVENT_WORKER_VERIFIER,
@@ -25,7 +26,6 @@ from ledger.models import (
     WorkflowRun,
     WorkflowStepRun,
 )
-from ledger.providers import PROVIDERS
 from ledger.selectors import created_before, created_since, distinct_values
 
 # --- filters ----------------------------------------------------------------------------------

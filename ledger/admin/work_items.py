@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from agents.agent_output import strip_ansi, summarize_output
 from domain.controls import terminal_lines
 from ledger import services
 from ledger.admin.actions import (
@@ -40,7 +41,6 @@ from ledger.admin.filters import (
     SubjectKindFilter,
     TemplateFilter,
 )
-from ledger.agent_output import strip_ansi, summarize_output
 from ledger.display import attempts_story, step_usage
 from ledger.item_read import work_item_read
 from ledger.models import (

@@ -1,2 +1,2 @@
-"""Management commands of the ledger (check_migrations, lock_migrations, recover_runs,
-run_workflow). The top layer: may import anything below it."""
+"""Management commands of the record (check_migrations, lock_migrations, hosts, loop,
+recover_runs, recount_account_loads). The top of the ledger: may import anything of it."""

@@ -25,7 +25,7 @@ class Account(TimestampedModel):
     max_running = models.PositiveIntegerField(null=True, blank=True)
     env_json = models.JSONField(default=dict, blank=True)
     # 0009: the path of a 0600 file of NAME=value lines (an API-key login), read when a
-    # step starts (ledger.envfile); the value never reaches the database.
+    # step starts (agents.envfile); the value never reaches the database.
     env_file = models.CharField(max_length=1000, null=True, blank=True)
     notes = models.TextField(blank=True, default="")
     # 0014: set when a step on the account failed with an authentication error (a 401,

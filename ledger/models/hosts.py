@@ -10,7 +10,7 @@ from ledger.models.base import TimestampedModel
 class Host(TimestampedModel):
     """loopsweb (0009): a machine that runs agent runs, as its run cluster last reported it.
 
-    Written by every worker of a run cluster with its heartbeat (ledger.heartbeat, every 10 s):
+    Written by every worker of a run cluster with its heartbeat (runs.heartbeat, every 10 s):
     the host's stable name (LOOPSWEB_HOST_NAME), the project roots it serves
     (LOOPSWEB_PROJECT_ROOTS, real paths) and the agent providers whose binary it finds. A host
     not seen for LOOPSWEB_HOST_DEAD_SECONDS is dead: its queue is emptied into the live hosts'

@@ -64,12 +64,12 @@ class WorkflowRun(TimestampedModel):
     # recovery fails it and frees its account and cap slots.
     claimed_by = models.CharField(max_length=200, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    # loopsweb (0005): the run's own git worktree (ledger.worktrees), recorded before it is
+    # loopsweb (0005): the run's own git worktree (runs.worktrees), recorded before it is
     # made so a crash never leaves one nobody knows of; removed_at once it is gone.
     worktree_path = models.TextField(null=True, blank=True)
     worktree_branch = models.CharField(max_length=255, null=True, blank=True)
     worktree_removed_at = models.DateTimeField(null=True, blank=True)
-    # loopsweb (0010): what the run left on its branch (ledger.worktrees.worktree_commit): the
+    # loopsweb (0010): what the run left on its branch (runs.worktrees.worktree_commit): the
     # branch's head after the agent's uncommitted work was committed, and the diffstat against
     # where the run started ("" : no changes).
     commit_head = models.CharField(max_length=64, null=True, blank=True)
@@ -90,7 +90,7 @@ class WorkflowRun(TimestampedModel):
     # loopsweb (0013): hosts that handed the run back since it was last claimed (placement
     # skips them: a hand-back never loops); emptied by the claim.
     hosts_declined = models.JSONField(default=list, null=True, blank=True)
-    # loopsweb (0021): what was delivered (ledger.delivery: mode, pushed ref and commit, PR
+    # loopsweb (0021): what was delivered (runs.delivery: mode, pushed ref and commit, PR
     # number, URL and state, or the delivery's error) and when the work was discarded.
     delivery_json = models.JSONField(null=True, blank=True)
     work_discarded_at = models.DateTimeField(null=True, blank=True)
@@ -176,15 +176,15 @@ class WorkflowStepRun(TimestampedModel):
     usage_cached_tokens = models.BigIntegerField(null=True, blank=True)
     usage_cost_usd = models.FloatField(null=True, blank=True)
     # loopsweb (0012): processes the step left running that the step guard ended when it
-    # ended (ledger.stepguard); NULL for a step that ran no process.
+    # ended (agents.stepguard); NULL for a step that ran no process.
     processes_ended = models.PositiveIntegerField(null=True, blank=True)
-    # When its agent last made progress (a model answer or a tool call; ledger.agent_step).
+    # When its agent last made progress (a model answer or a tool call; runs.agent_step).
     progress_at = models.DateTimeField(null=True, blank=True)
     # loopsweb (0021): the commit of what this step changed on the run's branch and its
-    # diffstat (ledger.step_commits); NULL when the step changed nothing.
+    # diffstat (runs.step_commits); NULL when the step changed nothing.
     commit_sha = models.CharField(max_length=64, null=True, blank=True)
     commit_diffstat = models.TextField(null=True, blank=True)
-    # loopsweb (0025): "host:port" -> connections the step's sandbox refused (ledger.egress);
+    # loopsweb (0025): "host:port" -> connections the step's sandbox refused (agents.egress);
     # NULL when it refused none or the step ran unsandboxed.
     egress_refused = models.JSONField(null=True, blank=True)
 

@@ -29,19 +29,18 @@ Rules every service follows:
 - Conditional updates (`filter(status=<expected>)`) for claims, so a second delivery or a
   racing recovery changes nothing.
 
-Layer: ledger services (`tests/test_layers.py`): they import the record, the reads, the queue
-and the adapters below them (`ledger.processes` among them: `kill_step_process_group` is
-re-exported here) and `domain`; never the runner, worktrees or tasks above them.
+Layer: ledger services (`tests/test_layers.py`): they import the record, the reads, the queue,
+the reaper (ledger.reaper: `kill_step_process_group` is re-exported here), `agents` and
+`domain`; never `runs` (the runner, worktrees, tasks) or `routing` above them.
 """
 
-from ledger.processes import kill_step_process_group
+from ledger.reaper import kill_step_process_group
 from ledger.services.accounts import (
     AccountError,
     account_add,
     account_edit,
     account_env_parse,
     account_remove,
-    account_self_test,
     account_set_enabled,
     account_window_budgets,
     login_environment,
@@ -153,7 +152,6 @@ __all__ = [
     "account_add",
     "account_edit",
     "account_window_budgets",
-    "account_self_test",
     "login_environment",
     "account_env_parse",
     "account_remove",

@@ -1,5 +1,5 @@
 """Account cooldowns after a provider rate limit: the latest deadline wins; the backoff
-grows with repeated reports (ledger.ratelimit). And the other way an account stops taking
+grows with repeated reports (agents.ratelimit). And the other way an account stops taking
 work by itself: a refused login (`account_login_failed_record`), which lasts until someone
 clears it (`account_login_clear`: `account check` finding the login works, `account
 enable`), because no wait makes a revoked key good again.
@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from agents.ratelimit import cooldown_backoff
 from domain.windows import REJECTED, Window
 from ledger.claims import (
     COOLDOWN,
@@ -42,7 +43,6 @@ from ledger.models import (
     WorkflowStepRun,
     WorkflowWorkItem,
 )
-from ledger.ratelimit import cooldown_backoff
 from ledger.selectors import account_state
 from ledger.services.common import (
     LedgerError,

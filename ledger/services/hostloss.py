@@ -1,6 +1,6 @@
 """Runs that outlive what they ran on: a host that is gone, a run cluster instance that is gone.
 
-- `runs_end_on_gone_hosts` (a live host's heartbeat, ledger.heartbeat, once it has had
+- `runs_end_on_gone_hosts` (a live host's heartbeat, runs.heartbeat, once it has had
   the database for a while) and `runs_end_on_host` (`hosts --forget`): a host declared dead
   (not seen for LOOPSWEB_HOST_DEAD_SECONDS) or forgotten takes its runs with it: every
   `running` run whose worktree is on it (parked between steps, holding no worker, or running) or that a worker
@@ -8,7 +8,7 @@
   (/ops/hosts/ lists the work lost with a host). Ending it frees its caps and account loads
   (the cascade); its item is retried by its loop within `--max-attempts`, as a new run that
   any live host serving it takes, in a fresh worktree.
-- `runs_end_of_instances`: a run cluster that restarted (ledger.cluster_start) fails at
+- `runs_end_of_instances`: a run cluster that restarted (runs.cluster_start) fails at
   once what its dead predecessor's workers held (their processes died with it), rather
   than after the lease.
 
@@ -28,7 +28,7 @@ from ledger.hosts import dead_after
 from ledger.instances import WorkerId
 from ledger.lock import admission_lock
 from ledger.models import Host, RunStatus, StepStatus, WorkflowRun
-from ledger.processes import kill_leftovers
+from ledger.reaper import kill_leftovers
 from ledger.services.cascade import end_run, finish_open_steps
 from ledger.services.common import lock_run, now_or_default
 

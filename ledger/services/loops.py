@@ -43,8 +43,8 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.processes import kill_leftovers
 from ledger.queue import enqueue_run_workflow
+from ledger.reaper import kill_leftovers
 from ledger.services.cascade import cancel_locked_run, maybe_archive_spec
 from ledger.services.common import (
     LedgerError,

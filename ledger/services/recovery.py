@@ -1,7 +1,7 @@
 """Recovery of runs whose worker or task is gone: running runs whose lease expired are
 failed (their process groups on this host killed), queued and parked runs whose task may be
 lost are handed out again; `run_work_saved` records the work an ended run had left
-uncommitted in its worktree once it is committed on the run's branch (ledger.run_worktree:
+uncommitted in its worktree once it is committed on the run's branch (runs.run_worktree:
 `save_left_work`, after recovery and before a prune).
 """
 
@@ -23,7 +23,7 @@ from ledger.models import (
     WorkflowRun,
     WorkflowStepRun,
 )
-from ledger.processes import kill_leftovers
+from ledger.reaper import kill_leftovers
 from ledger.services.cascade import end_run, finish_open_steps
 from ledger.services.common import (
     LEASE_EXPIRED_ITEM_REASON,

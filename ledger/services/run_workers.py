@@ -1,5 +1,5 @@
 """A run worker's report that it is alive: its `RunWorker` row, written with every heartbeat
-(ledger.heartbeat, every HEARTBEAT_SECONDS) and read by ledger.capacity."""
+(runs.heartbeat, every HEARTBEAT_SECONDS) and read by ledger.capacity."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.processes import kill_leftovers
+from ledger.reaper import kill_leftovers
 from ledger.services.cascade import cancel_locked_run, end_run, finish_open_steps
 from ledger.services.common import (
     CANCEL_REASON_DEFAULT,
@@ -200,7 +200,7 @@ def run_worktree_record(
 
 
 def run_worktree_removed(*, run_id: str, now: datetime | None = None) -> None:
-    """Mark a run's worktree as gone (after `ledger.worktrees.worktree_remove`)."""
+    """Mark a run's worktree as gone (after `runs.worktrees.worktree_remove`)."""
     now = now_or_default(now)
     with transaction.atomic():
         WorkflowRun.objects.filter(pk=run_id, worktree_path__isnull=False).update(
@@ -209,7 +209,7 @@ def run_worktree_removed(*, run_id: str, now: datetime | None = None) -> None:
 
 
 def run_commit_record(*, run_id: str, head: str, diffstat: str) -> None:
-    """Record what a run left on its branch (`ledger.worktrees.worktree_commit`)."""
+    """Record what a run left on its branch (`runs.worktrees.worktree_commit`)."""
     WorkflowRun.objects.filter(pk=run_id).update(
         commit_head=head, commit_diffstat=clean_text(diffstat) or "", commit_error=None
     )

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from agents.usage import Usage
 from domain import reasons
 from domain.pool import LOGIN_FAILED_REASON, UNRESPONSIVE_REASON
 from ledger.claims import TASK_PARKED, task_hold
@@ -60,7 +61,6 @@ from ledger.services.failover import (
     run_pool,
     step_failover,
 )
-from ledger.usage import Usage
 from ledger.windows import window_refusal
 
 WAIT_DISABLED = "account {profile} is disabled in the account registry"
@@ -95,7 +95,7 @@ class StepResult:
     error: str | None = None
     usage: Usage | None = None
     processes_ended: int | None = None  # left running, ended by the step guard
-    # host:port -> connections the sandbox's egress relay refused (ledger.egress)
+    # host:port -> connections the sandbox's egress relay refused (agents.egress)
     egress_refused: dict[str, int] | None = None
     rate_limited: bool = False  # the agent reported a provider rate limit
     login_failed: bool = False  # the agent named an authentication error

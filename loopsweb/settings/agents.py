@@ -19,7 +19,7 @@ from loopsweb.settings.env import (
 )
 
 # --- runner ---
-# The workflow runner (ledger.runner) and its provider adapters (ledger.providers). Every value
+# The workflow runner (runs.runner) and its provider adapters (runs.providers). Every value
 # is read at call time through django.conf.settings, so tests may override them.
 
 # Agent binaries, one per provider: a name looked up on PATH or an absolute path.
@@ -74,7 +74,7 @@ LOOPSWEB_WINDOW_KEEP_DAYS = env_int("LOOPSWEB_WINDOW_KEEP_DAYS", 8)
 LOOPSWEB_STEP_START_POLL_SECONDS = env_int("LOOPSWEB_STEP_START_POLL_SECONDS", 5)
 # Seconds between SIGTERM and SIGKILL when a step's process group is stopped.
 LOOPSWEB_KILL_GRACE_SECONDS = env_int("LOOPSWEB_KILL_GRACE_SECONDS", 5)
-# How often an agent CLI retries a failed model call (codex, claude; ledger/providers.py):
+# How often an agent CLI retries a failed model call (codex, claude; runs/providers.py):
 # few, so a rate limit reaches loopsweb in seconds and the step can move to another account.
 LOOPSWEB_AGENT_MAX_RETRIES = env_int("LOOPSWEB_AGENT_MAX_RETRIES", 1)
 # How many times a rate-limited agent step moves to another free member of its run's pool
@@ -85,17 +85,17 @@ LOOPSWEB_RATE_LIMIT_MOVES = env_int("LOOPSWEB_RATE_LIMIT_MOVES", 2)
 LOOPSWEB_STEP_TIMEOUT_SECONDS = env_int("LOOPSWEB_STEP_TIMEOUT_SECONDS", 3600)
 LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS = env_int("LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS", 600)
 # An agent CLI that reports this many failed model calls in a row, with no model answer or
-# tool call between them, is stopped with the provider's error (ledger.agent_step).
+# tool call between them, is stopped with the provider's error (runs.agent_step).
 LOOPSWEB_STEP_PROVIDER_ERRORS = env_int("LOOPSWEB_STEP_PROVIDER_ERRORS", 3)
 # How long a step of a pool-routed run waits when every account of its pool is rate
-# limited (holding no run worker), before its run fails with that reason (ledger.runner).
+# limited (holding no run worker), before its run fails with that reason (runs.runner).
 LOOPSWEB_POOL_WAIT_SECONDS = env_int("LOOPSWEB_POOL_WAIT_SECONDS", 604800)
 # A 429 whose named reset is at most this far off is a per-minute limit: the account
 # pauses until then and the step stays on it (staggered), rather than rotating the pool
-# (ledger.runner; 0: every 429 moves the step).
+# (runs.runner; 0: every 429 moves the step).
 LOOPSWEB_THROTTLE_SECONDS = env_int("LOOPSWEB_THROTTLE_SECONDS", 20)
 # How long an account whose step made no progress for its idle limit (a hang) is marked
-# unresponsive and skipped by pool assignment, step starts and failover (ledger.runner).
+# unresponsive and skipped by pool assignment, step starts and failover (runs.runner).
 LOOPSWEB_UNRESPONSIVE_SECONDS = env_int("LOOPSWEB_UNRESPONSIVE_SECONDS", 900)
 # How often a running step's output tails are written to its step run (only when it printed
 # something new), so /ops/ and the item page show what the agent is doing now.
@@ -108,7 +108,7 @@ LOOPSWEB_MAX_REDISPATCH = env_int("LOOPSWEB_MAX_REDISPATCH", 8)
 # --- end runner ---
 
 # --- isolation ---
-# Where agents may run (ledger.projects, ledger.worktrees; docs/operations.md "Isolation").
+# Where agents may run (runs.projects, runs.worktrees; docs/operations.md "Isolation").
 
 
 def _absolute_dirs(name: str, raw: list[str]) -> tuple[str, ...]:
@@ -179,7 +179,7 @@ def _passthrough(name: str) -> tuple[str, ...]:
 
 LOOPSWEB_AGENT_ENV_PASSTHROUGH = _passthrough("LOOPSWEB_AGENT_ENV_PASSTHROUGH")
 
-# The sandbox of every agent step (ledger.sandbox, docs/isolation.md §7): `bwrap` (bubblewrap,
+# The sandbox of every agent step (runs.sandbox, docs/isolation.md §7): `bwrap` (bubblewrap,
 # the default) or `off` (agents run unsandboxed, with a red banner on every operator page).
 LOOPSWEB_AGENT_SANDBOX = (env_str("LOOPSWEB_AGENT_SANDBOX") or "bwrap").strip()
 if LOOPSWEB_AGENT_SANDBOX not in ("bwrap", "off"):
@@ -188,7 +188,7 @@ if LOOPSWEB_AGENT_SANDBOX not in ("bwrap", "off"):
     )
 # Paths bound into every step's sandbox at the same path, read-write and read-only (a shared
 # package cache, say); one that would expose loopsweb's data, checkout or an account's login is
-# refused when a step would start (ledger.sandbox.operator_bind_problem).
+# refused when a step would start (runs.sandbox.operator_bind_problem).
 LOOPSWEB_AGENT_SANDBOX_BIND = _absolute_dirs(
     "LOOPSWEB_AGENT_SANDBOX_BIND", env_list("LOOPSWEB_AGENT_SANDBOX_BIND", [])
 )

@@ -65,9 +65,10 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    # Before django_q: ledger's `qcluster` command (a run cluster's start) is the one that
-    # runs (Django takes a command from the first app in this list that has it).
     "ledger",
+    # Before django_q: runs' `qcluster` command (a run cluster's start) is the one that
+    # runs (Django takes a command from the first app in this list that has it).
+    "runs",
     "django_q",
     "axes",
     "routing",

@@ -30,11 +30,11 @@ from domain.keys import (
     generic_pool_seed,
     todos_task_names,
 )
-from ledger.projects import repository_checkout
 from routing.admission.options import RouteOptions
 from routing.admission.results import SKIPPED, RouteResult
 from routing.admission.review_gate import todos_review_key
 from routing.admission.route_accounts import RouteAccounts
+from runs.projects import repository_checkout
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.providers import PROVIDERS
 from domain.bounds import bounded_int
 from domain.controls import control_refused
 from domain.delivery import (
@@ -38,7 +39,6 @@ from domain.throttle import (
     parse_limit,
 )
 from domain.windows import MaxWindowUsed, parse_max_window_used
-from ledger.providers import PROVIDERS
 
 ROLES = ("triage", "planner", "worker", "verifier")
 POOL_METADATA_KEYS = (
@@ -96,7 +96,7 @@ class RouteOptions:
     # idleTimeoutMs into every agent step (domain.templates.render_workflow).
     step_timeout: int | None = None
     step_idle_timeout: int | None = None
-    # Delivery of the run's work (domain.delivery, ledger.delivery): none, branch (default),
+    # Delivery of the run's work (domain.delivery, runs.delivery): none, branch (default),
     # push or pull-request; the remote; whether failed runs are delivered (as drafts); the
     # GitHub repository when the remote's URL does not name one.
     deliver: str = DEFAULT_DELIVER

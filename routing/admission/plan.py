@@ -53,12 +53,6 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.projects import (
-    REQUIRED_NOT_GIT,
-    WorktreeRequired,
-    project_path_admit,
-)
-from ledger.sandbox import admission_sandbox_problem
 from ledger.selectors import registered_providers
 from routing.admission.event_view import EventView, event_view, invocation_fields
 from routing.admission.options import (
@@ -68,6 +62,12 @@ from routing.admission.options import (
 )
 from routing.admission.results import RouteResult
 from routing.admission.route_accounts import RouteAccounts, route_accounts
+from runs.projects import (
+    REQUIRED_NOT_GIT,
+    WorktreeRequired,
+    project_path_admit,
+)
+from runs.sandbox import admission_sandbox_problem
 
 # --- stage 1: the plan (no store access) ------------------------------------------------------
 
@@ -76,7 +76,7 @@ def normalize_project_path(path: str, *, cwd: str) -> str:
     """Absolute, symlinks resolved, and the git work tree's top level when inside one.
 
     For drain filters (`--project-path-prefix`), not for admission: a route's project goes
-    through `ledger.projects.project_path_resolve`, which also enforces the project roots.
+    through `runs.projects.project_path_resolve`, which also enforces the project roots.
     Walks up looking for `.git` instead of running git; no `~` expansion.
     """
     resolved = os.path.abspath(os.path.join(cwd, path))

@@ -3,7 +3,7 @@
 The task side is domain.review: whether the gate applies (a PR reference and review or
 merge intent in the task's text and fields), the PR state and author the task states, and
 its reviewers. Here the forge is asked (`GET /repos/{owner}/{repo}/pulls/{number}`,
-ledger.github) when LOOPSWEB_GITHUB_TOKEN_FILE is set and the task names the PR (a pull
+runs.github) when LOOPSWEB_GITHUB_TOKEN_FILE is set and the task names the PR (a pull
 URL or github-pr handle), each answer cached for LOOPSWEB_PR_STATE_CACHE_SECONDS:
 
 - the state: the forge's, else (no forge, or no answer) the one the task states. Merged or
@@ -46,8 +46,8 @@ from domain.review import (
     review_evidence,
     reviewer_decision,
 )
-from ledger.github import ForgeError, get_pull_request
 from routing.admission.results import SKIPPED, RouteResult
+from runs.github import ForgeError, get_pull_request
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
-from ledger.delivery_view import delivery_fields
 from ledger.display import UsageSum, attempts_story, row_usage, step_usage
 from ledger.models import (
     WorkflowRun,
@@ -25,6 +24,7 @@ from ledger.models import (
 from routing.admission import work_item_to_dict
 from routing.models import DrainRecord, InboxEvent
 from routing.selectors import AccountRow, UsageTotals
+from runs.delivery_view import delivery_fields
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -133,7 +133,7 @@ class StepDict(TypedDict):
     exitCode: int | None
     durationMs: int | None
     error: str | None
-    # Processes the step left running that the step guard ended (ledger.stepguard).
+    # Processes the step left running that the step guard ended (agents.stepguard).
     processesEnded: int | None
     egressRefused: dict[str, int] | None
     # Its tries in order, one per account it ran on (a move after a rate limit, a retry),
@@ -159,14 +159,14 @@ class RunDict(TypedDict):
     finishedAt: str | None
     durationMs: int | None
     error: str | None
-    # Where the run worked and what it left (ledger.worktrees): the worktree and branch, the
+    # Where the run worked and what it left (runs.worktrees): the worktree and branch, the
     # branch's head after the run's commit, and, when the work could not be committed, why
     # and where it is kept.
     worktreePath: str | None
     branch: str | None
     commitHead: str | None
     workNotCommitted: str | None
-    # issue 40: the run's work (ledger.delivery_view.delivery_fields): its diffstat, one
+    # issue 40: the run's work (runs.delivery_view.delivery_fields): its diffstat, one
     # commit per step that changed files, what was delivered and its pull request.
     diffstat: str | None
     commits: list[dict[str, Any]]

@@ -21,7 +21,6 @@ from django.db import transaction
 
 from domain.events import record_tags, task_field, todos_project_path_hint
 from ledger.dberrors import error_passes
-from ledger.projects import WorktreeRequired
 from routing.admission import (
     SKIPPED,
     THROTTLED,
@@ -35,6 +34,7 @@ from routing.drains.outcomes import hold_record, record_failure
 from routing.drains.report import DrainReport
 from routing.drains.sources import Candidate
 from routing.models import OPEN_INBOX_STATES, InboxEvent, InboxState
+from runs.projects import WorktreeRequired
 
 
 @dataclass

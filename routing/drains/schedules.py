@@ -21,7 +21,7 @@ SCHEDULES: tuple[ScheduleSpec, ...] = (
     # lease expiring (LOOPSWEB_RUN_LEASE_SECONDS).
     ScheduleSpec(
         name="recover-expired-runs",
-        func="ledger.tasks.recover_expired_runs",
+        func="runs.tasks.recover_expired_runs",
         minutes=1,
     ),
     # Drain records that did nothing (one a minute per idle schedule) are kept
@@ -35,7 +35,7 @@ SCHEDULES: tuple[ScheduleSpec, ...] = (
     # at; this removes them after that (and any a succeeded run could not remove).
     ScheduleSpec(
         name="prune-worktrees",
-        func="ledger.tasks.prune_worktrees",
+        func="runs.tasks.prune_worktrees",
         minutes=15,
     ),
 )

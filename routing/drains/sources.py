@@ -29,8 +29,8 @@ from domain.events import (
 )
 from domain.jsontext import loads_limited
 from domain.keys import TODOS_TASK
-from ledger.projects import repository_checkout
 from routing.models import OPEN_INBOX_STATES, InboxEvent
+from runs.projects import repository_checkout
 
 TODOS_EVENT_PREFIX = "task."
 COMMAND_SOURCE = "command"

@@ -1,5 +1,5 @@
 """The line every operator page shows while agents cannot run sandboxed on this host, or run
-unsandboxed because the operator said so (ledger.sandbox.sandbox_warning)."""
+unsandboxed because the operator said so (runs.sandbox.sandbox_warning)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from ledger.sandbox import sandbox_warning
+from runs.sandbox import sandbox_warning
 
 
 def agent_sandbox(request: HttpRequest) -> dict[str, Any]:

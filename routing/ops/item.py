@@ -15,15 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from ledger.agent_output import summarize_output
-from ledger.delivery import redeliverable
-from ledger.delivery_view import (
-    Patch,
-    delivery_line,
-    pull_request,
-    run_commits,
-    run_patch,
-)
+from agents.agent_output import summarize_output
 from ledger.display import UsageSum, attempts_story, step_usage
 from ledger.item_read import WorkItemRead
 from ledger.models import (
@@ -36,6 +28,14 @@ from ledger.models import (
 )
 from routing.models import InboxState
 from routing.ops.display import visible_controls
+from runs.delivery import redeliverable
+from runs.delivery_view import (
+    Patch,
+    delivery_line,
+    pull_request,
+    run_commits,
+    run_patch,
+)
 
 # The last lines of a running step's output the page shows (docs/operations.md: "the last few").
 LIVE_LINES = 12
@@ -62,7 +62,7 @@ class RunView:
     run: WorkflowRun
     steps: list[StepView] = field(default_factory=list)
     usage: UsageSum = field(default_factory=UsageSum)
-    # issue 40: the run's work (ledger.delivery_view): commits, delivery, patch, actions.
+    # issue 40: the run's work (runs.delivery_view): commits, delivery, patch, actions.
     commits: list[dict[str, Any]] = field(default_factory=list)
     delivery: str | None = None
     pr: dict[str, Any] | None = None

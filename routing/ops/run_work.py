@@ -19,14 +19,14 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from domain.errors import ApplicationError
-from ledger.delivery import deliver_run, delivery_outcome, redeliverable
-from ledger.delivery_view import PATCH_MOST_CHARS, run_patch
-from ledger.discard import discard_run_work
 from ledger.models import WorkflowRun
 from ledger.webkit import access
 from ledger.webkit.audit import log_operator_action
 from routing.ops.views import ops_view
 from routing.templatetags.ops_tags import ITEM_ACTION_PERMISSION
+from runs.delivery import deliver_run, delivery_outcome, redeliverable
+from runs.delivery_view import PATCH_MOST_CHARS, run_patch
+from runs.discard import discard_run_work
 
 RUN_ACTIONS = ("deliver", "discard")
 
@@ -34,7 +34,7 @@ RUN_ACTIONS = ("deliver", "discard")
 @ops_view(access.RUNS)
 @require_POST
 def run_action(request: HttpRequest, run_id: str, action: str) -> HttpResponse:
-    """Deliver again (`ledger.delivery.deliver_run`) or discard (`ledger.discard`) one
+    """Deliver again (`runs.delivery.deliver_run`) or discard (`runs.discard`) one
     run's work; back to `next` when it is this site's, else the run's item page."""
     if action not in RUN_ACTIONS:
         raise Http404

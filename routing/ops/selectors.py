@@ -28,7 +28,7 @@ from django.db.models import (
 from django.db.models.functions import TruncHour
 from django_q.models import Schedule
 
-from ledger.agent_output import knows_progress, summarize_output
+from agents.agent_output import knows_progress, summarize_output
 from ledger.models import (
     RunStatus,
     StepStatus,
@@ -280,7 +280,7 @@ class LiveStep:
     since: datetime | None
     why: str = ""
     code: str = ""
-    now: str = ""  # what a running step printed last, readable (ledger.agent_output)
+    now: str = ""  # what a running step printed last, readable (agents.agent_output)
     # When a running agent last made progress (None: not yet); only for the CLIs whose
     # output tells progress apart (`tracks_progress`).
     progress_at: datetime | None = None

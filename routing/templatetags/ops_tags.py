@@ -8,7 +8,7 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ledger import agent_output
+from agents import agent_output
 from ledger.display import commit_text, worktree_text
 from ledger.models import WorkflowRun, WorkflowWorkItem
 from ledger.services import CANCELLABLE_STATUSES, REQUEUEABLE_STATUSES
@@ -105,5 +105,5 @@ def item_actions(context: template.Context, item: WorkflowWorkItem | None) -> di
 @register.filter
 def reason_line(text: str | None) -> str:
     """A cooldown's or a step's reason as one human line: the provider's message out of
-    the raw text the runner recorded (ledger.agent_output.reason_line)."""
+    the raw text the runner recorded (agents.agent_output.reason_line)."""
     return agent_output.reason_line(text)

@@ -1,6 +1,6 @@
 """Start an agent the way the runner does (the adapter's argv, env and cwd; no shell; the step
 guard; the step's sandbox unless the test turned it off) and collect its output, optionally
-stopping it early: `ledger.processes.run_process` itself.
+stopping it early: `runs.processes.run_process` itself.
 
 The timeout is a hang deadline (tests/waiting.py scales it): a run that reaches it is
 reported as `timed_out`, and no test asserts how long a run took (tests/bench/ measures)."""
@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ledger.processes import run_process
-from ledger.providers import Invocation
-from ledger.sandbox import sandbox_on, step_sandbox
+from runs.processes import run_process
+from runs.providers import Invocation
+from runs.sandbox import sandbox_on, step_sandbox
 from tests.waiting import hang_deadline
 
 

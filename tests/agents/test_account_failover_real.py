@@ -25,7 +25,7 @@ from ledger.models import (
     WorkflowRun,
     WorkflowStepAttempt,
 )
-from ledger.runner import run_workflow_run
+from runs.runner import run_workflow_run
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
 from tests.ledger.runner_helpers import git_project, route_generic, steps_of

@@ -1,4 +1,4 @@
-"""`account add` with login directories and an env file (ledger.envfile): the path is
+"""`account add` with login directories and an env file (agents.envfile): the path is
 stored, the key never is; a file that is not 0600 or not ours is refused, also when it is
 swapped while it is read; an error never quotes a line; a file over the limit is refused."""
 
@@ -16,10 +16,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from ledger.envfile import MAX_BYTES, EnvFileError, read_env_file
+from agents.envfile import MAX_BYTES, EnvFileError, read_env_file
 from ledger.models import Account
-from ledger.providers import ProviderError, account_environment
 from ledger.selectors import account_gate, account_registry
+from runs.providers import ProviderError, account_environment
 from tests.agents.clis import write_env_file
 
 SECRET = "sk-test-" + "9" * 24

@@ -1,4 +1,4 @@
-"""What the adapters add so the real CLIs work headless (ledger.providers.headless_options);
+"""What the adapters add so the real CLIs work headless (runs.providers.headless_options);
 tests/agents/test_real_clis.py runs the CLIs with it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ledger.providers import agent_invocation, in_git_work_tree
 from ledger.services.accounts import account_add
+from runs.providers import agent_invocation, in_git_work_tree
 from tests.agents import clis
 
 

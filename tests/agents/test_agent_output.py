@@ -1,11 +1,11 @@
-"""ledger.agent_output on lines the pinned CLIs printed against the stand-in (copied from
+"""agents.agent_output on lines the pinned CLIs printed against the stand-in (copied from
 their real output; tests/agents/test_real_clis.py produces them live)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from ledger.agent_output import (
+from agents.agent_output import (
     agent_error,
     knows_progress,
     line_progress,
@@ -17,8 +17,8 @@ from ledger.agent_output import (
     summarize_line,
     summarize_output,
 )
-from ledger.ratelimit import strip_ansi
-from ledger.usage import Usage, parse_usage
+from agents.ratelimit import strip_ansi
+from agents.usage import Usage, parse_usage
 
 NOW = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
 

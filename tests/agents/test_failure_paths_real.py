@@ -20,7 +20,7 @@ import pytest
 
 from ledger.claims import COOLDOWN, PARKED_REASONS, TASK_PARKED
 from ledger.models import AccountCooldown, RunStatus, StepStatus, WorkflowEvent
-from ledger.runner import run_workflow_run
+from runs.runner import run_workflow_run
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
 from tests.agents.test_runner_real import _route

@@ -2,8 +2,8 @@
 
 Each test registers an account with `manage.py account add` (its login directory and an env
 file holding its key), builds the step's argv and environment with the adapter
-(`ledger.providers.agent_invocation`), runs the CLI in a temporary git repository and reads
-its output with `ledger.agent_output` / `ledger.usage`. One test per CLI per behaviour;
+(`runs.providers.agent_invocation`), runs the CLI in a temporary git repository and reads
+its output with `agents.agent_output` / `agents.usage`. One test per CLI per behaviour;
 each ends by itself because the adapter bounds the CLIs' own retries. The tests assert what
 happened and in which order, never how long it took: how soon a 429 is detected and the step
 moves is the failover benchmark's figure (tests/bench/bench_failover.py, make bench). A
@@ -21,15 +21,15 @@ import pytest
 from django.core.management import call_command
 from pytest_django import Settings
 
-from ledger.agent_message import final_message
-from ledger.agent_output import (
+from agents.agent_message import final_message
+from agents.agent_output import (
     agent_error,
     live_rate_limit,
     rate_limit,
     summarize_output,
 )
-from ledger.providers import agent_invocation
-from ledger.usage import parse_usage
+from agents.usage import parse_usage
+from runs.providers import agent_invocation
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
 from tests.agents.running import Finished, run_agent
@@ -156,7 +156,7 @@ def test_the_real_cli_writes_the_file_with_the_accounts_key_and_reports_its_usag
     live = summarize_output(provider, done.stdout)
     assert stand_in.file_name in live  # the tool call / command, readable
     assert stand_in.final_text in live  # the final message
-    # ... and the agent's own words, as the pull request quotes them (ledger.agent_message)
+    # ... and the agent's own words, as the pull request quotes them (agents.agent_message)
     assert final_message(provider, done.stdout) == stand_in.final_text
 
 

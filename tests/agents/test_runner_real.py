@@ -40,8 +40,8 @@ from ledger.models import (
     WorkflowStepAttempt,
     WorkflowStepRun,
 )
-from ledger.runner import run_workflow_run
 from routing.admission import CREATED, route_event, route_options
+from runs.runner import run_workflow_run
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
 from tests.ledger.runner_helpers import (

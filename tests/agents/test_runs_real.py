@@ -19,8 +19,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from ledger.agent_message import final_message
-from ledger.agent_output import summarize_output
+from agents.agent_message import final_message
+from agents.agent_output import summarize_output
 from ledger.models import RunStatus, WorkflowRun, WorkflowStepRun
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn

@@ -25,7 +25,7 @@ from ledger.models import (
     WorkflowRun,
     WorkflowStepRun,
 )
-from ledger.runner import run_workflow_run
+from runs.runner import run_workflow_run
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
 from tests.agents.test_runner_real import _route

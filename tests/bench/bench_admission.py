@@ -404,7 +404,7 @@ def _bare_rows(
 def _enqueue(run_id: str) -> None:
     from django_q.tasks import async_task
 
-    async_task("ledger.tasks.run_workflow", run_id, task_name=f"bench-enqueue-{run_id}")
+    async_task("runs.tasks.run_workflow", run_id, task_name=f"bench-enqueue-{run_id}")
 
 
 def measure_size(size: int, options: Any, events: _Events) -> dict[str, Any]:

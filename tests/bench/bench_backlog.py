@@ -293,8 +293,8 @@ def _runner_statements() -> dict[str, Any]:
     from django.conf import settings
     from django.db import connection
 
-    from ledger.runner import run_workflow_run
     from routing.admission import route_event, route_options
+    from runs.runner import run_workflow_run
 
     fake = harness.ROOT / "scripts" / "fake-agent"
     settings.LOOPSWEB_PROVIDER_BINARIES = {

@@ -46,8 +46,8 @@ def _detect(provider: str, rep: int, work: Path) -> tuple[float, float, bool]:
     """One CLI run on a 429 account, outside any cluster: (seconds from the first 429 to
     the 429 detected, seconds from the CLI's start to it, whether it was detected)."""
 
-    from ledger.agent_output import live_rate_limit, rate_limit
-    from ledger.providers import agent_invocation
+    from agents.agent_output import live_rate_limit, rate_limit
+    from runs.providers import agent_invocation
     from tests.agents import clis
     from tests.agents.provider import ProviderStandIn
     from tests.agents.running import run_agent
@@ -86,7 +86,7 @@ def _detect(provider: str, rep: int, work: Path) -> tuple[float, float, bool]:
             return live_rate_limit(provider, stdout, stderr, now=now) is not None
 
         started = time.time()
-        # As the runner does (ledger/agent_step.py): stopped once its output names the limit.
+        # As the runner does (runs/agent_step.py): stopped once its output names the limit.
         done = run_agent(invocation, stop_when=limited)
         now = datetime.now(UTC)
         if done.stopped:

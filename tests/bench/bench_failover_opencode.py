@@ -7,7 +7,7 @@ stand-in answers the first key that asks (the worker's account) with HTTP 429 an
 `Retry-After: 30`, so the worker moves to the member the verifier does not use (worker ≠
 verifier). opencode retries a 429 by itself (minutes at that Retry-After) and prints only a
 log line for it (docs/agents.md), so the runner reads that line, stops opencode and moves the
-step (ledger/agent_step.py, ledger/runner.py). Target: the moved step's opencode running on
+step (runs/agent_step.py, runs/runner.py). Target: the moved step's opencode running on
 the other account (its first request) at most 10 s after the 429 was read.
 
 Per run, on one clock (the stand-in's request log, opencode's own log timestamp, the step's

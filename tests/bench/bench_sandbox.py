@@ -1,6 +1,6 @@
-"""Benchmark: what the agent sandbox (ledger.sandbox) adds to a step's start.
+"""Benchmark: what the agent sandbox (runs.sandbox) adds to a step's start.
 
-One run, alternating: STARTS step processes through `ledger.processes.run_process` exactly as
+One run, alternating: STARTS step processes through `runs.processes.run_process` exactly as
 the runner starts them, with and without the sandbox (bwrap, its egress relay and the guard
 as the namespace's first process), each running `/bin/true` in a worktree-like directory. The
 figure is the step's wall time from `run_process` called to the result returned; the
@@ -21,9 +21,9 @@ STARTS = harness.scaled(60, 20)
 
 
 def _once(work: Path, sandboxed: bool) -> float:
-    from ledger.processes import run_process
-    from ledger.providers import Invocation
-    from ledger.sandbox import step_sandbox
+    from runs.processes import run_process
+    from runs.providers import Invocation
+    from runs.sandbox import step_sandbox
 
     box = (
         step_sandbox(
@@ -60,7 +60,7 @@ def _once(work: Path, sandboxed: bool) -> float:
 
 
 def run(db: harness.BenchDatabase) -> None:
-    from ledger.sandbox import sandbox_problem
+    from runs.sandbox import sandbox_problem
 
     report = harness.Report(
         NAME, f"Agent sandbox: step start, {STARTS} each", db.vendor

@@ -20,6 +20,7 @@ import pytest
 from django.db import DatabaseError, connection, connections
 from django.utils import timezone
 
+from agents.providers import PROVIDERS
 from domain.templates import EVENT_WORKER_VERIFIER
 from ledger import services
 from ledger.lock import ADMISSION_KEY, ADVISORY_NAMESPACE
@@ -32,7 +33,6 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.providers import PROVIDERS
 from ledger.services import work_item_admit
 from routing.admission import RouteResult, route_event, route_options
 from tests.processes import MANAGE_PY, scratch_cwd

@@ -31,13 +31,13 @@ from ledger.models import (
     WorkflowStepAttempt,
     WorkflowWorkItem,
 )
-from ledger.runner import NO_ACCOUNT_LEFT, run_workflow_run
 from ledger.selectors import account_registry, registered_providers
 from routing.admission import THROTTLED
 from routing.admission.plan import RoutePlan, plan_stored_route
 from routing.admission.retry import without_failed_accounts
 from routing.ops.account_groups import account_state
 from routing.selectors import AccountRow
+from runs.runner import NO_ACCOUNT_LEFT, run_workflow_run
 from tests.ledger.account_failover_helpers import attempts_of, pooled_run
 from tests.ledger.runner_helpers import FakeAgent, git_project, route_generic, steps_of
 from tests.waiting import hang_deadline

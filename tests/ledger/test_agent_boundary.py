@@ -22,11 +22,11 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from ledger.git import repository_at, run_git
 from ledger.models import RunStatus, WorkflowInvocation, WorkflowRun, WorkflowWorkItem
-from ledger.projects import ProjectPathError, project_path_admit, repository_dirs
-from ledger.runner import run_workflow_run
-from ledger.worktrees import (
+from runs.git import repository_at, run_git
+from runs.projects import ProjectPathError, project_path_admit, repository_dirs
+from runs.runner import run_workflow_run
+from runs.worktrees import (
     Worktree,
     WorktreeError,
     worktree_branch,
@@ -77,11 +77,11 @@ def test_only_ledger_git_runs_git_in_the_product() -> None:
     for package in PRODUCT:
         for path in (ROOT / package).rglob("*.py"):
             name = str(path.relative_to(ROOT))
-            if name in ("ledger/git.py", "loopsweb/settings/agents.py"):
+            if name in ("runs/git.py", "loopsweb/settings/agents.py"):
                 continue
             lines = _calls_git(ast.parse(path.read_text(), name))
             offenders += [f"{name}:{line}" for line in lines]
-    assert offenders == [], "git run outside ledger/git.py: " + ", ".join(offenders)
+    assert offenders == [], "git run outside runs/git.py: " + ", ".join(offenders)
 
 
 def test_the_git_check_sees_a_git_call() -> None:
@@ -330,7 +330,7 @@ def test_the_step_guard_ends_as_its_step_ended_by_a_signal(signal_name: str) -> 
     # A step killed by SIGKILL (the guard's own kill after the grace, the OOM killer) is
     # recorded as killed, not as "exit code 1" (a load run found it so: no handler can be
     # reset for SIGKILL).
-    from ledger.processes import STEP_GUARD
+    from runs.processes import STEP_GUARD
 
     done = subprocess.run(
         [

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.utils.html import escape
 
 from ledger.models import TERMINAL_RUN_STATUSES, RunStatus, WorkflowRun
-from ledger.worktrees import worktree_branch
+from runs.worktrees import worktree_branch
 from tests.ledger.runner_helpers import child_database_url, git, git_project, steps_of
 from tests.processes import (
     manage,

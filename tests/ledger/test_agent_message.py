@@ -1,4 +1,4 @@
-"""ledger.agent_message: the agent's own final message, in each CLI's format (the lines as
+"""agents.agent_message: the agent's own final message, in each CLI's format (the lines as
 the pinned CLIs print them, docs/agents.md; tests/agents/test_real_clis.py checks the same
 against the real CLIs). No database, no process."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ledger.agent_message import PLAIN_LINES, final_message
+from agents.agent_message import PLAIN_LINES, final_message
 
 USAGE_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "usage"
 

@@ -31,9 +31,9 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.runner import HANDED_BACK, run_workflow_run
-from ledger.services.confirm import CONFIRMED, UNCONFIRMED, confirm_claim
 from ledger.webkit import access
+from runs.confirm import CONFIRMED, UNCONFIRMED, confirm_claim
+from runs.runner import HANDED_BACK, run_workflow_run
 from tests.factories import make_staff_user
 from tests.ledger.runner_helpers import FakeAgent, git_project, route_generic
 

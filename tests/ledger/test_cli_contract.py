@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from pytest_django import Settings
 
-from ledger.providers import ADAPTERS, agent_invocation
+from agents.providers import ADAPTERS
+from runs.providers import agent_invocation
 from tests.agents.clis import CLI_PACKAGES, install_clis
 from tests.waiting import hang_deadline
 

@@ -17,8 +17,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from ledger.models import RunStatus, WorkflowEvent, WorkflowRun
-from ledger.runner import run_workflow_run
-from ledger.worktrees import worktree_branch
+from runs.runner import run_workflow_run
+from runs.worktrees import worktree_branch
 from tests.forge_standin import Forge, start_forge
 from tests.ledger.runner_helpers import FakeAgent, git, git_project, route_generic
 
@@ -420,7 +420,7 @@ def test_a_remote_rewritten_after_the_first_delivery_is_refused_with_the_reason(
     assert f"now names {decoy}" in error and str(origin) in error
     assert remote_branches(decoy) == {}
     # Deliver again refuses too: the URL recorded for the run is not the pinned one.
-    from ledger.delivery import deliver_run
+    from runs.delivery import deliver_run
 
     assert deliver_run(second.id)["state"] == "failed"
     assert remote_branches(decoy) == {}

@@ -17,16 +17,16 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
 
-from ledger import delivery_view
-from ledger.delivery import (
+from ledger.models import RunStatus, WorkflowRun
+from runs import delivery_view
+from runs.delivery import (
     NO_CHANGES,
     NOT_DELIVERED_FAILED,
     delivery_outcome,
     redeliverable,
 )
-from ledger.discard import run_branches_prune
-from ledger.models import RunStatus, WorkflowRun
-from ledger.worktrees import worktree_branch
+from runs.discard import run_branches_prune
+from runs.worktrees import worktree_branch
 from tests.forge_standin import Forge
 from tests.ledger.runner_helpers import FakeAgent, git
 from tests.ledger.test_delivery import (

@@ -21,9 +21,9 @@ from ledger.models import (
     WorkflowEvent,
     WorkflowRun,
 )
-from ledger.runner import HANDED_BACK, run_workflow_run
 from ledger.services.account_loads import account_load_drift
 from routing.admission import route_event, route_options
+from runs.runner import HANDED_BACK, run_workflow_run
 from tests.ledger.runner_helpers import (
     FakeAgent,
     git_project,

@@ -1,5 +1,5 @@
 """What an agent prints is evidence, not orders (docs/windows.md §7, ledger/claims.py,
-ledger/windows.py, ledger/usage.py), through real processes: the hostile agent stand-in
+ledger/windows.py, agents/usage.py), through real processes: the hostile agent stand-in
 (tests/hostile_agent.py) as claude, codex and codewith, events routed by `manage.py
 route_event` (a second terminal) and run by a run cluster.
 
@@ -33,6 +33,8 @@ from django.test import Client
 from django.utils import timezone
 from django_q.models import Task
 
+from agents.usage import MAX_TOKENS
+from agents.window_parse import SOURCE_CLAUDE, SOURCE_CODEX
 from ledger import services
 from ledger.claims import (
     CONFIRM_TASK,
@@ -51,8 +53,6 @@ from ledger.models import (
     WorkflowStepRun,
     WorkItemStatus,
 )
-from ledger.usage import MAX_TOKENS
-from ledger.window_parse import SOURCE_CLAUDE, SOURCE_CODEX
 from ledger.windows import MAX_WINDOWS_PER_ACCOUNT
 from tests.hostile_agent import FORGED, FORGED_NAMES
 from tests.ledger.hostile_routes import ended, hostile_env, item_steps, route_hostile
@@ -64,7 +64,7 @@ from tests.waiting import wait_for
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
-    # The agent sandbox (ledger/sandbox.py): what the agent writes in its account's home
+    # The agent sandbox (runs/sandbox.py): what the agent writes in its account's home
     # and its CLI's stdout, it writes from inside the sandbox the CLI and its tools share.
     pytest.mark.sandboxed,
 ]
@@ -114,7 +114,7 @@ def _forged_window(step: WorkflowStepRun, source: str) -> None:
 
 
 def _confirmations(count: int) -> list[Task] | None:
-    """The confirmations that ran (ledger/services/confirm.py), once `count` have."""
+    """The confirmations that ran (runs/confirm.py), once `count` have."""
     tasks = list(Task.objects.filter(func=CONFIRM_TASK))
     return tasks if len(tasks) >= count else None
 

@@ -1,4 +1,4 @@
-"""Run cluster instances (ledger.instances, ledger.cluster_start) and runs that outlive their
+"""Run cluster instances (ledger.instances, runs.cluster_start) and runs that outlive their
 host (ledger.services.hostloss), in this process: the worker identity, the refusal of a
 taken host name, a dead predecessor's claims, a dead host's parked run, /ops/hosts/."""
 
@@ -15,7 +15,6 @@ from django.core.management.base import CommandError
 from django.urls import reverse
 from django.utils import timezone
 
-from ledger.cluster_start import cluster_start, start_refusal
 from ledger.hosts import host_queue, hosts_read_forget, local_roots
 from ledger.instances import (
     ALIVE,
@@ -30,16 +29,17 @@ from ledger.instances import (
     start_ticks,
 )
 from ledger.models import ClusterInstance, Host, RunStatus, StepStatus, WorkflowRun
-from ledger.processes import kill_step_process_group
-from ledger.runner import run_workflow_run
+from ledger.reaper import kill_step_process_group
 from ledger.services import (
     HOST_GONE_ERROR,
     run_claim,
     run_park,
     runs_end_on_gone_hosts,
 )
-from ledger.worktrees import worktree_branch, worktree_dir
 from routing.admission import CREATED, route_event, route_options
+from runs.cluster_start import cluster_start, start_refusal
+from runs.runner import run_workflow_run
+from runs.worktrees import worktree_branch, worktree_dir
 from tests.account_loads import assert_account_counts_match_rows
 from tests.factories import make_step_run
 from tests.ledger.runner_helpers import (

@@ -19,9 +19,9 @@ from django.utils import timezone
 
 from ledger import services, tasks
 from ledger.models import RunStatus, WorkflowRun
-from ledger.run_worktree import RunWorktree
-from ledger.runner import run_workflow_run
-from ledger.worktrees import worktree_base, worktree_branch, worktree_dir
+from runs.run_worktree import RunWorktree
+from runs.runner import run_workflow_run
+from runs.worktrees import worktree_base, worktree_branch, worktree_dir
 from tests.ledger.runner_helpers import FakeAgent, git, git_project, route_generic
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

@@ -1,5 +1,5 @@
 """A bad login stops getting work (issue 39): the recognition of an authentication error in a
-failed step's output (ledger.ratelimit.detect_login_failure), the `login failed` mark a
+failed step's output (agents.ratelimit.detect_login_failure), the `login failed` mark a
 step's refused login sets on its account (the runner, in-process with the fake agent),
 pool assignment and failover skipping it, the deferral when no other member is left,
 `account enable` clearing it, and `account list` and /ops/accounts/ showing it.
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
+from agents.ratelimit import detect_login_failure
 from domain import reasons
 from domain.pool import assign_pool_auth_profiles
 from ledger import services
@@ -25,9 +26,8 @@ from ledger.models import (
     WorkflowEvent,
     WorkflowStepAttempt,
 )
-from ledger.ratelimit import detect_login_failure
-from ledger.runner import run_workflow_run
 from routing.admission import THROTTLED
+from runs.runner import run_workflow_run
 from tests.ledger.account_failover_helpers import pooled_run
 from tests.ledger.runner_helpers import FakeAgent, git_project, route_generic, steps_of
 

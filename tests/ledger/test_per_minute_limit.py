@@ -15,8 +15,8 @@ import pytest
 from django.utils import timezone
 
 from ledger.models import AccountCooldown, AccountWindow, RunStatus, WorkflowEvent
-from ledger.runner import HANDED_BACK, run_workflow_run
 from ledger.services.failover import ACCOUNT_PAUSED_CODE
+from runs.runner import HANDED_BACK, run_workflow_run
 from tests.ledger.account_failover_helpers import attempts_of, pooled_run
 from tests.ledger.runner_helpers import FakeAgent, git_project
 

@@ -1,4 +1,4 @@
-"""ledger.pr_body: the pull request's title and body from ledger rows (no process, no forge;
+"""runs.pr_body: the pull request's title and body from ledger rows (no process, no forge;
 tests/ledger/test_delivery.py and tests/test_delivery_process.py send them to the GitHub
 stand-in)."""
 
@@ -13,7 +13,7 @@ from django.utils import timezone
 from domain.forge_text import ZWJ, neutralize
 from ledger.held_secrets import held_secrets_forget
 from ledger.models import RunStatus, WorkflowStepAttempt, WorkflowStepRun
-from ledger.pr_body import (
+from runs.pr_body import (
     cost_text,
     inline,
     pull_request_body,

@@ -1,4 +1,4 @@
-"""No secret in the ledger (ledger.redaction): the redaction function, the secrets an
+"""No secret in the ledger (agents.redaction): the redaction function, the secrets an
 invocation carries, and the step watch that applies them to what a step printed."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from ledger.agent_step import StepWatch
-from ledger.processes import ProcessResult
-from ledger.providers import agent_invocation, command_invocation
-from ledger.redaction import MIN_LENGTH, Redactor, looks_secret
+from agents.redaction import MIN_LENGTH, Redactor, looks_secret
 from ledger.selectors import RegisteredAccount
+from runs.agent_step import StepWatch
+from runs.processes import ProcessResult
+from runs.providers import agent_invocation, command_invocation
 from tests.agents.clis import write_env_file
 
 
@@ -121,7 +121,7 @@ def test_the_watch_redacts_the_result_the_flushes_and_the_live_check(
     watch.keep(f"kept {key}", "")
     seen: list[str] = []
     monkeypatch.setattr(
-        "ledger.agent_step.live_rate_limit",
+        "runs.agent_step.live_rate_limit",
         lambda provider, stdout, stderr, now: seen.extend([stdout, stderr]),
     )
     watch.stop_when(f"live {key}", f"live {key}")

@@ -21,12 +21,12 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.runner import NOT_DUE, run_workflow_run
 from ledger.selectors import active_counts
 from routing.admission import (
     THROTTLED,
     route_options,
 )
+from runs.runner import NOT_DUE, run_workflow_run
 from tests.ledger.runner_helpers import FakeAgent, route_created, route_generic
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -157,7 +157,7 @@ def test_the_backoff_is_respected_and_doubles_up_to_the_cap(
     assert second.scheduled_for == first_end + timedelta(seconds=60)
     # Handed to the run queue for its due time (a one-off django-q2 schedule).
     schedule = Schedule.objects.get(name=f"run-workflow-{second.id}")
-    assert schedule.func == "ledger.tasks.run_workflow"
+    assert schedule.func == "runs.tasks.run_workflow"
     assert schedule.next_run == second.scheduled_for
     assert schedule.schedule_type == Schedule.ONCE
     # Not before: a delivery before the backoff ended claims nothing and writes nothing.
@@ -334,7 +334,7 @@ def test_a_run_whose_lease_expired_is_retried_when_attempts_are_left(
 ) -> None:
     from django.utils import timezone
 
-    from ledger.tasks import run_workflow
+    from runs.tasks import run_workflow
 
     result = route_created(
         tmp_path, auth_profile="acctA", max_attempts=2, retry_backoff="1h"

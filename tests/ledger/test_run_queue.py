@@ -14,9 +14,10 @@ from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.tasks import async_task
 
-from ledger import queue, services, tasks
+from ledger import queue, services
 from ledger.models import RunStatus, StepStatus, WorkflowRun
-from ledger.runner import HANDED_BACK, NOT_CLAIMED
+from runs import tasks
+from runs.runner import HANDED_BACK, NOT_CLAIMED
 from tests.ledger.runner_helpers import (
     FakeAgent,
     admit_workflow,
@@ -59,7 +60,7 @@ def test_runs_are_queued_for_the_run_cluster_and_drains_for_the_main_one() -> No
     async_task("routing.tasks.drain", "generic", {})
     keys = {row.task["func"]: row.key for row in OrmQ.objects.all()}
     assert keys == {
-        "ledger.tasks.run_workflow": django_settings.LOOPSWEB_RUN_CLUSTER,
+        "runs.tasks.run_workflow": django_settings.LOOPSWEB_RUN_CLUSTER,
         "routing.tasks.drain": Conf.CLUSTER_NAME,
     }
     assert Conf.CLUSTER_NAME == "loopsweb" != django_settings.LOOPSWEB_RUN_CLUSTER

@@ -23,10 +23,10 @@ from ledger.models import (
     WorkflowRun,
     WorkItemStatus,
 )
-from ledger.runner import NOT_CLAIMED, run_workflow_run
 from ledger.selectors import account_load
 from ledger.services import account_add
 from routing.admission import CREATED
+from runs.runner import NOT_CLAIMED, run_workflow_run
 from tests.ledger.runner_helpers import (
     FAKE_AGENT,
     FakeAgent,
@@ -67,7 +67,7 @@ def test_an_admitted_route_runs_worker_then_verifier_on_their_accounts_and_casca
     for record in records:
         step = steps[record["step"]]
         assert step.status == StepStatus.SUCCEEDED
-        # The step's pid leads its process group: the step guard (ledger.stepguard), the
+        # The step's pid leads its process group: the step guard (agents.stepguard), the
         # agent's parent.
         assert step.exit_code == 0 and step.pid == record["pgid"] != record["pid"]
         assert step.duration_ms is not None and step.started_at and step.finished_at
@@ -146,7 +146,7 @@ def test_a_failing_step_fails_the_run_skips_the_rest_and_fails_the_item(
     steps = steps_of(run)
     assert steps["worker"].status == StepStatus.FAILED
     assert steps["worker"].exit_code == 3 and "boom" in steps["worker"].stderr
-    # The agent's own last stderr line, with the exit code after it (ledger.agent_output).
+    # The agent's own last stderr line, with the exit code after it (agents.agent_output).
     assert steps["worker"].error == "boom (exit code 3)"
     assert steps["verifier"].status == StepStatus.SKIPPED
     assert steps["verifier"].started_at is None

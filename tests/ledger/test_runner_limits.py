@@ -1,4 +1,4 @@
-"""The runner's time limits and live output, with the fake agent (ledger.agent_step):
+"""The runner's time limits and live output, with the fake agent (runs.agent_step):
 defaults from the settings, the route's options, the task's Q_TIMEOUT, the output flushed
 while a step runs, and a run that changed nothing says so."""
 
@@ -14,8 +14,8 @@ from django.db import connection
 
 from ledger import services
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
-from ledger.runner import run_workflow_run
 from routing.admission import CREATED, route_event, route_options
+from runs.runner import run_workflow_run
 from tests.ledger.runner_helpers import FakeAgent, git_project, steps_of
 from tests.waiting import hang_deadline
 

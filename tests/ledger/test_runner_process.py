@@ -119,7 +119,7 @@ def test_a_sigkilled_worker_is_recovered_after_its_lease_and_the_next_item_is_ad
         wait_for(lambda: any(records.glob("*.json")), what="the agent's record")
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=60)
-        # The step does not outlive its worker: its guard (ledger.stepguard) is told of the
+        # The step does not outlive its worker: its guard (agents.stepguard) is told of the
         # worker's death (PR_SET_PDEATHSIG) and ends the agent.
         wait_for(
             lambda: not process_alive(agent_pid), what="the step to end with its worker"

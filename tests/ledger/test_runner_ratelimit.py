@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ledger.ratelimit import MAX_DEADLINE, cooldown_backoff, detect_rate_limit
+from agents.ratelimit import MAX_DEADLINE, cooldown_backoff, detect_rate_limit
 
 NOW = datetime(2026, 7, 5, 12, 0, 0, tzinfo=UTC)
 

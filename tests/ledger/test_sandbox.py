@@ -1,4 +1,4 @@
-"""The agent sandbox's rules (ledger.sandbox, ledger.egress; docs/isolation.md §7): a host
+"""The agent sandbox's rules (runs.sandbox, agents.egress; docs/isolation.md §7): a host
 without bubblewrap refuses write-enabled routes and says so everywhere; operator binds that
 would expose a protected path are refused; the egress relay lets out only what a rule allows,
 and counts what it refused."""
@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from ledger import egress, sandbox
+from agents import egress
 from ledger.models import WorkflowWorkItem
-from ledger.processes import run_process
-from ledger.providers import Invocation
+from runs import sandbox
+from runs.processes import run_process
+from runs.providers import Invocation
 from tests.ledger.runner_helpers import git_project
 from tests.processes import manage, terminal_env
 from tests.waiting import wait_for

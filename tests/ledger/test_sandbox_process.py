@@ -21,7 +21,7 @@ import pytest
 from django.conf import settings
 
 from ledger.models import TERMINAL_RUN_STATUSES, Host, RunStatus, WorkflowRun
-from ledger.worktrees import worktree_branch
+from runs.worktrees import worktree_branch
 from tests.ledger.runner_helpers import child_database_url, git, git_project, steps_of
 from tests.probing import breaches
 from tests.processes import (

@@ -24,8 +24,8 @@ from ledger.models import (
     WorkflowStepRun,
     WorkflowWorkItem,
 )
-from ledger.runner import run_workflow_run
 from routing.models import InboxEvent
+from runs.runner import run_workflow_run
 from tests.ledger.runner_helpers import FakeAgent, route_generic, steps_of
 from tests.routing.api.helpers import bearer, make_token
 

@@ -22,9 +22,9 @@ from ledger.models import (
     WorkflowRun,
     WorkItemStatus,
 )
-from ledger.runner import run_workflow_run
 from ledger.selectors import account_gate
 from ledger.services.common import append_event, events_in_one_statement
+from runs.runner import run_workflow_run
 from tests.account_loads import assert_account_counts_match_rows
 from tests.ledger.runner_helpers import (
     FakeAgent,

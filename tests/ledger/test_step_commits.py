@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from ledger.models import RunStatus
-from ledger.runner import run_workflow_run
-from ledger.worktrees import worktree_branch
+from runs.runner import run_workflow_run
+from runs.worktrees import worktree_branch
 from tests.ledger.runner_helpers import (
     FakeAgent,
     git,

@@ -1,5 +1,5 @@
-"""A step stopped because its provider refused it is killed at once (ledger/agent_step.py
-`STOP_GRACE_SECONDS`, ledger/processes.py `stop_grace_seconds`): the CLI is only waiting to
+"""A step stopped because its provider refused it is killed at once (runs/agent_step.py
+`STOP_GRACE_SECONDS`, runs/processes.py `stop_grace_seconds`): the CLI is only waiting to
 try again, so the step moves to another account without waiting the kill grace
 (tests/bench/bench_failover_opencode.py measures the move).
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger.agent_step import STOP_RATE_LIMIT, StepWatch
-from ledger.processes import ProcessResult
-from ledger.providers import Invocation
+from runs.agent_step import STOP_RATE_LIMIT, StepWatch
+from runs.processes import ProcessResult
+from runs.providers import Invocation
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 

@@ -18,8 +18,8 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemStatus,
 )
-from ledger.runner import NOT_DUE, run_workflow_run
 from ledger.services.retries import DEAD_LETTERED_CODE, redispatch_count
+from runs.runner import NOT_DUE, run_workflow_run
 from tests.ledger.runner_helpers import FakeAgent, route_created
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""Usage from the agents' machine-readable output (ledger.usage): fixtures written from the
+"""Usage from the agents' machine-readable output (agents.usage): fixtures written from the
 CLIs' documented formats (codex `exec --json` events, claude `--output-format json`)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.usage import MAX_COST_USD, MAX_TOKENS, Usage, parse_usage
+from agents.usage import MAX_COST_USD, MAX_TOKENS, Usage, parse_usage
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "usage"
 

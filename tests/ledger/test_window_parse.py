@@ -1,4 +1,4 @@
-"""Windows from what the CLIs write (ledger.window_parse): the line shapes codex 0.171,
+"""Windows from what the CLIs write (agents.window_parse): the line shapes codex 0.171,
 Claude Code 2.1.197 and opencode 1.18.33 wrote against a stand-in sending the window headers
 (docs/windows.md)."""
 
@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from ledger.window_parse import (
+from agents.window_parse import (
     SOURCE_CLAUDE,
     SOURCE_CODEX,
     SOURCE_OPENCODE,

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from agents.window_parse import SOURCE_CODEX
 from domain import reasons
 from domain.windows import Window
 from ledger import services
-from ledger.agent_step import StepWatch
 from ledger.models import (
     Account,
     AccountWindow,
@@ -27,11 +27,8 @@ from ledger.models import (
     WorkflowEvent,
     WorkItemDeferral,
 )
-from ledger.providers import Invocation
-from ledger.runner import run_workflow_run
 from ledger.services.common import step_spec
 from ledger.services.failover import step_failover
-from ledger.window_parse import SOURCE_CODEX
 from ledger.windows import (
     KEEP_PER_WINDOW,
     latest_windows,
@@ -41,6 +38,9 @@ from ledger.windows import (
     window_state,
     windows_record,
 )
+from runs.agent_step import StepWatch
+from runs.providers import Invocation
+from runs.runner import run_workflow_run
 from tests.factories import make_run, make_step_run
 from tests.ledger.runner_helpers import FakeAgent, route_generic, steps_of
 from tests.waiting import hang_deadline

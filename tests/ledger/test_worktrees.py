@@ -15,12 +15,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
-from ledger import tasks
 from ledger.models import RunStatus, StepStatus, WorkflowRun
-from ledger.providers import child_environment
-from ledger.runner import run_workflow_run
-from ledger.worktree_prune import worktrees_prune
-from ledger.worktrees import worktree_branch, worktree_dir
+from runs import tasks
+from runs.providers import child_environment
+from runs.runner import run_workflow_run
+from runs.worktree_prune import worktrees_prune
+from runs.worktrees import worktree_branch, worktree_dir
 from tests.ledger.runner_helpers import (
     FakeAgent,
     git,
@@ -334,5 +334,5 @@ def test_sync_schedules_installs_the_periodic_prune() -> None:
 
     call_command("sync_schedules", stdout=io.StringIO())
     schedule = Schedule.objects.get(name="prune-worktrees")
-    assert schedule.func == "ledger.tasks.prune_worktrees"
+    assert schedule.func == "runs.tasks.prune_worktrees"
     assert schedule.schedule_type == Schedule.MINUTES and schedule.minutes == 15

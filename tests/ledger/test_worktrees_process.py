@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from ledger.models import RunStatus, WorkflowRun
-from ledger.worktrees import worktree_branch, worktree_dir
 from routing.admission import CREATED, route_event, route_options
+from runs.worktrees import worktree_branch, worktree_dir
 from tests.ledger.runner_helpers import (
     VENV_BIN,
     child_database_url,

@@ -21,12 +21,12 @@ from django.test import Client
 
 from domain.errors import ValidationError
 from ledger.models import WorkflowInvocation, WorkflowRun, WorkflowWorkItem
-from ledger.projects import PATH_EMPTY, ROOTS_UNSET
 from routing.admission.options import DANGER_NEEDS_BREAK_GLASS
 from routing.api.forms import api_words
 from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
+from runs.projects import PATH_EMPTY, ROOTS_UNSET
 from tests.ledger.runner_helpers import child_database_url, git_project
 from tests.processes import manage
 from tests.routing.api.helpers import make_token, post_events, row_counts

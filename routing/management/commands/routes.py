@@ -29,7 +29,6 @@ from domain.bounds import BOUNDS, bounded_int
 from domain.delivery import DEFAULT_DELIVER, DEFAULT_REMOTE
 from domain.errors import ApplicationError, ValidationError
 from domain.windows import DEFAULT_MAX_WINDOW_USED
-from ledger.delivery_view import delivery_fields, delivery_line
 from ledger.management.terminal import TerminalCommand
 from ledger.models import (
     WorkflowInvocation,
@@ -53,6 +52,7 @@ from ledger.services.common import (
 )
 from routing.admission import retry_outcome, work_item_to_dict
 from routing.api.serializers import iso, step_to_dict, with_attempts
+from runs.delivery_view import delivery_fields, delivery_line
 
 ROUTE_ITEM_NOT_FOUND = "route work item not found: {item_id}"
 # Who the run's `operator_<action>` event names for a retry or cancel from this command.

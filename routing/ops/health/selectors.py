@@ -42,7 +42,7 @@ from django_q.models import Task
 
 from ledger.capacity import LIVE_WITHIN
 from ledger.models import RunWorker
-from ledger.sandbox import sandbox_mode, sandbox_problem
+from runs.sandbox import sandbox_mode, sandbox_problem
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class HealthReport:
     now: datetime
     database: str  # OK or UNAVAILABLE
     clusters: tuple[ClusterHealth, ...]
-    # Why agents cannot run sandboxed on this host (ledger.sandbox), if they cannot.
+    # Why agents cannot run sandboxed on this host (runs.sandbox), if they cannot.
     sandbox_problem: str | None = None
     sandbox: str = "bwrap"  # LOOPSWEB_AGENT_SANDBOX
 

@@ -72,7 +72,7 @@ def test_admission_enqueues_the_run_in_its_own_transaction(tmp_path: Path) -> No
     result = route_generic(tmp_path, auth_profile="acctA")
     assert result.kind == CREATED
     (queued,) = OrmQ.objects.all()
-    assert queued.task["func"] == "ledger.tasks.run_workflow"
+    assert queued.task["func"] == "runs.tasks.run_workflow"
     assert queued.task["args"] == (result.run.id,)
     # The task row commits or rolls back with the admission: a failed admission leaves none.
     with pytest.raises(RuntimeError), transaction.atomic():
@@ -109,11 +109,11 @@ def test_the_run_workflow_task_runs_the_run_and_a_redelivery_is_a_no_op(
 
 
 def test_the_recovery_task_is_a_built_in_schedule_every_minute() -> None:
-    (spec,) = [s for s in SCHEDULES if s.func == "ledger.tasks.recover_expired_runs"]
+    (spec,) = [s for s in SCHEDULES if s.func == "runs.tasks.recover_expired_runs"]
     assert spec.minutes == 1
     call_command("sync_schedules", stdout=io.StringIO())
     schedule = Schedule.objects.get(name=spec.name)
-    assert schedule.func == "ledger.tasks.recover_expired_runs"
+    assert schedule.func == "runs.tasks.recover_expired_runs"
     assert schedule.schedule_type == Schedule.MINUTES and schedule.minutes == 1
     assert tasks.recover_expired_runs() == 0
 

@@ -36,7 +36,7 @@ def _main_cluster_finished(at: datetime, *, cluster: str = "loopsweb") -> None:
     Task.objects.create(
         id=uuid.uuid4().hex,
         name=f"probe-{uuid.uuid4().hex[:8]}",
-        func="ledger.tasks.recover_expired_runs",
+        func="runs.tasks.recover_expired_runs",
         started=at - timedelta(seconds=1),
         stopped=at,
         success=True,
@@ -135,7 +135,7 @@ def test_main_cluster_counts_only_its_own_successful_probe_within_the_interval()
     Task.objects.create(
         id=uuid.uuid4().hex,
         name="failed-probe",
-        func="ledger.tasks.recover_expired_runs",
+        func="runs.tasks.recover_expired_runs",
         started=now,
         stopped=now,
         success=False,

@@ -23,7 +23,6 @@ from django.urls.resolvers import RoutePattern
 from django.utils import timezone
 from django_q.models import Schedule
 
-from ledger.delivery_view import Patch
 from ledger.models import (
     RunStatus,
     StepStatus,
@@ -37,6 +36,7 @@ from routing.ops import item as ops_item
 from routing.ops import run_work
 from routing.ops import urls as ops_urls
 from routing.ops.views import PERMISSIONS
+from runs.delivery_view import Patch
 from tests.factories import make_run, make_staff_user, make_step_run, make_work_item
 from tests.routing.ops import seed as ops_seed
 
