@@ -60,6 +60,10 @@ ADMISSION_NO_PROVIDER = (
 )
 NO_HOST_HAS = "no host has {project}"
 HOSTS_CHECKING = "waiting for the hosts to check {project}"
+# A run's stored wait code (`host_wait_code`) when it waits on a project's presence: the
+# hosts have not all checked it, or none has it.
+WAIT_CHECKING = "checking"
+WAIT_MISSING = "missing"
 PROJECTS_KEPT = 500  # entries of a host's `projects` (the oldest go first)
 ADMISSION_NO_HOST = (
     "no registered host serves {path} (their project roots: {roots}); "
@@ -254,6 +258,9 @@ class Placement:
     queue: str  # the broker key to put the task under
     host: str | None  # None: the shared queue (no host registered)
     wait_reason: str | None = None  # set: no live host serves it, no queue
+    # WAIT_CHECKING or WAIT_MISSING, with the project, when the wait is on a project's presence
+    wait_code: str | None = None
+    wait_project: str | None = None
 
 
 def run_placement(
@@ -286,9 +293,21 @@ def run_placement(
         if sure or trusted:
             serving = sure or trusted
         elif any(has[h.name] is None for h in serving):
-            return Placement("", None, HOSTS_CHECKING.format(project=target.project))
+            return Placement(
+                "",
+                None,
+                HOSTS_CHECKING.format(project=target.project),
+                WAIT_CHECKING,
+                target.project,
+            )
         elif able:
-            return Placement("", None, NO_HOST_HAS.format(project=target.project))
+            return Placement(
+                "",
+                None,
+                NO_HOST_HAS.format(project=target.project),
+                WAIT_MISSING,
+                target.project,
+            )
     if not serving:
         if target.worktree_host is not None:
             return Placement(
@@ -312,22 +331,30 @@ def run_placement(
 
 
 def run_wait_record(
-    run_id: str, reason: str | None, now: datetime | None = None
+    run_id: str, placement: Placement | None, now: datetime | None = None
 ) -> None:
-    """Record (or clear, with None) why no host takes a queued run, and since when."""
+    """Record why no host takes a queued run (its placement's wait), and since when; or
+    clear it (None)."""
     now = now or timezone.now()
-    if reason is None:
+    if placement is None:
         WorkflowRun.objects.filter(pk=run_id, host_wait_since__isnull=False).update(
-            host_wait_reason=None, host_wait_since=None
+            host_wait_reason=None,
+            host_wait_since=None,
+            host_wait_code=None,
+            host_wait_project=None,
         )
         return
     WorkflowRun.objects.filter(pk=run_id, host_wait_since__isnull=True).update(
         host_wait_since=now
     )
-    if not WorkflowRun.objects.filter(pk=run_id).update(host_wait_reason=reason):
+    if not WorkflowRun.objects.filter(pk=run_id).update(
+        host_wait_reason=placement.wait_reason,
+        host_wait_code=placement.wait_code,
+        host_wait_project=placement.wait_project,
+    ):
         # A batched admission inserts its runs after handing them over: record it then.
         if transaction.get_connection().in_atomic_block:
-            transaction.on_commit(lambda: run_wait_record(run_id, reason, now))
+            transaction.on_commit(lambda: run_wait_record(run_id, placement, now))
 
 
 # --- which projects a host has -----------------------------------------------------------------
@@ -374,15 +401,6 @@ def project_check_here(project: str, *, has: bool | None = None) -> None:
         has = project_here(project)
     if has is not None and known is not has:
         projects_record({project: has})
-
-
-def waited_project(reason: str | None) -> str | None:
-    """The project a run waits for, from its wait reason (NO_HOST_HAS, HOSTS_CHECKING)."""
-    for text in (NO_HOST_HAS, HOSTS_CHECKING):
-        prefix = text.split("{", 1)[0]
-        if reason and reason.startswith(prefix):
-            return reason.removeprefix(prefix)
-    return None
 
 
 def admission_roots() -> list[str] | None:

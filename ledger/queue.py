@@ -29,7 +29,8 @@ from django_q.tasks import async_task
 
 from ledger.dberrors import OutageNotice, drop_connection, error_passes
 from ledger.hosts import (
-    NO_HOST_HAS,
+    WAIT_CHECKING,
+    WAIT_MISSING,
     dead_after,
     host_name,
     host_queue,
@@ -40,7 +41,6 @@ from ledger.hosts import (
     registered_hosts,
     run_placement,
     run_wait_record,
-    waited_project,
 )
 from ledger.models import Host, RunStatus, WorkflowRun
 
@@ -121,7 +121,7 @@ def enqueue_run(
     if placement.wait_reason is not None:
         # No live host serves it: no task; the recovery schedule places it again (it has no
         # task) and fails it after LOOPSWEB_NO_HOST_GRACE_SECONDS with this reason.
-        run_wait_record(run_id, placement.wait_reason)
+        run_wait_record(run_id, placement)
         return
     if placement.host is not None and steps is None:
         run_wait_record(run_id, None)  # a new run (steps given) has no reason to clear
@@ -284,11 +284,15 @@ def host_projects_refresh(now: datetime | None = None) -> list[str]:
         return []
     mine = me.projects or {}
     waiting = {
-        run: (path, reason, since)
-        for run, reason, since in WorkflowRun.objects.filter(
-            status=RunStatus.QUEUED, host_wait_since__isnull=False
-        ).values_list("id", "host_wait_reason", "host_wait_since")[:1000]
-        if (path := waited_project(reason))
+        run: (path, code, since)
+        for run, path, code, since in WorkflowRun.objects.filter(
+            status=RunStatus.QUEUED,
+            host_wait_since__isnull=False,
+            host_wait_code__in=(WAIT_CHECKING, WAIT_MISSING),
+        ).values_list("id", "host_wait_project", "host_wait_code", "host_wait_since")[
+            :1000
+        ]
+        if path
     }
     paths = {path for h in hosts for path in (h.projects or {})}
     paths.update(path for path, _, _ in waiting.values())
@@ -304,8 +308,8 @@ def host_projects_refresh(now: datetime | None = None) -> list[str]:
     live = live_hosts(now, fresh=True)
     gained = {path for path, has in found.items() if has}
 
-    def decided(path: str, reason: str | None, since: datetime | None) -> bool:
-        if reason == NO_HOST_HAS.format(project=path):
+    def decided(path: str, code: str | None, since: datetime | None) -> bool:
+        if code == WAIT_MISSING:
             return path in gained  # it was on no disk: this host has it now
         holders = [h for h in live if inside(path, h.roots or [])]
         checked = all(h.projects is None or path in h.projects for h in holders)

@@ -1,8 +1,8 @@
 """django.contrib.admin, its ModelAdmins loaded with the pages rather than at start-up.
 
 Django's AdminConfig imports every app's `admin` module in `ready()`, so each `manage.py`
-command paid for the admin (about 60 ms of a 380 ms start, docs/development.md "Where the
-suite's time goes") though only a web process shows it. Here the URLconf discovers them
+command paid for the admin (about 60 ms of a 380 ms start, measured) though only a web
+process shows it. Here the URLconf discovers them
 (loopsweb/urls.py) and so does the admin's system check, before it checks them: `manage.py
 check`, runserver and migrate check every ModelAdmin as before.
 """

@@ -1,7 +1,8 @@
 """The decisions, in layers (a module imports only from its own layer or below;
 tests/test_layers.py enforces it):
 
-- `domain/`: pure rules (throttle, pool, scope, eligibility, keys, reasons), no ORM;
+- below it: `domain` (pure rules), `agents` (what the CLIs print), `ledger` (the record)
+  and `runs` (execution on this host);
 - `models.py`, `admission/`: the routing app's rows (inbox, drain records, API tokens) and the
   admission transaction, above `ledger`;
 - `drains/`, `tasks.py`: drains, the inbox, sources, schedules, django-q2 entry points;

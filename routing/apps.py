@@ -6,7 +6,7 @@ from django.apps import AppConfig
 
 # The receivers are imported when their signal is sent, not in ready(): every process runs
 # ready(), and admission and the inbox drain are most of what routing loads (see
-# ledger/apps.py).
+# runs/apps.py).
 
 
 def _requeued(sender: Any, **kwargs: Any) -> None:

@@ -1,4 +1,4 @@
-"""The heartbeat of a run cluster's worker (django-q2 `post_spawn`, connected in ledger.apps):
+"""The heartbeat of a run cluster's worker (django-q2 `post_spawn`, connected in runs.apps):
 a small thread in each worker that, every HEARTBEAT_SECONDS, says the worker and its cluster
 instance live (ledger.services.run_workers, ledger.instances), writes its host's row
 (ledger.hosts),

@@ -1,5 +1,6 @@
-"""django-q2 tasks of the ledger: thin adapters that call one service each. Their dotted
-paths (`runs.tasks.run_workflow`, …) are stored in schedules and queued tasks: they never move.
+"""The django-q2 entry points of execution: thin adapters that call one service each. Their
+dotted paths (`runs.tasks.run_workflow`, …) are stored in schedules and queued tasks (those
+written before the move answer through the shim ledger/tasks.py for one release).
 
 How a run's task is queued (the run cluster's queue, hand-back, the broker read) is
 `ledger.queue`; this module holds only the entry points.

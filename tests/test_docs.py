@@ -24,7 +24,16 @@ DOCS = ROOT / "docs"
 THIS_FILE = Path(__file__).resolve()
 
 # Where code, tests and templates live; the README is checked with them.
-SCANNED_DIRS = ("domain", "ledger", "routing", "loopsweb", "templates", "tests")
+SCANNED_DIRS = (
+    "domain",
+    "agents",
+    "ledger",
+    "runs",
+    "routing",
+    "loopsweb",
+    "templates",
+    "tests",
+)
 SCANNED_SUFFIXES = {".py", ".html", ".txt", ".md"}
 
 # Phrases that cite a document outside the repository (the citations before docs/ existed).

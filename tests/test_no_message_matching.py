@@ -1,8 +1,8 @@
 """Product code decides by type, not by wording (issue 42): rewording a message must change
 no behaviour and no count.
 
-The check reads the syntax tree of every product module (domain/, ledger/, routing/,
-loopsweb/; migrations are frozen history and left out) and fails on:
+The check reads the syntax tree of every product module (domain/, agents/, ledger/, runs/,
+routing/, loopsweb/; migrations are frozen history and left out) and fails on:
 - a comparison (`==`, `in`, `<`, ...) or a text test (`startswith`, `endswith`, `find`,
   `index`, `count`, `re.match` and the other `re` functions) that reads an exception's
   message: `str(exc)` or `f"{exc}"`, directly or through a name assigned from it in the same
@@ -12,7 +12,11 @@ loopsweb/; migrations are frozen history and left out) and fails on:
 - an ORM lookup that searches stored message text: a keyword such as `error__contains`,
   `reason__icontains`, `stderr__startswith` (a field named error, reason, message, note,
   stdout or stderr with a text-search lookup). Store a code beside the text instead
-  (`WorkflowStepRun.reason_code`).
+  (`WorkflowStepRun.reason_code`);
+- a decision on stored reason text: a name or attribute `reason` or `*_reason` compared
+  with a message (a string or a `.format(...)` of one) or tested with a text test or
+  `removeprefix` (`reason == NO_HOST_HAS.format(project=path)`,
+  `run.host_wait_reason.startswith(prefix)`). Placement reads `host_wait_code` instead.
 
 Reading the message to show or store it (`{"error": str(exc)}`, `CommandError(str(exc))`)
 is fine: only deciding by it is refused. `ALLOWED` names the places that must read a
@@ -35,7 +39,7 @@ import pytest
 pytestmark = pytest.mark.sqlite  # reads files only: one suite runs it
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("domain", "ledger", "routing", "loopsweb")
+PRODUCT = ("domain", "agents", "ledger", "runs", "routing", "loopsweb")
 
 ALLOWED = {
     # The database driver's errors: SQLite reports busy, read-only, full and damaged
@@ -45,6 +49,37 @@ ALLOWED = {
     ("ledger/dberrors.py", "database_damaged"),
     ("loopsweb/dbhealth.py", "corrupt_database_message"),
 }
+
+_REASON_TESTS = {
+    *{"startswith", "endswith", "find", "rfind", "index", "rindex"},
+    "removeprefix",
+}
+
+
+def _stored_reason(node: ast.expr) -> bool:
+    """A name or attribute that holds stored reason text: `reason`, `x.host_wait_reason`."""
+    name = (
+        node.id
+        if isinstance(node, ast.Name)
+        else node.attr
+        if isinstance(node, ast.Attribute)
+        else ""
+    )
+    return name == "reason" or name.endswith("_reason")
+
+
+def _a_message(node: ast.expr) -> bool:
+    """A string constant, or a `.format(...)` of something (a message template)."""
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value != ""
+    ) or (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "format"
+    )
+
 
 _EXCEPTION_NAMES = {"exc", "err", "error", "e", "ex", "exception"}
 _TEXT_TESTS = {"startswith", "endswith", "find", "rfind", "index", "rindex", "count"}
@@ -102,7 +137,11 @@ class _Function(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Compare(self, node: ast.Compare) -> None:
-        if any(self.reads_message(part) for part in (node.left, *node.comparators)):
+        parts = (node.left, *node.comparators)
+        if any(self.reads_message(part) for part in parts) or (
+            any(_stored_reason(part) for part in parts)
+            and any(_a_message(part) for part in parts)
+        ):
             self.findings.append(node.lineno)
         self.generic_visit(node)
 
@@ -110,6 +149,8 @@ class _Function(ast.NodeVisitor):
         func = node.func
         if isinstance(func, ast.Attribute):
             if func.attr in _TEXT_TESTS and self.reads_message(func.value):
+                self.findings.append(node.lineno)
+            elif func.attr in _REASON_TESTS and _stored_reason(func.value):
                 self.findings.append(node.lineno)
             elif (
                 isinstance(func.value, ast.Name)
@@ -222,6 +263,11 @@ def admit(path):
 
 def held(rows):
     return rows.filter(held_reason__icontains="full").exists()
+
+def decided(path, reason):
+    if reason == NO_HOST_HAS.format(project=path):
+        return True
+    return run.host_wait_reason.startswith("waiting for")
 """
 
 _ACCEPTED = """
@@ -240,6 +286,9 @@ def usage(steps):
 
 def names(rows, status):
     return [row for row in rows if row.status == status]
+
+def waits(run, code):
+    return run.host_wait_code == WAIT_MISSING and run.host_wait_reason is not None
 """
 
 
@@ -253,5 +302,7 @@ def test_the_checker_catches_what_issue_42_removed() -> None:
         "x.py:3",
         "x.py:31",
         "x.py:35",
+        "x.py:38",
+        "x.py:40",
     ]
     assert findings(_ACCEPTED, "x.py") == []

@@ -63,12 +63,12 @@ def _changed(before: dict[str, int], after: dict[str, int]) -> set[str]:
 # --- management commands --------------------------------------------------------------------------
 
 # Every command of our apps, found at run time: a new command is covered without a change here.
-# But `qcluster`: django-q2's, which ledger's only starts through runs.cluster_start; it runs
+# But `qcluster`: django-q2's, which runs' only starts through runs.cluster_start; it runs
 # a cluster until stopped (its start is tested through the processes, tests/test_run_clusters.py).
 COMMANDS = {
     name: app
     for name, app in get_commands().items()
-    if app in ("ledger", "routing") and name != "qcluster"
+    if app in ("ledger", "runs", "routing") and name != "qcluster"
 }
 # Options whose values name things on this machine: drawn from prepared paths, not random
 # text (random text would create directories, or run a program, in the working directory).

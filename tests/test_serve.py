@@ -95,7 +95,7 @@ def settings_read_by_code() -> set[str]:
     names: set[str] = set()
     sources = [
         p
-        for package in ("domain", "ledger", "routing", "loopsweb")
+        for package in ("domain", "agents", "ledger", "runs", "routing", "loopsweb")
         for p in (ROOT / package).rglob("*.py")
     ]
     for path in sources:

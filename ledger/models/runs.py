@@ -87,6 +87,11 @@ class WorkflowRun(TimestampedModel):
     lost_with_host = models.CharField(max_length=80, null=True, blank=True)
     host_wait_reason = models.TextField(null=True, blank=True)
     host_wait_since = models.DateTimeField(null=True, blank=True)
+    # loopsweb (0027): the project a run waits for the hosts to check or to have
+    # (ledger.hosts WAIT_CHECKING, WAIT_MISSING in host_wait_code): placement reads these,
+    # never the reason's text.
+    host_wait_code = models.CharField(max_length=16, null=True, blank=True)
+    host_wait_project = models.TextField(null=True, blank=True)
     # loopsweb (0013): hosts that handed the run back since it was last claimed (placement
     # skips them: a hand-back never loops); emptied by the claim.
     hosts_declined = models.JSONField(default=list, null=True, blank=True)

@@ -72,6 +72,8 @@ def run_claim(
             host=worker_host(worker),
             host_wait_reason=None,
             host_wait_since=None,
+            host_wait_code=None,
+            host_wait_project=None,
             hosts_declined=[],
         )
         if claimed != 1:

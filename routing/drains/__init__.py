@@ -8,7 +8,10 @@
 - `inbox_batch`: a drain's batch of inbox rows, admitted in one transaction;
 - `outcomes`: what a drain writes on an inbox row;
 - `outage`: a lost database connection stops the drain; its record is stored when it is back;
-- `report`: the report, the drain record, the evidence file;
+- `report`: the report, the drain record, the evidence file; `record_keeper`: the record as
+  the drain goes, so a drain killed part-way leaves what it had admitted;
+- `routable`: envelopes that can never route (the API's and ingest's warnings);
+- `retention`: drain records that did nothing, pruned after their days;
 - `options`: drain options; `configs`: the caps drain schedules and records configure;
 - `schedules`: the periodic tasks every installation has.
 

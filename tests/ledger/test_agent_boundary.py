@@ -38,7 +38,7 @@ from tests.ledger.runner_helpers import FakeAgent, git, git_project, route_gener
 pytestmark = pytest.mark.slow  # real git processes
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("domain", "ledger", "routing", "loopsweb")
+PRODUCT = ("domain", "agents", "ledger", "runs", "routing", "loopsweb")
 
 
 def _run_id() -> str:

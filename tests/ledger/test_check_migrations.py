@@ -53,7 +53,7 @@ def make_tree(tmp_path: Path) -> Path:
     tree.mkdir()
     for name in ("manage.py", "migrations.lock"):
         shutil.copy2(ROOT / name, tree / name)
-    for package in ("domain", "loopsweb", "ledger", "routing"):
+    for package in ("domain", "agents", "loopsweb", "ledger", "runs", "routing"):
         shutil.copytree(
             ROOT / package,
             tree / package,

@@ -1,8 +1,8 @@
 """django-q2's `qcluster`, through runs.cluster_start when it starts a run cluster.
 
-`ledger` comes before `django_q` in INSTALLED_APPS, so `manage.py qcluster` is this command;
+`runs` comes before `django_q` in INSTALLED_APPS, so `manage.py qcluster` is this command;
 everything but the start is django-q2's. A command of its own rather than a patch of
-django-q2's made in LedgerConfig.ready(): every process runs ready(), and importing
+django-q2's made in RunsConfig.ready(): every process runs ready(), and importing
 django-q2's cluster there was about 20 ms of the start of every command (a `drain`: 290 ms
 of CPU before, 268 ms after; measured).
 """
