@@ -44,7 +44,6 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from django.db import transaction
 from django.utils import timezone
 
 from domain.delivery import (
@@ -59,7 +58,8 @@ from domain.delivery import (
 )
 from domain.errors import ApplicationError
 from ledger.models import RunStatus, WorkflowRun
-from ledger.services.common import append_event, clean_text
+from ledger.services.common import clean_text
+from ledger.services.delivery import run_delivery_record
 from runs.delivery_view import run_project
 from runs.git import GitError, git_error_line, resolve_commit, run_git
 from runs.github import (
@@ -166,7 +166,7 @@ def delivery_start(run: WorkflowRun, worktree: Worktree) -> None:
         )
     except (GitError, ApplicationError) as exc:
         record["startError"] = str(exc)
-    WorkflowRun.objects.filter(pk=run.id).update(delivery_json=record)
+    run_delivery_record(run.id, record)
 
 
 def push_branch(common_dir: str, url: str, commit: str, branch: str) -> None:
@@ -345,27 +345,8 @@ def deliver_run(run_id: str) -> dict[str, Any]:
         except (DeliveryError, ForgeError, GitError, ApplicationError, OSError) as exc:
             record.update(state="failed", error=DELIVERY_FAILED.format(error=exc))
             logger.warning("run %s: %s", run.id, record["error"])
-    _save(run.id, record)
+    run_delivery_record(run.id, record)
     return record
-
-
-def _save(run_id: str, record: dict[str, Any]) -> None:
-    if record.get("error"):
-        record["error"] = clean_text(record["error"])
-    with transaction.atomic():
-        WorkflowRun.objects.filter(pk=run_id).update(delivery_json=record)
-        if record.get("state") in ("delivered", "failed"):
-            payload = {
-                key: record.get(key) for key in ("mode", "ref", "commit", "error")
-            }
-            for key in ("pr", "reviewers", "notes"):
-                if record.get(key):
-                    payload[key] = record[key]
-            append_event(
-                run_id,
-                "delivered" if record["state"] == "delivered" else "delivery_failed",
-                payload=payload,
-            )
 
 
 def redeliverable(run: WorkflowRun) -> bool:

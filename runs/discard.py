@@ -24,13 +24,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from domain.errors import ApplicationError, ValidationError
 from ledger.models import TERMINAL_RUN_STATUSES, WorkflowRun
-from ledger.services.common import NotFound, append_event
+from ledger.services.common import NotFound
+from ledger.services.delivery import run_pull_request_state, run_work_discarded
 from runs.delivery_view import run_project
 from runs.git import GitError, resolve_commit, run_git
 from runs.github import ForgeError, get_pull_request
@@ -103,21 +103,13 @@ def discard_run_work(run_id: str, *, reason: str = "discarded") -> Discarded:
         deleted = _delete_branch(run)
     except (WorktreeError, GitError, OSError) as exc:
         raise ValidationError(f"discard of run {run.id} failed: {exc}") from None
-    now = timezone.now()
-    with transaction.atomic():
-        fields: dict[str, Any] = {"work_discarded_at": now}
-        if removed:
-            fields["worktree_removed_at"] = now
-        WorkflowRun.objects.filter(pk=run.id).update(**fields)
-        append_event(
-            run.id,
-            "work_discarded",
-            payload={
-                "branch": run.worktree_branch,
-                "deleted": deleted,
-                "reason": reason,
-            },
-        )
+    run_work_discarded(
+        run,
+        worktree_removed=removed,
+        branch_deleted=deleted,
+        reason=reason,
+        now=timezone.now(),
+    )
     return Discarded(run.id, run.worktree_branch, deleted, removed, reason)
 
 
@@ -131,10 +123,7 @@ def _pr_closed(run: WorkflowRun) -> str | None:
     except ForgeError as exc:
         logger.warning("run %s: pull request state unknown: %s", run.id, exc)
         return None
-    if found.state != pr.get("state"):
-        record = dict(run.delivery_json or {})
-        record["pr"] = {**pr, "state": found.state}
-        WorkflowRun.objects.filter(pk=run.id).update(delivery_json=record)
+    run_pull_request_state(run, found.state)
     return found.state if found.state in ("merged", "closed") else None
 
 

@@ -36,10 +36,11 @@ from ledger.models import (
     WorkflowRun,
     WorkflowStepRun,
 )
+from ledger.services.delivery import step_commit_record
 from runs.delivery import deliver_run, delivery_start
 from runs.discard import discard_run_work
 from runs.projects import WorktreeRequired, is_git_work_tree, project_dir_check
-from runs.step_commits import commit_step, step_commit_record
+from runs.step_commits import commit_step
 from runs.worktrees import (
     COMMIT_MESSAGE,
     NOT_COMMITTED,
@@ -189,7 +190,11 @@ class RunWorktree:
             )
             return
         if commit is not None:
-            self._record(lambda: step_commit_record(step.id, commit))
+            self._record(
+                lambda: step_commit_record(
+                    step.id, sha=commit.sha, diffstat=commit.diffstat
+                )
+            )
 
     def _record(self, write: Any) -> None:
         try:

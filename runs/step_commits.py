@@ -18,8 +18,8 @@ title closes nothing when the branch merges)
     Loopsweb-Provider: <provider, or ->
 
 Author and committer are LOOPSWEB_GIT_AUTHOR. The step run records the commit and the
-diffstat of that commit alone (`commit_sha`, `commit_diffstat`); a step that changed nothing
-records nothing.
+diffstat of that commit alone (`commit_sha`, `commit_diffstat`, written by
+ledger.services.delivery.step_commit_record); a step that changed nothing records nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from typing import Any
 
 from domain.forge_text import neutralize
 from ledger.models import WorkflowRun, WorkflowStepRun
-from ledger.services.common import clean_text
 from runs.git import run_git
 from runs.worktrees import DIFFSTAT_CHARS, Worktree, worktree_commit
 
@@ -118,9 +117,3 @@ def commit_step(
     if len(stat_text) > DIFFSTAT_CHARS:
         stat_text = stat_text[: DIFFSTAT_CHARS - 1] + "…"
     return StepCommit(sha=made.head, parent=parent, diffstat=stat_text)
-
-
-def step_commit_record(step_run_id: str, commit: StepCommit) -> None:
-    WorkflowStepRun.objects.filter(pk=step_run_id).update(
-        commit_sha=commit.sha, commit_diffstat=clean_text(commit.diffstat) or ""
-    )

@@ -15,7 +15,9 @@
 - `loops`: loop status actions (pause, resume, archive, stop, delete) and their cascades.
 - `account_loads`: account load kept per account, the delta each change applies, its
   recount and repair;
-- `run_workers`: a run worker's heartbeat row.
+- `run_workers`: a run worker's heartbeat row;
+- `delivery`: the one writer of a run's delivery record, its steps' commits, its discard
+  (runs.delivery, runs.discard and runs.step_commits do the git and forge work).
 
 Rules every service follows:
 
