@@ -227,6 +227,11 @@ def _guard_limit(max_per_profile: int | None) -> int | None:
     return max_per_profile if max_per_profile > 0 else None
 
 
+# A removal (contract 6): the members it sets aside, its reason code, and the reason it
+# gives when it would empty the pool (given the members left before it).
+_Removal = tuple[Collection[str], str, Callable[[Sequence[str]], str]]
+
+
 def assign_pool_auth_profiles(
     pool: Sequence[str],
     load_counts: Mapping[str, int],
@@ -257,8 +262,47 @@ def assign_pool_auth_profiles(
     if not members:
         return PoolAssignment()
 
-    # Each removal in turn; the first that empties the pool defers with its reason.
-    removals: list[tuple[Collection[str], str, Callable[[Sequence[str]], str]]] = [
+    removals = _removals(disabled, login_failed, unresponsive, cooling, windows)
+    available = _remove_unavailable(members, load_counts, removals)
+    if isinstance(available, PoolAssignment):
+        return available
+    if account_caps:
+        available = _below_account_caps(available, load_counts, account_caps)
+        if isinstance(available, PoolAssignment):
+            return available
+    members = available
+
+    min_load = min(load_counts.get(entry, 0) for entry in members)
+    limit = _guard_limit(max_per_profile)
+    if limit is not None and min_load >= limit:
+        return PoolAssignment(
+            deferred=True,
+            min_load=min_load,
+            reason=PROFILE_CAP_REASON.format(
+                n=len(members), limit=limit, min_load=min_load
+            ),
+            reason_code=reasons.PROFILE_CAP,
+        )
+
+    profiles = _assign_roles(members, load_counts, seed, roles, windows)
+    if profiles.get("verifier") is not None and profiles.get(
+        "verifier"
+    ) == profiles.get("worker"):
+        return _separate_verifier(
+            profiles, drop_blank(pool), load_counts, min_load, disabled, login_failed
+        )
+    return PoolAssignment(profiles=profiles, deferred=False, min_load=min_load)
+
+
+def _removals(
+    disabled: Collection[str],
+    login_failed: Collection[str],
+    unresponsive: Collection[str],
+    cooling: Collection[str],
+    windows: WindowFilter | None,
+) -> list[_Removal]:
+    """The removals of contract 6, in the order they apply."""
+    removals: list[_Removal] = [
         (
             disabled,
             reasons.ACCOUNT_DISABLED,
@@ -285,6 +329,14 @@ def assign_pool_auth_profiles(
             (windows.exhausted, reasons.WINDOW_EXHAUSTED, windows.reason),
             (windows.paced, reasons.WINDOW_PACED, windows.paced_reason),
         ]
+    return removals
+
+
+def _remove_unavailable(
+    members: list[str], load_counts: Mapping[str, int], removals: Iterable[_Removal]
+) -> list[str] | PoolAssignment:
+    """The members no removal sets aside, or the deferral of the first removal that would
+    leave none."""
     for removed, code, reason in removals:
         if not removed:
             continue
@@ -297,36 +349,39 @@ def assign_pool_auth_profiles(
                 reason_code=code,
             )
         members = kept
+    return members
 
-    if account_caps:
-        free = [
-            entry
-            for entry in members
-            if entry not in account_caps
-            or load_counts.get(entry, 0) < account_caps[entry]
-        ]
-        if not free:
-            min_load = min(load_counts.get(entry, 0) for entry in members)
-            return PoolAssignment(
-                deferred=True,
-                min_load=min_load,
-                reason=ACCOUNT_CAP_REASON.format(min_load=min_load),
-                reason_code=reasons.PROFILE_CAP,
-            )
-        members = free
 
-    min_load = min(load_counts.get(entry, 0) for entry in members)
-    limit = _guard_limit(max_per_profile)
-    if limit is not None and min_load >= limit:
+def _below_account_caps(
+    members: list[str], load_counts: Mapping[str, int], account_caps: Mapping[str, int]
+) -> list[str] | PoolAssignment:
+    """The members below their own registry cap, or the ``profile_cap`` deferral when
+    none is."""
+    free = [
+        entry
+        for entry in members
+        if entry not in account_caps or load_counts.get(entry, 0) < account_caps[entry]
+    ]
+    if not free:
+        min_load = min(load_counts.get(entry, 0) for entry in members)
         return PoolAssignment(
             deferred=True,
             min_load=min_load,
-            reason=PROFILE_CAP_REASON.format(
-                n=len(members), limit=limit, min_load=min_load
-            ),
+            reason=ACCOUNT_CAP_REASON.format(min_load=min_load),
             reason_code=reasons.PROFILE_CAP,
         )
+    return free
 
+
+def _assign_roles(
+    members: Sequence[str],
+    load_counts: Mapping[str, int],
+    seed: str,
+    roles: Iterable[str],
+    windows: WindowFilter | None,
+) -> dict[str, str]:
+    """One member per role, in ``order_roles`` order, each preferring members no earlier
+    role took (contract 2 and 3)."""
     worker_index = stable_index(seed, len(members))
     profiles: dict[str, str] = {}
     taken: set[str] = set()
@@ -341,13 +396,7 @@ def assign_pool_auth_profiles(
         )
         profiles[role] = profile
         taken.add(profile)
-    if profiles.get("verifier") is not None and profiles.get(
-        "verifier"
-    ) == profiles.get("worker"):
-        return _separate_verifier(
-            profiles, drop_blank(pool), load_counts, min_load, disabled, login_failed
-        )
-    return PoolAssignment(profiles=profiles, deferred=False, min_load=min_load)
+    return profiles
 
 
 def _separate_verifier(

@@ -192,17 +192,7 @@ def account_rows(
     for config in configs:
         for profile in config.pool:
             row(profile)
-    for name, registered in registry.items():
-        account = row(name)
-        account.registered = registered
-        account.tool = registered.provider
-        limit = registered.max_running
-        if limit is not None and (account.cap is None or limit < account.cap.limit):
-            # The registry's running cap tightens --max-per-profile for this account.
-            account.cap = Cap(
-                limit=limit,
-                source=DrainConfig(origin="registry", label=name, scope="", at=None),
-            )
+    _add_registry_entries(row, registry)
     for profile, windows in account_usage(now=now).items():
         account = row(profile)
         account.usage_5h, account.usage_7d = windows
@@ -215,34 +205,59 @@ def account_rows(
         account.windows = seen
         account.window_mark = window_mark(seen, now)
     if activity is not None:
-        breakdown: dict[tuple[str, str, str | None], list[int]] = {}
-        for stat in activity:
-            key = (stat["account_profile"], stat["step_id"], stat["account_tool"])
-            sums = breakdown.setdefault(key, [0, 0, 0, 0])
-            sums[0] += stat["n"] if stat["hour"] is not None else 0
-            sums[1] += stat["n"]
-            sums[2] += stat["failed"]
-            sums[3] += stat["rate_limited"]
-        for (profile, role, tool), (day, week, failed, limited) in sorted(
-            breakdown.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")
-        ):
-            account = row(profile)
-            account.tool = account.tool or tool
-            account.steps_24h += day
-            account.steps_7d += week
-            account.failed_7d += failed
-            account.rate_limited_7d += limited
-            account.breakdown.append(
-                StepBreakdown(
-                    role=role,
-                    provider=tool,
-                    steps_24h=day,
-                    steps_7d=week,
-                    failed_7d=failed,
-                    rate_limited_7d=limited,
-                )
-            )
+        _add_step_breakdown(row, activity)
     return sorted(rows.values(), key=lambda r: r.profile)
+
+
+def _add_registry_entries(
+    row: Callable[[str], AccountRow], registry: Mapping[str, RegisteredAccount]
+) -> None:
+    """Give each registered account its registry entry and provider; the registry's
+    running cap tightens its --max-per-profile."""
+    for name, registered in registry.items():
+        account = row(name)
+        account.registered = registered
+        account.tool = registered.provider
+        limit = registered.max_running
+        if limit is not None and (account.cap is None or limit < account.cap.limit):
+            account.cap = Cap(
+                limit=limit,
+                source=DrainConfig(origin="registry", label=name, scope="", at=None),
+            )
+
+
+def _add_step_breakdown(
+    row: Callable[[str], AccountRow], activity: Iterable[Mapping[str, Any]]
+) -> None:
+    """Add step_activity's rows to the accounts: step counts over 24 h and 7 d, failures
+    and rate limits, in total and per (role, provider)."""
+    breakdown: dict[tuple[str, str, str | None], list[int]] = {}
+    for stat in activity:
+        key = (stat["account_profile"], stat["step_id"], stat["account_tool"])
+        sums = breakdown.setdefault(key, [0, 0, 0, 0])
+        sums[0] += stat["n"] if stat["hour"] is not None else 0
+        sums[1] += stat["n"]
+        sums[2] += stat["failed"]
+        sums[3] += stat["rate_limited"]
+    for (profile, role, tool), (day, week, failed, limited) in sorted(
+        breakdown.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")
+    ):
+        account = row(profile)
+        account.tool = account.tool or tool
+        account.steps_24h += day
+        account.steps_7d += week
+        account.failed_7d += failed
+        account.rate_limited_7d += limited
+        account.breakdown.append(
+            StepBreakdown(
+                role=role,
+                provider=tool,
+                steps_24h=day,
+                steps_7d=week,
+                failed_7d=failed,
+                rate_limited_7d=limited,
+            )
+        )
 
 
 def step_activity(*, now: datetime) -> list[dict[str, Any]]:

@@ -195,12 +195,9 @@ def _route_accepted(
     return results
 
 
-@csrf_exempt
-@api_auth("ingest", methods=("POST",), allow_staff=False)
-def events(request: HttpRequest) -> HttpResponse:
-    query = IngestQueryForm(request.GET)
-    if not query.is_valid():
-        return _form_error(query)
+def _batch_items(request: HttpRequest) -> list[Any] | JsonResponse:
+    """The envelopes the body holds (one object or an array of them), or the 4xx refusing
+    the request: its content type (415), its size (413), its JSON (400), its count."""
     if not _content_type_ok(request):
         return json_error(UNSUPPORTED_TYPE, 415)
     limit = settings.LOOPSWEB_MAX_EVENT_BYTES
@@ -220,6 +217,63 @@ def events(request: HttpRequest) -> HttpResponse:
         return json_error(
             BATCH_TOO_LONG.format(limit=settings.LOOPSWEB_API_MAX_EVENTS), 413
         )
+    return items
+
+
+def _unroutable_response(
+    items: list[Any], *, kind_of: KindOf, options: RouteOptions, cwd: str
+) -> JsonResponse | None:
+    """The 400 for `route=now` when an envelope cannot plan under its kind and these
+    options; None when every one can."""
+    unroutable = _plan_errors(items, kind_of=kind_of, options=options, cwd=cwd)
+    if not unroutable:
+        return None
+    first = unroutable[0]
+    message = NOT_ROUTABLE.format(
+        n=len(unroutable),
+        kind=first["kind"],
+        at=first["at"],
+        error=first["error"],
+    )
+    return JsonResponse({"error": message, "invalid": unroutable}, status=400)
+
+
+def _routed_now(
+    items: list[Any],
+    report: IngestReport,
+    *,
+    explicit: str | None,
+    kind_of: KindOf,
+    options: RouteOptions,
+    cwd: str,
+) -> dict[str, Any]:
+    """The answer's `kind`, `kindFrom` and `results` for `route=now`, routing each newly
+    stored event."""
+    envelopes: dict[tuple[str, str], Envelope] = {}
+    for obj in items:
+        envelope = parse_envelope(obj)  # all valid: inbox_ingest accepted every one
+        envelopes.setdefault((envelope.source, envelope.id), envelope)
+    kinds = sorted({kind_of(envelope) for envelope in envelopes.values()})
+    # Which kind routed the events: the one asked for, else the one their type selects
+    # (`kindFrom: "event type"`; each result also names its `routeKind`).
+    return {
+        "kind": explicit or (kinds[0] if len(kinds) == 1 else kinds),
+        "kindFrom": "kind" if explicit else "event type",
+        "results": _route_accepted(
+            report, envelopes, kind_of=kind_of, options=options, cwd=cwd
+        ),
+    }
+
+
+@csrf_exempt
+@api_auth("ingest", methods=("POST",), allow_staff=False)
+def events(request: HttpRequest) -> HttpResponse:
+    query = IngestQueryForm(request.GET)
+    if not query.is_valid():
+        return _form_error(query)
+    items = _batch_items(request)
+    if isinstance(items, JsonResponse):
+        return items
 
     route_now = query.cleaned_data["route"] == "now"
     explicit: str | None = query.cleaned_data["kind"]
@@ -230,16 +284,9 @@ def events(request: HttpRequest) -> HttpResponse:
         return explicit or kind_for_event_type(envelope.type)
 
     if route_now:
-        unroutable = _plan_errors(items, kind_of=kind_of, options=options, cwd=cwd)
-        if unroutable:
-            first = unroutable[0]
-            message = NOT_ROUTABLE.format(
-                n=len(unroutable),
-                kind=first["kind"],
-                at=first["at"],
-                error=first["error"],
-            )
-            return JsonResponse({"error": message, "invalid": unroutable}, status=400)
+        refused = _unroutable_response(items, kind_of=kind_of, options=options, cwd=cwd)
+        if refused is not None:
+            return refused
     warnings = (
         []
         if route_now
@@ -265,17 +312,15 @@ def events(request: HttpRequest) -> HttpResponse:
     if warnings:
         answer["warnings"] = warnings
     if route_now:
-        envelopes: dict[tuple[str, str], Envelope] = {}
-        for obj in items:
-            envelope = parse_envelope(obj)  # all valid: inbox_ingest accepted every one
-            envelopes.setdefault((envelope.source, envelope.id), envelope)
-        kinds = sorted({kind_of(envelope) for envelope in envelopes.values()})
-        # Which kind routed the events: the one asked for, else the one their type selects
-        # (`kindFrom: "event type"`; each result also names its `routeKind`).
-        answer["kind"] = explicit or (kinds[0] if len(kinds) == 1 else kinds)
-        answer["kindFrom"] = "kind" if explicit else "event type"
-        answer["results"] = _route_accepted(
-            report, envelopes, kind_of=kind_of, options=options, cwd=cwd
+        answer.update(
+            _routed_now(
+                items,
+                report,
+                explicit=explicit,
+                kind_of=kind_of,
+                options=options,
+                cwd=cwd,
+            )
         )
     return JsonResponse(answer, status=202)
 

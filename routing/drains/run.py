@@ -312,35 +312,7 @@ def _drain_loop(
     if full_scope is not None:  # no scan, no source command: nothing could be admitted
         report.held_reason = full_scope.reason
         return
-    scan_limit = options.effective_scan_limit
-    if options.source == COMMAND_SOURCE:
-        tasks = run_source_command(
-            options.source_command or "",
-            timeout=options.source_timeout,
-            max_bytes=settings.LOOPSWEB_SOURCE_MAX_BYTES,
-            cwd=cwd,
-        )
-        scanned: Iterable[Candidate | ApplicationError] = scan_command(
-            route_key=report.route_key, tasks=tasks, scan_limit=scan_limit
-        )
-    else:
-        scanned = scan_inbox(
-            route_key=report.route_key,
-            scan_limit=scan_limit,
-            with_tags=bool(options.tags),
-        )
-
-    filtered: list[Candidate] = []
-    for entry in scanned:
-        report.scanned += 1
-        if isinstance(entry, ApplicationError):
-            report_count(report, {"kind": SKIPPED, "fatal": True, "reason": str(entry)})
-            continue
-        if passes_filters(entry, options, cwd):
-            filtered.append(entry)
-    report.candidates = len(filtered)
-    chosen = load_envelopes(fair_order(filtered)[: options.limit])
-    del filtered  # only the chosen ones carry payloads; let the scan go
+    chosen = _choose(report, options, _scan(report, options, cwd), cwd)
     full = DrainFull()
     registered = registered_providers()  # one read: which pools are registered accounts
     # Batches while they work; after a failed batch, one candidate at a time.
@@ -368,33 +340,97 @@ def _drain_loop(
                 batching = False
                 continue
             for result in done:
-                if result is not None:
-                    report_count(report, result)
-                    if progress:
-                        progress(report)
+                _report_result(report, result, progress)
             index += len(done)
             continue
         candidate = chosen[index]
         index += 1
-        now = timezone.now()
-        try:
-            if full.every is not None and _may_route(candidate, options, env, cwd):
-                # Nothing more can be admitted in this drain. (An event that can never
-                # route goes on to _route_one, which reports it skipped, not throttled.)
-                result = hold_unread(candidate, full, report)
-            else:
-                result = _route_one(
-                    candidate, options, env, cwd, now, report.dry_run, full, registered
-                )
-        # one bad item never stops the batch (docs/upstream.md §5.2.3)
-        except Exception as exc:
-            result = failed_result(candidate, exc, now, report.dry_run)
-        if result is None:  # claimed by a concurrent drain
-            continue
-        report_count(report, result)
-        if progress:
-            progress(report)
+        _report_result(
+            report,
+            _route_next(candidate, options, env, cwd, full, report, registered),
+            progress,
+        )
     full.record_held_rows(timezone.now())
+
+
+def _scan(
+    report: DrainReport, options: DrainOptions, cwd: str
+) -> Iterable[Candidate | ApplicationError]:
+    """The drain's source read: the source command's tasks, or the inbox's open rows."""
+    scan_limit = options.effective_scan_limit
+    if options.source == COMMAND_SOURCE:
+        tasks = run_source_command(
+            options.source_command or "",
+            timeout=options.source_timeout,
+            max_bytes=settings.LOOPSWEB_SOURCE_MAX_BYTES,
+            cwd=cwd,
+        )
+        return scan_command(
+            route_key=report.route_key, tasks=tasks, scan_limit=scan_limit
+        )
+    return scan_inbox(
+        route_key=report.route_key,
+        scan_limit=scan_limit,
+        with_tags=bool(options.tags),
+    )
+
+
+def _choose(
+    report: DrainReport,
+    options: DrainOptions,
+    scanned: Iterable[Candidate | ApplicationError],
+    cwd: str,
+) -> list[Candidate]:
+    """The candidates this drain routes, in fair order, with their envelopes: those passing
+    the post-filters, up to `limit`. Counts the scan (an unreadable entry is fatal)."""
+    filtered: list[Candidate] = []
+    for entry in scanned:
+        report.scanned += 1
+        if isinstance(entry, ApplicationError):
+            report_count(report, {"kind": SKIPPED, "fatal": True, "reason": str(entry)})
+            continue
+        if passes_filters(entry, options, cwd):
+            filtered.append(entry)
+    report.candidates = len(filtered)
+    # Payloads for the chosen ones only; the rest of the scan is let go on return.
+    return load_envelopes(fair_order(filtered)[: options.limit])
+
+
+def _route_next(
+    candidate: Candidate,
+    options: DrainOptions,
+    env: Mapping[str, str],
+    cwd: str,
+    full: DrainFull,
+    report: DrainReport,
+    registered: Mapping[str, str] | None,
+) -> dict[str, Any] | None:
+    """One candidate's result, one at a time: held unread once nothing more can be
+    admitted, else routed; failed when that raises. None when another drain claimed it."""
+    now = timezone.now()
+    try:
+        if full.every is not None and _may_route(candidate, options, env, cwd):
+            # Nothing more can be admitted in this drain. (An event that can never
+            # route goes on to _route_one, which reports it skipped, not throttled.)
+            return hold_unread(candidate, full, report)
+        return _route_one(
+            candidate, options, env, cwd, now, report.dry_run, full, registered
+        )
+    # one bad item never stops the batch (docs/upstream.md §5.2.3)
+    except Exception as exc:
+        return failed_result(candidate, exc, now, report.dry_run)
+
+
+def _report_result(
+    report: DrainReport, result: dict[str, Any] | None, progress: Progress | None
+) -> None:
+    """Count a result in the report and show progress; None (a row another drain
+    claimed) counts nothing."""
+    if result is None:
+        return
+    report_count(report, result)
+    if progress:
+        progress(report)
 
 
 def _route_or_fail(
@@ -432,6 +468,10 @@ def _may_route(
     return not isinstance(plan, RouteResult) and plan.refusal is None
 
 
+_Slot = int | RouteResult | Exception
+"""A batch candidate's plan: its index among the planned pairs, its skip, or its failure."""
+
+
 def _route_batch(
     candidates: list[Candidate],
     options: DrainOptions,
@@ -453,29 +493,7 @@ def _route_batch(
     transaction and only if the drain reached it."""
     max_created = options.max_dispatch - report.counts[CREATED]
     now = timezone.now()
-    route = replace(options.route, dry_run=False)
-    slots: list[int | RouteResult | Exception] = []
-    pairs: list[tuple[Candidate, RoutePlan]] = []
-    for candidate in candidates:
-        envelope = candidate.envelope
-        assert envelope is not None, "load_envelopes() before routing"
-        try:
-            plan = plan_route(
-                kind=options.kind,
-                envelope=envelope,
-                options=route,
-                env=env,
-                cwd=cwd,
-                registered=registered,
-            )
-        except Exception as exc:
-            slots.append(exc)
-            continue
-        if isinstance(plan, RouteResult):  # skipped by eligibility
-            slots.append(plan)
-            continue
-        slots.append(len(pairs))
-        pairs.append((candidate, plan))
+    slots, pairs = _plan_batch(candidates, options, env, cwd, registered)
     decided = (
         route_batch(
             pairs,
@@ -518,3 +536,37 @@ def _route_batch(
                 result = None
         out.append(result)
     return out
+
+
+def _plan_batch(
+    candidates: list[Candidate],
+    options: DrainOptions,
+    env: Mapping[str, str],
+    cwd: str,
+    registered: Mapping[str, str] | None,
+) -> tuple[list[_Slot], list[tuple[Candidate, RoutePlan]]]:
+    """Each candidate's slot, in order, and the (candidate, plan) pairs for admission."""
+    route = replace(options.route, dry_run=False)
+    slots: list[_Slot] = []
+    pairs: list[tuple[Candidate, RoutePlan]] = []
+    for candidate in candidates:
+        envelope = candidate.envelope
+        assert envelope is not None, "load_envelopes() before routing"
+        try:
+            plan = plan_route(
+                kind=options.kind,
+                envelope=envelope,
+                options=route,
+                env=env,
+                cwd=cwd,
+                registered=registered,
+            )
+        except Exception as exc:
+            slots.append(exc)
+            continue
+        if isinstance(plan, RouteResult):  # skipped by eligibility
+            slots.append(plan)
+            continue
+        slots.append(len(pairs))
+        pairs.append((candidate, plan))
+    return slots, pairs

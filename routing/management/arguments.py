@@ -20,6 +20,20 @@ from routing.admission import OPTION_NAMES, RouteOptions, checked_route_options
 
 
 def add_route_arguments(parser: argparse.ArgumentParser) -> None:
+    """The route options, then --dry-run and --json, in the order --help lists them."""
+    _add_account_arguments(parser)
+    _add_scope_arguments(parser)
+    _add_sandbox_arguments(parser)
+    _add_pool_guard_arguments(parser)
+    _add_run_arguments(parser)
+    _add_delivery_arguments(parser)
+    add = parser.add_argument
+    add("--dry-run", action="store_true", help="decide and report, write nothing")
+    add("--json", action="store_true", help="print one JSON object")
+
+
+def _add_account_arguments(parser: argparse.ArgumentParser) -> None:
+    """The template, the provider, and the accounts each role runs as."""
     add = parser.add_argument
     add(
         "--template",
@@ -40,6 +54,11 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
             f"--{role}-auth-profile",
             help=f"pin the {role} role to one account (disables pool routing)",
         )
+
+
+def _add_scope_arguments(parser: argparse.ArgumentParser) -> None:
+    """The caps on active items, their scope, and the project of the routed work."""
+    add = parser.add_argument
     add("--max-active", help="cap on active items in this route scope")
     add(
         "--max-active-scope",
@@ -58,6 +77,11 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         "--project-path",
         help="absolute project path when the event names none (inside LOOPSWEB_PROJECT_ROOTS)",
     )
+
+
+def _add_sandbox_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where and how the agents run: worktree, sandbox, break-glass."""
+    add = parser.add_argument
     add(
         "--worktree-mode",
         help="off, auto (default: a git worktree per run when the project is a git work tree) or required",
@@ -71,6 +95,11 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="record manual break-glass evidence (lets --sandbox danger-full-access pass the preflight)",
     )
+
+
+def _add_pool_guard_arguments(parser: argparse.ArgumentParser) -> None:
+    """When a pool account is too busy to take more."""
+    add = parser.add_argument
     add(
         "--max-per-profile",
         help="defer when every pool account carries this many steps (default 2; 0 disables)",
@@ -80,6 +109,11 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         help="defer a pool account once a rate-limit window is this used (0..1, default "
         "0.9), or off: ignore the windows (the least-loaded rule alone)",
     )
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The run's names, attempts and step timeouts."""
+    add = parser.add_argument
     add("--name-prefix", help="prefix of generated workflow and loop names")
     add(
         "--max-attempts",
@@ -100,6 +134,11 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds each agent step may print nothing "
         "(default LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS, 600)",
     )
+
+
+def _add_delivery_arguments(parser: argparse.ArgumentParser) -> None:
+    """What becomes of the run's work: branch, push, pull request, reviewers."""
+    add = parser.add_argument
     add(
         "--deliver",
         help="what becomes of the run's work: none, branch (default: kept on "
@@ -124,8 +163,6 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         "opens, and the reviewers the PR review gate may choose from (upstream's "
         "--github-reviewer-pool is the same option)",
     )
-    add("--dry-run", action="store_true", help="decide and report, write nothing")
-    add("--json", action="store_true", help="print one JSON object")
 
 
 def add_drain_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ prometheus_client): the format is a few lines of text and this keeps the process
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -26,9 +26,10 @@ from domain.keys import ROUTE_KEYS
 from ledger.lock import lock_state
 from ledger.webkit import access
 from routing.api.auth import api_auth
-from routing.drains.configs import drain_configs
+from routing.drains.configs import DrainConfig, drain_configs
 from routing.models import DrainRecord
 from routing.selectors import (
+    AccountRow,
     account_rows,
     deferred_by_reason,
     inbox_by_state,
@@ -81,10 +82,30 @@ class Family:
 def collect(*, now: datetime) -> list[Family]:
     """Every metric family, from a fixed number of queries (one more on PostgreSQL, where
     the admission lock's holder and waiters are read from pg_locks)."""
-    configs = drain_configs(
-        now=now
-    )  # schedules + latest real drain per scope: 2 queries
+    # schedules + latest real drain per scope: 2 queries
+    configs = drain_configs(now=now)
+    scopes = _scope_families(configs)
+    accounts = account_rows(configs, now=now)
+    account_families = [
+        *_account_load_families(accounts, now),
+        _account_registry_family(accounts),
+        *_account_usage_families(accounts),
+        *_account_window_families(accounts, now),
+    ]
+    deferred = _deferred_families(now)
+    inbox = _inbox_family()
+    return [
+        *lock_families(),
+        *scopes,
+        *account_families,
+        *deferred,
+        inbox,
+        *_drain_families(),
+    ]
 
+
+def _scope_families(configs: Sequence[DrainConfig]) -> list[Family]:
+    """Active work per route scope, and the scope's --max-active."""
     active = Family(
         "loopsweb_active_work_items",
         "gauge",
@@ -101,7 +122,13 @@ def collect(*, now: datetime) -> list[Family]:
         active.add(row.active, route_scope=row.key)
         if row.cap is not None:
             scope_cap.add(row.cap.limit, route_scope=row.key)
+    return [active, scope_cap]
 
+
+def _account_load_families(
+    accounts: Iterable[AccountRow], now: datetime
+) -> list[Family]:
+    """Per account: running and reserved steps, the per-profile cap, the cooldown left."""
     running = Family(
         "loopsweb_account_running_steps", "gauge", "Step runs running on the account."
     )
@@ -122,11 +149,37 @@ def collect(*, now: datetime) -> list[Family]:
         "gauge",
         "Seconds until a rate-limited account may take new steps (cooling accounts only).",
     )
+    for account in accounts:
+        running.add(account.running, account=account.profile)
+        reserved.add(account.reserved, account=account.profile)
+        if account.cap is not None:
+            profile_cap.add(account.cap.limit, account=account.profile)
+        if account.cooldown is not None and account.cooling(now):
+            remaining = (account.cooldown.until - now).total_seconds()
+            cooldown.add(round(remaining, 3), account=account.profile)
+    return [running, reserved, profile_cap, cooldown]
+
+
+def _account_registry_family(accounts: Iterable[AccountRow]) -> Family:
+    """The accounts of the account registry, enabled or not."""
     registered = Family(
         "loopsweb_account_registered",
         "gauge",
         "1 for each account in the account registry (enabled 1 or 0, its provider).",
     )
+    for account in accounts:
+        if account.registered is not None:
+            registered.add(
+                1,
+                account=account.profile,
+                provider=account.registered.provider,
+                enabled="1" if account.registered.enabled else "0",
+            )
+    return registered
+
+
+def _account_usage_families(accounts: Iterable[AccountRow]) -> list[Family]:
+    """Per account and window (5h, 7d): the tokens and the cost the agents reported."""
     tokens = Family(
         "loopsweb_account_tokens",
         "gauge",
@@ -138,39 +191,7 @@ def collect(*, now: datetime) -> list[Family]:
         "gauge",
         "Cost the agents reported (claude) for steps that started in the window.",
     )
-    window_used = Family(
-        "loopsweb_account_window_used_ratio",
-        "gauge",
-        "Used fraction (0..1) of the account's rate-limit window (5h, 7d, ...): what its "
-        "CLI last reported, or loopsweb's estimate against the account's budget. Absent "
-        "when unknown or the window has reset.",
-    )
-    window_reset = Family(
-        "loopsweb_account_window_reset_timestamp_seconds",
-        "gauge",
-        "When the account's rate-limit window resets (Unix time). Absent when unknown.",
-    )
-    for account in account_rows(configs, now=now):
-        for seen in account.windows:
-            if seen.over(now):
-                continue
-            if seen.used is not None:
-                window_used.add(
-                    round(seen.used, 6), account=account.profile, window=seen.name
-                )
-            if seen.resets_at is not None:
-                window_reset.add(
-                    int(seen.resets_at.timestamp()),
-                    account=account.profile,
-                    window=seen.name,
-                )
-        if account.registered is not None:
-            registered.add(
-                1,
-                account=account.profile,
-                provider=account.registered.provider,
-                enabled="1" if account.registered.enabled else "0",
-            )
+    for account in accounts:
         for window, usage in (("5h", account.usage_5h), ("7d", account.usage_7d)):
             if usage is None:
                 continue
@@ -193,14 +214,44 @@ def collect(*, now: datetime) -> list[Family]:
                 cost.add(
                     round(usage.cost_usd, 6), account=account.profile, window=window
                 )
-        running.add(account.running, account=account.profile)
-        reserved.add(account.reserved, account=account.profile)
-        if account.cap is not None:
-            profile_cap.add(account.cap.limit, account=account.profile)
-        if account.cooldown is not None and account.cooling(now):
-            remaining = (account.cooldown.until - now).total_seconds()
-            cooldown.add(round(remaining, 3), account=account.profile)
+    return [tokens, cost]
 
+
+def _account_window_families(
+    accounts: Iterable[AccountRow], now: datetime
+) -> list[Family]:
+    """Per account and rate-limit window not yet reset: its used fraction, its reset."""
+    window_used = Family(
+        "loopsweb_account_window_used_ratio",
+        "gauge",
+        "Used fraction (0..1) of the account's rate-limit window (5h, 7d, ...): what its "
+        "CLI last reported, or loopsweb's estimate against the account's budget. Absent "
+        "when unknown or the window has reset.",
+    )
+    window_reset = Family(
+        "loopsweb_account_window_reset_timestamp_seconds",
+        "gauge",
+        "When the account's rate-limit window resets (Unix time). Absent when unknown.",
+    )
+    for account in accounts:
+        for seen in account.windows:
+            if seen.over(now):
+                continue
+            if seen.used is not None:
+                window_used.add(
+                    round(seen.used, 6), account=account.profile, window=seen.name
+                )
+            if seen.resets_at is not None:
+                window_reset.add(
+                    int(seen.resets_at.timestamp()),
+                    account=account.profile,
+                    window=seen.name,
+                )
+    return [window_used, window_reset]
+
+
+def _deferred_families(now: datetime) -> list[Family]:
+    """Deferred work items per reason code, and the oldest one's age."""
     deferred = Family(
         "loopsweb_deferred_work_items",
         "gauge",
@@ -221,34 +272,19 @@ def collect(*, now: datetime) -> list[Family]:
     oldest.add(
         round(max(0.0, (now - oldest_at).total_seconds()), 3) if oldest_at else 0
     )
+    return [deferred, oldest]
 
+
+def _inbox_family() -> Family:
+    """Inbox depth: waiting to be routed (pending, deferred) or failed and needing a look."""
     inbox = Family(
         "loopsweb_inbox_events",
         "gauge",
         "Inbox events waiting (pending, deferred) or failed, per state.",
     )
-    # Inbox depth: waiting to be routed (pending, deferred) or failed and needing a look.
     for state, depth in inbox_by_state().items():
         inbox.add(depth["n"], state=state)
-
-    return [
-        *lock_families(),
-        active,
-        scope_cap,
-        running,
-        reserved,
-        profile_cap,
-        cooldown,
-        registered,
-        tokens,
-        cost,
-        window_used,
-        window_reset,
-        deferred,
-        oldest,
-        inbox,
-        *_drain_families(),
-    ]
+    return inbox
 
 
 def lock_families() -> list[Family]:

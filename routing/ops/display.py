@@ -176,64 +176,80 @@ def load_chart_svg(bars: Sequence[LoadBar]) -> SafeString:
     label_w = label_width([b.profile for b in bars])
     height = PAD * 2 + ROW_H * len(bars) + 18
     width = label_w + BAR_W + 150
-    parts: list[SafeString] = []
-    for i, bar in enumerate(bars):
-        y = PAD + i * ROW_H
-        run_w = round(bar.running * unit, 1)
-        res_w = round(bar.reserved * unit, 1)
-        total = bar.running + bar.reserved
-        cap_text = f"cap {bar.cap}" if bar.cap else "no cap"
-        over = bar.cap is not None and total >= bar.cap
-        summary = (
-            f"{bar.profile}: {bar.running} running, {bar.reserved} reserved, {cap_text}"
-        )
-        if bar.cooling:
-            summary += ", cooling down"
-        parts.append(
-            format_html(
-                '<g class="row{}"><title>{}</title>'
-                '<text class="label" x="{}" y="{}" text-anchor="end">{}</text>'
-                '<rect class="track" x="{}" y="{}" width="{}" height="{}"></rect>'
-                '<rect class="running" x="{}" y="{}" width="{}" height="{}"></rect>'
-                '<rect class="reserved" x="{}" y="{}" width="{}" height="{}"></rect>'
-                '<text class="value" x="{}" y="{}">{} / {}{}</text></g>',
-                " full" if over else "",
-                summary,
-                label_w - 8,
-                y + 16,
-                chart_label(bar.profile),
-                label_w,
-                y + 4,
-                BAR_W,
-                ROW_H - 8,
-                label_w,
-                y + 4,
-                run_w,
-                ROW_H - 8,
-                round(label_w + run_w, 1),
-                y + 4,
-                res_w,
-                ROW_H - 8,
-                label_w + BAR_W + 8,
-                y + 16,
-                total,
-                bar.cap if bar.cap else "∞",
-                " ❄" if bar.cooling else "",
-            )
-        )
-        if bar.cap:
-            x = round(label_w + bar.cap * unit, 1)
-            parts.append(
-                format_html(
-                    '<line class="cap" x1="{}" x2="{}" y1="{}" y2="{}"></line>',
-                    x,
-                    x,
-                    y + 1,
-                    y + ROW_H - 1,
-                )
-            )
-    legend_y = height - 6
-    legend = format_html(
+    rows = [
+        _load_row(bar, PAD + i * ROW_H, unit, label_w) for i, bar in enumerate(bars)
+    ]
+    return format_html(
+        '<svg class="ops-chart load-chart" xmlns="http://www.w3.org/2000/svg" '
+        'width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
+        'aria-label="Load per account">{}{}</svg>',
+        width,
+        height,
+        width,
+        height,
+        mark_safe("".join(rows)),
+        _load_legend(label_w, height - 6),
+    )
+
+
+def _load_row(bar: LoadBar, y: int, unit: float, label_w: int) -> SafeString:
+    """One account's row of the load chart at `y`: its name, its bars, its load beside
+    them, and its cap's line."""
+    run_w = round(bar.running * unit, 1)
+    res_w = round(bar.reserved * unit, 1)
+    total = bar.running + bar.reserved
+    cap_text = f"cap {bar.cap}" if bar.cap else "no cap"
+    over = bar.cap is not None and total >= bar.cap
+    summary = (
+        f"{bar.profile}: {bar.running} running, {bar.reserved} reserved, {cap_text}"
+    )
+    if bar.cooling:
+        summary += ", cooling down"
+    row = format_html(
+        '<g class="row{}"><title>{}</title>'
+        '<text class="label" x="{}" y="{}" text-anchor="end">{}</text>'
+        '<rect class="track" x="{}" y="{}" width="{}" height="{}"></rect>'
+        '<rect class="running" x="{}" y="{}" width="{}" height="{}"></rect>'
+        '<rect class="reserved" x="{}" y="{}" width="{}" height="{}"></rect>'
+        '<text class="value" x="{}" y="{}">{} / {}{}</text></g>',
+        " full" if over else "",
+        summary,
+        label_w - 8,
+        y + 16,
+        chart_label(bar.profile),
+        label_w,
+        y + 4,
+        BAR_W,
+        ROW_H - 8,
+        label_w,
+        y + 4,
+        run_w,
+        ROW_H - 8,
+        round(label_w + run_w, 1),
+        y + 4,
+        res_w,
+        ROW_H - 8,
+        label_w + BAR_W + 8,
+        y + 16,
+        total,
+        bar.cap if bar.cap else "∞",
+        " ❄" if bar.cooling else "",
+    )
+    if not bar.cap:
+        return row
+    x = round(label_w + bar.cap * unit, 1)
+    return row + format_html(
+        '<line class="cap" x1="{}" x2="{}" y1="{}" y2="{}"></line>',
+        x,
+        x,
+        y + 1,
+        y + ROW_H - 1,
+    )
+
+
+def _load_legend(label_w: int, legend_y: int) -> SafeString:
+    """The load chart's legend: running, reserved, the cap's line."""
+    return format_html(
         '<g class="legend"><rect class="running" x="{}" y="{}" width="10" height="10"></rect>'
         '<text x="{}" y="{}">running</text>'
         '<rect class="reserved" x="{}" y="{}" width="10" height="10"></rect>'
@@ -254,17 +270,6 @@ def load_chart_svg(bars: Sequence[LoadBar]) -> SafeString:
         legend_y + 1,
         label_w + 326,
         legend_y,
-    )
-    return format_html(
-        '<svg class="ops-chart load-chart" xmlns="http://www.w3.org/2000/svg" '
-        'width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
-        'aria-label="Load per account">{}{}</svg>',
-        width,
-        height,
-        width,
-        height,
-        mark_safe("".join(parts)),
-        legend,
     )
 
 
@@ -352,6 +357,8 @@ def timeline_svg(
 
 
 THROUGHPUT_W, THROUGHPUT_H = 22, 90
+# The throughput chart's margins: the count axis on the left, the hours below.
+THROUGHPUT_LEFT, THROUGHPUT_TOP, THROUGHPUT_BOTTOM = 34, 8, 30
 
 
 def throughput_svg(
@@ -367,9 +374,9 @@ def throughput_svg(
     if not hours:
         return mark_safe("")
     peak = max([1, *(ok + bad for ok, bad in counts.values())])
-    left, top, bottom = 34, 8, 30
+    left, top = THROUGHPUT_LEFT, THROUGHPUT_TOP
     width = left + THROUGHPUT_W * len(hours) + 10
-    height = top + THROUGHPUT_H + bottom
+    height = top + THROUGHPUT_H + THROUGHPUT_BOTTOM
     base = top + THROUGHPUT_H
     parts: list[SafeString] = [
         format_html(
@@ -383,34 +390,8 @@ def throughput_svg(
         )
     ]
     for j, hour in enumerate(hours):
-        ok, bad = counts.get(hour, (0, 0))
         x = left + j * THROUGHPUT_W + 1
-        ok_h = round(THROUGHPUT_H * ok / peak, 1)
-        bad_h = round(THROUGHPUT_H * bad / peak, 1)
-        parts.append(
-            format_html(
-                "<g><title>{}–{} UTC: {} succeeded, {} failed</title>"
-                '<rect class="track" x="{}" y="{}" width="{}" height="{}"></rect>'
-                '<rect class="ok" x="{}" y="{}" width="{}" height="{}"></rect>'
-                '<rect class="bad" x="{}" y="{}" width="{}" height="{}"></rect></g>',
-                hour.strftime("%Y-%m-%d %H:00"),
-                f"{(hour.hour + 1) % 24:02d}:00",
-                ok,
-                bad,
-                x,
-                top,
-                THROUGHPUT_W - 2,
-                THROUGHPUT_H,
-                x,
-                round(base - ok_h, 1),
-                THROUGHPUT_W - 2,
-                ok_h,
-                x,
-                round(base - ok_h - bad_h, 1),
-                THROUGHPUT_W - 2,
-                bad_h,
-            )
-        )
+        parts.append(_throughput_column(hour, counts.get(hour, (0, 0)), x, peak))
         if j % 3 == 0 or j == len(hours) - 1:
             parts.append(
                 format_html(
@@ -420,30 +401,7 @@ def throughput_svg(
                     hour.strftime("%H:00"),
                 )
             )
-    total_ok = sum(ok for ok, _ in counts.values())
-    total_bad = sum(bad for _, bad in counts.values())
-    parts.append(
-        format_html(
-            '<g class="legend"><rect class="ok" x="{}" y="{}" width="10" height="10"></rect>'
-            '<text x="{}" y="{}">succeeded ({})</text>'
-            '<rect class="bad" x="{}" y="{}" width="10" height="10"></rect>'
-            '{}<text x="{}" y="{}">failed or timed out ({})</text>{}</g>',
-            left,
-            height - 11,
-            left + 14,
-            height - 2,
-            total_ok,
-            left + 140,
-            height - 11,
-            format_html('<a class="failed-link" href="{}">', failed_href)
-            if failed_href
-            else "",
-            left + 154,
-            height - 2,
-            total_bad,
-            mark_safe("</a>") if failed_href else "",
-        )
-    )
+    parts.append(_throughput_legend(counts, height, failed_href))
     return format_html(
         '<svg class="ops-chart throughput" xmlns="http://www.w3.org/2000/svg" '
         'width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
@@ -453,6 +411,69 @@ def throughput_svg(
         width,
         height,
         mark_safe("".join(parts)),
+    )
+
+
+def _throughput_column(
+    hour: datetime, ok_bad: tuple[int, int], x: int, peak: int
+) -> SafeString:
+    """One hour's column at `x`: its track, succeeded under failed, its numbers as the
+    title."""
+    ok, bad = ok_bad
+    top, base = THROUGHPUT_TOP, THROUGHPUT_TOP + THROUGHPUT_H
+    ok_h = round(THROUGHPUT_H * ok / peak, 1)
+    bad_h = round(THROUGHPUT_H * bad / peak, 1)
+    return format_html(
+        "<g><title>{}–{} UTC: {} succeeded, {} failed</title>"
+        '<rect class="track" x="{}" y="{}" width="{}" height="{}"></rect>'
+        '<rect class="ok" x="{}" y="{}" width="{}" height="{}"></rect>'
+        '<rect class="bad" x="{}" y="{}" width="{}" height="{}"></rect></g>',
+        hour.strftime("%Y-%m-%d %H:00"),
+        f"{(hour.hour + 1) % 24:02d}:00",
+        ok,
+        bad,
+        x,
+        top,
+        THROUGHPUT_W - 2,
+        THROUGHPUT_H,
+        x,
+        round(base - ok_h, 1),
+        THROUGHPUT_W - 2,
+        ok_h,
+        x,
+        round(base - ok_h - bad_h, 1),
+        THROUGHPUT_W - 2,
+        bad_h,
+    )
+
+
+def _throughput_legend(
+    counts: Mapping[datetime, tuple[int, int]], height: int, failed_href: str
+) -> SafeString:
+    """The legend under the columns: succeeded and failed with their totals, the failed
+    ones linking to `failed_href` when given."""
+    left = THROUGHPUT_LEFT
+    total_ok = sum(ok for ok, _ in counts.values())
+    total_bad = sum(bad for _, bad in counts.values())
+    return format_html(
+        '<g class="legend"><rect class="ok" x="{}" y="{}" width="10" height="10"></rect>'
+        '<text x="{}" y="{}">succeeded ({})</text>'
+        '<rect class="bad" x="{}" y="{}" width="10" height="10"></rect>'
+        '{}<text x="{}" y="{}">failed or timed out ({})</text>{}</g>',
+        left,
+        height - 11,
+        left + 14,
+        height - 2,
+        total_ok,
+        left + 140,
+        height - 11,
+        format_html('<a class="failed-link" href="{}">', failed_href)
+        if failed_href
+        else "",
+        left + 154,
+        height - 2,
+        total_bad,
+        mark_safe("</a>") if failed_href else "",
     )
 
 

@@ -139,6 +139,90 @@ def route_max_window_used(item: WorkflowWorkItem) -> Any:
     return DEFAULT_MAX_WINDOW_USED if value is None else value
 
 
+def _show_value(item: WorkflowWorkItem) -> dict[str, Any]:
+    """`routes show --json`: the item with its invocation, workflow, loop, runs and
+    delivery options."""
+    invocation = item.invocation
+    return {
+        # Upstream's `routes show` answers `item`; `workItem` is loopsweb's name for it.
+        "item": work_item_to_dict(item),
+        "workItem": work_item_to_dict(item),
+        "invocation": {
+            "id": invocation.id,
+            "templateId": invocation.template_id,
+            "sourceKind": invocation.source_kind,
+            "sourceId": invocation.source_id,
+            "sourceDedupeKey": invocation.source_dedupe_key,
+            "subjectKind": invocation.subject_kind,
+            "subjectId": invocation.subject_id,
+            "subjectPath": invocation.subject_path,
+            "intent": invocation.intent,
+        },
+        "workflow": {
+            "id": item.workflow.id,
+            "name": item.workflow.name,
+            "status": item.workflow.status,
+        }
+        if item.workflow
+        else None,
+        "loop": {
+            "id": item.loop.id,
+            "name": item.loop.name,
+            "status": item.loop.status,
+            "maxAttempts": item.loop.max_attempts,
+            "retryDelayMs": item.loop.retry_delay_ms,
+        }
+        if item.loop
+        else None,
+        "runs": item_runs(item),
+        "deliver": route_delivery(item),
+        "maxWindowUsed": route_max_window_used(item),
+    }
+
+
+def _show_lines(item: WorkflowWorkItem, value: dict[str, Any]) -> list[str]:
+    """`routes show` as text: the item, its route's options, workflow, loop, and each run
+    with its delivery and its steps' attempts."""
+    wi = value["workItem"]
+    lines = [
+        f"work item {wi['id']}: {wi['status']} (attempts {wi['attempts']})",
+        f"  route {wi['routeKey']} scope {wi['routeScope']}  key {wi['idempotencyKey']}",
+        f"  reason: {wi['lastReason'] or '-'}",
+        f"  invocation {item.invocation.id} ({item.invocation.template_id})",
+    ]
+    deliver = value["deliver"]
+    lines.append(
+        f"  deliver {deliver['deliver']} (remote {deliver['deliverRemote']}"
+        + (", failed runs too" if deliver["deliverFailed"] else "")
+        + (f", GitHub {deliver['githubRepo']}" if deliver["githubRepo"] else "")
+        + (
+            f", reviewers {','.join(deliver['githubReviewers'])}"
+            if deliver["githubReviewers"]
+            else ""
+        )
+        + ")"
+    )
+    if value["maxWindowUsed"] != DEFAULT_MAX_WINDOW_USED:
+        lines.append(f"  --max-window-used {value['maxWindowUsed']}")
+    if item.workflow:
+        lines.append(f"  workflow {item.workflow_id} {item.workflow.name}")
+    if item.loop:
+        lines.append(
+            f"  loop {item.loop_id} {item.loop.status} max_attempts={item.loop.max_attempts}"
+        )
+    for run in value["runs"]:
+        lines.append(
+            f"  run {run['id']} attempt {run['attempt']}: {run['status']}"
+            + (f" — {run['error']}" if run["error"] else "")
+        )
+        if run["deliveryText"]:
+            lines.append(f"    delivery: {run['deliveryText']}")
+        for step in run["steps"]:
+            if step["attemptsText"]:
+                lines.append(f"    {step['attemptsText']}")
+    return lines
+
+
 class Command(TerminalCommand):
     help = (
         "Work items as upstream's `routes` commands: list, show, requeue, invocations."
@@ -219,81 +303,8 @@ class Command(TerminalCommand):
         )
         if item is None:
             raise CommandError(ROUTE_ITEM_NOT_FOUND.format(item_id=item_id))
-        invocation = item.invocation
-        value: dict[str, Any]  # JSON values of several shapes
-        value = {
-            # Upstream's `routes show` answers `item`; `workItem` is loopsweb's name for it.
-            "item": work_item_to_dict(item),
-            "workItem": work_item_to_dict(item),
-            "invocation": {
-                "id": invocation.id,
-                "templateId": invocation.template_id,
-                "sourceKind": invocation.source_kind,
-                "sourceId": invocation.source_id,
-                "sourceDedupeKey": invocation.source_dedupe_key,
-                "subjectKind": invocation.subject_kind,
-                "subjectId": invocation.subject_id,
-                "subjectPath": invocation.subject_path,
-                "intent": invocation.intent,
-            },
-            "workflow": {
-                "id": item.workflow.id,
-                "name": item.workflow.name,
-                "status": item.workflow.status,
-            }
-            if item.workflow
-            else None,
-            "loop": {
-                "id": item.loop.id,
-                "name": item.loop.name,
-                "status": item.loop.status,
-                "maxAttempts": item.loop.max_attempts,
-                "retryDelayMs": item.loop.retry_delay_ms,
-            }
-            if item.loop
-            else None,
-            "runs": item_runs(item),
-            "deliver": route_delivery(item),
-            "maxWindowUsed": route_max_window_used(item),
-        }
-        wi = value["workItem"]
-        lines = [
-            f"work item {wi['id']}: {wi['status']} (attempts {wi['attempts']})",
-            f"  route {wi['routeKey']} scope {wi['routeScope']}  key {wi['idempotencyKey']}",
-            f"  reason: {wi['lastReason'] or '-'}",
-            f"  invocation {invocation.id} ({invocation.template_id})",
-        ]
-        deliver = value["deliver"]
-        lines.append(
-            f"  deliver {deliver['deliver']} (remote {deliver['deliverRemote']}"
-            + (", failed runs too" if deliver["deliverFailed"] else "")
-            + (f", GitHub {deliver['githubRepo']}" if deliver["githubRepo"] else "")
-            + (
-                f", reviewers {','.join(deliver['githubReviewers'])}"
-                if deliver["githubReviewers"]
-                else ""
-            )
-            + ")"
-        )
-        if value["maxWindowUsed"] != DEFAULT_MAX_WINDOW_USED:
-            lines.append(f"  --max-window-used {value['maxWindowUsed']}")
-        if item.workflow:
-            lines.append(f"  workflow {item.workflow_id} {item.workflow.name}")
-        if item.loop:
-            lines.append(
-                f"  loop {item.loop_id} {item.loop.status} max_attempts={item.loop.max_attempts}"
-            )
-        for run in value["runs"]:
-            lines.append(
-                f"  run {run['id']} attempt {run['attempt']}: {run['status']}"
-                + (f" — {run['error']}" if run["error"] else "")
-            )
-            if run["deliveryText"]:
-                lines.append(f"    delivery: {run['deliveryText']}")
-            for step in run["steps"]:
-                if step["attemptsText"]:
-                    lines.append(f"    {step['attemptsText']}")
-        self._emit(options, value, lines)
+        value = _show_value(item)
+        self._emit(options, value, _show_lines(item, value))
 
     def _requeue(self, options: dict[str, Any]) -> None:
         reason = (options["reason"] or "").strip()
