@@ -79,7 +79,9 @@ from ledger.dberrors import (
     first_line,
     write_ledger,
 )
+from ledger.hosts import project_check_here, run_target, serve_here
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
+from ledger.queue import enqueue_run, hand_back_elsewhere, hand_back_run
 from ledger.services.failover import RATE_LIMIT_CODE
 from ledger.services.retries import TRY_LATER_EXIT_CODE
 from runs.agent_step import (
@@ -486,3 +488,35 @@ def _fail_stopped_run(execution: _RunExecution, exc: BaseException) -> None:
         services.run_finalize(run_id=run_id, status=RunStatus.FAILED, error=error)
     except Exception:
         logger.exception("could not fail workflow run %s; recovery will", run_id)
+
+
+def run_delivered(run_id: str, *, inline: bool = False) -> str:
+    """A run's task, delivered to this host's run cluster: run it here, or hand it back.
+
+    1. Several machines: a run this host cannot serve (its project not here, no binary for
+       its provider) goes back to the queue of one that can, never failed here
+       (`handed-back`). A run this host serves records that the host has its project.
+    2. `inline` (django-q2's sync mode, debugging): a hand-back would recurse, so a step
+       that waits for its account waits in this process, and a run that cannot be served
+       here runs here anyway.
+    3. A run delivered before its retry backoff ended (`not-due`) is queued again for its
+       due time.
+    """
+    target = run_target(run_id)
+    why = serve_here(target) if target is not None else None
+    if why is not None and not inline:
+        logger.info("run %s handed back: %s", run_id, why)
+        hand_back_elsewhere(run_id, target.project if target is not None else None)
+        return HANDED_BACK
+    if target is not None and target.project is not None:
+        project_check_here(target.project, has=True)  # recorded once
+    result = run_workflow_run(run_id, hand_back=None if inline else hand_back_run)
+    if result == NOT_DUE:
+        due = (
+            WorkflowRun.objects.filter(pk=run_id)
+            .values_list("scheduled_for", flat=True)
+            .first()
+        )
+        if due is not None:
+            enqueue_run(run_id, due)
+    return result

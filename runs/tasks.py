@@ -1,4 +1,6 @@
-"""The django-q2 entry points of execution: thin adapters that call one service each. Their
+"""The django-q2 entry points of execution: adapters that decide nothing, each calling the
+operation it names (the run's delivery to this host is runs.runner.run_delivered; the
+recovery composes the ledger's recoveries with saving what the ended runs left here). Their
 dotted paths (`runs.tasks.run_workflow`, …) are stored in schedules and queued tasks (those
 written before the move answer through the shim ledger/tasks.py for one release).
 
@@ -19,16 +21,10 @@ from django_q.tasks import async_task
 from ledger.claims import Claim
 from ledger.hosts import (
     live_hosts,
-    project_check_here,
-    run_target,
-    serve_here,
 )
-from ledger.models import WorkflowRun
 from ledger.queue import (
     LOST_TASK_AFTER,
     enqueue_run,
-    hand_back_elsewhere,
-    hand_back_run,
     hosts_release_dead,
     runs_with_a_task,
 )
@@ -40,7 +36,7 @@ from ledger.services import (
 from runs.confirm import confirm_claim
 from runs.discard import run_branches_prune
 from runs.run_worktree import save_work_of_ended
-from runs.runner import HANDED_BACK, NOT_DUE, run_workflow_run
+from runs.runner import run_delivered
 from runs.worktree_prune import worktree_orphans_prune, worktrees_prune
 
 logger = logging.getLogger(__name__)
@@ -48,33 +44,8 @@ PRUNE_TASK = "runs.tasks.prune_host_worktrees"
 
 
 def run_workflow(run_id: str) -> str:
-    """django-q2 task: execute one admitted run (idempotent: a second delivery is a no-op).
-
-    While a step waits for its account the run goes back to the queue (hand_back_run) instead
-    of holding this worker; the next delivery resumes it. A retry delivered before its
-    backoff ended (a stale-run hand-over) is handed over again for its due time.
-    """
-    # Several machines: a run this host cannot serve (project not here, no binary for its
-    # provider) goes back to the queue of one that can, never failed here.
-    target = run_target(run_id)
-    why = serve_here(target) if target is not None else None
-    if why is not None and not Conf.SYNC:
-        logger.info("run %s handed back: %s", run_id, why)
-        hand_back_elsewhere(run_id, target.project if target is not None else None)
-        return HANDED_BACK
-    if target is not None and target.project is not None:
-        project_check_here(target.project, has=True)  # recorded once
-    # Sync mode (debugging) runs tasks inline: a hand-back would recurse, so wait inline.
-    result = run_workflow_run(run_id, hand_back=None if Conf.SYNC else hand_back_run)
-    if result == NOT_DUE:
-        due = (
-            WorkflowRun.objects.filter(pk=run_id)
-            .values_list("scheduled_for", flat=True)
-            .first()
-        )
-        if due is not None:
-            enqueue_run(run_id, due)
-    return result
+    """django-q2 task: execute one admitted run here (runs.runner.run_delivered)."""
+    return run_delivered(run_id, inline=bool(Conf.SYNC))
 
 
 def confirm_account_claim(claim: dict[str, Any]) -> str:
