@@ -135,89 +135,11 @@ def non_additive_reasons(
     models and fields the previous release's code reads and writes. Tables and columns it does
     not know (created by migrations not yet released) can change freely.
     """
-
-    def known_model(name: str) -> Any:
-        return _model_state(released, app_label, name)
-
-    def known_field(model_name: str, field_name: str) -> models.Field | None:
-        model = known_model(model_name)
-        return model.fields.get(field_name) if model is not None else None
-
-    if isinstance(op, ops.CreateModel):
-        return []
-    if isinstance(op, ops.DeleteModel):
-        if known_model(op.name) is None:
-            return []
-        return [f"deletes model {op.name} (drops its table)"]
-    if isinstance(op, ops.RenameModel):
-        old = known_model(op.old_name)
-        if old is None or old.options.get("db_table"):
-            return []  # unknown to old code, or the table keeps its explicit name
-        return [f"renames model {op.old_name} to {op.new_name} (renames its table)"]
-    if isinstance(op, ops.AlterModelTable):
-        old = known_model(op.name)
-        if old is None or old.options.get("db_table") == op.table:
-            return []
-        return [f"renames the table of {op.name} to {op.table}"]
-    if isinstance(op, ops.RemoveField):
-        if known_field(op.model_name, op.name) is None:
-            return []
-        return [f"removes field {op.model_name}.{op.name} (drops its column)"]
-    if isinstance(op, ops.RenameField):
-        old_field = known_field(op.model_name, op.old_name)
-        if old_field is None or old_field.db_column:
-            return []  # unknown to old code, or the column keeps its explicit name
-        return [
-            f"renames field {op.model_name}.{op.old_name} to {op.new_name} (renames its column)"
-        ]
-    if isinstance(op, ops.AddField):
-        f = op.field
-        if (
-            known_model(op.model_name) is None
-            or f.many_to_many
-            or f.null
-            or f.db_default is not models.NOT_PROVIDED
-            or isinstance(f, models.GeneratedField)
-        ):
-            return []
-        return [
-            f"adds NOT NULL field {op.model_name}.{op.name} without db_default "
-            "(old code inserts rows without it; a Python default is not enough)"
-        ]
-    if isinstance(op, ops.AlterField):
-        old_field = known_field(op.model_name, op.name)
-        if old_field is None:
-            return []
-        return [
-            f"alters {op.model_name}.{op.name}: {p}"
-            for p in _field_narrowing(op.name, old_field, op.field)
-        ]
-    if isinstance(op, ops.AddConstraint):
-        # The stubs leave out the attributes AddConstraint.__init__ sets (model_name,
-        # constraint); AddIndex has them.
-        model_name: str = op.model_name  # type: ignore[attr-defined]
-        constraint: models.BaseConstraint = op.constraint  # type: ignore[attr-defined]
-        if known_model(model_name) is None:
-            return []
-        return [
-            f"adds constraint {constraint.name} to existing {model_name} "
-            "(old code may write rows it refuses)"
-        ]
-    if isinstance(op, ops.AlterUniqueTogether):
-        old = known_model(op.name)
-        if old is None:
-            return []
-        before = {tuple(t) for t in old.options.get("unique_together", ())}
-        added = {tuple(t) for t in (op.unique_together or ())} - before
-        return (
-            [f"adds unique_together {sorted(added)} to existing {op.name}"]
-            if added
-            else []
-        )
-    if isinstance(op, ops.AlterOrderWithRespectTo):
-        if known_model(op.name) is None:
-            return []
-        return [f"adds or removes the _order column of {op.name}"]
+    known = _Released(released, app_label)
+    for judge in (_model_reasons, _field_reasons, _table_rule_reasons):
+        found = judge(op, known)
+        if found is not None:
+            return found
     if isinstance(op, ops.RunSQL):
         match = DESTRUCTIVE_SQL.search(_sql_text(op.sql))
         if match:
@@ -242,6 +164,112 @@ def non_additive_reasons(
         f"{type(op).__name__} cannot be classified as additive "
         "(release it with a reason if it is safe)"
     ]
+
+
+class _Released:
+    """The models and fields of one app that the previous release knows."""
+
+    def __init__(self, released: ProjectState, app_label: str) -> None:
+        self.released = released
+        self.app_label = app_label
+
+    def model(self, name: str) -> Any:
+        return _model_state(self.released, self.app_label, name)
+
+    def field(self, model_name: str, field_name: str) -> models.Field | None:
+        model = self.model(model_name)
+        return model.fields.get(field_name) if model is not None else None
+
+
+def _model_reasons(op: Operation, known: _Released) -> list[str] | None:
+    """`non_additive_reasons` of an operation on a whole model (None: not one)."""
+    if isinstance(op, ops.CreateModel):
+        return []
+    if isinstance(op, ops.DeleteModel):
+        if known.model(op.name) is None:
+            return []
+        return [f"deletes model {op.name} (drops its table)"]
+    if isinstance(op, ops.RenameModel):
+        old = known.model(op.old_name)
+        if old is None or old.options.get("db_table"):
+            return []  # unknown to old code, or the table keeps its explicit name
+        return [f"renames model {op.old_name} to {op.new_name} (renames its table)"]
+    if isinstance(op, ops.AlterModelTable):
+        old = known.model(op.name)
+        if old is None or old.options.get("db_table") == op.table:
+            return []
+        return [f"renames the table of {op.name} to {op.table}"]
+    return None
+
+
+def _field_reasons(op: Operation, known: _Released) -> list[str] | None:
+    """`non_additive_reasons` of an operation on a field (None: not one)."""
+    if isinstance(op, ops.RemoveField):
+        if known.field(op.model_name, op.name) is None:
+            return []
+        return [f"removes field {op.model_name}.{op.name} (drops its column)"]
+    if isinstance(op, ops.RenameField):
+        old_field = known.field(op.model_name, op.old_name)
+        if old_field is None or old_field.db_column:
+            return []  # unknown to old code, or the column keeps its explicit name
+        return [
+            f"renames field {op.model_name}.{op.old_name} to {op.new_name} (renames its column)"
+        ]
+    if isinstance(op, ops.AddField):
+        f = op.field
+        if (
+            known.model(op.model_name) is None
+            or f.many_to_many
+            or f.null
+            or f.db_default is not models.NOT_PROVIDED
+            or isinstance(f, models.GeneratedField)
+        ):
+            return []
+        return [
+            f"adds NOT NULL field {op.model_name}.{op.name} without db_default "
+            "(old code inserts rows without it; a Python default is not enough)"
+        ]
+    if isinstance(op, ops.AlterField):
+        old_field = known.field(op.model_name, op.name)
+        if old_field is None:
+            return []
+        return [
+            f"alters {op.model_name}.{op.name}: {p}"
+            for p in _field_narrowing(op.name, old_field, op.field)
+        ]
+    return None
+
+
+def _table_rule_reasons(op: Operation, known: _Released) -> list[str] | None:
+    """`non_additive_reasons` of an operation adding a rule to an existing table or its
+    `_order` column: a constraint, unique_together, order_with_respect_to (None: not one)."""
+    if isinstance(op, ops.AddConstraint):
+        # The stubs leave out the attributes AddConstraint.__init__ sets (model_name,
+        # constraint); AddIndex has them.
+        model_name: str = op.model_name  # type: ignore[attr-defined]
+        constraint: models.BaseConstraint = op.constraint  # type: ignore[attr-defined]
+        if known.model(model_name) is None:
+            return []
+        return [
+            f"adds constraint {constraint.name} to existing {model_name} "
+            "(old code may write rows it refuses)"
+        ]
+    if isinstance(op, ops.AlterUniqueTogether):
+        old = known.model(op.name)
+        if old is None:
+            return []
+        before = {tuple(t) for t in old.options.get("unique_together", ())}
+        added = {tuple(t) for t in (op.unique_together or ())} - before
+        return (
+            [f"adds unique_together {sorted(added)} to existing {op.name}"]
+            if added
+            else []
+        )
+    if isinstance(op, ops.AlterOrderWithRespectTo):
+        if known.model(op.name) is None:
+            return []
+        return [f"adds or removes the _order column of {op.name}"]
+    return None
 
 
 def migration_non_additive_reasons(

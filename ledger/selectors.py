@@ -16,17 +16,23 @@ a loose index scan. The admin filters and the ops pages share these.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import connection
 from django.db.models import Field, Model, QuerySet
 
 from domain.pool import HangMark
-from domain.windows import Window
+
+# Re-exported: the pool picture (loads, cooldowns, limits, windows) is read in
+# ledger.account_state.
+from ledger.account_state import AccountLimits as AccountLimits
+from ledger.account_state import AccountLoad as AccountLoad
+from ledger.account_state import AccountState as AccountState
+from ledger.account_state import account_load as account_load
+from ledger.account_state import account_state as account_state
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     Account,
@@ -38,7 +44,6 @@ from ledger.models import (
     WorkflowStepAttempt,
     WorkflowWorkItem,
 )
-from ledger.window_rows import WINDOWS_SQL, window_keep_days, window_row
 from ledger.window_rows import aware as _aware
 
 
@@ -155,172 +160,6 @@ def active_counts(
         cursor.execute(f"SELECT {', '.join(parts)}", params)
         scope_n, project_n, group_n = cursor.fetchone()
     return _active_counts_of(scope_n, project_n, group_n, project_group)
-
-
-@dataclass(frozen=True)
-class AccountLoad:
-    """Per-account load: running steps, plus reserved steps of admitted runs not yet started."""
-
-    running: dict[str, int] = field(default_factory=dict)
-    reserved: dict[str, int] = field(default_factory=dict)
-
-    def total(self) -> dict[str, int]:
-        return dict(Counter(self.running) + Counter(self.reserved))
-
-
-# One statement for the whole pool picture: the kept load per account (one row per account,
-# however many runs are queued: ledger.services.account_loads) and, when asked, the accounts
-# still cooling
-# down. Rows are (kind, account_profile, running, reserved, until).
-_LOADS_SQL = f"""
-SELECT 'load', account_profile, running, reserved, NULL
-FROM "{AccountLoadCount._meta.db_table}"
-WHERE running <> 0 OR reserved <> 0
-"""
-_COOLING_SQL = f"""
-SELECT 'cooling', account_profile, NULL, NULL, "until"
-FROM "{AccountCooldown._meta.db_table}"
-WHERE "until" > %s
-"""
-
-
-@dataclass(frozen=True)
-class AccountLimits(HangMark):
-    """What a pool assignment reads of a registered account: whether it takes work, its own
-    cap on running steps (None: no cap), its login failed (0014) or unresponsive marks."""
-
-    enabled: bool
-    max_running: int | None
-    login_failed: bool = False
-    # 0021: the operator gave it window budgets (ledger.windows estimates those windows).
-    window_budgets: bool = False
-    window_pace: bool = False  # 0021: its windows are paced (domain.windows rule 7).
-    unresponsive_until: datetime | None = None
-
-
-# The registry rows of the named accounts, in the same statement (`account_state(accounts=)`):
-# the third column holds enabled (1), login failed (2), has window budgets (4) and paced
-# windows (8) as bits.
-_LIMITS_SQL = f"""
-SELECT 'account', name,
-  CASE WHEN enabled THEN 1 ELSE 0 END
-  + CASE WHEN login_failed_at IS NULL THEN 0 ELSE 2 END
-  + CASE WHEN window_budgets IS NULL THEN 0 ELSE 4 END
-  + CASE WHEN window_pace THEN 8 ELSE 0 END,
-  max_running, unresponsive_until
-FROM "{Account._meta.db_table}"
-WHERE name IN ({{marks}})
-"""
-
-
-@dataclass(frozen=True)
-class AccountState:
-    """Load per account and the accounts cooling down (profile → when it frees); with
-    `account_state(accounts=...)`, the registry limits of those accounts that are registered."""
-
-    load: AccountLoad
-    cooling: dict[str, datetime]
-    limits: dict[str, AccountLimits] = field(default_factory=dict)
-    # With `windows=True`: account -> its newest window observations (no estimate).
-    windows: dict[str, list[Window]] = field(default_factory=dict)
-
-
-def account_state(
-    *,
-    now: datetime | None = None,
-    accounts: Iterable[str] | None = None,
-    windows: bool = False,
-) -> AccountState:
-    """Load per account profile, the loopsweb way (load that cannot herd), in one round trip.
-
-    - running: step runs in `running` with an account profile (upstream's count).
-    - reserved: for every admitted run that has not started a step yet (still `queued`, or
-      claimed by the runner but before its first step starts), its earliest pending step that
-      carries an account. Without this, one drain batch could place every item on the same
-      idle account before any of them starts.
-    - cooling (only with `now`): cooldowns still in force at `now`.
-    - limits (only with `accounts`): enabled and max_running of those of the named accounts
-      that are registered (as `account_registry(accounts)` reads them).
-    - windows (only with `now` and `windows=True`): the newest observation of each
-      rate-limit window (of the named accounts, or all) seen within
-      LOOPSWEB_WINDOW_KEEP_DAYS (ledger.windows adds the estimates).
-    Later steps of a started run count only once they run. Running and reserved are the
-    counts kept per account (`ledger.services.account_loads`), equal to a recount of the rows:
-    the read costs
-    one row per account, not a scan of the queued runs.
-    """
-    # The cooling rows come first when present: PostgreSQL types each UNION column from its
-    # first typed value, and only that branch has a timestamp.
-    parts = [_LOADS_SQL]
-    params: list[str | datetime | None] = []
-    if now is not None:
-        parts.insert(0, _COOLING_SQL)
-        params.append(_db_datetime(now))
-    names = sorted({str(n).strip() for n in accounts or ()})
-    if now is not None and windows:
-        marks = ", ".join(["%s"] * len(names))
-        parts.insert(
-            1,
-            WINDOWS_SQL.format(
-                names=f" AND w.account_profile IN ({marks})" if names else ""
-            ),
-        )
-        since = _db_datetime(now - timedelta(days=window_keep_days()))
-        params[1:1] = [since, *names, since, *names]
-    if names:
-        parts.append(_LIMITS_SQL.format(marks=", ".join(["%s"] * len(names))))
-        params += names
-    running: dict[str, int] = {}
-    reserved: dict[str, int] = {}
-    cooling: dict[str, datetime] = {}
-    limits: dict[str, AccountLimits] = {}
-    seen: dict[str, list[Window]] = {}
-    observed: dict[tuple[str, str], datetime] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(" UNION ALL ".join(parts), params)
-        for kind, profile, n_running, n_reserved, until in cursor.fetchall():
-            if kind.startswith("window:"):
-                seen.setdefault(profile, []).append(
-                    window_row(kind, n_running, n_reserved, until)
-                )
-            elif kind.startswith("seen:"):
-                observed[(profile, kind[len("seen:") :])] = _aware(until)
-            elif kind == "load":
-                if n_running:
-                    running[profile] = n_running
-                if n_reserved:
-                    reserved[profile] = n_reserved
-            elif kind == "account":
-                limits[profile] = AccountLimits(
-                    enabled=bool(n_running & 1),
-                    max_running=n_reserved,
-                    login_failed=bool(n_running & 2),
-                    window_budgets=bool(n_running & 4),
-                    window_pace=bool(n_running & 8),
-                    unresponsive_until=_aware(until) if until is not None else None,
-                )
-            else:
-                cooling[profile] = _aware(until)
-    return AccountState(
-        load=AccountLoad(running=running, reserved=reserved),
-        cooling=cooling,
-        limits=limits,
-        windows={
-            profile: sorted(
-                (
-                    replace(w, observed_at=observed.get((profile, w.name)))
-                    for w in found
-                ),
-                key=lambda w: w.name,
-            )
-            for profile, found in seen.items()
-        },
-    )
-
-
-def account_load() -> AccountLoad:
-    """Running and reserved load per account profile (see `account_state`)."""
-    return account_state().load
 
 
 def _db_datetime(value: datetime) -> str | datetime | None:

@@ -36,7 +36,7 @@ from ledger.held_secrets import held_secrets
 from ledger.models import Account
 from ledger.services.accounts import ACCOUNT_NOT_FOUND, AccountError
 from ledger.services.cooldowns import account_clear, account_login_failed_record
-from runs.processes import run_process
+from runs.processes import Limits, run_process
 from runs.providers import (
     Invocation,
     ProviderError,
@@ -278,13 +278,12 @@ def _run_request(invocation: Invocation, cwd: str) -> tuple[int | None, str, str
         )
     result = run_process(
         invocation=invocation,
-        timeout_seconds=REQUEST_TIMEOUT_SECONDS,
-        idle_timeout_seconds=None,
-        tail_bytes=65536,
-        grace_seconds=1.0,
-        on_spawn=lambda pid: None,
-        keep_alive=lambda: True,
-        keep_alive_every=REQUEST_TIMEOUT_SECONDS,
+        limits=Limits(
+            timeout_seconds=REQUEST_TIMEOUT_SECONDS,
+            tail_bytes=65536,
+            grace_seconds=1.0,
+            keep_alive_every=REQUEST_TIMEOUT_SECONDS,
+        ),
     )
     if result.spawn_error:
         return None, "", result.spawn_error

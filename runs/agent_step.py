@@ -60,7 +60,7 @@ from ledger import services
 from ledger.dberrors import OutageNotice, error_passes
 from ledger.display import seconds
 from ledger.models import StepStatus
-from runs.processes import ProcessResult, run_process
+from runs.processes import Limits, ProcessResult, ProcessWatch, run_process
 from runs.providers import Invocation
 from runs.window_watch import WindowWatch
 
@@ -127,8 +127,9 @@ def task_deadline(started: float) -> float:
     return started + float(settings.Q_TIMEOUT) - task_margin_seconds()
 
 
-class StepWatch:
-    """Callbacks for `run_process` while one step runs; `run` wires them in."""
+class StepWatch(ProcessWatch):
+    """What `run_process` tells while one step runs (runs.processes.ProcessWatch): the
+    runner's `spawned` and `keep_alive` (when given) and this step's output; `run` runs it."""
 
     def __init__(
         self,
@@ -138,6 +139,8 @@ class StepWatch:
         is_agent: bool,
         secrets: Redactor | None = None,
         account: str | None = None,
+        on_spawn: Callable[[int], None] | None = None,
+        keep_alive: Callable[[], bool] | None = None,
     ):
         self.step_run_id = step_run_id
         self.account = account
@@ -145,6 +148,8 @@ class StepWatch:
         self.provider = provider
         self.is_agent = is_agent
         self.secrets = secrets or Redactor()
+        self.on_spawn = on_spawn  # the runner's: records the pid
+        self.renew = keep_alive  # the runner's: renews the run's lease
         self.signal: RateLimitSignal | None = None
         self.flushes = 0
         self.progress_line: str | None = None  # the last line that showed progress
@@ -157,22 +162,10 @@ class StepWatch:
     def tracks_progress(self) -> bool:
         return self.is_agent and knows_progress(self.provider)
 
-    def run(
-        self,
-        *,
-        invocation: Invocation,
-        timeout_seconds: float | None,
-        idle_timeout_seconds: float | None,
-        tail_bytes: int,
-        grace_seconds: float,
-        on_spawn: Callable[[int], None],
-        keep_alive: Callable[[], bool],
-        keep_alive_every: float,
-        deadline: float | None = None,
-        output_every: float = 5.0,
-    ) -> ProcessResult:
-        """`run_process` with this watch's `flush` and `stop_when`; the result with the
-        invocation's secrets redacted (module docstring), before anything records it."""
+    def run(self, *, invocation: Invocation, limits: Limits) -> ProcessResult:
+        """`run_process` under this watch, a step its provider refused stopped with no
+        grace (`STOP_GRACE_SECONDS`); the result with the invocation's secrets redacted
+        (module docstring), before anything records it."""
         self.secrets = invocation.secrets
         if self.is_agent and self.account:
             self.windows = WindowWatch(
@@ -183,25 +176,20 @@ class StepWatch:
             )
         result = run_process(
             invocation=invocation,
-            timeout_seconds=timeout_seconds,
-            idle_timeout_seconds=idle_timeout_seconds,
-            tail_bytes=tail_bytes,
-            grace_seconds=grace_seconds,
-            on_spawn=on_spawn,
-            keep_alive=keep_alive,
-            keep_alive_every=keep_alive_every,
-            deadline=deadline,
-            on_output=self.flush,
-            output_every=output_every,
-            stop_when=self.stop_when,
-            on_line=self.line if self.tracks_progress else None,
-            on_quiet=self.quiet if self.windows and self.windows.reads_files else None,
-            stop_grace_seconds=STOP_GRACE_SECONDS,
+            limits=replace(limits, stop_grace_seconds=STOP_GRACE_SECONDS),
+            watch=self,
         )
         result = self.redacted(result)
         if self.windows is not None:
             self.windows.seen(result.stdout)
         return result
+
+    def spawned(self, pid: int) -> None:
+        if self.on_spawn is not None:
+            self.on_spawn(pid)
+
+    def keep_alive(self) -> bool:
+        return self.renew() if self.renew is not None else True
 
     def line(self, stream: str, text: str) -> bool:
         """One complete output line (runs.processes `on_line`): progress, a provider
@@ -255,7 +243,7 @@ class StepWatch:
     def quiet(self, stdout: str) -> None:
         """No new output for a flush interval: a window the CLI wrote to a file meanwhile
         (codex's rollout, after a model call whose answer is still streaming)."""
-        if self.windows is not None:
+        if self.windows is not None and self.windows.reads_files:
             self.windows.seen(self.secrets.redact(stdout))
 
     def keep(self, stdout: str, stderr: str) -> None:

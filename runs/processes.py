@@ -1,13 +1,15 @@
 """Process supervision: a step runs as its own process group, and nothing of it outlives
 the step unrecorded.
 
-- `run_process`: the step runs under the step guard (agents.stepguard, its own process
-  group, a child subreaper), so everything it spawns stays below the guard, even a process
-  that calls `setsid`, and is ended when the step ends (the count is `ProcessResult.ended`);
-  bounded stdout/stderr tails; `timeoutMs` and `idleTimeoutMs`
-  enforced by killing the group (SIGTERM, then SIGKILL after the grace period); the run's
-  lease renewed through `keep_alive` about three times per lease; when the step's process
-  exits, anything it left running in its group is killed.
+- `run_process(invocation=, limits=, watch=)`: the step runs under the step guard
+  (agents.stepguard, its own process group, a child subreaper), so everything it spawns
+  stays below the guard, even a process that calls `setsid`, and is ended when the step
+  ends (the count is `ProcessResult.ended`); bounded stdout/stderr tails; `timeoutMs` and
+  `idleTimeoutMs` (`Limits`) enforced by killing the group (SIGTERM, then SIGKILL after
+  the grace period); the run's lease renewed through `ProcessWatch.keep_alive` about three
+  times per lease; when the step's process exits, anything it left running in its group is
+  killed. Its stages: `_spawn`, `_Supervisor.run` (the read/watch loop), `_Supervisor._stop`,
+  `_finished` (the result).
 - in a sandbox (`Invocation.sandbox`, runs.sandbox): bwrap runs the guard as the first
   process of the step's namespaces, with the egress relay's outside half (`EgressRelay`,
   threads of this process) beside it; the guard is signalled by pid (it is bwrap's child in
@@ -50,7 +52,7 @@ _PIPE_DRAIN_SECONDS = 0.5
 _SELECT_SECONDS = 0.1
 _READ_BYTES = 65536
 _STOP_CHECK_SECONDS = 0.5
-# Of a very long output line, `on_line` sees the start (what tells an event's kind).
+# Of a very long output line, `ProcessWatch.line` sees the start (what tells an event's kind).
 _LINE_BYTES = 65536
 
 
@@ -80,8 +82,8 @@ class _Tail:
 
 
 class _Lines:
-    """Splits a stream's data into complete lines for `on_line(stream, line)`; a line longer
-    than `_LINE_BYTES` is handed on as its start."""
+    """Splits a stream's data into complete lines for `on_line(stream, line)`
+    (`ProcessWatch.line`); a line longer than `_LINE_BYTES` is handed on as its start."""
 
     def __init__(self, stream: str, on_line: Callable[[str, str], bool]) -> None:
         self.stream = stream
@@ -162,41 +164,104 @@ def _signal_pid(pid: int, number: int) -> None:
         pass
 
 
-def run_process(
-    *,
-    invocation: Invocation,
-    timeout_seconds: float | None,
-    idle_timeout_seconds: float | None,
-    tail_bytes: int,
-    grace_seconds: float,
-    on_spawn: Callable[[int], None],
-    keep_alive: Callable[[], bool],
-    keep_alive_every: float,
-    deadline: float | None = None,
-    on_output: Callable[[str, str], None] | None = None,
-    output_every: float = 5.0,
-    stop_when: Callable[[str, str], str | None] | None = None,
-    on_line: Callable[[str, str], bool] | None = None,
-    on_quiet: Callable[[str], None] | None = None,
-    stop_grace_seconds: float | None = None,
-) -> ProcessResult:
-    """Run one step's process to the end; never raises for the process's own failures.
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """How long a step's process may run and how it is stopped; seconds unless named."""
 
-    `keep_alive` (the lease renewal) is called every `keep_alive_every` seconds while the
-    process lives; False means the run is no longer ours and the group is killed.
-    `deadline` (a `time.monotonic()` value) ends the step like a timeout (`"deadline"`).
-    `on_output(stdout, stderr)` receives the tails while the step runs: at most every
-    `output_every` seconds and only when there is output it has not seen, so a step that ends
-    within `output_every` is never flushed. `stop_when(stdout, stderr)`, called when new output
-    arrived (at most every `_STOP_CHECK_SECONDS`), returns a reason to stop the step now;
-    such a stop gives the group `stop_grace_seconds` (None: `grace_seconds`) before SIGKILL.
-    `on_line(stream, line)` ("stdout" or "stderr") sees each complete line as it arrives and
-    says whether it shows progress; with it, the idle limit counts from the last line that
-    did (an agent that only retries or logs errors is idle), without it from any output.
-    `on_quiet(stdout)` is called every `output_every` seconds in which nothing was flushed:
-    what a step writes elsewhere (codex's rollout file) changes while its output does not.
-    """
+    tail_bytes: int  # kept of stdout and of stderr each (the start is dropped)
+    grace_seconds: float  # SIGTERM to SIGKILL when the step is killed
+    # The step's total time (`timeoutMs`), and its time with no progress (`idleTimeoutMs`):
+    # `ProcessResult.timeout` "total" and "idle". None: no limit.
+    timeout_seconds: float | None = None
+    idle_timeout_seconds: float | None = None
+    deadline: float | None = None  # a `time.monotonic()` value: timeout "deadline"
+    # The grace of a step `ProcessWatch.stop_when` stopped (None: `grace_seconds`).
+    stop_grace_seconds: float | None = None
+    keep_alive_every: float = 60.0  # how often `ProcessWatch.keep_alive` is called
+    output_every: float = 5.0  # how often at most `ProcessWatch.flush` is called
+
+
+class ProcessWatch:
+    """What `run_process` tells while a step's process runs, and what it asks; each method
+    is a no-op (or "go on") here, for a caller to override."""
+
+    @property
+    def tracks_progress(self) -> bool:
+        """True: `line` says which output lines show progress, and the idle limit counts
+        from the last that did (an agent that only retries or logs errors is idle). False:
+        the output is not split into lines, and the idle limit counts from any output."""
+        return False
+
+    def spawned(self, pid: int) -> None:
+        """The step's process started (the guard's pid, the leader of its group)."""
+
+    def keep_alive(self) -> bool:
+        """Called every `Limits.keep_alive_every` while the process lives (the lease
+        renewal); False means the run is no longer ours and the group is killed."""
+        return True
+
+    def flush(self, stdout: str, stderr: str) -> None:
+        """The tails while the step runs: at most every `Limits.output_every` and only when
+        there is output not seen yet, so a step that ends within that is never flushed."""
+
+    def quiet(self, stdout: str) -> None:
+        """Called every `Limits.output_every` in which nothing was flushed: what a step
+        writes elsewhere (codex's rollout file) changes while its output does not."""
+
+    def stop_when(self, stdout: str, stderr: str) -> str | None:
+        """Called when new output arrived (at most every `_STOP_CHECK_SECONDS`): a reason
+        to stop the step now (`ProcessResult.stopped`), or None."""
+        return None
+
+    def line(self, stream: str, text: str) -> bool:
+        """One complete output line of `stream` ("stdout" or "stderr"), with
+        `tracks_progress`: whether it shows progress."""
+        return False
+
+
+def run_process(
+    *, invocation: Invocation, limits: Limits, watch: ProcessWatch | None = None
+) -> ProcessResult:
+    """Run one step's process to the end under `limits`, telling `watch`; never raises for
+    the process's own failures."""
     started = time.monotonic()
+    spawned = _spawn(invocation, limits.grace_seconds)
+    if isinstance(spawned, str):
+        return _not_started(STEP_SPAWN_FAILED.format(error=spawned))
+    proc = spawned.proc
+    supervisor = _Supervisor(
+        proc, limits, watch or ProcessWatch(), started, sandboxed=spawned.sandboxed
+    )
+    try:
+        supervisor.watch.spawned(proc.pid)
+        supervisor.run()
+    except BaseException:
+        # Whatever happened to the runner (an error, SystemExit from SIGTERM), the step's
+        # processes must not outlive it unrecorded.
+        kill_process_group(proc, 0, sandboxed=spawned.sandboxed)
+        raise
+    finally:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        refused = spawned.relay.stop() if spawned.relay is not None else None
+    return _finished(spawned, supervisor, refused)
+
+
+@dataclass(frozen=True)
+class _Spawned:
+    proc: subprocess.Popen[bytes]
+    report_read: int  # the guard's report pipe (agents.stepguard)
+    relay: EgressRelay | None  # a sandboxed step's
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.relay is not None  # a sandboxed step always has its relay
+
+
+def _spawn(invocation: Invocation, grace_seconds: float) -> _Spawned | str:
+    """The step's process started under the guard (in its sandbox, with the egress relay,
+    when it has one), or why it could not be."""
     box = invocation.sandbox
     relay: EgressRelay | None = None
     report_read, report_write = os.pipe()
@@ -226,52 +291,60 @@ def run_process(
         os.close(report_read)
         if relay is not None:
             relay.stop()
-        return _not_started(STEP_SPAWN_FAILED.format(error=exc))
+        return str(exc)
     finally:
         os.close(report_write)
-    sandboxed = box is not None
-    stop_grace = grace_seconds if stop_grace_seconds is None else stop_grace_seconds
-    out, err = _Tail(tail_bytes), _Tail(tail_bytes)
-    timeout: str | None = None
-    lost = False
-    try:
-        on_spawn(proc.pid)
+    return _Spawned(proc, report_read, relay)
+
+
+class _Supervisor:
+    """The read/watch loop of one step's process: its output into the tails and the watch,
+    its limits enforced; how it ended (`timeout`, `lost`, `stopped`) for the result."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        limits: Limits,
+        watch: ProcessWatch,
+        started: float,
+        *,
+        sandboxed: bool,
+    ) -> None:
+        self.proc = proc
+        self.limits = limits
+        self.watch = watch
+        self.started = started
+        self.sandboxed = sandboxed
+        self.out, self.err = _Tail(limits.tail_bytes), _Tail(limits.tail_bytes)
+        self.timeout: str | None = None
+        self.lost = False
+        self.stopped: str | None = None
+        self.last_output = self.last_progress = started
+        self.next_keep_alive = started + limits.keep_alive_every
+        self.next_flush = started + limits.output_every
+        self.next_stop_check = started
+        self.flushed_at = self.checked_at = started  # output up to here was seen
+
+    @property
+    def ending(self) -> bool:
+        """The step is being stopped (a limit, the lease, `stop_when`)."""
+        return self.timeout is not None or self.lost or self.stopped is not None
+
+    def run(self) -> None:
+        """Until the process exited and its pipes closed (or were given up on)."""
+        proc = self.proc
         selector = selectors.DefaultSelector()
         assert proc.stdout is not None and proc.stderr is not None
         lines = {
-            id(tail): _Lines(name, on_line)
-            for tail, name in ((out, "stdout"), (err, "stderr"))
-            if on_line is not None
+            id(tail): _Lines(name, self.watch.line)
+            for tail, name in ((self.out, "stdout"), (self.err, "stderr"))
+            if self.watch.tracks_progress
         }
-        selector.register(proc.stdout, selectors.EVENT_READ, out)
-        selector.register(proc.stderr, selectors.EVENT_READ, err)
-        last_output = last_progress = started
-        next_keep_alive = started + keep_alive_every
-        next_flush = started + output_every
-        next_stop_check = started
-        flushed_at = checked_at = started  # output up to here was seen
+        selector.register(proc.stdout, selectors.EVENT_READ, self.out)
+        selector.register(proc.stderr, selectors.EVENT_READ, self.err)
         exited_at: float | None = None
-        stopped: str | None = None
         while True:
-            if selector.get_map():
-                for key, _ in selector.select(_SELECT_SECONDS):
-                    data = os.read(key.fd, _READ_BYTES)
-                    if data:
-                        key.data.add(data)
-                        last_output = time.monotonic()
-                        reader = lines.get(id(key.data))
-                        if reader is None or reader.feed(data):
-                            last_progress = last_output
-                    else:
-                        selector.unregister(key.fileobj)
-            else:
-                # Both pipes closed but the process lives on: keep enforcing the limits,
-                # and go on the moment it exits (a sandbox's bwrap outlives its pipes by
-                # a few milliseconds: a plain sleep cost every such step 100 ms).
-                try:
-                    proc.wait(timeout=_SELECT_SECONDS)
-                except subprocess.TimeoutExpired:
-                    pass
+            self._read(selector, lines)
             now = time.monotonic()
             if proc.poll() is not None:
                 if not selector.get_map():
@@ -280,49 +353,85 @@ def run_process(
                 # flush, then end the whole group so the step cannot leave anything behind.
                 exited_at = exited_at or now
                 if now - exited_at > _PIPE_DRAIN_SECONDS:
-                    kill_process_group(proc, 0, sandboxed=sandboxed)
+                    kill_process_group(proc, 0, sandboxed=self.sandboxed)
                     break
                 continue
-            if timeout is not None or lost or stopped is not None:
+            if self.ending:
                 continue
-            if on_output is not None and now >= next_flush and last_output > flushed_at:
-                next_flush, flushed_at = now + output_every, last_output
-                on_output(out.text(), err.text())
-            elif on_quiet is not None and now >= next_flush + output_every:
-                next_flush = now
-                on_quiet(out.text())
-            if (
-                stop_when is not None
-                and now >= next_stop_check
-                and last_output > checked_at
-            ):
-                next_stop_check, checked_at = now + _STOP_CHECK_SECONDS, last_output
-                stopped = stop_when(out.text(), err.text())
-            if stopped is not None:
-                pass
-            elif timeout_seconds and now - started >= timeout_seconds:
-                timeout = "total"
-            elif idle_timeout_seconds and now - last_progress >= idle_timeout_seconds:
-                timeout = "idle"
-            elif deadline is not None and now >= deadline:
-                timeout = "deadline"
-            elif now >= next_keep_alive:
-                next_keep_alive = now + keep_alive_every
-                lost = not keep_alive()
-            if timeout is not None or lost or stopped is not None:
-                grace = grace_seconds if stopped is None else stop_grace
-                kill_process_group(proc, grace, sandboxed=sandboxed)
+            self._tell(now)
+            self._check(now)
+            if self.ending:
+                self._stop()
         selector.close()
-    except BaseException:
-        # Whatever happened to the runner (an error, SystemExit from SIGTERM), the step's
-        # processes must not outlive it unrecorded.
-        kill_process_group(proc, 0, sandboxed=sandboxed)
-        raise
-    finally:
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-        refused = relay.stop() if relay is not None else None
+
+    def _read(self, selector: selectors.BaseSelector, lines: dict[int, _Lines]) -> None:
+        """What the pipes have (waiting up to `_SELECT_SECONDS`)."""
+        if not selector.get_map():
+            # Both pipes closed but the process lives on: keep enforcing the limits, and go
+            # on the moment it exits (a sandbox's bwrap outlives its pipes by a few
+            # milliseconds: a plain sleep cost every such step 100 ms).
+            try:
+                self.proc.wait(timeout=_SELECT_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+            return
+        for key, _ in selector.select(_SELECT_SECONDS):
+            data = os.read(key.fd, _READ_BYTES)
+            if not data:
+                selector.unregister(key.fileobj)
+                continue
+            key.data.add(data)
+            self.last_output = time.monotonic()
+            reader = lines.get(id(key.data))
+            if reader is None or reader.feed(data):
+                self.last_progress = self.last_output
+
+    def _tell(self, now: float) -> None:
+        """The watch's `flush`, `quiet` and `stop_when`, each when it is due."""
+        every = self.limits.output_every
+        if now >= self.next_flush and self.last_output > self.flushed_at:
+            self.next_flush, self.flushed_at = now + every, self.last_output
+            self.watch.flush(self.out.text(), self.err.text())
+        elif now >= self.next_flush + every:
+            self.next_flush = now
+            self.watch.quiet(self.out.text())
+        if now >= self.next_stop_check and self.last_output > self.checked_at:
+            self.next_stop_check = now + _STOP_CHECK_SECONDS
+            self.checked_at = self.last_output
+            self.stopped = self.watch.stop_when(self.out.text(), self.err.text())
+
+    def _check(self, now: float) -> None:
+        """The limits, then the lease: the first reached ends the step."""
+        limits = self.limits
+        if self.stopped is not None:
+            pass
+        elif limits.timeout_seconds and now - self.started >= limits.timeout_seconds:
+            self.timeout = "total"
+        elif (
+            limits.idle_timeout_seconds
+            and now - self.last_progress >= limits.idle_timeout_seconds
+        ):
+            self.timeout = "idle"
+        elif limits.deadline is not None and now >= limits.deadline:
+            self.timeout = "deadline"
+        elif now >= self.next_keep_alive:
+            self.next_keep_alive = now + limits.keep_alive_every
+            self.lost = not self.watch.keep_alive()
+
+    def _stop(self) -> None:
+        """Kill the group: a step `stop_when` stopped gets `Limits.stop_grace_seconds`."""
+        limits = self.limits
+        grace = limits.grace_seconds
+        if self.stopped is not None and limits.stop_grace_seconds is not None:
+            grace = limits.stop_grace_seconds
+        kill_process_group(self.proc, grace, sandboxed=self.sandboxed)
+
+
+def _finished(
+    spawned: _Spawned, supervisor: _Supervisor, refused: dict[str, int] | None
+) -> ProcessResult:
+    """The result of a process that ended: its exit as the guard reported it."""
+    proc = spawned.proc
     code = proc.wait()
     try:
         # The step is over: whatever it left running in its group goes too. (The group id
@@ -330,21 +439,21 @@ def run_process(
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
         pass
-    report = _guard_report(report_read)
+    report = _guard_report(spawned.report_read)
     if "spawnError" in report:
         return _not_started(STEP_SPAWN_FAILED.format(error=report["spawnError"]))
-    if sandboxed:
+    if spawned.sandboxed:
         code = _inside_code(report.get("status"), code)
     return ProcessResult(
         pid=proc.pid,
         exit_code=code if code >= 0 else None,
         signal_name=signal.Signals(-code).name if code < 0 else None,
-        stdout=out.text(),
-        stderr=err.text(),
-        duration_ms=int((time.monotonic() - started) * 1000),
-        timeout=timeout,
-        lost=lost,
-        stopped=stopped,
+        stdout=supervisor.out.text(),
+        stderr=supervisor.err.text(),
+        duration_ms=int((time.monotonic() - supervisor.started) * 1000),
+        timeout=supervisor.timeout,
+        lost=supervisor.lost,
+        stopped=supervisor.stopped,
         ended=_count(report.get("ended")),
         egress_refused=refused or None,
     )

@@ -87,7 +87,7 @@ from typing import Any
 from django.conf import settings
 
 from agents.envfile import EnvFileError, read_env_file, reserved_variable
-from agents.providers import ADAPTERS
+from agents.providers import ADAPTERS, Adapter
 from agents.redaction import Redactor
 from domain.errors import ApplicationError
 from domain.pool import valid_profile_name
@@ -337,25 +337,8 @@ def agent_invocation(
     `registry` (the profile's registry row as the step start read it, {} when it has none)
     saves reading it again."""
     provider = str(target.get("provider") or "")
-    adapter = ADAPTERS.get(provider)
-    if adapter is None:
-        raise ProviderError(PROVIDER_UNKNOWN.format(provider=provider or "(none)"))
-    prompt = target.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ProviderError(PROMPT_MISSING)
-    if "\x00" in prompt:
-        raise ProviderError(PROMPT_NUL)
-    if profile is not None and not valid_profile_name(profile):
-        raise ProviderError(PROFILE_INVALID.format(profile=profile))
-    if registry is None:
-        registry = account_registry([profile]) if profile else {}
-    account = registry.get(profile) if profile else None
-    if account is not None and account.provider != provider:
-        raise ProviderError(
-            ACCOUNT_WRONG_PROVIDER.format(
-                profile=profile, registered=account.provider, provider=provider
-            )
-        )
+    adapter, prompt = _adapter_and_prompt(provider, target)
+    registry = _profile_registry(provider, profile, registry)
     cwd = _check_cwd(target.get("cwd"))
     if cwd is None:
         # Never the worker's own directory (loopsweb's source tree or data).
@@ -375,6 +358,77 @@ def agent_invocation(
         account_env=account_env,
     )
     argv += headless_args
+    env_extra = _step_variables(
+        adapter,
+        provider,
+        cwd,
+        run_id=run_id,
+        step_id=step_id,
+        profile=profile,
+        tool=tool,
+    )
+    prompt_args, cleanup = _prompt_arguments(adapter, prompt)
+    argv += prompt_args
+    env = child_environment(
+        env_extra, account_env=account_env, provider_env=provider_env
+    )
+    return Invocation(
+        argv=argv,
+        cwd=cwd,
+        env=env,
+        cleanup=cleanup,
+        provider=provider,
+        secrets=Redactor.for_environment(file_env, env),
+        account_env=account_env,
+    )
+
+
+def _adapter_and_prompt(
+    provider: str, target: Mapping[str, Any]
+) -> tuple[Adapter, str]:
+    """The provider's adapter and the step's prompt, or ProviderError saying what is wrong."""
+    adapter = ADAPTERS.get(provider)
+    if adapter is None:
+        raise ProviderError(PROVIDER_UNKNOWN.format(provider=provider or "(none)"))
+    prompt = target.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ProviderError(PROMPT_MISSING)
+    if "\x00" in prompt:
+        raise ProviderError(PROMPT_NUL)
+    return adapter, prompt
+
+
+def _profile_registry(
+    provider: str,
+    profile: str | None,
+    registry: Mapping[str, RegisteredAccount] | None,
+) -> Mapping[str, RegisteredAccount]:
+    """The profile's registry row (read when not given), checked against the provider."""
+    if profile is not None and not valid_profile_name(profile):
+        raise ProviderError(PROFILE_INVALID.format(profile=profile))
+    if registry is None:
+        registry = account_registry([profile]) if profile else {}
+    account = registry.get(profile) if profile else None
+    if account is not None and account.provider != provider:
+        raise ProviderError(
+            ACCOUNT_WRONG_PROVIDER.format(
+                profile=profile, registered=account.provider, provider=provider
+            )
+        )
+    return registry
+
+
+def _step_variables(
+    adapter: Adapter,
+    provider: str,
+    cwd: str,
+    *,
+    run_id: str,
+    step_id: str,
+    profile: str | None,
+    tool: str | None,
+) -> dict[str, str]:
+    """The variables loopsweb gives an agent step's process (before its account's)."""
     env_extra = {
         "LOOPSWEB_RUN_ID": run_id,
         "LOOPSWEB_STEP_ID": step_id,
@@ -390,29 +444,20 @@ def agent_invocation(
             env_extra[adapter.profile_env] = profile
     if tool:
         env_extra["LOOPSWEB_ACCOUNT_TOOL"] = tool
-    cleanup: list[Path] = []
-    if adapter.prompt_file_flag:
-        directory = Path(tempfile.mkdtemp(prefix="loopsweb-prompt-"))  # mode 0700
-        cleanup.append(directory)
-        path = directory / "prompt.txt"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(prompt)
-        argv += [adapter.prompt_file_flag, str(path)]
-    else:
-        argv += ["--", prompt]
-    env = child_environment(
-        env_extra, account_env=account_env, provider_env=provider_env
-    )
-    return Invocation(
-        argv=argv,
-        cwd=cwd,
-        env=env,
-        cleanup=cleanup,
-        provider=provider,
-        secrets=Redactor.for_environment(file_env, env),
-        account_env=account_env,
-    )
+    return env_extra
+
+
+def _prompt_arguments(adapter: Adapter, prompt: str) -> tuple[list[str], list[Path]]:
+    """The prompt's arguments (in a private file when the CLI reads it from one) and what
+    to remove after the step."""
+    if not adapter.prompt_file_flag:
+        return ["--", prompt], []
+    directory = Path(tempfile.mkdtemp(prefix="loopsweb-prompt-"))  # mode 0700
+    path = directory / "prompt.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(prompt)
+    return [adapter.prompt_file_flag, str(path)], [directory]
 
 
 def command_invocation(

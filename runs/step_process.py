@@ -30,7 +30,7 @@ from ledger.services.failover import (
     UNRESPONSIVE_CODE,
 )
 from runs.agent_step import StepWatch, step_limits
-from runs.processes import ProcessResult
+from runs.processes import Limits, ProcessResult
 from runs.projects import project_dir_check
 from runs.providers import (
     Invocation,
@@ -103,24 +103,28 @@ class StepProcess:
         timeout_ms, idle_ms = step_limits(spec, target, is_agent=is_agent)
         provider = invocation.provider
         watch = StepWatch(
-            step.id, provider, is_agent=is_agent, account=step.account_profile
+            step.id,
+            provider,
+            is_agent=is_agent,
+            account=step.account_profile,
+            on_spawn=lambda pid: write_ledger(
+                f"run {self.run.id}: the process of step {step.step_id}",
+                lambda: services.step_process_record(step_run_id=step.id, pid=pid),
+            ),
+            keep_alive=self.keep_alive,
+        )
+        limits = Limits(
+            timeout_seconds=timeout_ms / 1000 if timeout_ms else None,
+            idle_timeout_seconds=idle_ms / 1000 if idle_ms else None,
+            tail_bytes=int(settings.LOOPSWEB_OUTPUT_TAIL_BYTES),
+            grace_seconds=float(settings.LOOPSWEB_KILL_GRACE_SECONDS),
+            keep_alive_every=self.keep_alive_every,
+            deadline=self.deadline,
+            output_every=float(settings.LOOPSWEB_OUTPUT_FLUSH_SECONDS),
         )
         try:
-            result = watch.run(  # redacts the step's secrets (runs.agent_step)
-                invocation=invocation,
-                timeout_seconds=timeout_ms / 1000 if timeout_ms else None,
-                idle_timeout_seconds=idle_ms / 1000 if idle_ms else None,
-                tail_bytes=int(settings.LOOPSWEB_OUTPUT_TAIL_BYTES),
-                grace_seconds=float(settings.LOOPSWEB_KILL_GRACE_SECONDS),
-                on_spawn=lambda pid: write_ledger(
-                    f"run {self.run.id}: the process of step {step.step_id}",
-                    lambda: services.step_process_record(step_run_id=step.id, pid=pid),
-                ),
-                keep_alive=self.keep_alive,
-                keep_alive_every=self.keep_alive_every,
-                deadline=self.deadline,
-                output_every=float(settings.LOOPSWEB_OUTPUT_FLUSH_SECONDS),
-            )
+            # redacts the step's secrets (runs.agent_step)
+            result = watch.run(invocation=invocation, limits=limits)
         finally:
             invocation.remove_files()
         if result.lost:

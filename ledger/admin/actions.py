@@ -114,35 +114,57 @@ def run_lifecycle_action(
             reason = (
                 form.cleaned_data["reason"].strip() or action.default_reason or None
             )
-            done, refused = 0, []
-            actor = request.user.get_username()
-            for pk in ids:
-                try:
-                    action.apply(pk, reason, actor)
-                    done += 1
-                    log_operator_action(
-                        request, model_admin.model, pk, action.title, reason
-                    )
-                except ApplicationError as exc:
-                    refused.append(str(exc))
-            noun = opts.verbose_name if done == 1 else opts.verbose_name_plural
-            model_admin.message_user(
-                request,
-                f"{action.done.capitalize()} {done} {noun}.",
-                messages.SUCCESS if done else messages.WARNING,
-            )
-            if refused:
-                more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
-                model_admin.message_user(
-                    request,
-                    f"{len(refused)} not {action.done}: {'; '.join(refused[:5])}{more}",
-                    messages.WARNING,
-                )
+            _apply_to_rows(model_admin, request, ids, action, reason)
             return None
     else:
         form = ActionReasonForm(
             required=action.reason_required, placeholder=action.default_reason
         )
+    return _confirmation_page(model_admin, request, ids, action, form)
+
+
+def _apply_to_rows(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    ids: list[Any],
+    action: LifecycleAction,
+    reason: str | None,
+) -> None:
+    """The confirmed action: the service once per row, then what changed and what not."""
+    opts = model_admin.model._meta
+    done, refused = 0, []
+    actor = request.user.get_username()
+    for pk in ids:
+        try:
+            action.apply(pk, reason, actor)
+            done += 1
+            log_operator_action(request, model_admin.model, pk, action.title, reason)
+        except ApplicationError as exc:
+            refused.append(str(exc))
+    noun = opts.verbose_name if done == 1 else opts.verbose_name_plural
+    model_admin.message_user(
+        request,
+        f"{action.done.capitalize()} {done} {noun}.",
+        messages.SUCCESS if done else messages.WARNING,
+    )
+    if refused:
+        more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+        model_admin.message_user(
+            request,
+            f"{len(refused)} not {action.done}: {'; '.join(refused[:5])}{more}",
+            messages.WARNING,
+        )
+
+
+def _confirmation_page(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    ids: list[Any],
+    action: LifecycleAction,
+    form: ActionReasonForm,
+) -> TemplateResponse:
+    """The page asking to confirm the action on `ids`, with the reason `form`."""
+    opts = model_admin.model._meta
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(
         request,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runs.processes import run_process
+from runs.processes import Limits, ProcessWatch, run_process
 from runs.providers import Invocation
 from runs.sandbox import sandbox_on, step_sandbox
 from tests.waiting import hang_deadline
@@ -25,6 +25,18 @@ class Finished:
     stopped: bool  # by `stop_when` or the timeout; `exit_code` is None then
     timed_out: bool  # the hang deadline was reached
     ended_at: float  # time.time() once the process had ended (to order against others' clocks)
+
+
+class _Stopping(ProcessWatch):
+    """Stops the agent when `stop_when(stdout, stderr)` says so (None: never)."""
+
+    def __init__(self, stop_when: Callable[[str, str], bool] | None) -> None:
+        self.stop = stop_when
+
+    def stop_when(self, stdout: str, stderr: str) -> str | None:
+        if self.stop is not None and self.stop(stdout, stderr):
+            return "stopped"
+        return None
 
 
 def run_agent(
@@ -45,18 +57,13 @@ def run_agent(
     try:
         result = run_process(
             invocation=invocation,
-            timeout_seconds=hang_deadline(timeout),
-            idle_timeout_seconds=None,
-            tail_bytes=1 << 22,
-            grace_seconds=0,
-            on_spawn=lambda pid: None,
-            keep_alive=lambda: True,
-            keep_alive_every=3600,
-            stop_when=(
-                None
-                if stop_when is None
-                else lambda out, err: "stopped" if stop_when(out, err) else None
+            limits=Limits(
+                timeout_seconds=hang_deadline(timeout),
+                tail_bytes=1 << 22,
+                grace_seconds=0,
+                keep_alive_every=3600,
             ),
+            watch=_Stopping(stop_when),
         )
     finally:
         invocation.remove_files()

@@ -21,7 +21,7 @@ STARTS = harness.scaled(60, 20)
 
 
 def _once(work: Path, sandboxed: bool) -> float:
-    from runs.processes import run_process
+    from runs.processes import Limits, run_process
     from runs.providers import Invocation
     from runs.sandbox import step_sandbox
 
@@ -45,13 +45,9 @@ def _once(work: Path, sandboxed: bool) -> float:
     clock = time.perf_counter()
     result = run_process(
         invocation=invocation,
-        timeout_seconds=60,
-        idle_timeout_seconds=None,
-        tail_bytes=65536,
-        grace_seconds=1,
-        on_spawn=lambda pid: None,
-        keep_alive=lambda: True,
-        keep_alive_every=60,
+        limits=Limits(
+            timeout_seconds=60, tail_bytes=65536, grace_seconds=1, keep_alive_every=60
+        ),
     )
     elapsed = (time.perf_counter() - clock) * 1000
     if result.exit_code != 0:

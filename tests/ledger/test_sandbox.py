@@ -21,7 +21,7 @@ from django.conf import settings
 from agents import egress
 from ledger.models import WorkflowWorkItem
 from runs import sandbox
-from runs.processes import run_process
+from runs.processes import Limits, run_process
 from runs.providers import Invocation
 from tests.ledger.runner_helpers import git_project
 from tests.processes import manage, terminal_env
@@ -211,13 +211,9 @@ def test_a_sandboxed_step_reaches_its_endpoint_and_nothing_else(
     )
     result = run_process(
         invocation=invocation,
-        timeout_seconds=120,
-        idle_timeout_seconds=None,
-        tail_bytes=65536,
-        grace_seconds=1,
-        on_spawn=lambda pid: None,
-        keep_alive=lambda: True,
-        keep_alive_every=60,
+        limits=Limits(
+            timeout_seconds=120, tail_bytes=65536, grace_seconds=1, keep_alive_every=60
+        ),
     )
     other.close()
     assert result.exit_code == 0, result.stderr
@@ -259,13 +255,9 @@ def test_without_a_worktree_the_projects_git_dir_stays_read_only(
             env={"PATH": os.environ["PATH"]},
             sandbox=box,
         ),
-        timeout_seconds=120,
-        idle_timeout_seconds=None,
-        tail_bytes=65536,
-        grace_seconds=1,
-        on_spawn=lambda pid: None,
-        keep_alive=lambda: True,
-        keep_alive_every=60,
+        limits=Limits(
+            timeout_seconds=120, tail_bytes=65536, grace_seconds=1, keep_alive_every=60
+        ),
     )
     assert result.exit_code == 0, result.stderr
     assert "config refused" in result.stdout

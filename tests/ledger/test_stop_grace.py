@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from runs.agent_step import STOP_RATE_LIMIT, StepWatch
-from runs.processes import ProcessResult
+from runs.processes import Limits, ProcessResult
 from runs.providers import Invocation
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
@@ -44,13 +44,11 @@ def test_a_rate_limited_agent_is_killed_without_the_grace(tmp_path: Path) -> Non
             cwd=str(tmp_path),
             env={"PATH": os.environ["PATH"]},
         ),
-        timeout_seconds=None,
-        idle_timeout_seconds=None,
-        tail_bytes=65536,
-        grace_seconds=60,  # what LOOPSWEB_KILL_GRACE_SECONDS would give a timeout
-        on_spawn=lambda pid: None,
-        keep_alive=lambda: True,
-        keep_alive_every=3600,
+        limits=Limits(
+            tail_bytes=65536,
+            grace_seconds=60,  # what LOOPSWEB_KILL_GRACE_SECONDS would give a timeout
+            keep_alive_every=3600,
+        ),
     )
     assert result.stopped == STOP_RATE_LIMIT, result
     # Killed, not ended by its own SIGTERM handler after its wait (exit code 3).

@@ -39,6 +39,7 @@ from ledger.windows import (
     windows_record,
 )
 from runs.agent_step import StepWatch
+from runs.processes import Limits
 from runs.providers import Invocation
 from runs.runner import run_workflow_run
 from tests.factories import make_run, make_step_run
@@ -427,7 +428,9 @@ def test_a_codex_window_is_recorded_while_its_output_is_quiet(tmp_path: Path) ->
             release.touch()
         return True
 
-    watch = StepWatch(step.id, "codex", is_agent=True, account="acct-q")
+    watch = StepWatch(
+        step.id, "codex", is_agent=True, account="acct-q", keep_alive=keep_alive
+    )
     argv = [sys.executable, "-c", _QUIET_CODEX, str(home), str(go), str(release)]
     result = watch.run(
         invocation=Invocation(
@@ -436,14 +439,9 @@ def test_a_codex_window_is_recorded_while_its_output_is_quiet(tmp_path: Path) ->
             env={**os.environ, "CODEX_HOME": str(home)},
             provider="codex",
         ),
-        timeout_seconds=None,
-        idle_timeout_seconds=None,
-        tail_bytes=1 << 16,
-        grace_seconds=1,
-        on_spawn=lambda pid: None,
-        keep_alive=keep_alive,
-        keep_alive_every=0.1,
-        output_every=0.2,
+        limits=Limits(
+            tail_bytes=1 << 16, grace_seconds=1, keep_alive_every=0.1, output_every=0.2
+        ),
     )
     assert result.exit_code == 0, "the window was not recorded while the step ran"
     row = AccountWindow.objects.get(account_profile="acct-q", window="5h")

@@ -35,6 +35,7 @@ refused one sets it. `enable NAME` clears the mark too.
 from __future__ import annotations
 
 import json
+from argparse import ArgumentParser
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +58,87 @@ def _iso(value: Any) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
+def _add_options(add: ArgumentParser) -> None:
+    """`account add`: the name, the provider, the login's environment, the limits."""
+    add.add_argument("name")
+    add.add_argument("--provider", required=True, choices=PROVIDERS)
+    add.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a variable that selects the login (repeat for several)",
+    )
+    add.add_argument(
+        "--codex-home", metavar="DIR", help="codex: the account's CODEX_HOME"
+    )
+    add.add_argument(
+        "--claude-config-dir",
+        metavar="DIR",
+        help="claude: the account's CLAUDE_CONFIG_DIR",
+    )
+    add.add_argument(
+        "--opencode-home",
+        metavar="DIR",
+        help="opencode: DIR/config, DIR/data, DIR/cache, DIR/state as its XDG dirs",
+    )
+    add.add_argument(
+        "--env-file",
+        metavar="PATH",
+        help="API-key login: a 0600 file of NAME=value lines (only the path is stored)",
+    )
+    add.add_argument("--max-running", type=option_type("--max-running"), default=None)
+    add.add_argument("--notes", default="")
+    add.add_argument("--window", action="append", default=[], help=WINDOW_HELP)
+    add.add_argument("--window-pace", action="store_true", help=PACE_HELP)
+    add.add_argument("--dry-run", action="store_true", help="check, write nothing")
+    add.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _edit_options(edit: ArgumentParser) -> None:
+    """`account edit`: the window budgets and their pacing."""
+    edit.add_argument("name")
+    edit.add_argument("--window", action="append", default=[], help=WINDOW_HELP)
+    edit.add_argument(
+        "--no-windows", action="store_true", help="remove every window budget"
+    )
+    pace = edit.add_mutually_exclusive_group()
+    pace.add_argument(
+        "--window-pace",
+        dest="pace",
+        action="store_const",
+        const=True,
+        help=PACE_HELP,
+    )
+    pace.add_argument(
+        "--no-window-pace",
+        dest="pace",
+        action="store_const",
+        const=False,
+        help="stop pacing its windows",
+    )
+    edit.add_argument("--dry-run", action="store_true", help="check, write nothing")
+    edit.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _clear_options(clear: ArgumentParser) -> None:
+    """`account clear`: which of the claims steps' output made to clear."""
+    clear.add_argument("name")
+    clear.add_argument("--cooldown", action="store_true", help="clear the cooldown")
+    clear.add_argument(
+        "--windows", action="store_true", help="clear the exhausted windows"
+    )
+    clear.add_argument(
+        "--login", action="store_true", help="clear the login failed mark"
+    )
+    clear.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what would be cleared, clear nothing",
+    )
+    clear.add_argument("--json", action="store_true", help="print JSON")
+
+
 class Command(OperatorCommand):
     help = (
         "Manage the account registry: add, edit, list, check, disable, enable, remove."
@@ -64,65 +146,10 @@ class Command(OperatorCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True)
-        add = actions.add_parser("add", help="register an account")
-        add.add_argument("name")
-        add.add_argument("--provider", required=True, choices=PROVIDERS)
-        add.add_argument(
-            "--env",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="a variable that selects the login (repeat for several)",
+        _add_options(actions.add_parser("add", help="register an account"))
+        _edit_options(
+            actions.add_parser("edit", help="change an account's window budgets")
         )
-        add.add_argument(
-            "--codex-home", metavar="DIR", help="codex: the account's CODEX_HOME"
-        )
-        add.add_argument(
-            "--claude-config-dir",
-            metavar="DIR",
-            help="claude: the account's CLAUDE_CONFIG_DIR",
-        )
-        add.add_argument(
-            "--opencode-home",
-            metavar="DIR",
-            help="opencode: DIR/config, DIR/data, DIR/cache, DIR/state as its XDG dirs",
-        )
-        add.add_argument(
-            "--env-file",
-            metavar="PATH",
-            help="API-key login: a 0600 file of NAME=value lines (only the path is stored)",
-        )
-        add.add_argument(
-            "--max-running", type=option_type("--max-running"), default=None
-        )
-        add.add_argument("--notes", default="")
-        add.add_argument("--window", action="append", default=[], help=WINDOW_HELP)
-        add.add_argument("--window-pace", action="store_true", help=PACE_HELP)
-        add.add_argument("--dry-run", action="store_true", help="check, write nothing")
-        add.add_argument("--json", action="store_true", help="print JSON")
-        edit = actions.add_parser("edit", help="change an account's window budgets")
-        edit.add_argument("name")
-        edit.add_argument("--window", action="append", default=[], help=WINDOW_HELP)
-        edit.add_argument(
-            "--no-windows", action="store_true", help="remove every window budget"
-        )
-        pace = edit.add_mutually_exclusive_group()
-        pace.add_argument(
-            "--window-pace",
-            dest="pace",
-            action="store_const",
-            const=True,
-            help=PACE_HELP,
-        )
-        pace.add_argument(
-            "--no-window-pace",
-            dest="pace",
-            action="store_const",
-            const=False,
-            help="stop pacing its windows",
-        )
-        edit.add_argument("--dry-run", action="store_true", help="check, write nothing")
-        edit.add_argument("--json", action="store_true", help="print JSON")
         listing = actions.add_parser("list", help="list accounts")
         listing.add_argument("--json", action="store_true", help="print JSON")
         check = actions.add_parser(
@@ -134,24 +161,12 @@ class Command(OperatorCommand):
             sub = actions.add_parser(verb, help=f"{verb} an account")
             sub.add_argument("name")
             sub.add_argument("--json", action="store_true", help="print JSON")
-        clear = actions.add_parser(
-            "clear",
-            help="clear what steps' output claimed: cooldown, exhausted windows, login mark",
+        _clear_options(
+            actions.add_parser(
+                "clear",
+                help="clear what steps' output claimed: cooldown, exhausted windows, login mark",
+            )
         )
-        clear.add_argument("name")
-        clear.add_argument("--cooldown", action="store_true", help="clear the cooldown")
-        clear.add_argument(
-            "--windows", action="store_true", help="clear the exhausted windows"
-        )
-        clear.add_argument(
-            "--login", action="store_true", help="clear the login failed mark"
-        )
-        clear.add_argument(
-            "--dry-run",
-            action="store_true",
-            help="say what would be cleared, clear nothing",
-        )
-        clear.add_argument("--json", action="store_true", help="print JSON")
         remove = actions.add_parser("remove", help="remove an account")
         remove.add_argument("name")
         remove.add_argument(
