@@ -15,19 +15,12 @@ def _requeued(sender: Any, **kwargs: Any) -> None:
     inbox_reopen_requeued(sender, **kwargs)
 
 
-def _retried(sender: Any, **kwargs: Any) -> None:
-    from routing.admission.retry import readmit_retried
-
-    readmit_retried(sender, **kwargs)
-
-
 class RoutingConfig(AppConfig):
     name = "routing"
     verbose_name = "Routing"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from ledger.signals import work_item_requeued, work_item_retried
+        from ledger.signals import work_item_requeued
 
         work_item_requeued.connect(_requeued, dispatch_uid="inbox-reopen")
-        work_item_retried.connect(_retried, dispatch_uid="retry-readmit")

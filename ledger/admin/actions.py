@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -20,6 +20,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils.module_loading import import_string
 
 from domain.errors import ApplicationError
 from ledger import services
@@ -201,6 +202,16 @@ REQUEUE = LifecycleAction(
         item_id=pk, reason=reason or "", actor=actor
     ),
 )
+# A retry is admission's operation (lock, requeue, plan, admit, the inbox rows once), above
+# the ledger: reached by its dotted path, as django-q2 reaches a task, never imported.
+RETRY_ITEM_OPERATION = "routing.admission.retry_work_item"
+RETRY_RUN_OPERATION = "routing.admission.retry_run"
+
+
+def _admission(path: str) -> Callable[..., object]:
+    return cast(Callable[..., object], import_string(path))
+
+
 # What a retry does, whichever the admin selected: the items, or the runs of the items.
 RETRY_EXPLANATION = (
     "admitted again now with the route it was admitted with (provider, pool, scope, caps, "
@@ -213,7 +224,7 @@ RETRY_ITEMS = LifecycleAction(
     done="retried",
     explanation="Each succeeded, failed, dead-letter or cancelled item is "
     + RETRY_EXPLANATION,
-    apply=lambda pk, reason, actor: services.work_item_retry(
+    apply=lambda pk, reason, actor: _admission(RETRY_ITEM_OPERATION)(
         item_id=pk, reason=reason, actor=actor
     ),
     reason_required=False,
@@ -250,7 +261,7 @@ RETRY_RUNS = LifecycleAction(
     done="retried",
     explanation="The work item of each failed, timed-out or cancelled run (its latest "
     "run) is " + RETRY_EXPLANATION,
-    apply=lambda pk, reason, actor: services.run_retry(
+    apply=lambda pk, reason, actor: _admission(RETRY_RUN_OPERATION)(
         run_id=pk, reason=reason, actor=actor
     ),
     reason_required=False,

@@ -124,13 +124,12 @@ from ledger.services.steps import (
 from ledger.services.work_items import (
     AdmitRows,
     join_reason,
-    run_retry,
+    run_retry_item,
     work_item_admit,
     work_item_admit_rows,
     work_item_cancel,
     work_item_dead_letter,
     work_item_requeue,
-    work_item_retry,
 )
 
 __all__ = [
@@ -181,7 +180,7 @@ __all__ = [
     "run_lease_renew",
     "run_park",
     "run_resume",
-    "run_retry",
+    "run_retry_item",
     "run_worktree_record",
     "run_worktree_removed",
     "run_work_saved",
@@ -208,6 +207,5 @@ __all__ = [
     "work_item_cancel",
     "work_item_dead_letter",
     "work_item_requeue",
-    "work_item_retry",
     "worker_identity",
 ]

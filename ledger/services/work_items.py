@@ -32,7 +32,6 @@ from ledger.services.common import (
     CANCELLABLE_STATUSES,
     CLAIMABLE_STATUSES,
     DEAD_LETTERABLE_STATUSES,
-    ITEM_RETRY_REASON,
     REASON_REQUIRED,
     REQUEUE_REASON_REQUIRED,
     REQUEUEABLE_STATUSES,
@@ -52,21 +51,14 @@ from ledger.services.common import (
     now_or_default,
 )
 from ledger.services.runs import run_cancel
-from ledger.signals import work_item_requeued, work_item_retried
+from ledger.signals import work_item_requeued
 
 
-def run_retry(
-    *,
-    run_id: str,
-    reason: str | None = None,
-    actor: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowWorkItem:
-    """Retry the work item of a failed, timed-out or cancelled run (`work_item_retry`).
-
-    The run must be the item's latest run (the one the item is bound to); the reason is
-    `reason` or `retry of workflow run <id>`.
-    """
+def run_retry_item(*, run_id: str, reason: str | None = None) -> tuple[str, str]:
+    """Which work item a retry of run `run_id` retries, and with what reason: the item of a
+    failed, timed-out or cancelled run, which must be the item's latest run (the retry
+    checks it under the lock); the reason is `reason` or `retry of workflow run <id>`.
+    The retry itself is admission's (routing.admission.retry)."""
     run = WorkflowRun.objects.filter(pk=run_id).first()
     if run is None:
         raise NotFound(RUN_NOT_FOUND.format(run_id=run_id))
@@ -74,43 +66,7 @@ def run_retry(
         raise LedgerError(RUN_NOT_RETRYABLE.format(run_id=run.id, status=run.status))
     if not run.work_item_id:
         raise LedgerError(RUN_WITHOUT_WORK_ITEM.format(run_id=run.id))
-    return work_item_retry(
-        item_id=run.work_item_id,
-        reason=reason or RUN_RETRY_REASON.format(run_id=run.id),
-        expected_run_id=run.id,
-        actor=actor,
-        now=now,
-    )
-
-
-def work_item_retry(
-    *,
-    item_id: str,
-    reason: str | None = None,
-    expected_run_id: str | None = None,
-    actor: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowWorkItem:
-    """Operator retry: requeue the item (`work_item_requeue`, action `retry`) and, in the
-    same transaction, re-admit it now with the route it stores (`work_item_retried`: the
-    provider, pool, scope, caps, template, sandbox, worktree mode and time limits of its
-    last admission). The caps still apply: a capped retry is `deferred` with its reason. An
-    item without a stored route (admitted before it was stored) stays `queued` for the
-    next drain, as a requeue. Returns the item as the retry left it."""
-    now = now_or_default(now)
-    with transaction.atomic():
-        admission_lock()
-        item = work_item_requeue(
-            item_id=item_id,
-            reason=reason or ITEM_RETRY_REASON,
-            expected_run_id=expected_run_id,
-            actor=actor,
-            action="retry",
-            now=now,
-        )
-        work_item_retried.send(sender=WorkflowWorkItem, item=item, now=now)
-    item.refresh_from_db()
-    return item
+    return run.work_item_id, reason or RUN_RETRY_REASON.format(run_id=run.id)
 
 
 # --- work items (operator actions) ------------------------------------------------------------
@@ -135,6 +91,7 @@ def work_item_requeue(
     actor: str | None = None,
     action: str = "requeue",
     now: datetime | None = None,
+    reopen_inbox: bool = True,
 ) -> WorkflowWorkItem:
     """Operator requeue (upstream `routes requeue`, 0.4.12 semantics, docs/upstream.md §2.1).
 
@@ -149,6 +106,8 @@ def work_item_requeue(
        re-delivers.
     5. With `actor`, the run the item leaves gets `operator_<action>` naming the user and
        the reason (the next run's reason then cannot erase who requeued it).
+    6. `reopen_inbox=False` (a retry, which admission runs: it writes the inbox rows
+       itself, once): the inbox is not told.
     """
     if not reason or not reason.strip():
         raise ValidationError(REQUEUE_REASON_REQUIRED)
@@ -172,7 +131,8 @@ def work_item_requeue(
         item.requeue(reason.strip())
         # The inbox (routing) reopens the events that produced the item: requeue means
         # "admit this again", and the inbox is how loopsweb re-delivers.
-        work_item_requeued.send(sender=WorkflowWorkItem, item=item, now=now)
+        if reopen_inbox:
+            work_item_requeued.send(sender=WorkflowWorkItem, item=item, now=now)
     return item
 
 

@@ -49,7 +49,12 @@ from routing.admission.results import (
     RouteResult,
     work_item_to_dict,
 )
-from routing.admission.retry import readmit_retried, retry_outcome
+from routing.admission.retry import (
+    item_inbox_reopen,
+    retry_outcome,
+    retry_run,
+    retry_work_item,
+)
 from routing.admission.transaction import RouteRefused, admit, hand_over, route_event
 
 __all__ = [
@@ -76,8 +81,10 @@ __all__ = [
     "plan_route",
     "pool_assignment_now",
     "precheck",
-    "readmit_retried",
+    "item_inbox_reopen",
     "retry_outcome",
+    "retry_run",
+    "retry_work_item",
     "route_event",
     "route_options",
     "route_options_check",

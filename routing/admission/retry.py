@@ -1,12 +1,13 @@
 """An operator's retry re-admits the item with the route it stores (issue 39).
 
 Every admission decision stores its route on the item (`plan.stored_route`: the route kind,
-the options with the scope as resolved, the event envelope). `ledger.services.work_item_retry`
-requeues the item and sends `work_item_retried` inside its transaction, under the admission
-lock; `readmit_retried` (connected in routing.apps) plans the stored event with the stored
-options and admits it at once, through the same `admit` a drain or the API uses: the caps
-and the pool still decide, so a capped retry is recorded as a deferral with its reason. The
-inbox rows that produced the item record the outcome, as a drain's would. A deferred retry
+the options with the scope as resolved, the event envelope). `retry_work_item` is one
+transaction under the admission lock: it requeues the item (`ledger.services`), plans the
+stored event with the stored options and admits it at once, through the same `admit` a
+drain or the API uses: the caps and the pool still decide, so a capped retry is recorded as
+a deferral with its reason. The inbox rows that produced the item record the outcome once,
+as a drain's would. The admin reaches it by its dotted path (ledger.admin.actions), the
+/ops/ pages and `routes retry` by import. A deferred retry
 keeps its route (the stored route is marked `retry`): the drain that meets its inbox row
 later admits it with the stored route, not the drain's options (`transaction.admit`).
 
@@ -23,12 +24,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
 
 from domain.errors import ValidationError
+from ledger import services
+from ledger.lock import admission_lock
 from ledger.models import WorkflowStepAttempt, WorkflowWorkItem, WorkItemStatus
 from ledger.selectors import registered_providers
 from ledger.services.attempts import ACCOUNT_FAILURES
+from ledger.services.common import ITEM_RETRY_REASON
 from routing.admission.plan import RoutePlan, plan_stored_route
 from routing.admission.results import THROTTLED, RouteResult
 from routing.admission.transaction import admit, hand_over
@@ -40,15 +46,68 @@ RETRY_OTHER_ITEM = (
 )
 
 
-def readmit_retried(
-    sender: type[WorkflowWorkItem],
+def retry_work_item(
     *,
-    item: WorkflowWorkItem,
-    now: datetime,
-    **kwargs: Any,
-) -> RouteResult | None:
-    """Receiver of `ledger.signals.work_item_retried`: re-admit the requeued `item` now
-    with its stored route. None when it stores none (it waits for the next drain)."""
+    item_id: str,
+    reason: str | None = None,
+    expected_run_id: str | None = None,
+    actor: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowWorkItem:
+    """An operator's retry, one transaction under the admission lock: requeue the item
+    (`services.work_item_requeue`, action `retry`), plan its stored route, admit it, and
+    record the outcome on the inbox rows that produced it, once. An item that stores no
+    route stays `queued`, its inbox rows reopened for the next drain, as a requeue. Returns
+    the item as the retry left it; bad input raises and changes nothing."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        admission_lock()
+        item = services.work_item_requeue(
+            item_id=item_id,
+            reason=reason or ITEM_RETRY_REASON,
+            expected_run_id=expected_run_id,
+            actor=actor,
+            action="retry",
+            now=now,
+            reopen_inbox=False,
+        )
+        if _readmit(item, now) is None:
+            item_inbox_reopen(item, now)
+    item.refresh_from_db()
+    return item
+
+
+def retry_run(
+    *,
+    run_id: str,
+    reason: str | None = None,
+    actor: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowWorkItem:
+    """Retry the work item of a failed, timed-out or cancelled run, which must be the
+    item's latest run (`services.run_retry_item`; then `retry_work_item`)."""
+    item_id, why = services.run_retry_item(run_id=run_id, reason=reason)
+    return retry_work_item(
+        item_id=item_id, reason=why, expected_run_id=run_id, actor=actor, now=now
+    )
+
+
+def item_inbox_reopen(item: WorkflowWorkItem, now: datetime) -> None:
+    """The inbox rows that produced `item` go back to `pending`, so the next drain routes
+    it again (a requeue's, and a retry's without a stored route)."""
+    InboxEvent.objects.filter(work_item_id=item.id).exclude(
+        state=InboxState.PENDING
+    ).update(
+        state=InboxState.PENDING,
+        reason_code=None,
+        last_reason=item.last_reason,
+        updated_at=now,
+    )
+
+
+def _readmit(item: WorkflowWorkItem, now: datetime) -> RouteResult | None:
+    """Admit the requeued `item` now with its stored route, its inbox rows recording the
+    outcome; None when it stores none."""
     route = item.route_options_json
     if not isinstance(route, dict):
         return None

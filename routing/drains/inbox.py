@@ -29,6 +29,7 @@ from domain.events import (
 )
 from ledger.lock import ADVISORY_NAMESPACE, admission_lock
 from ledger.models import WorkflowWorkItem
+from routing.admission import item_inbox_reopen
 from routing.drains.sources import TODOS_EVENT_PREFIX, candidate_project
 from routing.models import InboxEvent, InboxState
 
@@ -209,15 +210,8 @@ def inbox_reopen_requeued(
 ) -> None:
     """Receiver of `ledger.signals.work_item_requeued`: the events that produced a requeued
     item go back to `pending` (inside the requeue's transaction), so the next drain routes
-    it again."""
-    InboxEvent.objects.filter(work_item_id=item.id).exclude(
-        state=InboxState.PENDING
-    ).update(
-        state=InboxState.PENDING,
-        reason_code=None,
-        last_reason=item.last_reason,
-        updated_at=now,
-    )
+    it again (routing.admission.item_inbox_reopen)."""
+    item_inbox_reopen(item, now)
 
 
 # --- operator actions on inbox rows -----------------------------------------------------------

@@ -48,7 +48,7 @@ from ledger.webkit.audit import log_operator_action
 from ledger.webkit.cells import task_description, task_title
 from ledger.webkit.paging import CappedCountPaginator
 from routing import selectors as shared
-from routing.admission import retry_outcome
+from routing.admission import retry_outcome, retry_work_item
 from routing.drains import configs as drain_configs
 from routing.drains.retention import DID_SOMETHING, EMPTY, HAS_ERROR, HELD
 from routing.models import DrainRecord, InboxEvent
@@ -325,7 +325,7 @@ ITEM_ACTIONS = ("retry", "cancel")
 @staff_required
 @require_POST
 def item_action(request: HttpRequest, item_id: str, action: str) -> HttpResponse:
-    """Retry (re-admit now with the route the item stores: `services.work_item_retry`) or
+    """Retry (re-admit now with the route the item stores: `routing.admission.retry_work_item`) or
     cancel (`services.work_item_cancel`) one work item, from the /ops/ item page or the
     admin's run page. Needs the item's change permission (403 without); CSRF as every POST.
     Audited twice: an admin LogEntry naming the user, and the run's `operator_<action>`
@@ -340,7 +340,7 @@ def item_action(request: HttpRequest, item_id: str, action: str) -> HttpResponse
     actor = request.user.get_username()
     try:
         if action == "retry":
-            item = services.work_item_retry(item_id=item_id, reason=reason, actor=actor)
+            item = retry_work_item(item_id=item_id, reason=reason, actor=actor)
             text = retry_outcome(item)
         else:
             item = services.work_item_cancel(

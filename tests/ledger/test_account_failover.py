@@ -32,7 +32,7 @@ from ledger.models import (
     WorkflowWorkItem,
 )
 from ledger.selectors import account_registry, registered_providers
-from routing.admission import THROTTLED
+from routing.admission import THROTTLED, retry_work_item
 from routing.admission.plan import RoutePlan, plan_stored_route
 from routing.admission.retry import without_failed_accounts
 from routing.ops.account_groups import account_state
@@ -182,7 +182,7 @@ def test_a_retry_leaves_out_the_accounts_that_failed_the_item(
     services.account_clear(name=hung)
     agent.configure()
 
-    item = services.work_item_retry(item_id=first.work_item_id)
+    item = retry_work_item(item_id=first.work_item_id)
     assert item.status == "admitted" and item.workflow_run_id != first.id
     again = WorkflowRun.objects.get(pk=item.workflow_run_id)
     left = {"acctA", "acctB", "acctC"} - {hung}

@@ -37,6 +37,7 @@ from ledger.models import (
 )
 from ledger.services.cascade import task_parked
 from ledger.windows import latest_windows, windows_claimed, windows_record
+from routing.admission import retry_work_item
 from tests.factories import make_run, make_step_run, make_work_item
 from tests.ledger.account_failover_helpers import pooled_run
 from tests.routing.helpers import generic_event, route
@@ -284,7 +285,7 @@ def test_an_operator_retry_starts_the_task_bound_afresh() -> None:
     retried = _routed(max_attempts="1")
     assert _report(_on_latest(retried, "acct-a")).taken
     _fail_latest(retried)  # no attempt left: the item fails
-    services.work_item_retry(item_id=retried, actor="ops")
+    retry_work_item(item_id=retried, actor="ops")
     assert WorkflowRun.objects.filter(work_item_id=retried).count() == 2
     marked = _report(_on_latest(retried, "acct-b"))
     assert marked.taken and marked.parked is None

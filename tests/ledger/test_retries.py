@@ -24,6 +24,7 @@ from ledger.models import (
 from ledger.selectors import active_counts
 from routing.admission import (
     THROTTLED,
+    retry_work_item,
     route_options,
 )
 from runs.runner import NOT_DUE, run_workflow_run
@@ -428,7 +429,7 @@ def test_a_retried_item_that_succeeds_says_so_and_numbers_every_run(
     assert (item.status, item.last_reason) == ("succeeded", "succeeded on attempt 2")
 
     # An operator's retry re-admits it in a new loop: its run is the third attempt.
-    services.work_item_retry(item_id=item_id)
+    retry_work_item(item_id=item_id)
     third = _runs(item_id)[2]
     assert third.loop_id != result.run.loop_id
     end(third.id, RunStatus.SUCCEEDED)

@@ -42,7 +42,6 @@ from ledger.services import (
     CANCEL_REASON_DEFAULT,
     work_item_cancel,
     work_item_requeue,
-    work_item_retry,
 )
 from ledger.services.common import (
     REQUEUE_REASON_REQUIRED,
@@ -50,7 +49,7 @@ from ledger.services.common import (
     WORK_ITEM_NOT_FOUND,
     WORK_ITEM_NOT_REQUEUEABLE,
 )
-from routing.admission import retry_outcome, work_item_to_dict
+from routing.admission import retry_outcome, retry_work_item, work_item_to_dict
 from routing.api.serializers import iso, step_to_dict, with_attempts
 from runs.delivery_view import delivery_fields, delivery_line
 
@@ -343,7 +342,7 @@ class Command(TerminalCommand):
         )
 
     def _retry(self, options: dict[str, Any]) -> None:
-        item = work_item_retry(
+        item = retry_work_item(
             item_id=options["item_id"].strip(),
             reason=(options["reason"] or "").strip() or None,
             actor=CLI_ACTOR,

@@ -27,7 +27,7 @@ from ledger.models import (
     WorkflowRun,
     WorkItemStatus,
 )
-from routing.admission import CREATED, DEDUPED
+from routing.admission import CREATED, DEDUPED, retry_run
 from routing.drains.schedules import SCHEDULES
 from routing.models import InboxEvent, InboxState
 from tests.ledger.runner_helpers import (
@@ -278,22 +278,22 @@ def test_run_retry_readmits_the_latest_failed_run_only(
     agent.env(exit="1")
     result = route_generic(tmp_path, "evt-retry", auth_profile="acctA")
     with pytest.raises(services.LedgerError, match="workflow run is not retryable"):
-        services.run_retry(run_id=result.run.id)
+        retry_run(run_id=result.run.id)
     tasks.run_workflow(result.run.id)
 
-    item = services.run_retry(run_id=result.run.id)
+    item = retry_run(run_id=result.run.id)
 
     # Admitted again at once with the route the item stores (routing.admission.retry).
     assert item.status == WorkItemStatus.ADMITTED and item.attempts == 2
     assert item.workflow_run_id not in (None, result.run.id)
     assert item.last_reason.startswith(f"retry of workflow run {result.run.id}")
     with pytest.raises(services.LedgerError, match="not requeueable"):
-        services.run_retry(run_id=result.run.id)
+        retry_run(run_id=result.run.id)
     tasks.run_workflow(item.workflow_run_id)
     with pytest.raises(
         services.LedgerError, match="is not the latest run of work item"
     ):
-        services.run_retry(run_id=result.run.id)
+        retry_run(run_id=result.run.id)
 
 
 def test_cancelling_an_admitted_item_cancels_its_run_and_dead_letter_parks_it(

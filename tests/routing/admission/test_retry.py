@@ -7,9 +7,13 @@ import io
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils.module_loading import import_string
 
 from domain.errors import ApplicationError
 from ledger import services
+from ledger.admin.actions import RETRY_ITEM_OPERATION, RETRY_RUN_OPERATION
 from ledger.models import (
     WorkflowEvent,
     WorkflowRun,
@@ -17,7 +21,7 @@ from ledger.models import (
     WorkflowWorkItem,
     WorkItemDeferral,
 )
-from routing.admission import retry_outcome
+from routing.admission import retry_outcome, retry_run, retry_work_item
 from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
@@ -98,7 +102,7 @@ def test_retry_readmits_now_with_the_stored_provider_pool_and_scope(
     assert {tool for _, tool in accounts_of(first.workflow_run_id)} == {"codex"}
     failed_run = fail(first)
 
-    item = services.run_retry(run_id=failed_run, actor="ops-user")
+    item = retry_run(run_id=failed_run, actor="ops-user")
 
     assert (item.status, item.attempts, item.route_scope) == ("admitted", 2, "night")
     assert item.workflow_run_id != failed_run
@@ -118,7 +122,7 @@ def test_retry_of_an_inbox_item_records_the_outcome_on_its_event(codex_pool) -> 
     drain_run(options=drain_options("todos-task", ROUTE))
     item = WorkflowWorkItem.objects.get()
     fail(item)
-    services.work_item_retry(item_id=item.id)
+    retry_work_item(item_id=item.id)
     row = InboxEvent.objects.get()
     assert (row.state, row.work_item_id) == ("admitted", item.id)
     # A drain with none of the options finds nothing to do: the item runs on its route.
@@ -128,13 +132,51 @@ def test_retry_of_an_inbox_item_records_the_outcome_on_its_event(codex_pool) -> 
     assert {t for _, t in accounts_of(item.workflow_run_id)} == {"codex"}
 
 
+def test_a_retry_writes_its_inbox_rows_once(codex_pool) -> None:
+    """One admission operation: the inbox row is written with the outcome, not reopened
+    to pending first and then admitted in the same transaction."""
+    inbox_ingest(enumerate([todos_event("T-once")]))
+    drain_run(options=drain_options("todos-task", ROUTE))
+    item = WorkflowWorkItem.objects.get()
+    fail(item)
+    table = InboxEvent._meta.db_table
+    with CaptureQueriesContext(connection) as queries:
+        retry_work_item(item_id=item.id)
+    writes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith(f'UPDATE "{table}"')
+    ]
+    assert len(writes) == 1, writes
+    assert InboxEvent.objects.get().state == "admitted"
+
+
+def test_an_item_without_a_stored_route_is_reopened_for_the_next_drain() -> None:
+    inbox_ingest(enumerate([todos_event("T-old")]))
+    drain_run(options=drain_options("todos-task", {}))
+    item = WorkflowWorkItem.objects.get()
+    WorkflowWorkItem.objects.filter(pk=item.pk).update(route_options_json=None)
+    fail(item)
+    item = retry_work_item(item_id=item.id)
+    assert item.status == "queued"
+    assert InboxEvent.objects.get().state == "pending"
+    assert "stores no route" in retry_outcome(item)
+
+
+def test_the_admins_retry_actions_reach_admissions_retry() -> None:
+    """The ledger's admin reaches the retry by its dotted path (it imports nothing above
+    the ledger): each path names the operation."""
+    assert import_string(RETRY_ITEM_OPERATION) is retry_work_item
+    assert import_string(RETRY_RUN_OPERATION) is retry_run
+
+
 def test_a_capped_retry_waits_as_a_deferral_and_keeps_its_route(codex_pool) -> None:
     first = route(event=generic_event(), **ROUTE).work_item
     failed_run = fail(first)
     holder = route(event=generic_event(), **ROUTE)  # takes the scope's one slot
     assert holder.kind == "created"
 
-    item = services.run_retry(run_id=failed_run)
+    item = retry_run(run_id=failed_run)
 
     assert (item.status, item.reason_code) == ("deferred", "route_cap")
     deferral = WorkItemDeferral.objects.filter(work_item=item).get()
@@ -162,7 +204,7 @@ def test_a_drain_admits_a_deferred_retry_on_its_stored_route(codex_pool) -> None
     drain_run(options=drain_options("generic", ROUTE))  # the freed slot: the second
     second = WorkflowWorkItem.objects.exclude(pk=first.pk).get()
     assert second.status == "admitted"
-    item = services.work_item_retry(item_id=first.id)
+    item = retry_work_item(item_id=first.id)
     assert item.status == "deferred"
     assert InboxEvent.objects.get(work_item_id=first.id).state == "deferred"
 
@@ -178,11 +220,11 @@ def test_a_drain_admits_a_deferred_retry_on_its_stored_route(codex_pool) -> None
 def test_a_refused_retry_changes_nothing() -> None:
     item = route(event=generic_event()).work_item
     with pytest.raises(ApplicationError, match="not requeueable"):
-        services.work_item_retry(item_id=item.id)
+        retry_work_item(item_id=item.id)
     item.refresh_from_db()
     assert item.status == "admitted" and item.attempts == 1
     with pytest.raises(ApplicationError, match="not found"):
-        services.work_item_retry(item_id="nope")
+        retry_work_item(item_id="nope")
 
 
 def test_a_retry_whose_stored_route_no_longer_routes_rolls_back(settings) -> None:
@@ -190,7 +232,7 @@ def test_a_retry_whose_stored_route_no_longer_routes_rolls_back(settings) -> Non
     fail(item)
     settings.LOOPSWEB_PROJECT_ROOTS = ("/nowhere-else",)
     with pytest.raises(ApplicationError):
-        services.work_item_retry(item_id=item.id)
+        retry_work_item(item_id=item.id)
     item.refresh_from_db()
     assert (item.status, item.attempts) == ("failed", 1)  # the requeue rolled back too
 
@@ -198,7 +240,7 @@ def test_a_retry_whose_stored_route_no_longer_routes_rolls_back(settings) -> Non
 def test_an_item_without_a_stored_route_is_requeued_for_the_next_drain() -> None:
     item = make_work_item(status="failed", attempts=1)
     assert item.route_options_json is None
-    item = services.work_item_retry(item_id=item.id)
+    item = retry_work_item(item_id=item.id)
     assert item.status == "queued"
     assert "stores no route" in retry_outcome(item)
 
