@@ -115,7 +115,7 @@ class Window:
     resets_at: datetime | None = None
     source: str = ""
     observed_at: datetime | None = None
-    # What one step spends of this window (0..1; None: unknown): ledger.window_spend.
+    # What one step spends of this window (0..1; None: unknown): ledger.windows.with_spend.
     spend: float | None = None
     # loopsweb's estimate from a token budget (rule 10), not a provider's observation.
     estimated: bool = False

@@ -33,6 +33,7 @@ from ledger.account_state import AccountLoad as AccountLoad
 from ledger.account_state import AccountState as AccountState
 from ledger.account_state import account_load as account_load
 from ledger.account_state import account_state as account_state
+from ledger.account_state import aware
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     Account,
@@ -44,7 +45,6 @@ from ledger.models import (
     WorkflowStepAttempt,
     WorkflowWorkItem,
 )
-from ledger.window_rows import aware as _aware
 
 
 @dataclass(frozen=True)
@@ -385,13 +385,13 @@ def account_gate(profile: str, *, now: datetime) -> AccountGate:
             max_running=max_running,
             env={str(k): str(v) for k, v in (env or {}).items()},
             env_file=env_file or None,
-            login_failed_at=_aware(failed_at) if failed_at is not None else None,
+            login_failed_at=aware(failed_at) if failed_at is not None else None,
             login_failed_reason=failed_reason,
-            unresponsive_until=_aware(hung_until) if hung_until is not None else None,
+            unresponsive_until=aware(hung_until) if hung_until is not None else None,
         )
     return AccountGate(
         account=account,
-        cooling_until=_aware(until) if until is not None else None,
+        cooling_until=aware(until) if until is not None else None,
         running=running or 0,
     )
 

@@ -38,16 +38,17 @@ from domain.windows import (
     REJECTED,
     WINDOWS_OFF,
     MaxWindowUsed,
+    Observation,
     Window,
     WindowFilter,
     budget_spend,
+    step_spend,
     window_filter,
 )
+from ledger.account_state import window_keep_days
 from ledger.claims import UNCONFIRMED_LONGEST, UNCONFIRMED_SOURCE, task_runs
 from ledger.models import Account, AccountWindow, WorkflowRun, WorkflowStepRun
 from ledger.selectors import AccountState
-from ledger.window_rows import window_keep_days
-from ledger.window_spend import with_spend
 
 KEEP_PER_WINDOW = 10
 MAX_WINDOWS_PER_ACCOUNT = 16
@@ -354,7 +355,7 @@ def state_windows(
 ) -> dict[str, list[Window]]:
     """The windows of an `account_state(windows=True)` read plus the estimates of the
     accounts in `budgets` (no statement unless one of them has a budget), with each
-    window's spend estimate (ledger.window_spend: one statement when a window is known)."""
+    window's spend estimate (`with_spend`: one statement when a window is known)."""
     if not any(budgets.values()):
         return with_spend(state.windows, now)
     return with_spend(with_estimates(state.windows, budgets, now), now)
@@ -417,3 +418,47 @@ def budgets_of(account: str) -> dict[str, int] | None:
         .first()
     )
     return value if isinstance(value, dict) else None
+
+
+# --- what one step spends of each window (domain.windows rule 8) ----------------------------
+
+
+def with_spend(
+    windows: Mapping[str, Sequence[Window]], now: datetime
+) -> dict[str, list[Window]]:
+    """`windows` (account -> its windows) with each window's spend estimate set; a window
+    that knows its spend already (loopsweb's estimate from a token budget, domain.windows
+    rule 10) keeps it."""
+    out = {name: list(seen) for name, seen in windows.items()}
+    accounts = sorted(name for name, seen in out.items() if seen)
+    if not accounts:
+        return out
+    seen_rows: dict[tuple[str, str], list[Observation]] = {}
+    for account, window, run, used, resets, observed in (
+        AccountWindow.objects.filter(
+            account_profile__in=accounts,
+            step_run_id__isnull=False,
+            used__isnull=False,
+            observed_at__gte=now - timedelta(days=window_keep_days()),
+        )
+        .order_by("observed_at", "id")
+        .values_list(
+            "account_profile",
+            "window",
+            "step_run_id",
+            "used",
+            "resets_at",
+            "observed_at",
+        )
+    ):
+        seen_rows.setdefault((account, window), []).append(
+            Observation(step_run=run, used=used, resets_at=resets, observed_at=observed)
+        )
+    for account in accounts:
+        out[account] = [
+            w
+            if w.spend is not None
+            else replace(w, spend=step_spend(seen_rows.get((account, w.name), ())))
+            for w in out[account]
+        ]
+    return out

@@ -70,8 +70,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ledger.display",
             "ledger.capacity",
             "ledger.windows",
-            "ledger.window_rows",
-            "ledger.window_spend",
             "ledger.held_secrets",
         ),
     ),
