@@ -83,7 +83,8 @@ class Forge:
     ) -> tuple[int, Any]:
         reviewers = _REVIEWERS.match(path)
         if reviewers is not None and method == "POST":
-            return self._request_reviewers(*reviewers.groups(), payload)
+            owner, repo, number = reviewers.groups()
+            return self._request_reviewers(owner, repo, number, payload)
         match = _PULLS.match(path)
         if match is None:
             return 404, {"message": "Not Found"}

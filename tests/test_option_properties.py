@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from routing.api.forms import INGEST_ROUTE_OPTIONS, IngestQueryForm, api_words
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
+from tests.property_inputs import ARG_TEXT, NUMBERS, PROPERTY_SETTINGS
 from tests.routing.helpers import generic_event, todos_event
-from tests.test_properties import ARG_TEXT, NUMBERS, PROPERTY_SETTINGS
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,41 +18,17 @@ import pytest
 from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import CommandError
 from django.test import Client
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from routing.api.forms import INGEST_ROUTE_OPTIONS
 from routing.api.tokens import api_token_create
 from routing.drains.inbox import inbox_ingest
+from tests.property_inputs import ARG_TEXT, NUMBERS, PROPERTY_SETTINGS, TEXT, VALUES
 from tests.routing.api.helpers import row_counts
 from tests.routing.helpers import generic_event, todos_event
 
 pytestmark = pytest.mark.django_db
-
-# Derandomized: the same examples on every run, so a failure in CI reproduces and never
-# blocks an unrelated change at random. LOOPSWEB_PROPERTY_SEARCH=N searches N random
-# examples per test instead (locally, to look further).
-_SEARCH = int(os.environ.get("LOOPSWEB_PROPERTY_SEARCH") or 0)
-PROPERTY_SETTINGS = settings(
-    max_examples=_SEARCH or 100,
-    derandomize=not _SEARCH,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-
-# Text a user can type: anything but surrogates (not encodable) ...
-TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
-# ... and NUL, which the OS never puts in argv but an HTTP query can carry.
-ARG_TEXT = st.text(
-    st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=40
-)
-NUMBERS = st.one_of(
-    st.integers(min_value=-(10**30), max_value=10**30).map(str),
-    st.sampled_from(
-        ["0", "1", "2", "100000", "100001", "9" * 5000, "1.5", "1e9", " 3 ", "-0", "²"]
-    ),
-)
-VALUES = st.one_of(ARG_TEXT, NUMBERS)
 
 
 def _changed(before: dict[str, int], after: dict[str, int]) -> set[str]:

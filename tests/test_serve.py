@@ -10,7 +10,6 @@ would be redirected to an https:// port nobody listens on.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from tests.processes import (
     scratch_cwd,
     wait_until,
 )
+from tests.settings_scan import settings_read_by_code
 
 DEPLOY = ROOT / "deploy"
 SERVE = str(ROOT / "scripts" / "serve.sh")  # it changes into the checkout itself
@@ -51,67 +51,6 @@ STAFF_PASSWORD = "a-long-serve-test-password"
 HASHED = re.compile(r"\.[0-9a-f]{12}\.(css|js)$")
 
 # --- the environment file template names every setting the code reads ---
-
-ENV_READERS = {
-    "env_str",
-    "env_bool",
-    "env_int",
-    "env_list",
-    "_exit_codes",
-    "_passthrough",
-}
-# Read from the environment but not settings of an installation.
-NOT_SETTINGS = {
-    "HASNA_EVENT_JSON": "route_event's event input (upstream hook contract), per call",
-    "Q_CLUSTER_NAME": "per process: scripts/serve.sh runs sets it for the run cluster",
-}
-
-
-def _literal_names(node: ast.AST, providers: list[str]) -> set[str]:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return {node.value}
-    if isinstance(node, ast.JoinedStr):
-        # f"LOOPSWEB_{provider.upper()}_BIN": one name per provider
-        parts = []
-        for value in node.values:
-            if isinstance(value, ast.Constant):
-                parts.append(str(value.value))
-            else:
-                parts.append("{}")
-        template = "".join(parts)
-        assert template.count("{}") == 1, f"unexpected f-string {template}"
-        return {template.format(p.upper()) for p in providers}
-    if isinstance(node, ast.Name):
-        return (
-            set()
-        )  # a reader forwarding its parameter (env_int(name, ...)): its callers count
-    raise AssertionError(f"an environment name that is not a literal: {ast.dump(node)}")
-
-
-def settings_read_by_code() -> set[str]:
-    from django.conf import settings
-
-    providers = list(settings.LOOPSWEB_PROVIDER_BINARIES)
-    names: set[str] = set()
-    sources = [
-        p
-        for package in ("domain", "agents", "ledger", "runs", "routing", "loopsweb")
-        for p in (ROOT / package).rglob("*.py")
-    ]
-    for path in sources:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not isinstance(node, ast.Call) or not node.args:
-                continue
-            func = node.func
-            if isinstance(func, ast.Name) and func.id in ENV_READERS:
-                names |= _literal_names(node.args[0], providers)
-            elif (
-                isinstance(func, ast.Attribute)
-                and func.attr in {"get", "getenv"}
-                and ast.unparse(func.value) in {"os.environ", "os"}
-            ):
-                names |= _literal_names(node.args[0], providers)
-    return names - set(NOT_SETTINGS) - {"DJANGO_SETTINGS_MODULE"}
 
 
 def template_names() -> list[str]:

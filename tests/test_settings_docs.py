@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 
 from domain.bounds import BOUNDS, Bound
-from tests.test_serve import NOT_SETTINGS, settings_read_by_code
+from tests.settings_scan import NOT_SETTINGS, settings_read_by_code
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "settings.md"

@@ -35,6 +35,17 @@ test module is not, and an ignore there only hides what a typed helper, an `asse
 None` or a typed fixture (`pytest_django.Settings`, `pytest.CaptureFixture[str]`) says
 plainly. The check reads comments only (the tokenizer's), so a string naming the comment,
 as here, is not one.
+
+No file under tests/ imports a test module (`test_*.py`): not `from tests.agents.test_runs_real
+import drain_and_run`, `import tests.test_serve`, `from tests.routing.ops import test_admin`,
+`from .test_delivery import forge` or `import_module("tests.ledger.test_delivery")`, and not
+in the code it hands a Python child with `-c` (`[python, "-c", "from tests.ledger.test_upgrade
+import rollback_probe; rollback_probe()"]`, parsed as code). A test module holds tests:
+importing one makes its helpers and fixtures a second module's API and ties the two files,
+so neither can move or change on its own. What tests share is in a helper module, not named
+`test_*` (tests/agents/real_runs.py, tests/ledger/delivery_helpers.py,
+tests/routing/helpers.py, ...), a fixture in the nearest conftest.py. The check reads the
+syntax tree, so a string that only names such an import, as here, is not one.
 """
 
 from __future__ import annotations
@@ -384,3 +395,126 @@ def test_only_the_waiting_module_reads_the_time_scale() -> None:
         if TIME_SCALE_ENV in p.read_text(encoding="utf-8")
     ]
     assert readers == ["tests/waiting.py"], readers
+
+
+# A test module: `test_*.py`, named as the last part of a dotted module path.
+_TEST_MODULE = re.compile(r"(^|\.)test_\w*$")
+
+
+def _child_code(node: ast.AST) -> list[str]:
+    """The code strings `node` hands to a Python child with `-c` (`[python, "-c", CODE]`,
+    `run(python, "-c", CODE)`)."""
+    if isinstance(node, ast.List | ast.Tuple):
+        items = node.elts
+    elif isinstance(node, ast.Call):
+        items = node.args
+    else:
+        return []
+    return [
+        code.value
+        for flag, code in zip(items, items[1:], strict=False)
+        if isinstance(flag, ast.Constant)
+        and flag.value == "-c"
+        and isinstance(code, ast.Constant)
+        and isinstance(code.value, str)
+    ]
+
+
+def _imported_test_modules(node: ast.AST) -> list[str]:
+    """The test modules `node` imports: an import statement, an `import_module` or
+    `__import__` call on a literal, or code it hands to a child with `-c`."""
+    found: list[str] = []
+    if isinstance(node, ast.Import):
+        found += [a.name for a in node.names if _TEST_MODULE.search(a.name)]
+    elif isinstance(node, ast.ImportFrom):
+        module = "." * node.level + (node.module or "")
+        if _TEST_MODULE.search(module):
+            found.append(module)
+        else:  # `from tests.routing.ops import test_admin`: the name is a module
+            sep = "" if module.endswith(".") else "."
+            found += [
+                f"{module}{sep}{a.name}"
+                for a in node.names
+                if a.name.startswith("test_")
+            ]
+    elif (
+        isinstance(node, ast.Call)
+        and _identifier(node.func) in {"import_module", "__import__"}
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+        and _TEST_MODULE.search(node.args[0].value)
+    ):
+        found.append(node.args[0].value)
+    for code in _child_code(node):
+        try:
+            child = ast.parse(code)
+        except SyntaxError:
+            continue
+        found += [m for sub in ast.walk(child) for m in _imported_test_modules(sub)]
+    return found
+
+
+def imports_of_test_modules(source: str, filename: str = "<test>") -> list[str]:
+    """`file:line: module` of each import of a test module in `source`."""
+    tree = ast.parse(source, filename)
+    return [
+        f"{filename}:{getattr(node, 'lineno', 0)}: {module}"
+        for node in ast.walk(tree)
+        for module in _imported_test_modules(node)
+    ]
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    found = []
+    for path in sorted(p for p in TESTS.rglob("*.py") if p.is_file()):
+        found += imports_of_test_modules(
+            path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
+        )
+    assert found == [], (
+        "imports of a test module (move what is shared to a helper module, or a fixture "
+        "to the nearest conftest.py, and import it from there):\n" + "\n".join(found)
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # The imports the suite had (tests/agents/, tests/routing/, tests/ledger/).
+        "from tests.agents.test_runs_real import _run_env, _task",
+        "from tests.routing.ops.test_admin import ITEMS, RUNS, admitted",
+        "from tests.test_serve import NOT_SETTINGS, settings_read_by_code",
+        "def test_x():\n    from tests.routing.drains.test_batch import _ledger, _wipe",
+        "import tests.test_properties",
+        "import tests.test_properties as properties",
+        "from tests.routing.ops import test_admin",
+        "from .test_delivery import forge",
+        "from . import test_delivery",
+        'importlib.import_module("tests.ledger.test_delivery")',
+        # Code a child process runs (tests/ledger/test_upgrade.py's probe).
+        'run([sys.executable, "-c", "from tests.ledger.test_upgrade import probe; probe()"])',
+        'subprocess.run((python, "-c", "import tests.ledger.test_upgrade"))',
+        'Popen([python, "-u", "-c", "import json\\nfrom tests.test_serve import ENV"])',
+    ],
+)
+def test_the_import_check_finds_imports_of_test_modules(source: str) -> None:
+    assert len(imports_of_test_modules(source + "\n")) == 1, source
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from tests.agents.real_runs import KEYS, drain_and_run",
+        "from tests.ledger import runner_helpers",
+        "from tests.routing.ops import seed as ops_seed",
+        "import tests.waiting",
+        "from tests.ledger.conftest import agent",
+        'note = "the tests in tests/ledger/test_delivery.py"',
+        'example = "from tests.ledger.test_delivery import forge"',  # a string, not code
+        'run([python, "-c", "from tests.ledger.upgrade_probe import probe; probe()"])',
+        'importlib.import_module("ledger.migrations.0023_step_reason_code")',
+        "def test_x():\n    assert contest_y() == 1",
+    ],
+)
+def test_the_import_check_leaves_helper_modules_and_mentions(source: str) -> None:
+    assert imports_of_test_modules(source + "\n") == [], source

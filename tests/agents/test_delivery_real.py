@@ -19,7 +19,7 @@ from django.test import Client
 from ledger.models import RunStatus, WorkflowStepRun
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
-from tests.agents.test_runs_real import drain_and_run
+from tests.agents.real_runs import drain_and_run
 from tests.forge_standin import start_forge
 from tests.ledger.runner_helpers import git
 

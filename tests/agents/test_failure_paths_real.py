@@ -23,8 +23,7 @@ from ledger.models import AccountCooldown, RunStatus, StepStatus, WorkflowEvent
 from runs.runner import run_workflow_run
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
-from tests.agents.test_runner_real import _route
-from tests.agents.test_runs_real import KEYS, drain_and_run
+from tests.agents.real_runs import KEYS, drain_and_run, route_run
 from tests.ledger.runner_helpers import git_project, steps_of
 from tests.waiting import hang_deadline
 
@@ -44,7 +43,7 @@ def test_a_provider_that_keeps_failing_ends_the_step_with_its_error(
     clis.register_account("opencode", "acct-a", stand_in, tmp_path, key="key-a-0123")
     project = git_project(tmp_path / "project")
     # An idle limit no step reaches here: what ends it is the provider's errors.
-    run = _route(
+    run = route_run(
         project,
         "opencode",
         auth_profile="acct-a",

@@ -17,7 +17,7 @@ import pytest
 
 from ledger.models import RunStatus
 from tests.agents.provider import ProviderStandIn
-from tests.agents.test_runs_real import drain_and_run
+from tests.agents.real_runs import drain_and_run
 
 pytestmark = [
     pytest.mark.slow,

@@ -26,7 +26,7 @@ from ledger.models import (
 )
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
-from tests.agents.test_runs_real import KEYS, _run_env
+from tests.agents.real_runs import KEYS, run_env
 from tests.ledger.runner_helpers import git_project
 from tests.processes import manage, start_qcluster, stop_process_group, wait_until
 
@@ -78,7 +78,7 @@ def test_a_401_account_gets_no_second_step(
     for name, key in {**KEYS, THIRD: THIRD_KEY}.items():
         clis.register_account(provider, name, stand_in, tmp_path, key=key)
     project = git_project(tmp_path / "project")
-    env = _run_env(provider, cli_bin)
+    env = run_env(provider, cli_bin)
     log = tmp_path / "runs.log"
     cluster = start_qcluster(env, log, cluster="loopsweb-runs")
 
@@ -147,7 +147,7 @@ def test_account_check_makes_a_real_request_and_clears_the_mark(
 ) -> None:
     stand_in.modes[KEYS[BAD]] = "401"
     clis.register_account(provider, BAD, stand_in, tmp_path, key=KEYS[BAD])
-    env = _run_env(provider, cli_bin)
+    env = run_env(provider, cli_bin)
 
     refused = manage(env, "account", "check", BAD, check=False)
     said = refused.stdout + refused.stderr

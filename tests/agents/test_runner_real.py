@@ -40,10 +40,10 @@ from ledger.models import (
     WorkflowStepAttempt,
     WorkflowStepRun,
 )
-from routing.admission import CREATED, route_event, route_options
 from runs.runner import run_workflow_run
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
+from tests.agents.real_runs import route_run
 from tests.ledger.runner_helpers import (
     git_project,
     kill_group_quietly,
@@ -63,29 +63,6 @@ pytestmark = [
 
 PROVIDERS = clis.on_each_cli(*clis.REAL_CLIS)
 KEY_A, KEY_B = "key-of-acct-a-0123", "key-of-acct-b-4567"
-
-
-def _route(
-    project: Path, provider: str, event_id: str | None = None, **raw: Any
-) -> WorkflowRun:
-    event = {
-        "id": event_id or f"evt-{time.time_ns()}",
-        "type": "build.failed",
-        "source": "ci",
-        "data": {
-            "project_path": str(project),
-            "title": "Write agent-output.txt",
-            "message": "Write the file agent-output.txt in the working directory.",
-        },
-    }
-    result = route_event(
-        kind="generic",
-        envelope=event,
-        options=route_options({"provider": provider, **raw}),
-        env={},
-    )
-    assert result.kind == CREATED, result.to_dict()
-    return result.run
 
 
 def _staff_page(path: str) -> str:
@@ -139,7 +116,7 @@ def test_a_429_account_cools_until_its_reset_and_the_step_moves_and_succeeds(
     clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
     clis.register_account(provider, "acct-b", stand_in, tmp_path, key=KEY_B)
     project = git_project(tmp_path / "project")
-    run = _route(
+    run = route_run(
         project, provider, _worker_first_event_id(), auth_profile_pool="acct-a,acct-b"
     )
     # The worker on acct-a meets the limit and moves to acct-b, the verifier's account.
@@ -255,7 +232,7 @@ def test_a_hang_fails_at_the_idle_timeout_naming_it_with_the_output_seen(
     clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
     project = git_project(tmp_path / "project")
     # The route's idle timeout (rendered into the steps as idleTimeoutMs).
-    run = _route(project, provider, auth_profile="acct-a", step_idle_timeout=8)
+    run = route_run(project, provider, auth_profile="acct-a", step_idle_timeout=8)
 
     assert run_workflow_run(run.id) == RunStatus.TIMED_OUT
     worker = steps_of(run)["worker"]
@@ -303,7 +280,7 @@ def test_a_login_failure_fails_the_step_with_the_clis_own_message(
         stand_in.mode = "401"
         clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
     project = git_project(tmp_path / "project")
-    run = _route(project, provider, auth_profile="acct-a")
+    run = route_run(project, provider, auth_profile="acct-a")
 
     assert run_workflow_run(run.id) == RunStatus.FAILED
     worker = steps_of(run)["worker"]
@@ -346,7 +323,7 @@ def test_a_slow_answer_is_in_the_step_run_while_the_step_still_runs(
     stand_in.slow_hold = threading.Event()
     clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
     project = git_project(tmp_path / "project")
-    run = _route(project, provider, auth_profile="acct-a")
+    run = route_run(project, provider, auth_profile="acct-a")
     proc = spawn_runner(
         run.id,
         extra_env={
@@ -399,7 +376,7 @@ def test_the_key_is_nowhere_in_the_database_the_pages_the_api_or_the_logs(
     caplog.set_level(logging.DEBUG)
     clis.register_account("codex", "acct-a", stand_in, tmp_path, key=KEY_A)
     project = git_project(tmp_path / "project")
-    run = _route(project, "codex", auth_profile="acct-a")
+    run = route_run(project, "codex", auth_profile="acct-a")
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
     assert stand_in.keys_seen() == {KEY_A}  # the key did reach the provider
     out = io.StringIO()

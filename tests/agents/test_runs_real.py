@@ -10,28 +10,19 @@ runner committed it); the usage on each step equals what the stand-in reported, 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 
 from agents.agent_message import final_message
 from agents.agent_output import summarize_output
-from ledger.models import RunStatus, WorkflowRun, WorkflowStepRun
+from ledger.models import RunStatus, WorkflowStepRun
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
-from tests.ledger.runner_helpers import child_database_url, git, git_project
-from tests.processes import (
-    manage,
-    start_qcluster,
-    stop_process_group,
-    terminal_env,
-    wait_until,
-)
+from tests.agents.real_runs import KEYS, drain_and_run
+from tests.ledger.runner_helpers import git
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,101 +31,6 @@ pytestmark = [
 ]
 
 PROVIDERS = clis.on_each_cli(*clis.REAL_CLIS)
-KEYS = {"acct-a": "key-of-acct-a-0123", "acct-b": "key-of-acct-b-4567"}
-
-
-def _task(project: Path, provider: str) -> dict[str, object]:
-    return {
-        "id": f"evt-{provider}-1",
-        "type": "task.created",
-        "source": "@hasna/todos",
-        "data": {
-            "id": f"REAL-{provider}",
-            "title": "Write agent-output.txt",
-            "description": "Write the file agent-output.txt in the working directory.",
-            "tags": ["auto:route"],
-            "project_path": str(project),
-        },
-    }
-
-
-def _run_env(provider: str, cli_bin: Path, **extra: str) -> dict[str, str]:
-    return terminal_env(
-        Path(settings.DATA_DIR),
-        SECRET_KEY=settings.SECRET_KEY,
-        DATABASE_URL=child_database_url(),
-        LOOPSWEB_RUN_WORKERS="2",
-        **{
-            f"LOOPSWEB_{provider.upper()}_BIN": str(
-                cli_bin / clis.CLI_PACKAGES[provider][2]
-            )
-        },
-        **extra,
-    )
-
-
-def drain_and_run(
-    provider: str,
-    cli_bin: Path,
-    stand_in: ProviderStandIn,
-    tmp_path: Path,
-    *,
-    env_extra: dict[str, str] | None = None,
-    timeout: float = 240,
-    removed: bool = True,
-    drain_args: tuple[str, ...] = (),
-    project_setup: Callable[[Path], None] | None = None,
-) -> WorkflowRun:
-    """Register acct-a and acct-b, ingest a task, drain it over the pool in a `manage.py
-    drain` process, and wait for the run cluster to finish the run (and, with `removed`,
-    to remove the worktree of a run that succeeded)."""
-    for name, key in KEYS.items():
-        clis.register_account(provider, name, stand_in, tmp_path, key=key)
-    project = git_project(tmp_path / "project")
-    if project_setup is not None:
-        project_setup(project)
-    env = _run_env(provider, cli_bin, **(env_extra or {}))
-    event = tmp_path / "task.json"
-    event.write_text(json.dumps(_task(project, provider)))
-    cluster = start_qcluster(env, tmp_path / "runs.log", cluster="loopsweb-runs")
-    try:
-        manage(env, "ingest_events", str(event))
-        done = manage(
-            env,
-            "drain",
-            "todos-task",
-            "--auth-profile-pool",
-            "acct-a,acct-b",
-            "--provider",
-            provider,
-            "--max-active",
-            "2",
-            "--json",
-            *drain_args,
-        )
-        assert '"created": 1' in done.stdout, done.stdout
-
-        def finished() -> WorkflowRun | None:
-            assert cluster.poll() is None, (tmp_path / "runs.log").read_text()[-3000:]
-            return WorkflowRun.objects.filter(
-                status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.TIMED_OUT]
-            ).first()
-
-        run = wait_until(finished, timeout=timeout, what=f"the {provider} run to end")
-        if removed:
-            # The worktree goes after the run's end is recorded.
-            wait_until(
-                lambda: (
-                    WorkflowRun.objects.get(pk=run.id).worktree_removed_at is not None
-                    or run.status != RunStatus.SUCCEEDED
-                ),
-                timeout=30,
-                what="the worktree to be removed",
-            )
-    finally:
-        stop_process_group(cluster)
-    run.refresh_from_db()
-    return run
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

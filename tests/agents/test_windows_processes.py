@@ -31,7 +31,7 @@ from ledger.models import (
 )
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
-from tests.agents.test_runs_real import _run_env, _task
+from tests.agents.real_runs import run_env, task_event
 from tests.ledger.runner_helpers import git_project
 from tests.processes import manage, start_qcluster, stop_process_group, wait_until
 from tests.routing.api.helpers import bearer, make_token
@@ -52,7 +52,7 @@ POOL = ",".join(KEYS)
 
 
 def _ingest(env: dict[str, str], project: Path, tmp_path: Path, n: int) -> None:
-    task: dict[str, Any] = _task(project, "codex")
+    task: dict[str, Any] = task_event(project, "codex")
     task["id"] = f"evt-codex-{n}"
     task["data"] = {**task["data"], "id": f"REAL-codex-{n}"}
     path = tmp_path / f"task-{n}.json"
@@ -88,7 +88,7 @@ def test_a_spent_window_steers_the_next_steps_and_then_defers_the_pool(
     for name, key in KEYS.items():
         clis.register_account("codex", name, stand_in, tmp_path, key=key)
     project = git_project(tmp_path / "project")
-    env = _run_env("codex", cli_bin)
+    env = run_env("codex", cli_bin)
     cluster = start_qcluster(env, tmp_path / "runs.log", cluster="loopsweb-runs")
 
     def ended(n: int) -> list[WorkflowRun]:

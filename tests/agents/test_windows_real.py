@@ -28,7 +28,7 @@ from ledger.models import (
 from runs.runner import run_workflow_run
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
-from tests.agents.test_runner_real import _route
+from tests.agents.real_runs import route_run
 from tests.ledger.runner_helpers import (
     git_project,
     kill_group_quietly,
@@ -72,7 +72,7 @@ def test_each_steps_window_is_recorded_for_its_account(
     for name, key in KEYS.items():
         clis.register_account(provider, name, stand_in, tmp_path, key=key, oauth=True)
     project = git_project(tmp_path / "project")
-    run = _route(project, provider, auth_profile_pool="acct-a,acct-b")
+    run = route_run(project, provider, auth_profile_pool="acct-a,acct-b")
 
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED, WorkflowRun.objects.get(
         pk=run.id
@@ -100,7 +100,7 @@ def test_each_steps_window_is_recorded_for_its_account(
     # acct-a is past --max-window-used (0.9): the next run's steps go to acct-b and a
     # third account (worker ≠ verifier), never acct-a.
     clis.register_account(provider, "acct-c", stand_in, tmp_path, key=KEY_C, oauth=True)
-    second = _route(project, provider, auth_profile_pool=POOL3)
+    second = route_run(project, provider, auth_profile_pool=POOL3)
     assert {s.account_profile for s in steps_of(second).values()} == {
         "acct-b",
         "acct-c",
@@ -121,7 +121,7 @@ def test_opencode_tells_nothing_before_a_429_and_the_429_is_recorded(
     for name, key in {**KEYS, "acct-c": KEY_C}.items():
         clis.register_account("opencode", name, stand_in, tmp_path, key=key)
     project = git_project(tmp_path / "project")
-    run = _route(
+    run = route_run(
         project, "opencode", _worker_on_acct_a_of_three(), auth_profile_pool=POOL3
     )
     assert steps_of(run)["worker"].account_profile == "acct-a"
@@ -159,7 +159,7 @@ def test_the_window_is_recorded_while_the_step_still_runs(
         provider, "acct-a", stand_in, tmp_path, key=KEYS["acct-a"], oauth=True
     )
     project = git_project(tmp_path / "project")
-    run = _route(project, provider, auth_profile="acct-a")
+    run = route_run(project, provider, auth_profile="acct-a")
     proc = spawn_runner(
         run.id,
         extra_env={

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,53 +18,18 @@ from django.core.management.base import CommandError
 from ledger.models import RunStatus, WorkflowEvent, WorkflowRun
 from runs.runner import run_workflow_run
 from runs.worktrees import worktree_branch
-from tests.forge_standin import Forge, start_forge
-from tests.ledger.runner_helpers import FakeAgent, git, git_project, route_generic
+from tests.forge_standin import Forge
+from tests.ledger.delivery_helpers import (
+    TOKEN,
+    project_with_origin,
+    remote_branches,
+    run_task,
+)
+from tests.ledger.runner_helpers import FakeAgent, git, route_generic
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
-TOKEN = "ghp_standin_token_0123456789"
 HOSTILE_AGENT = Path(__file__).resolve().parents[1] / "hostile_agent.py"
-
-
-@pytest.fixture
-def forge(settings: Any, tmp_path: Path) -> Iterator[Forge]:
-    standin, server = start_forge()
-    token_file = tmp_path / "github.env"
-    token_file.write_text(f"GITHUB_TOKEN={TOKEN}\n")
-    token_file.chmod(0o600)
-    settings.LOOPSWEB_GITHUB_API_URL = standin.url
-    settings.LOOPSWEB_GITHUB_TOKEN_FILE = str(token_file)
-    settings.LOOPSWEB_BASE_URL = "https://loops.example"
-    try:
-        yield standin
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def project_with_origin(tmp_path: Path) -> tuple[Path, Path]:
-    """A project whose `origin` is a bare repository on local disk, main pushed to it."""
-    origin = tmp_path / "origin.git"
-    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
-    project = git_project(tmp_path / "repo")
-    git(project, "remote", "add", "origin", str(origin))
-    git(project, "push", "-q", "origin", "main")
-    return project, origin
-
-
-def remote_branches(origin: Path) -> dict[str, str]:
-    out = git(origin, "for-each-ref", "--format=%(refname:short) %(objectname)")
-    return dict(line.split(" ", 1) for line in out.splitlines() if line)
-
-
-def _run(project: Path, **options: Any) -> WorkflowRun:
-    run = route_generic(
-        project, title="Add the note", message="Write note.txt", created=True, **options
-    ).run
-    run_workflow_run(run.id)
-    run.refresh_from_db()
-    return run
 
 
 def test_pull_request_delivery_pushes_the_branch_and_opens_a_pr_with_the_runs_story(
@@ -78,7 +42,7 @@ def test_pull_request_delivery_pushes_the_branch_and_opens_a_pr_with_the_runs_st
             "verifier": {"output": "VERIFIED: the note is there"},
         }
     )
-    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    run = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     assert run.status == RunStatus.SUCCEEDED
     branch = worktree_branch(run.id)
     # The agent's file is on loopsweb/run-<id> in the bare remote, at the run's head.
@@ -123,7 +87,7 @@ def test_push_delivery_pushes_only_the_runs_branch(
     project, origin = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "note.txt"}})
     before = remote_branches(origin)
-    run = _run(project, deliver="push")
+    run = run_task(project, deliver="push")
     assert run.status == RunStatus.SUCCEEDED
     after = remote_branches(origin)
     assert after == {**before, worktree_branch(run.id): run.commit_head}
@@ -137,7 +101,7 @@ def test_the_default_keeps_the_branch_and_pushes_nothing(
     project, origin = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "note.txt"}})
     before = remote_branches(origin)
-    run = _run(project)
+    run = run_task(project)
     assert run.status == RunStatus.SUCCEEDED
     assert remote_branches(origin) == before and forge.requests == []
     assert (
@@ -171,7 +135,7 @@ def test_a_forge_refusal_fails_the_delivery_not_the_run_and_deliver_again_retrie
     project, origin = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "note.txt"}})
     forge.fail_next(status, answer)
-    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    run = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     assert run.status == RunStatus.SUCCEEDED and run.error is None
     assert run.delivery_json["state"] == "failed"
     assert run.delivery_json["error"] == f"delivery failed: {message}"
@@ -208,7 +172,7 @@ def test_a_refused_push_fails_the_delivery_and_opens_no_pull_request(
     hook.write_text("#!/bin/sh\necho 'pushes are closed today' >&2\nexit 1\n")
     hook.chmod(0o755)
     agent.configure(steps={"worker": {"write": "note.txt"}})
-    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    run = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     assert run.status == RunStatus.SUCCEEDED
     error = run.delivery_json["error"]
     assert error.startswith("delivery failed: git push to ") and "refused" in error
@@ -222,12 +186,12 @@ def test_a_failed_run_is_delivered_only_with_deliver_failed_and_then_as_a_draft(
 ) -> None:
     project, origin = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "note.txt"}, "verifier": {"exit": 2}})
-    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    run = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     assert run.status == RunStatus.FAILED
     assert run.delivery_json["state"] == "skipped" and forge.requests == []
     assert worktree_branch(run.id) not in remote_branches(origin)
 
-    run = _run(
+    run = run_task(
         project, deliver="pull-request", github_repo="acme/widgets", deliver_failed=True
     )
     assert run.status == RunStatus.FAILED
@@ -245,7 +209,7 @@ def test_no_token_file_fails_the_delivery_with_a_clear_message(
     loose.chmod(0o644)
     settings.LOOPSWEB_GITHUB_TOKEN_FILE = str(loose)
     agent.configure(steps={"worker": {"write": "note.txt"}})
-    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    run = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     assert run.status == RunStatus.SUCCEEDED
     assert (
         "must be 0600" in run.delivery_json["error"]
@@ -296,7 +260,7 @@ def test_a_pull_request_opened_before_an_answer_was_lost_is_adopted_not_doubled(
 ) -> None:
     project, _ = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "note.txt"}})
-    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    run = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     assert run.delivery_json["pr"]["number"] == 1
     # As if the forge's 201 never reached loopsweb: the run knows of no pull request.
     lost = {k: v for k, v in run.delivery_json.items() if k != "pr"}
@@ -324,7 +288,7 @@ def test_deliver_none_keeps_nothing_of_a_succeeded_run(
     project, origin = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "note.txt"}})
     before = remote_branches(origin)
-    run = _run(project, deliver="none")
+    run = run_task(project, deliver="none")
     assert run.status == RunStatus.SUCCEEDED
     branches = git(project, "branch", "--list", "--format=%(refname:short)").split()
     assert worktree_branch(run.id) not in branches and "main" in branches
@@ -333,7 +297,7 @@ def test_deliver_none_keeps_nothing_of_a_succeeded_run(
 
 
 def _reviewed_run(project: Path, reviewers: str) -> WorkflowRun:
-    return _run(
+    return run_task(
         project,
         deliver="pull-request",
         github_repo="acme/widgets",
@@ -371,7 +335,7 @@ def test_github_reviewer_asks_for_reviews_on_the_pr_it_opens_and_records_them(
         {"login": "hubot"},
     ]
     # A push route asks nobody: the option is the pull request's.
-    push = _run(project, deliver="push", github_reviewer="mona")
+    push = run_task(project, deliver="push", github_reviewer="mona")
     assert push.delivery_json["state"] == "delivered"
     assert len(_reviewer_requests(forge)) == 1 and "reviewers" not in push.delivery_json
 
@@ -407,13 +371,13 @@ def test_a_remote_rewritten_after_the_first_delivery_is_refused_with_the_reason(
     another URL from the project's config (as an agent could have written it) is refused."""
     project, origin = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "note.txt"}})
-    first = _run(project, deliver="push")
+    first = run_task(project, deliver="push")
     assert first.delivery_json["state"] == "delivered"
     decoy = tmp_path / "decoy.git"
     git(tmp_path, "init", "-q", "--bare", str(decoy))
     git(project, "config", "remote.origin.pushurl", str(decoy))
     agent.configure(steps={"worker": {"write": "other.txt"}})
-    second = _run(project, deliver="push")
+    second = run_task(project, deliver="push")
     assert second.status == RunStatus.SUCCEEDED  # the run stands; its delivery does not
     assert second.delivery_json["state"] == "failed"
     error = second.delivery_json["error"]
@@ -449,7 +413,7 @@ def test_work_holding_a_secret_loopsweb_keeps_is_not_committed_nor_shown(
         p: str(leaker) for p in settings.LOOPSWEB_PROVIDER_BINARIES
     }
     project, origin = project_with_origin(tmp_path)
-    run = _run(project, deliver="push")
+    run = run_task(project, deliver="push")
     worker = run.step_runs.get(step_id="worker")
     assert TOKEN not in worker.stdout
     assert "[redacted:github:GITHUB_TOKEN]" in worker.stdout

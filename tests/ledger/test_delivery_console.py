@@ -28,17 +28,15 @@ from runs.delivery import (
 from runs.discard import run_branches_prune
 from runs.worktrees import worktree_branch
 from tests.forge_standin import Forge
-from tests.ledger.runner_helpers import FakeAgent, git
-from tests.ledger.test_delivery import (
+from tests.ledger.delivery_helpers import (
     TOKEN,
-    _run,
-    forge,
     project_with_origin,
     remote_branches,
+    run_task,
 )
+from tests.ledger.runner_helpers import FakeAgent, git
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
-__all__ = ["forge"]  # the fixture, used by name
 
 
 def _branches(project: Path) -> list[str]:
@@ -54,7 +52,7 @@ def test_the_item_page_and_the_api_show_the_runs_work_escaped_and_capped(
 ) -> None:
     project, _ = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "<b>note.txt"}})
-    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    run = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     assert run.status == RunStatus.SUCCEEDED
     page = admin_client.get(reverse("ops:work-item", args=[run.work_item_id]))
     html = page.content.decode()
@@ -98,7 +96,7 @@ def test_routes_show_names_the_delivery_option_and_what_was_delivered(
 ) -> None:
     project, _ = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "note.txt"}})
-    run = _run(
+    run = run_task(
         project, deliver="pull-request", github_repo="acme/widgets", deliver_failed=True
     )
     out = io.StringIO()
@@ -125,7 +123,7 @@ def test_deliver_again_from_the_item_page_opens_the_pr_a_refusal_failed_to(
     project, _ = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "note.txt"}})
     forge.fail_next(401, {"message": "Bad credentials"})
-    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    run = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     page = admin_client.get(
         reverse("ops:work-item", args=[run.work_item_id])
     ).content.decode()
@@ -155,7 +153,7 @@ def test_deliver_again_is_offered_only_for_work_its_route_delivers(
     and pressing it said "delivered" in green while nothing reached the forge."""
     project, origin = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "note.txt"}, "verifier": {"exit": 2}})
-    failed = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    failed = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     assert failed.status == RunStatus.FAILED
     assert failed.delivery_json["reason"] == NOT_DELIVERED_FAILED
     item_page = reverse("ops:work-item", args=[failed.work_item_id])
@@ -172,7 +170,7 @@ def test_deliver_again_is_offered_only_for_work_its_route_delivers(
         call_command("deliver_run", failed.id)
     # With --deliver-failed but no change at all: nothing to deliver either.
     agent.configure(steps={"verifier": {"exit": 2}})
-    empty = _run(project, deliver="push", deliver_failed=True)
+    empty = run_task(project, deliver="push", deliver_failed=True)
     assert empty.delivery_json["reason"] == NO_CHANGES and not redeliverable(empty)
     # A record that says anything but delivered never reads as delivered.
     assert delivery_outcome("r1", failed.delivery_json) == (
@@ -192,11 +190,11 @@ def test_discard_deletes_only_the_runs_branch_and_its_kept_worktree(
     git(project, "branch", "feature")
     git(project, "branch", "loopsweb/keep-me")
     agent.configure(steps={"worker": {"write": "half.txt", "exit": 3}})
-    failed = _run(project)
+    failed = run_task(project)
     assert failed.status == RunStatus.FAILED
     assert Path(failed.worktree_path).exists()
     agent.configure(steps={"worker": {"write": "note.txt"}})
-    other = _run(project)
+    other = run_task(project)
     before = _branches(project)
     assert worktree_branch(failed.id) in before and worktree_branch(other.id) in before
 
@@ -226,13 +224,13 @@ def test_prune_deletes_branches_of_runs_with_no_changes_and_of_closed_prs_only(
     project, _ = project_with_origin(tmp_path)
     git(project, "branch", "loopsweb/run-notours")
     agent.configure(steps={})
-    unchanged = _run(project)
+    unchanged = run_task(project)
     agent.configure(steps={"worker": {"write": "a.txt"}})
-    merged = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    merged = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     agent.configure(steps={"worker": {"write": "b.txt"}})
-    still_open = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    still_open = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     agent.configure(steps={"worker": {"write": "c.txt"}})
-    kept = _run(project)  # changed files, no PR: the operator's to discard
+    kept = run_task(project)  # changed files, no PR: the operator's to discard
     forge.set_state(merged.delivery_json["pr"]["number"], "closed", merged=True)
     runs = [unchanged, merged, still_open, kept]
     assert unchanged.commit_diffstat == ""
@@ -266,7 +264,7 @@ def test_the_run_admin_page_shows_the_work_and_its_action_discards_it(
 ) -> None:
     project, _ = project_with_origin(tmp_path)
     agent.configure(steps={"worker": {"write": "<i>x.txt"}})
-    run = _run(project, deliver="pull-request", github_repo="acme/widgets")
+    run = run_task(project, deliver="pull-request", github_repo="acme/widgets")
     page = admin_client.get(
         reverse("admin:ledger_workflowrun_change", args=[run.id])
     ).content.decode()

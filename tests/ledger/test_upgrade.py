@@ -28,6 +28,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from tests.ledger.upgrade_probe import ALPHA, OLD_CODE_ITEM, QUEUED_ITEM, WEB
+from tests.processes import scratch_cwd
 from tests.waiting import hang_deadline, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,11 +52,6 @@ OLD_LEDGER_TABLES = (
 SCOPE_INDEX = "idx_workflow_work_items_scope"
 WORK_ITEMS = "workflow_work_items"
 ACTIVE_SQL = "status IN ('admitted', 'running')"
-# Values the fixture uses (see the build script): alpha/web has active NULL-scope items.
-ALPHA, WEB = "/srv/repos/alpha", "web"
-QUEUED_ITEM = "01900500000000000000000000000001"
-OLD_CODE_ITEM = "0190ff00000000000000000000000001"
-NEW_CODE_ITEM = "0190ff00000000000000000000000002"
 
 # Every test migrates copies in `manage.py` subprocesses. One worker runs them all, so the
 # module's upgraded copy is built once.
@@ -242,14 +239,6 @@ def _pg_server_and_prefix() -> tuple[str, str]:
     name = urlsplit(url).path.lstrip("/") or "loopsweb"
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     return url, f"{name}_{worker}_upg" if worker else f"{name}_upg"
-
-
-def scratch_cwd() -> Path:
-    """tests.processes.scratch_cwd(), imported late: tests.processes imports the project's
-    models, and rollback_probe's process imports this module before django.setup()."""
-    from tests.processes import scratch_cwd as cwd
-
-    return cwd()
 
 
 def manage(
@@ -525,84 +514,6 @@ def test_reversing_to_ledger_0001_drops_the_column_and_index_and_keeps_the_data(
     assert_old_data_unchanged(upgraded.before, db)
 
 
-def rollback_probe() -> None:
-    """Runs in a subprocess on an upgraded copy (DATABASE_URL): the previous release's code,
-    i.e. the historical models at ledger 0001, then the current code. Prints JSON."""
-    import django
-
-    django.setup()
-    from dataclasses import asdict
-
-    from django.db import connection
-    from django.db.migrations.executor import MigrationExecutor
-
-    from ledger.models import WorkflowWorkItem, WorkItemStatus
-    from ledger.selectors import active_counts
-
-    state = MigrationExecutor(connection).loader.project_state(
-        ("ledger", "0001_initial")
-    )
-    old_item = state.apps.get_model("ledger", "WorkflowWorkItem")
-    old_invocation = state.apps.get_model("ledger", "WorkflowInvocation")
-    out: dict[str, Any] = {
-        "old_columns": sorted(f.column for f in old_item._meta.concrete_fields),
-        "old_read": sorted(old_item.objects.values_list("id", "status")),
-    }
-    # Old code writes: a new item (it knows nothing of route_scope) and an update.
-    invocation = old_invocation.objects.create(
-        source_kind="todos-task",
-        source_id="evt-old-code",
-        source_dedupe_key="todos-task:alpha:old-code",
-        source_json={"id": "evt-old-code"},
-        subject_kind="task",
-        subject_json={"title": "written by the previous release"},
-        intent="route",
-    )
-    old_item.objects.create(
-        id=OLD_CODE_ITEM,
-        route_key="todos-task",
-        idempotency_key="todos-task:alpha:old-code",
-        invocation=invocation,
-        source_type="task.ready",
-        source_ref="evt-old-code",
-        subject_ref="task-old-code",
-        project_key=ALPHA,
-        project_group=WEB,
-        status="running",
-    )
-    queued = old_item.objects.get(pk=QUEUED_ITEM)
-    queued.status, queued.last_reason = "deferred", "deferred by the previous release"
-    queued.save()
-    out["old_read_back"] = sorted(
-        old_item.objects.filter(pk__in=[OLD_CODE_ITEM, QUEUED_ITEM]).values_list(
-            "id", "status", "last_reason"
-        )
-    )
-    # The current code reads everything, including the row old code wrote.
-    out["new_count"] = WorkflowWorkItem.objects.count()
-    out["new_reads_old_row_scope"] = WorkflowWorkItem.objects.get(
-        pk=OLD_CODE_ITEM
-    ).route_scope
-    caps = {"project_key": ALPHA, "project_group": WEB}
-    out["scoped"] = asdict(active_counts(scope="todos-task", **caps))
-    out["unscoped"] = asdict(active_counts(scope=None, **caps))
-    WorkflowWorkItem.objects.create(
-        id=NEW_CODE_ITEM,
-        route_key="todos-task",
-        idempotency_key="todos-task:alpha:new-code",
-        invocation_id=invocation.pk,
-        source_type="task.ready",
-        source_ref="evt-new-code",
-        subject_ref="task-new-code",
-        project_key=ALPHA,
-        project_group=WEB,
-        route_scope="todos-task",
-        status=WorkItemStatus.ADMITTED,
-    )
-    out["scoped_after_new"] = asdict(active_counts(scope="todos-task", **caps))
-    print(json.dumps(out))
-
-
 def test_previous_release_code_reads_and_writes_the_upgraded_ledger_and_null_scope_rows_skip_scoped_caps(
     upgraded: Upgrade, copies: Copies
 ) -> None:
@@ -625,7 +536,7 @@ def test_previous_release_code_reads_and_writes_the_upgraded_ledger_and_null_sco
         [
             sys.executable,
             "-c",
-            "from tests.ledger.test_upgrade import rollback_probe; rollback_probe()",
+            "from tests.ledger.upgrade_probe import rollback_probe; rollback_probe()",
         ],
         cwd=scratch_cwd(),
         env=_env(db),

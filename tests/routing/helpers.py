@@ -7,11 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from django.db.models import Model
+
 from ledger.models import (
+    AccountCooldown,
+    AccountLoadCount,
     Loop,
     WorkflowInvocation,
     WorkflowRun,
     WorkflowSpec,
+    WorkflowStepRun,
     WorkflowWorkItem,
 )
 from routing.admission import (
@@ -21,6 +26,7 @@ from routing.admission import (
     route_event,
     route_options,
 )
+from routing.models import InboxEvent
 
 _seq = itertools.count(1)
 
@@ -100,3 +106,46 @@ def created_route(result: RouteResult) -> CreatedRoute:
     )
     assert loop is not None and run is not None, result.to_dict()
     return CreatedRoute(result, item, invocation, spec, loop, run)
+
+
+def drain_rows() -> dict[str, Any]:
+    """What drains left (inbox events, work items, step runs, the number of runs), in terms
+    that do not depend on generated ids: equal after two drains that decided alike."""
+    return {
+        "inbox": sorted(
+            InboxEvent.objects.values_list(
+                "event_id", "state", "reason_code", "last_reason", "route_attempts"
+            )
+        ),
+        "items": sorted(
+            WorkflowWorkItem.objects.values_list(
+                "source_ref", "status", "attempts", "route_scope", "project_key"
+            )
+        ),
+        "steps": sorted(
+            WorkflowStepRun.objects.values_list(
+                "workflow_run__work_item__source_ref",
+                "step_id",
+                "status",
+                "account_profile",
+            )
+        ),
+        "runs": WorkflowRun.objects.count(),
+    }
+
+
+def wipe_drain_rows() -> None:
+    """Delete what drains wrote (and the cooldowns and account loads their runs left), so a
+    second drain of the same events starts from the same empty ledger."""
+    models: tuple[type[Model], ...] = (
+        InboxEvent,
+        WorkflowWorkItem,
+        AccountCooldown,
+        WorkflowRun,
+        Loop,
+        WorkflowSpec,
+        WorkflowInvocation,
+        AccountLoadCount,
+    )
+    for model in models:
+        model._default_manager.all().delete()

@@ -19,7 +19,12 @@ from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
 from tests.routing.api.helpers import row_counts
-from tests.routing.helpers import plain_project, todos_event
+from tests.routing.helpers import (
+    drain_rows,
+    plain_project,
+    todos_event,
+    wipe_drain_rows,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -347,7 +352,6 @@ def test_batched_and_one_at_a_time_drains_agree_on_refusals(
     same results and leave the same rows (as tests/routing/drains/test_batch.py checks for
     the generic kind)."""
     from tests.ledger.runner_helpers import git_project
-    from tests.routing.drains.test_batch import _ledger, _wipe
 
     repo = git_project(tmp_path / "repo")
 
@@ -373,10 +377,10 @@ def test_batched_and_one_at_a_time_drains_agree_on_refusals(
             (r["taskId"], r["kind"], r.get("reason"), bool(r.get("routeError")))
             for r in report["results"]
         ]
-        return outcomes, _ledger()
+        return outcomes, drain_rows()
 
     one = scenario(1)
-    _wipe()
+    wipe_drain_rows()
     batched = scenario(25)
     assert one == batched
     kinds = [kind for _, kind, _, _ in one[0]]

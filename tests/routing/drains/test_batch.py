@@ -16,14 +16,13 @@ from hypothesis import strategies as st
 from ledger.models import (
     AccountCooldown,
     WorkflowRun,
-    WorkflowStepRun,
     WorkflowWorkItem,
 )
 from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
 from tests.account_loads import assert_account_counts_match_rows
-from tests.routing.helpers import generic_event
+from tests.routing.helpers import drain_rows, generic_event, wipe_drain_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -50,51 +49,6 @@ def _outcomes(report: Any) -> list[tuple[Any, ...]]:
         )
         for r in report.results
     ]
-
-
-def _ledger() -> dict[str, Any]:
-    """What the drain left, in terms that do not depend on generated ids."""
-    return {
-        "inbox": sorted(
-            InboxEvent.objects.values_list(
-                "event_id", "state", "reason_code", "last_reason", "route_attempts"
-            )
-        ),
-        "items": sorted(
-            WorkflowWorkItem.objects.values_list(
-                "source_ref", "status", "attempts", "route_scope", "project_key"
-            )
-        ),
-        "steps": sorted(
-            WorkflowStepRun.objects.values_list(
-                "workflow_run__work_item__source_ref",
-                "step_id",
-                "status",
-                "account_profile",
-            )
-        ),
-        "runs": WorkflowRun.objects.count(),
-    }
-
-
-def _wipe() -> None:
-    for model in (InboxEvent, WorkflowWorkItem, AccountCooldown):
-        model.objects.all().delete()
-    from ledger.models import (
-        AccountLoadCount,
-        Loop,
-        WorkflowInvocation,
-        WorkflowSpec,
-    )
-
-    for model in (
-        WorkflowRun,
-        Loop,
-        WorkflowSpec,
-        WorkflowInvocation,
-        AccountLoadCount,
-    ):
-        model.objects.all().delete()
 
 
 scenarios = st.fixed_dictionaries(
@@ -156,7 +110,7 @@ def _run(scenario: dict[str, Any], batch_size: int, django_settings: Any) -> Any
             _interleave(patch, dict(raw, max_dispatch=scenario["interleave"]), others)
             reports.append(_drain(**raw))
             reports += others
-    return [_outcomes(r) for r in reports], _ledger()
+    return [_outcomes(r) for r in reports], drain_rows()
 
 
 def _interleave(
@@ -190,10 +144,10 @@ def test_batched_admission_decides_exactly_as_one_at_a_time(
 ) -> None:
     one = _run(scenario, 1, settings)
     assert_account_counts_match_rows()
-    _wipe()
+    wipe_drain_rows()
     batched = _run(scenario, 50, settings)
     assert_account_counts_match_rows()
-    _wipe()
+    wipe_drain_rows()
     assert batched == one
 
 
@@ -364,7 +318,7 @@ def test_a_batch_stops_where_max_dispatch_stops_one_at_a_time(settings: Any) -> 
                 sorted(InboxEvent.objects.values_list("state", "route_attempts")),
             )
         )
-        _wipe()
+        wipe_drain_rows()
     assert outcomes[0] == outcomes[1]
     # The drain stops at its second admission: the ineligible event before it is settled
     # as skipped, the one after it and the last eligible one stay pending, untouched.

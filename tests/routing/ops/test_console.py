@@ -30,9 +30,9 @@ from routing.drains.retention import drain_records_prune
 from routing.models import DrainRecord, InboxEvent
 from routing.tasks import prune_empty_drains
 from tests.factories import make_run, make_staff_user, make_step_run, make_work_item
+from tests.ledger.admin_actions import ITEMS, RUNS, admitted, messages_of, post_action
 from tests.routing.helpers import generic_event, route, todos_event
 from tests.routing.ops import seed as ops_seed
-from tests.routing.ops.test_admin import ITEMS, RUNS, admitted, messages_of, post_action
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,8 @@ from ledger.models import WorkflowEvent, WorkflowRun, WorkflowWorkItem
 from ledger.services import run_finalize
 from ledger.webkit import access
 from tests.factories import make_staff_user
+from tests.ledger.admin_actions import messages_of
 from tests.routing.helpers import generic_event, route
-from tests.routing.ops.test_admin import messages_of
 
 pytestmark = pytest.mark.django_db
 

@@ -19,22 +19,11 @@ from routing.drains import drain_options, drain_run
 from routing.drains.inbox import inbox_ingest
 from routing.models import InboxEvent
 from tests.factories import make_run, make_step_run, make_work_item
-from tests.routing.helpers import generic_event, route
+from tests.ledger.admin_actions import ITEMS, RUNS, admitted, messages_of, post_action
+from tests.routing.helpers import generic_event
 from tests.routing.ops import seed as ops_seed
 
 pytestmark = pytest.mark.django_db
-
-ITEMS = reverse("admin:ledger_workflowworkitem_changelist")
-RUNS = reverse("admin:ledger_workflowrun_changelist")
-
-
-def admitted(n: int) -> list[WorkflowWorkItem]:
-    items = []
-    for i in range(n):
-        result = route(event=generic_event(project=f"/srv/a{i}"))
-        assert result.kind == "created" and result.work_item is not None
-        items.append(result.work_item)
-    return items
 
 
 def cancelled(n: int) -> list[WorkflowWorkItem]:
@@ -46,16 +35,6 @@ def cancelled(n: int) -> list[WorkflowWorkItem]:
 
 def statuses(items: list[WorkflowWorkItem]) -> list[str]:
     return [WorkflowWorkItem.objects.get(pk=i.pk).status for i in items]
-
-
-def post_action(client, url: str, action: str, ids: list[str], **extra: str):
-    return client.post(
-        url, {"action": action, "_selected_action": ids, **extra}, follow=True
-    )
-
-
-def messages_of(response) -> list[str]:
-    return [str(m) for m in response.context["messages"]]
 
 
 # --- requeue ----------------------------------------------------------------------------------
