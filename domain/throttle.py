@@ -1,4 +1,4 @@
-"""Active-workflow throttle decision (docs/upstream.md §3.7, wording from issue 3).
+"""Active-workflow throttle decision (docs/upstream.md §3.7, with the later upstream wording).
 
 Contract:
 1. Counts are taken by the caller from ledger rows inside the deciding transaction:
@@ -11,7 +11,7 @@ Contract:
 3. Unset limits never deny; ``ThrottleLimits.any_set`` tells the caller whether a
    decision is worth reporting at all.
 4. The scope reason is ``scope <scope> active workflow limit reached (<n>/<max>)``;
-   issue 3 takes the later upstream label over 0.4.12's ``global ...``.
+   the later upstream label, not 0.4.12's ``global ...``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bounded trust in what a step prints about its account (issue 58; docs/windows.md, "What a
+"""Bounded trust in what a step prints about its account (docs/windows.md, "What a
 task may claim"): the shared pieces of the bound and of the confirmation.
 
 1. A task is its work item (all its runs and retries), or the run itself when it has none.

@@ -1,4 +1,4 @@
-"""One read of a work item's page (issue 42): the admin's work-item page
+"""One read of a work item's page: the admin's work-item page
 (ledger.admin.work_items) and the /ops/ item page (routing.ops.views.work_item) both render
 `work_item_read`, so they show the same runs, steps and attempts, with the same limits.
 

@@ -97,7 +97,7 @@ class WorkItemChangeList(ChangeList):
 
 @admin.register(WorkflowWorkItem)
 class WorkflowWorkItemAdmin(LedgerAdmin):
-    # The columns an operator reads first, narrow enough for 1400 px (issue 19): full ids,
+    # The columns an operator reads first, narrow enough for 1400 px: full ids,
     # paths and reasons are on hover.
     list_display = (
         "short_id_cell",

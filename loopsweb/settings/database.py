@@ -58,7 +58,7 @@ def _database_settings() -> dj_database_url.DBConfig:
             f"DATABASE_URL must be sqlite:// or postgres://, got engine {engine!r}"
         )
     # Persistent connections (checked before reuse) for the clusters by default: at 0 every
-    # broker poll (0.5 s) and heartbeat opens a connection of its own (issue 44: 4.65 a
+    # broker poll (0.5 s) and heartbeat opens a connection of its own (measured: 4.65 a
     # second per idle run cluster on PostgreSQL; on SQLite, each open runs the pragmas above
     # again, most of an idle poll's CPU). Web processes and commands keep 0 unless told.
     cluster = sys.argv[1:2] == ["qcluster"]

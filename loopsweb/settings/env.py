@@ -1,5 +1,5 @@
 """The readers of the environment every settings module uses, and the start-up checks of
-the data directory and the SQLite files (moved from loopsweb/settings.py, issue 42)."""
+the data directory and the SQLite files (once in loopsweb/settings.py)."""
 
 from __future__ import annotations
 

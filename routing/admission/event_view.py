@@ -1,4 +1,4 @@
-"""What a route reads of its event, decided once by its route key (issue 42).
+"""What a route reads of its event, decided once by its route key.
 
 A todos task and a generic event differ in where the project path, the idempotency key, the
 names, the pool seed, the subject and the prompt text come from, and in how the invocation

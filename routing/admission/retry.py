@@ -1,4 +1,4 @@
-"""An operator's retry re-admits the item with the route it stores (issue 39).
+"""An operator's retry re-admits the item with the route it stores.
 
 Every admission decision stores its route on the item (`plan.stored_route`: the route kind,
 the options with the scope as resolved, the event envelope). `retry_work_item` is one

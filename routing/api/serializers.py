@@ -142,7 +142,7 @@ class StepDict(TypedDict):
     attemptsText: str
     # Tokens and cost over all its attempts; None when the agent reported none.
     usage: TokensDict | None
-    # The commit of what the step changed on the run's branch (issue 40), or None.
+    # The commit of what the step changed on the run's branch, or None.
     commitSha: str | None
 
 
@@ -166,7 +166,7 @@ class RunDict(TypedDict):
     branch: str | None
     commitHead: str | None
     workNotCommitted: str | None
-    # issue 40: the run's work (runs.delivery_view.delivery_fields): its diffstat, one
+    # The run's work (runs.delivery_view.delivery_fields): its diffstat, one
     # commit per step that changed files, what was delivered and its pull request.
     diffstat: str | None
     commits: list[dict[str, Any]]
@@ -193,7 +193,7 @@ class WorkItemDetailDict(WorkItemDict):
     inboxEvents: list[InboxRefDict]
     # Tokens and cost of all its runs; None when no step reported any.
     usage: TokensDict | None
-    # The PR review gate's reading when it applied (a todos task reviewing a PR, issue 40):
+    # The PR review gate's reading when it applied (a todos task reviewing a PR):
     # its invocation's scope_json.prReviewRouting; None for any other item.
     prReviewRouting: dict[str, Any] | None
 

@@ -62,7 +62,7 @@ class RunView:
     run: WorkflowRun
     steps: list[StepView] = field(default_factory=list)
     usage: UsageSum = field(default_factory=UsageSum)
-    # issue 40: the run's work (runs.delivery_view): commits, delivery, patch, actions.
+    # The run's work (runs.delivery_view): commits, delivery, patch, actions.
     commits: list[dict[str, Any]] = field(default_factory=list)
     delivery: str | None = None
     pr: dict[str, Any] | None = None

@@ -1,4 +1,4 @@
-"""The run's work on the /ops/ pages (issue 40): "Deliver again" and "Discard" (POST, CSRF,
+"""The run's work on the /ops/ pages: "Deliver again" and "Discard" (POST, CSRF,
 the item change permission, audited as the item actions are), and the run's whole patch as
 plain text ("show all": `text/plain`, `nosniff`, so nothing in it is ever markup). Both need
 the runs' view permission too, as the admin's run page (ledger.webkit.access)."""

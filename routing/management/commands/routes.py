@@ -84,7 +84,7 @@ def _run_dict(run: WorkflowRun, attempt: int) -> dict[str, Any]:
         "error": run.error,
         # loopsweb: each step with its attempts (an account per try) and its usage
         "steps": [step_to_dict(step) for step in run.step_runs.all()],
-        # issue 40: branch, commits, diffstat, delivery and pull request
+        # The run's work: branch, commits, diffstat, delivery and pull request
         "branch": run.worktree_branch,
         **delivery_fields(run),
         "deliveryText": delivery_line(run),
