@@ -217,6 +217,11 @@ def instance_seen(instance: str, now: datetime) -> None:
     ClusterInstance.objects.filter(instance=instance).update(seen_at=now)
 
 
+def instances_end(instances: list[str], now: datetime) -> None:
+    """These run cluster instances are over (a cluster's start found them gone)."""
+    ClusterInstance.objects.filter(instance__in=instances).update(ended_at=now)
+
+
 def process_space_of(instance: str) -> bool:
     """Whether the processes of `instance` are this process's to signal: its own instance,
     or a registered one of this machine, boot and PID namespace."""

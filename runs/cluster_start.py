@@ -40,6 +40,7 @@ from ledger.instances import (
     INSTANCE_ENV,
     instance_fate,
     instance_register,
+    instances_end,
     machine_id,
     new_instance,
 )
@@ -104,7 +105,7 @@ def predecessors_end(host: str, instance: str, now: datetime) -> tuple[list[str]
             gone.append(row.instance)
         else:
             running = True
-    ClusterInstance.objects.filter(instance__in=gone).update(ended_at=now)
+    instances_end(gone, now)
     return gone, running
 
 

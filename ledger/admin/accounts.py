@@ -7,7 +7,6 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
-from django.db.models import Q
 
 from agents.providers import PROVIDERS
 from ledger import services
@@ -94,7 +93,7 @@ class AccountAdmin(admin.ModelAdmin):
 
     @admin.action(description="Disable selected accounts (never assigned)")
     def disable_accounts(self, request: Any, queryset: Any) -> None:
-        n = queryset.filter(enabled=True).update(enabled=False)
+        n = self._set_enabled(queryset, enabled=False)
         self.message_user(request, f"{n} account(s) disabled")
 
     @admin.action(
@@ -113,7 +112,13 @@ class AccountAdmin(admin.ModelAdmin):
     @admin.action(description="Enable selected accounts (clears a failed login)")
     def enable_accounts(self, request: Any, queryset: Any) -> None:
         # As `account enable`: an enabled account whose login failed is enabled anew.
-        n = queryset.filter(Q(enabled=False) | Q(login_failed_at__isnull=False)).update(
-            enabled=True, login_failed_at=None, login_failed_reason=None
-        )
+        n = self._set_enabled(queryset, enabled=True)
         self.message_user(request, f"{n} account(s) enabled")
+
+    @staticmethod
+    def _set_enabled(queryset: Any, *, enabled: bool) -> int:
+        """`services.account_set_enabled` on each selected account; how many changed."""
+        return sum(
+            services.account_set_enabled(name=name, enabled=enabled)[1]
+            for name in queryset.values_list("name", flat=True)
+        )
