@@ -4,7 +4,7 @@ An agent works in a checkout of the project and can write everything git reads t
 worktree's `.git` file, the repository's config (a linked worktree shares it), attributes,
 hooks, refs. loopsweb runs git on that afterwards, as itself. So every git process it starts
 is started by `run_git` below, and nothing else in the product calls git
-(tests/ledger/test_git_boundary.py fails on any other call):
+(tests/ledger/test_agent_boundary.py fails on any other call):
 
 1. **No discovery.** The repository is always named (`GIT_DIR`, and `GIT_WORK_TREE` where a
    work tree is read); the one call that looks for a repository (`repository_at`, on the

@@ -1,7 +1,8 @@
 """The product, its templates and its documents cite by path, never by tracker issue
 number: "(issue 42)" means nothing to a reader of a clone, a path (`docs/windows.md`,
-`ledger/claims.py`) opens. Migrations are frozen history and left out; the tests may name
-the issue a test was written for. No database."""
+`ledger/claims.py`) opens; and every repository path they cite exists (a test file, a
+module). Migrations are frozen history and left out; the tests may name the issue a test
+was written for. No database."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ CHECKED = (
     "docs",
 )
 SUFFIXES = {".py", ".md", ".html", ".txt"}
+_PATH = re.compile(
+    r"(?<![\w./-])((?:domain|agents|ledger|runs|routing|loopsweb|tests|docs|scripts|deploy)"
+    r"/[\w./-]*\w\.(?:py|md|sh|html|toml))\b"
+)
 _TRACKER = re.compile(r"\b[Ii]ssues? #?\d+\b")
 
 
@@ -59,6 +64,35 @@ def test_nothing_cites_a_tracker_issue_by_number() -> None:
         )
     ]
     assert found == [], "\n".join(found)
+
+
+def missing_paths(text: str, origin: str) -> list[str]:
+    """`origin:line: path` of each repository path cited in `text` that does not exist."""
+    return [
+        f"{origin}:{number}: {path}"
+        for number, line in enumerate(text.splitlines(), 1)
+        for path in _PATH.findall(line)
+        if not (ROOT / path).exists()
+    ]
+
+
+def test_every_repository_path_cited_exists() -> None:
+    found = [
+        hit
+        for path in checked_files()
+        for hit in missing_paths(
+            path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
+        )
+    ]
+    assert found == [], "\n".join(found)
+
+
+def test_the_path_check_catches_a_path_that_is_gone() -> None:
+    text = (
+        "(tests/ledger/test_git_boundary.py fails on any other call)\n"
+        "the one way loopsweb runs git (runs/git.py, docs/isolation.md)\n"
+    )
+    assert missing_paths(text, "x.py") == ["x.py:1: tests/ledger/test_git_boundary.py"]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """The readers of the environment every settings module uses, and the start-up checks of
-the data directory and the SQLite files (once in loopsweb/settings.py)."""
+the data directory and the SQLite files (once one settings module)."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def _calls_git(tree: ast.AST) -> list[int]:
     return found
 
 
-def test_only_ledger_git_runs_git_in_the_product() -> None:
+def test_only_runs_git_runs_git_in_the_product() -> None:
     offenders = []
     for package in PRODUCT:
         for path in (ROOT / package).rglob("*.py"):
