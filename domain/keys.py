@@ -155,13 +155,20 @@ def todos_task_names(prefix: str | None, task_id: str, key: str) -> tuple[str, s
 def generic_names(
     prefix: str | None, source: str, type: str, id: str
 ) -> tuple[str, str]:
-    """(workflow name, loop name) for a generic route."""
+    """(workflow name, loop name) for a generic route.
+
+    loopsweb: upstream's stem ends at the id's first 8 characters, so events whose ids
+    share them (`deploy-2026-12-07-…`) get one name, and admission takes its one-at-a-time
+    path for them (the previous spec archived each time). A suffix of the event's key, as a
+    todos task's names carry, makes the name unique per event and still the same for the
+    same event."""
     stem = ":".join(
         (
             _prefix(prefix, DEFAULT_GENERIC_PREFIX),
             slug(source, "source"),
             slug(type, "type"),
             id[:8],
+            key_suffix(generic_event_key(source, type, id)),
         )
     )
     return f"{stem}:workflow", f"{stem}:run"

@@ -111,13 +111,28 @@ def test_generic_names_slug_source_and_type() -> None:
     workflow, loop = generic_names(
         None, "@hasna/Todos", "task created", "evt-123456789"
     )
-    assert workflow == "event:generic:hasna-todos:task-created:evt-1234:workflow"
-    assert loop == "event:generic:hasna-todos:task-created:evt-1234:run"
+    suffix = key_suffix(
+        generic_event_key("@hasna/Todos", "task created", "evt-123456789")
+    )
+    assert (
+        workflow == f"event:generic:hasna-todos:task-created:evt-1234:{suffix}:workflow"
+    )
+    assert loop == f"event:generic:hasna-todos:task-created:evt-1234:{suffix}:run"
+
+
+def test_generic_events_whose_ids_share_eight_characters_get_names_of_their_own() -> (
+    None
+):
+    first, _ = generic_names(None, "ci", "deploy", "deploy-2026-12-07-a")
+    second, _ = generic_names(None, "ci", "deploy", "deploy-2026-12-07-b")
+    assert first != second
+    assert first == generic_names(None, "ci", "deploy", "deploy-2026-12-07-a")[0]
 
 
 def test_generic_names_fall_back_when_slugs_are_empty() -> None:
     workflow, _ = generic_names("p", "@@@", "!!", "e")
-    assert workflow == "p:source:type:e:workflow"
+    suffix = key_suffix(generic_event_key("@@@", "!!", "e"))
+    assert workflow == f"p:source:type:e:{suffix}:workflow"
 
 
 @pytest.mark.parametrize(
