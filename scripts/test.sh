@@ -43,11 +43,17 @@ work=$(mktemp -d /tmp/loopsweb-test.XXXXXX)
 # cache prefix (PYTHONPYCACHEPREFIX) would ignore pip's bytecode and compile Django and
 # every package again, each run.
 unset PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX
-# Compiled once, here, while PostgreSQL starts: the suites' workers start together and would
-# each compile the tests and loopsweb at the same moment (about 3 s of CPU a process, seven
-# workers). One collection compiles what they import; a failing collection shows in the suites.
+# Compiled once, here, while PostgreSQL starts and the first suite migrates its scratch
+# database: the suites' workers start together and would each compile the tests and loopsweb
+# at the same moment (about 3 s of CPU a process, seven workers). One collection compiles
+# what they import; a failing collection shows in the suites.
 LOOPSWEB_DATA_DIR="$work/warm" "$PY" -m pytest -q --collect-only -p no:cacheprovider >/dev/null 2>&1 &
 warming=$!
+wait_for_warming() {  # before a suite's workers start; only this shell can wait for it
+  [ -n "${warming:-}" ] || return 0
+  wait "$warming" || true
+  warming=
+}
 pg_psql() { PGOPTIONS="-c client_min_messages=warning" "${PG_BIN:+$PG_BIN/}psql" -qX "${PG_TEST_URL%/*}/postgres" "$@"; }
 cleanup() {
   kill "$warming" 2>/dev/null || true  # a start that failed before the suites
@@ -71,6 +77,7 @@ run_suite() {  # $1 = label, $2 = xdist workers; the environment selects the dat
   check_seconds=$((SECONDS - check_started))
   echo "=== loopsweb test suite on $1 ==="
   local started=$SECONDS
+  wait_for_warming  # one after the other (TEST_SERIAL, one backend): ran beside check_migrations
   # Each suite its own temporary directories: pytest's shared default (/tmp/pytest-of-USER)
   # prunes the oldest sessions' directories, which may be the other suite's, still in use.
   "$PY" -m pytest -q "${parallel[@]}" --basetemp="$LOOPSWEB_DATA_DIR/tmp" "${@:3}" || rc=$?
@@ -106,12 +113,12 @@ if [[ " ${backends_run[*]} " == *" postgresql "* ]]; then
   pg_check_db="$(basename "${PG_TEST_URL%%\?*}")_check"
   pg_psql -c "DROP DATABASE IF EXISTS \"$pg_check_db\" WITH (FORCE)" -c "CREATE DATABASE \"$pg_check_db\""
 fi
-wait "$warming" || true
 
 # Both suites side by side (TEST_SERIAL=1: one after the other). Much of each suite's time is
 # waiting (schedules, heartbeats, leases, the CLIs' start-up), so on 2 cores the two together
 # take little more than the longer one. Each line is prefixed with its suite's name.
 if [ "${#backends_run[@]}" = 2 ] && [ "${TEST_SERIAL:-0}" != 1 ]; then
+  wait_for_warming  # here: a suite's subshell cannot wait for it
   pids=()
   for backend in "${backends_run[@]}"; do
     ( "${backend}_suite" "$@" 2>&1 | sed -u "s/^/[$backend] /" ) &

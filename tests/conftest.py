@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import is_hypothesis_test
 
 # Processes the suite spawns (runserver, qcluster, management commands) are not the test run
 # itself, so loopsweb.settings gives them production defaults. They inherit these explicit
@@ -303,10 +304,11 @@ def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """On xdist workers: the `xdist_group`s first (in GROUP_ORDER), then the other slow tests,
-    then the rest, so the long ones start early instead of ending the run on one busy worker
-    while the others idle. Every worker sorts its identical collection the same way, and
-    scripts/test.sh passes `--no-loadscope-reorder`, so xdist hands the work out in this order:
-    one group to each worker first, the single tests after."""
+    then the rest (its property tests first), so the long ones start early instead of ending
+    the run on one busy worker while the others idle. Every worker sorts its identical
+    collection the same way, and scripts/test.sh passes `--no-loadscope-reorder`, so xdist
+    hands the work out in this order: one group to each worker first, the single tests
+    after."""
     _run_once(config, items)
     keys = {item.nodeid: _schedule_key(item) for item in items}  # every group is listed
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -359,7 +361,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # picks it up last ends the run): the hosts' and the instances' minutes of lease and
 # heartbeat waits (PostgreSQL only), the whole installations, the real CLIs through the
 # runner and the others, the capacity run, the browser tests (one Chromium), the upgrade
-# copies.
+# copies; last, the rule tests that parse the sources, on one worker so that it alone reads
+# and parses them (tests/source_index.py), a few seconds.
 GROUP_ORDER = (
     "hosts",
     "instances",
@@ -370,19 +373,26 @@ GROUP_ORDER = (
     "installation_capacity",
     "browser",
     "upgrade",
+    "source_rules",
 )
 
 
-def _schedule_key(item: pytest.Item) -> tuple[int, bool]:
+def _schedule_key(item: pytest.Item) -> tuple[int, bool, bool]:
     group = item.get_closest_marker("xdist_group")
     if group is None:
-        return len(GROUP_ORDER), item.get_closest_marker("slow") is None
+        # Among the rest, the property tests first: a few seconds each (a hundred examples),
+        # they would otherwise come last and end the run on one worker while the others idle.
+        return (
+            len(GROUP_ORDER),
+            item.get_closest_marker("slow") is None,
+            not is_hypothesis_test(getattr(item, "obj", None)),
+        )
     name = group.args[0]
     if name not in GROUP_ORDER:
         raise pytest.UsageError(
             f"{item.nodeid}: xdist_group {name!r} is not in tests/conftest.py GROUP_ORDER"
         )
-    return GROUP_ORDER.index(name), False
+    return GROUP_ORDER.index(name), False, False
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

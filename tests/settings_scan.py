@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests import source_index
+
 ROOT = Path(__file__).resolve().parents[1]
 
 ENV_READERS = {
@@ -62,7 +64,7 @@ def settings_read_by_code() -> set[str]:
         for p in (ROOT / package).rglob("*.py")
     ]
     for path in sources:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in source_index.nodes(source_index.text(path), str(path)):
             if not isinstance(node, ast.Call) or not node.args:
                 continue
             func = node.func

@@ -28,6 +28,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import source_index
+
+# One worker runs the checks that parse the sources (tests/source_index.py: each file read and
+# parsed once per process, not once per worker).
+pytestmark = pytest.mark.xdist_group("source_rules")
+
 ROOT = Path(__file__).resolve().parents[1]
 # Modules kept only so rows written by the last release still resolve (ledger/tasks.py):
 # the one upward import the ledger may make. Remove with them.
@@ -168,7 +174,7 @@ def imports(source: str, filename: str = "<source>") -> list[tuple[int, str, str
     """Every import as (line, module, imported name): `import a.b` is ("a.b", ""), `from a
     import b` is ("a", "b"). Module level and inside functions alike."""
     found: list[tuple[int, str, str]] = []
-    for node in ast.walk(ast.parse(source, filename)):
+    for node in source_index.nodes(source, filename):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name, "") for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -181,7 +187,7 @@ def imports(source: str, filename: str = "<source>") -> list[tuple[int, str, str
 
 def first_party_imports(path: Path) -> list[tuple[int, str]]:
     found = []
-    for line, module, name in imports(path.read_text(), str(path)):
+    for line, module, name in imports(source_index.text(path), str(path)):
         # `from routing.ops import views` imports routing.ops.views: judge the longest.
         full = f"{module}.{name}" if name else module
         if full.split(".")[0] in PACKAGES:
@@ -348,7 +354,7 @@ def test_no_import_goes_up_a_layer() -> None:
 
 
 def test_no_package_has_an_import_cycle() -> None:
-    graph = import_graph({module_name(p): p.read_text() for p in sources()})
+    graph = import_graph({module_name(p): source_index.text(p) for p in sources()})
     assert import_cycles(graph) == []
 
 
@@ -356,16 +362,18 @@ def test_no_module_imports_another_module_s_underscore_name() -> None:
     violations = [
         v
         for path in sources()
-        for v in underscore_imports(path.read_text(), str(path.relative_to(ROOT)))
+        for v in underscore_imports(
+            source_index.text(path), str(path.relative_to(ROOT))
+        )
     ]
     assert violations == [], "\n".join(violations)
 
 
 def test_no_product_module_is_over_600_lines() -> None:
     long = [
-        f"{path.relative_to(ROOT)}: {len(path.read_text().splitlines())} lines"
+        f"{path.relative_to(ROOT)}: {len(source_index.text(path).splitlines())} lines"
         for path in product_sources()
-        if too_long(path.read_text())
+        if too_long(source_index.text(path))
     ]
     assert long == [], "\n".join(long)
 
@@ -378,7 +386,7 @@ def long_functions(source: str, where: str) -> list[str]:
     """`where:line name (N lines)` for each function of `source` over MAX_FUNCTION_LINES."""
     return [
         f"{where}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for node in ast.walk(ast.parse(source))
+        for node in source_index.nodes(source)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and node.end_lineno is not None
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
@@ -389,7 +397,7 @@ def test_no_product_function_is_over_80_lines() -> None:
     found = [
         v
         for path in product_sources()
-        for v in long_functions(path.read_text(), str(path.relative_to(ROOT)))
+        for v in long_functions(source_index.text(path), str(path.relative_to(ROOT)))
     ]
     assert found == [], "\n".join(found)
 
@@ -407,7 +415,7 @@ def test_domain_imports_only_the_standard_library_and_itself() -> None:
         v
         for path in sorted((ROOT / "domain").rglob("*.py"))
         for v in foreign_imports(
-            path.read_text(), domain_may_import, str(path.relative_to(ROOT))
+            source_index.text(path), domain_may_import, str(path.relative_to(ROOT))
         )
     ]
     assert violations == [], "\n".join(violations)
@@ -418,7 +426,7 @@ def test_agents_import_only_the_standard_library_domain_and_themselves() -> None
         v
         for path in sorted((ROOT / "agents").rglob("*.py"))
         for v in foreign_imports(
-            path.read_text(), agents_may_import, str(path.relative_to(ROOT))
+            source_index.text(path), agents_may_import, str(path.relative_to(ROOT))
         )
     ]
     assert violations == [], "\n".join(violations)
@@ -431,7 +439,7 @@ def test_ledger_imports_nothing_above_it() -> None:
         for path in sorted((ROOT / "ledger").rglob("*.py"))
         if module_name(path) not in SHIMS
         for v in foreign_imports(
-            path.read_text(), ledger_may_import, str(path.relative_to(ROOT))
+            source_index.text(path), ledger_may_import, str(path.relative_to(ROOT))
         )
     ]
     assert violations == [], "\n".join(violations)
@@ -446,7 +454,7 @@ def test_runs_import_nothing_of_routing() -> None:
         v
         for path in sorted((ROOT / "runs").rglob("*.py"))
         for v in foreign_imports(
-            path.read_text(), runs_may_import, str(path.relative_to(ROOT))
+            source_index.text(path), runs_may_import, str(path.relative_to(ROOT))
         )
     ]
     assert violations == [], "\n".join(violations)
@@ -459,7 +467,7 @@ def test_drains_import_admission_only_through_its_package() -> None:
         v
         for path in sorted((ROOT / "routing" / "drains").rglob("*.py"))
         for v in admission_submodule_imports(
-            path.read_text(), submodules, str(path.relative_to(ROOT))
+            source_index.text(path), submodules, str(path.relative_to(ROOT))
         )
     ]
     assert violations == [], "\n".join(violations)
@@ -469,7 +477,7 @@ def routing_reverse_names() -> set[str]:
     """The reverse accessors routing's models give ledger's rows: each ForeignKey's or
     OneToOneField's `related_name` in routing/models.py (and the default `<model>_set`)."""
     names = set()
-    for node in ast.walk(ast.parse((ROOT / "routing" / "models.py").read_text())):
+    for node in source_index.nodes(source_index.text(ROOT / "routing" / "models.py")):
         if isinstance(node, ast.ClassDef):
             names.add(f"{node.name.lower()}_set")
         if isinstance(node, ast.Call):
@@ -485,7 +493,7 @@ def reverse_reads(source: str, names: set[str], path: str) -> list[str]:
     """`path:line reads .<name>` for each attribute named like a routing reverse accessor."""
     return [
         f"{path}:{node.lineno} reads .{node.attr}"
-        for node in ast.walk(ast.parse(source))
+        for node in source_index.nodes(source)
         if isinstance(node, ast.Attribute) and node.attr in names
     ]
 
@@ -496,7 +504,9 @@ def test_ledger_reaches_no_routing_table_through_a_reverse_relation() -> None:
     violations = [
         v
         for path in sorted((ROOT / "ledger").rglob("*.py"))
-        for v in reverse_reads(path.read_text(), names, str(path.relative_to(ROOT)))
+        for v in reverse_reads(
+            source_index.text(path), names, str(path.relative_to(ROOT))
+        )
     ]
     for path in sorted((ROOT / "templates" / "admin" / "ledger").rglob("*.html")):
         text = path.read_text()

@@ -36,7 +36,14 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.sqlite  # reads files only: one suite runs it
+from tests import source_index
+
+# One worker runs the checks that parse the sources (tests/source_index.py: each file read and
+# parsed once per process, not once per worker).
+pytestmark = [
+    pytest.mark.sqlite,  # reads files only: one suite runs it
+    pytest.mark.xdist_group("source_rules"),
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("domain", "agents", "ledger", "runs", "routing", "loopsweb")
@@ -173,11 +180,11 @@ class _Function(ast.NodeVisitor):
 
 def findings(source: str, path: str) -> list[str]:
     """`path:line (function)` of every decision by message text in `source`."""
-    tree = ast.parse(source)
+    tree = source_index.parsed(source, path)
     scopes: list[tuple[str, list[ast.stmt], set[str]]] = [
         ("<module>", tree.body, set())
     ]
-    for node in ast.walk(tree):
+    for node in source_index.nodes(source, path):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
             exceptions = {
@@ -210,7 +217,7 @@ def test_no_product_code_decides_by_an_error_message() -> None:
     found = []
     for path in _product_files():
         relative = path.relative_to(ROOT).as_posix()
-        found += findings(path.read_text(encoding="utf-8"), relative)
+        found += findings(source_index.text(path), relative)
     assert found == [], "decided by message text (use a typed error or a code):\n" + (
         "\n".join(found)
     )
@@ -219,10 +226,9 @@ def test_no_product_code_decides_by_an_error_message() -> None:
 def test_every_allowed_place_still_exists() -> None:
     defined = set()
     for path, _ in ALLOWED:
-        tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
         defined |= {
             (path, node.name)
-            for node in ast.walk(tree)
+            for node in source_index.nodes(source_index.text(ROOT / path), path)
             if isinstance(node, ast.FunctionDef)
         }
     assert ALLOWED <= defined

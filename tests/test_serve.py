@@ -62,6 +62,7 @@ def template_names() -> list[str]:
     return names
 
 
+@pytest.mark.xdist_group("source_rules")  # parses the product: tests/source_index.py
 def test_env_template_names_every_setting_the_code_reads_once() -> None:
     in_template = template_names()
     assert len(in_template) == len(set(in_template)), "a setting listed twice"

@@ -17,6 +17,10 @@ from django.conf import settings
 from domain.bounds import BOUNDS, Bound
 from tests.settings_scan import NOT_SETTINGS, settings_read_by_code
 
+# One worker runs the checks that parse the sources (tests/source_index.py: each file read and
+# parsed once per process, not once per worker).
+pytestmark = pytest.mark.xdist_group("source_rules")
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "settings.md"
 TEMPLATE = ROOT / "deploy" / "loopsweb.env.example"

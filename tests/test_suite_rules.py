@@ -58,9 +58,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import source_index
 from tests.waiting import MIN_HANG_SECONDS, TIME_SCALE_ENV
 
-pytestmark = pytest.mark.sqlite  # reads files only: one suite runs it
+# One worker runs the checks that parse the sources (tests/source_index.py: each file read and
+# parsed once per process, not once per worker).
+pytestmark = [
+    pytest.mark.sqlite,  # reads files only: one suite runs it
+    pytest.mark.xdist_group("source_rules"),
+]
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -195,16 +201,31 @@ class _Bounds:
         return None
 
 
+# The fields that hold statements (`except` clauses and `case`s hold them in turn). No
+# expression holds a statement, so the statements of a scope are reached through these alone.
+_BODIES = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
+
+
+def _inner_statements(node: ast.AST) -> list[ast.AST]:
+    """The statements (and `except` clauses, `case`s) right inside `node`, in field order."""
+    return [
+        child
+        for field in node._fields
+        if field in _BODIES and isinstance(children := getattr(node, field), list)
+        for child in children
+    ]
+
+
 def _own_statements(scope: ast.AST) -> list[ast.AST]:
     """The statements of a module or function, not those of functions nested in it."""
     out: list[ast.AST] = []
-    todo = list(ast.iter_child_nodes(scope))
+    todo = _inner_statements(scope)
     while todo:
         node = todo.pop()
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         out.append(node)
-        todo.extend(ast.iter_child_nodes(node))
+        todo.extend(_inner_statements(node))
     return out
 
 
@@ -225,11 +246,11 @@ def _upper_bounds(compare: ast.Compare) -> list[tuple[ast.AST, ast.AST]]:
 def timing_assertions(source: str, filename: str = "<test>") -> list[str]:
     """`file:line: source` of each assertion in `source` that caps a measured duration
     under a hang deadline."""
-    tree = ast.parse(source, filename)
+    tree = source_index.parsed(source, filename)
     found: list[str] = []
     functions: list[ast.AST] = [
         node
-        for node in ast.walk(tree)
+        for node in source_index.nodes(source, filename)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
     ]
     module = _Bounds([tree])
@@ -275,9 +296,7 @@ def _test_files() -> list[Path]:
 def test_no_test_asserts_a_duration_shorter_than_a_hang_deadline() -> None:
     found = []
     for path in _test_files():
-        found += timing_assertions(
-            path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
-        )
+        found += timing_assertions(source_index.text(path), str(path.relative_to(ROOT)))
     assert found == [], (
         "timing assertions (assert the outcome or the order of events instead, and put "
         "the figure in tests/bench/):\n" + "\n".join(found)
@@ -335,10 +354,15 @@ def test_the_checker_accepts_outcomes_orders_and_hang_deadlines(body: str) -> No
 # A comment that is (or, after a noqa, holds) the type-ignore marker, with or without error
 # codes, or a `mypy:` inline configuration.
 _SILENCER = re.compile(r"#\s*type\s*:\s*ignore\b|^#\s*mypy\s*:", re.IGNORECASE)
+# The same anywhere in a file's text: every comment is a piece of its line, so a file this
+# finds nothing in has no such comment, and is not tokenized (most of the check's time).
+_SILENCER_ANYWHERE = re.compile(r"#\s*type\s*:\s*ignore\b|#\s*mypy\s*:", re.IGNORECASE)
 
 
 def type_check_silencers(source: str, filename: str = "<test>") -> list[str]:
     """`file:line: comment` of each comment in `source` that silences the type checker."""
+    if not _SILENCER_ANYWHERE.search(source):
+        return []
     tokens = tokenize.generate_tokens(io.StringIO(source).readline)
     return [
         f"{filename}:{token.start[0]}: {token.string}"
@@ -351,7 +375,7 @@ def test_no_file_under_tests_silences_the_type_checker() -> None:
     found = []
     for path in sorted(p for p in TESTS.rglob("*.py") if p.is_file()):
         found += type_check_silencers(
-            path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
+            source_index.text(path), str(path.relative_to(ROOT))
         )
     assert found == [], (
         "type-checker silencers (type the helper, narrow with `assert x is not None` or "
@@ -392,7 +416,7 @@ def test_only_the_waiting_module_reads_the_time_scale() -> None:
     readers = [
         str(p.relative_to(ROOT))
         for p in _test_files()
-        if TIME_SCALE_ENV in p.read_text(encoding="utf-8")
+        if TIME_SCALE_ENV in source_index.text(p)
     ]
     assert readers == ["tests/waiting.py"], readers
 
@@ -457,10 +481,9 @@ def _imported_test_modules(node: ast.AST) -> list[str]:
 
 def imports_of_test_modules(source: str, filename: str = "<test>") -> list[str]:
     """`file:line: module` of each import of a test module in `source`."""
-    tree = ast.parse(source, filename)
     return [
         f"{filename}:{getattr(node, 'lineno', 0)}: {module}"
-        for node in ast.walk(tree)
+        for node in source_index.nodes(source, filename)
         for module in _imported_test_modules(node)
     ]
 
@@ -469,7 +492,7 @@ def test_no_test_module_imports_another_test_module() -> None:
     found = []
     for path in sorted(p for p in TESTS.rglob("*.py") if p.is_file()):
         found += imports_of_test_modules(
-            path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
+            source_index.text(path), str(path.relative_to(ROOT))
         )
     assert found == [], (
         "imports of a test module (move what is shared to a helper module, or a fixture "
