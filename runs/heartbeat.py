@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import threading
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def heartbeat(cluster: str, stop: threading.Event) -> None:
             return
 
 
-def _host_beat(providers: list[str], *, steady: int, now: Any) -> None:
+def _host_beat(providers: list[str], *, steady: int, now: datetime) -> None:
     """The host-level work of one beat, done by the worker on duty (module docstring)."""
     # The host's own row (ledger.hosts), then any dead host's queue moved to the live
     # ones: a dead host's waiting runs are placed again within one beat.

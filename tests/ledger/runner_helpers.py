@@ -378,3 +378,19 @@ def git_project(path: Path, *, commit: bool = True) -> Path:
         git(path, "add", "README")
         git(path, "commit", "-q", "-m", "initial")
     return path
+
+
+def register_accounts(*names: str) -> None:
+    """Registered codewith accounts, so a pool of them is routed by loopsweb's pool rules."""
+    for name in names:
+        services.account_add(name=name, provider="codewith")
+
+
+def account_moves(run: WorkflowRun) -> list[tuple[str, str, str]]:
+    """(from, to, code) of each `step_account_moved` event of `run`, in order."""
+    return [
+        (e.payload_json["from"], e.payload_json["to"], e.payload_json["code"])
+        for e in WorkflowEvent.objects.filter(
+            workflow_run=run, event_type="step_account_moved"
+        ).order_by("sequence")
+    ]

@@ -26,7 +26,6 @@ from ledger.models import (
     Account,
     RunStatus,
     StepReasonCode,
-    WorkflowEvent,
     WorkflowRun,
     WorkflowStepAttempt,
     WorkflowWorkItem,
@@ -39,7 +38,14 @@ from routing.ops.account_groups import account_state
 from routing.selectors import AccountRow
 from runs.runner import NO_ACCOUNT_LEFT, run_workflow_run
 from tests.ledger.account_failover_helpers import attempts_of, pooled_run
-from tests.ledger.runner_helpers import FakeAgent, git_project, route_generic, steps_of
+from tests.ledger.runner_helpers import (
+    FakeAgent,
+    account_moves,
+    git_project,
+    register_accounts,
+    route_generic,
+    steps_of,
+)
 from tests.waiting import hang_deadline
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -52,31 +58,17 @@ def _hangs() -> dict[str, Any]:
     return {"sleep": round(hang_deadline(120))}
 
 
-def _register(*names: str) -> None:
-    for name in names:
-        services.account_add(name=name, provider="codewith")
-
-
-def _moves(run: WorkflowRun) -> list[tuple[str, str, str]]:
-    return [
-        (e.payload_json["from"], e.payload_json["to"], e.payload_json["code"])
-        for e in WorkflowEvent.objects.filter(
-            workflow_run=run, event_type="step_account_moved"
-        ).order_by("sequence")
-    ]
-
-
 def test_a_refused_login_moves_the_step_to_the_pools_other_account(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    _register("acctA", "acctB")
+    register_accounts("acctA", "acctB")
     agent.configure(profiles={"acctA": REFUSED})
     run = pooled_run(git_project(tmp_path / "project"), ["acctA", "acctB"])
 
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
     assert steps_of(run)["worker"].account_profile == "acctB"
     assert attempts_of(run) == [("acctA", "login_failed"), ("acctB", "succeeded")]
-    assert _moves(run) == [("acctA", "acctB", reasons.LOGIN_FAILED)]
+    assert account_moves(run) == [("acctA", "acctB", reasons.LOGIN_FAILED)]
     assert Account.objects.get(pk="acctA").login_failed_at is not None
     assert [r["profile"] for r in agent.records()] == ["acctA", "acctB"]
 
@@ -85,7 +77,7 @@ def test_a_hang_moves_the_step_and_marks_the_account_unresponsive(
     agent: FakeAgent, tmp_path: Path, settings: Any
 ) -> None:
     settings.LOOPSWEB_UNRESPONSIVE_SECONDS = 900
-    _register("acctA", "acctB")
+    register_accounts("acctA", "acctB")
     agent.configure(profiles={"acctA": _hangs()})
     project = git_project(tmp_path / "project")
     run = pooled_run(project, ["acctA", "acctB"], idle_ms=1000)
@@ -94,7 +86,7 @@ def test_a_hang_moves_the_step_and_marks_the_account_unresponsive(
     assert run_workflow_run(run.id) == RunStatus.SUCCEEDED
     assert steps_of(run)["worker"].account_profile == "acctB"
     assert attempts_of(run) == [("acctA", "unresponsive"), ("acctB", "succeeded")]
-    assert _moves(run) == [("acctA", "acctB", reasons.UNRESPONSIVE)]
+    assert account_moves(run) == [("acctA", "acctB", reasons.UNRESPONSIVE)]
     hung = WorkflowStepAttempt.objects.get(workflow_run=run, account_profile="acctA")
     assert (hung.error or "").startswith("no progress for 1.0 s (idle limit)")
     account = Account.objects.get(pk="acctA")
@@ -130,7 +122,7 @@ def test_a_hang_moves_the_step_and_marks_the_account_unresponsive(
 def test_no_account_left_fails_the_run_with_the_reason(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    _register("acctA", "acctB")
+    register_accounts("acctA", "acctB")
     agent.configure(profiles={"acctA": _hangs(), "acctB": REFUSED})
     run = pooled_run(
         git_project(tmp_path / "project"), ["acctA", "acctB"], idle_ms=1000
@@ -138,7 +130,7 @@ def test_no_account_left_fails_the_run_with_the_reason(
 
     assert run_workflow_run(run.id) == RunStatus.FAILED
     assert attempts_of(run) == [("acctA", "unresponsive"), ("acctB", "login_failed")]
-    assert _moves(run) == [("acctA", "acctB", reasons.UNRESPONSIVE)]
+    assert account_moves(run) == [("acctA", "acctB", reasons.UNRESPONSIVE)]
     run.refresh_from_db()
     assert "401 Unauthorized" in run.error and run.error.endswith(NO_ACCOUNT_LEFT)
     assert steps_of(run)["worker"].reason_code == StepReasonCode.LOGIN_FAILED
@@ -149,7 +141,7 @@ def test_no_account_left_fails_the_run_with_the_reason(
 def test_a_hang_on_the_last_account_left_times_the_run_out_with_the_reason(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    _register("acctA", "acctB")
+    register_accounts("acctA", "acctB")
     agent.configure(profiles={"acctA": _hangs()})
     run = pooled_run(
         git_project(tmp_path / "project"), ["acctA", "acctB"], idle_ms=1000
@@ -160,7 +152,7 @@ def test_a_hang_on_the_last_account_left_times_the_run_out_with_the_reason(
     run.refresh_from_db()
     assert "(idle limit)" in run.error and run.error.endswith(NO_ACCOUNT_LEFT)
     assert attempts_of(run) == [("acctA", "unresponsive")]
-    assert _moves(run) == []
+    assert account_moves(run) == []
 
 
 def test_a_retry_leaves_out_the_accounts_that_failed_the_item(
@@ -168,7 +160,7 @@ def test_a_retry_leaves_out_the_accounts_that_failed_the_item(
 ) -> None:
     settings.LOOPSWEB_RATE_LIMIT_MOVES = 0  # the first failure ends the run
     settings.LOOPSWEB_STEP_IDLE_TIMEOUT_SECONDS = 1
-    _register("acctA", "acctB", "acctC")
+    register_accounts("acctA", "acctB", "acctC")
     agent.configure(steps={"worker": _hangs()})
     project = git_project(tmp_path / "project")
     first = route_generic(

@@ -29,7 +29,13 @@ from ledger.models import (
 from routing.admission import THROTTLED
 from runs.runner import run_workflow_run
 from tests.ledger.account_failover_helpers import pooled_run
-from tests.ledger.runner_helpers import FakeAgent, git_project, route_generic, steps_of
+from tests.ledger.runner_helpers import (
+    FakeAgent,
+    git_project,
+    register_accounts,
+    route_generic,
+    steps_of,
+)
 
 # What the real CLIs print on a refused login (docs/agents.md, measured).
 CODEX_401 = (
@@ -93,17 +99,12 @@ def test_pool_assignment_skips_a_failed_login_and_defers_naming_it() -> None:
     assert both.reason == "account a: login failed; account b: login failed"
 
 
-def _register(*names: str) -> None:
-    for name in names:
-        services.account_add(name=name, provider="codewith")
-
-
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_a_refused_login_marks_the_account_and_no_later_step_is_assigned_to_it(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    _register("acctA", "acctB")
+    register_accounts("acctA", "acctB")
     agent.configure(
         profiles={
             "acctA": {"stderr": "unexpected status 401 Unauthorized", "exit": 1},
@@ -125,7 +126,7 @@ def test_a_refused_login_marks_the_account_and_no_later_step_is_assigned_to_it(
 
     # Every later admission leaves acctA out; its runs succeed on acctB and acctC (worker ≠
     # verifier: a run of two roles needs two accounts).
-    _register("acctC")
+    register_accounts("acctC")
     for _ in range(3):
         run = route_generic(
             project, auth_profile_pool="acctA,acctB,acctC", created=True
@@ -148,7 +149,7 @@ def test_a_refused_login_marks_the_account_and_no_later_step_is_assigned_to_it(
 def test_a_step_admitted_before_the_mark_moves_to_a_free_member(
     agent: FakeAgent, tmp_path: Path
 ) -> None:
-    _register("acctA", "acctB", "acctC")
+    register_accounts("acctA", "acctB", "acctC")
     project = git_project(tmp_path / "project")
     run = route_generic(
         project, auth_profile_pool="acctA,acctB,acctC", created=True
@@ -167,7 +168,7 @@ def test_a_step_admitted_before_the_mark_moves_to_a_free_member(
 def test_account_list_and_the_accounts_page_show_the_mark_and_enable_clears_it(
     admin_client,
 ) -> None:
-    _register("acctA", "acctB")
+    register_accounts("acctA", "acctB")
     assert services.account_login_failed_record(
         profile="acctA", reason="Invalid API key · Fix external API key (exit code 1)"
     )
@@ -208,7 +209,7 @@ def test_account_list_and_the_accounts_page_show_the_mark_and_enable_clears_it(
 def test_the_admins_enable_action_clears_the_mark_as_account_enable_does(
     admin_client,
 ) -> None:
-    _register("acctA", "acctB")
+    register_accounts("acctA", "acctB")
     services.account_login_failed_record(profile="acctA", reason="Not logged in")
     response = admin_client.post(
         "/admin/ledger/account/",
@@ -226,7 +227,7 @@ def test_a_route_pinned_to_an_account_that_cannot_start_is_deferred_naming_it(
 ) -> None:
     """Never admit what cannot start: a route pinned (`--auth-profile`) to an account whose
     login failed, or that is disabled, is deferred with the reason, not admitted to wait."""
-    _register("acctA")
+    register_accounts("acctA")
     project = git_project(tmp_path / "project")
     services.account_login_failed_record(profile="acctA", reason="Not logged in")
     held = route_generic(project, auth_profile="acctA")

@@ -69,9 +69,11 @@ from tests.ledger.fake_process import (
     try_later,
 )
 from tests.ledger.runner_helpers import (
+    account_moves,
     admit_workflow,
     agent_step,
     event_types,
+    register_accounts,
     route_created,
     route_generic,
     steps_of,
@@ -94,20 +96,6 @@ def project(tmp_path: Path) -> Path:
     path = tmp_path / "project"
     path.mkdir()
     return path
-
-
-def _register(*names: str) -> None:
-    for name in names:
-        services.account_add(name=name, provider="codewith")
-
-
-def _moves(run: WorkflowRun) -> list[tuple[str, str, str]]:
-    return [
-        (e.payload_json["from"], e.payload_json["to"], e.payload_json["code"])
-        for e in WorkflowEvent.objects.filter(
-            workflow_run=run, event_type="step_account_moved"
-        ).order_by("sequence")
-    ]
 
 
 def _payloads(run: WorkflowRun, event_type: str) -> list[dict[str, Any]]:
@@ -230,7 +218,7 @@ def test_a_429_moves_the_step_to_a_free_member_and_the_run_succeeds(
     after = timezone.now()
     assert fake.accounts("worker") == [first, other]
     assert steps_of(run)["worker"].account_profile == other
-    assert _moves(run) == [(first, other, "rate_limit")]
+    assert account_moves(run) == [(first, other, "rate_limit")]
     assert attempts_of(run) == [
         (first, "rate_limited"),
         (other, "succeeded"),
@@ -255,7 +243,7 @@ def test_a_401_moves_the_step_and_marks_the_account_login_failed(
 ) -> None:
     """tests/ledger/test_account_failover.py::test_a_refused_login_moves_the_step_to_the_pools_other_account
     and tests/ledger/test_login_failed.py::test_a_refused_login_marks_the_account_and_no_later_step_is_assigned_to_it."""
-    _register(*POOL)
+    register_accounts(*POOL)
     fake.script(login_refused(), account="acctA")
     run = pooled_run(project, POOL)
 
@@ -264,7 +252,7 @@ def test_a_401_moves_the_step_and_marks_the_account_login_failed(
     assert fake.accounts() == ["acctA", "acctB"]
     assert steps_of(run)["worker"].account_profile == "acctB"
     assert attempts_of(run) == [("acctA", "login_failed"), ("acctB", "succeeded")]
-    assert _moves(run) == [("acctA", "acctB", reasons.LOGIN_FAILED)]
+    assert account_moves(run) == [("acctA", "acctB", reasons.LOGIN_FAILED)]
     failed = WorkflowStepAttempt.objects.get(workflow_run=run, account_profile="acctA")
     account = Account.objects.get(pk="acctA")
     assert account.login_failed_at is not None
@@ -282,7 +270,7 @@ def test_a_hang_moves_the_step_and_marks_the_account_unresponsive(
 ) -> None:
     """tests/ledger/test_account_failover.py::test_a_hang_moves_the_step_and_marks_the_account_unresponsive."""
     settings.LOOPSWEB_UNRESPONSIVE_SECONDS = 900
-    _register(*POOL)
+    register_accounts(*POOL)
     fake.script(hangs(), account="acctA")
     run = pooled_run(project, POOL, idle_ms=1000)
     before = timezone.now()
@@ -293,7 +281,7 @@ def test_a_hang_moves_the_step_and_marks_the_account_unresponsive(
     assert fake.calls[0].limits.idle_timeout_seconds == 1.0
     assert steps_of(run)["worker"].account_profile == "acctB"
     assert attempts_of(run) == [("acctA", "unresponsive"), ("acctB", "succeeded")]
-    assert _moves(run) == [("acctA", "acctB", reasons.UNRESPONSIVE)]
+    assert account_moves(run) == [("acctA", "acctB", reasons.UNRESPONSIVE)]
     hung = WorkflowStepAttempt.objects.get(workflow_run=run, account_profile="acctA")
     assert (hung.error or "").startswith("no progress for 1.0 s (idle limit)")
     account = Account.objects.get(pk="acctA")
@@ -309,7 +297,7 @@ def test_no_account_left_fails_the_run_with_the_reason(
     fake: FakeProcess, project: Path
 ) -> None:
     """tests/ledger/test_account_failover.py::test_no_account_left_fails_the_run_with_the_reason."""
-    _register(*POOL)
+    register_accounts(*POOL)
     fake.script(hangs(), account="acctA")
     fake.script(login_refused(), account="acctB")
     run = pooled_run(project, POOL, idle_ms=1000)
@@ -318,7 +306,7 @@ def test_no_account_left_fails_the_run_with_the_reason(
 
     assert fake.accounts() == ["acctA", "acctB"]
     assert attempts_of(run) == [("acctA", "unresponsive"), ("acctB", "login_failed")]
-    assert _moves(run) == [("acctA", "acctB", reasons.UNRESPONSIVE)]
+    assert account_moves(run) == [("acctA", "acctB", reasons.UNRESPONSIVE)]
     run.refresh_from_db()
     assert run.error == (
         "step worker failed: unexpected status 401 Unauthorized (exit code 1)"
@@ -351,7 +339,7 @@ def test_a_whole_pool_rate_limited_holds_the_task_then_runs_it_again(
     # The first account is cooled and the step moves; the second one's report is the
     # task's second: not marked, the task held there before the move bound is reached.
     first, second = fake.accounts("worker")
-    assert first != second and _moves(run) == [(first, second, "rate_limit")]
+    assert first != second and account_moves(run) == [(first, second, "rate_limit")]
     assert attempts_of(run) == [(first, "rate_limited"), (second, "rate_limited")]
     assert set(AccountCooldown.objects.values_list("pk", flat=True)) == {first}
     (parked,) = _payloads(run, "task_parked")
@@ -383,7 +371,7 @@ def test_a_whole_pool_rate_limited_holds_the_task_then_runs_it_again(
     with time_machine.travel(hold_end + timedelta(seconds=1), tick=True):
         assert run_workflow_run(run.id, hand_back=hand_back) == RunStatus.SUCCEEDED
     assert fake.accounts("worker") == [first, second, second]
-    assert len(_moves(run)) == 1
+    assert len(account_moves(run)) == 1
     assert attempts_of(run)[:3] == [
         (first, "rate_limited"),
         (second, "rate_limited"),
@@ -408,7 +396,7 @@ def test_a_per_minute_429_pauses_on_its_account_then_moves_after_three_pauses(
         if len(outcomes) == 1:
             # The first pause: on the same account, no move, the run parked.
             assert attempts_of(run) == [("acctA", "rate_limited")]
-            assert not _moves(run)
+            assert not account_moves(run)
             run.refresh_from_db()
             assert run.status == RunStatus.RUNNING and run.claimed_by is None
         # The reset has passed (the time a pause lasts): the run resumes.
@@ -421,7 +409,7 @@ def test_a_per_minute_429_pauses_on_its_account_then_moves_after_three_pauses(
     assert attempts_of(run) == [("acctA", "rate_limited")] * 4 + [
         ("acctB", "succeeded")
     ]
-    assert _moves(run) == [("acctA", "acctB", "rate_limit")]
+    assert account_moves(run) == [("acctA", "acctB", "rate_limit")]
     paused = [
         w for w in _payloads(run, "step_waiting") if w["code"] == ACCOUNT_PAUSED_CODE
     ]
@@ -512,7 +500,7 @@ def test_a_failing_verifier_fails_the_run_with_the_runners_message(
     ]
     assert attempts_of(run) == [("acctA", "succeeded"), ("acctA", "failed")]
     # An ordinary failure is no account's: nothing cooled, marked or moved.
-    assert not AccountCooldown.objects.exists() and _moves(run) == []
+    assert not AccountCooldown.objects.exists() and account_moves(run) == []
     assert [c.step for c in fake.calls] == ["worker", "verifier"]
 
 
