@@ -388,9 +388,10 @@ def register_accounts(*names: str) -> None:
 
 def account_moves(run: WorkflowRun) -> list[tuple[str, str, str]]:
     """(from, to, code) of each `step_account_moved` event of `run`, in order."""
-    return [
-        (e.payload_json["from"], e.payload_json["to"], e.payload_json["code"])
-        for e in WorkflowEvent.objects.filter(
-            workflow_run=run, event_type="step_account_moved"
-        ).order_by("sequence")
-    ]
+    payloads = (
+        WorkflowEvent.objects.filter(workflow_run=run, event_type="step_account_moved")
+        .order_by("sequence")
+        .values_list("payload_json", flat=True)
+    )
+    # A move without a payload raises KeyError here: every move names its accounts.
+    return [(p["from"], p["to"], p["code"]) for p in (q or {} for q in payloads)]
