@@ -403,10 +403,18 @@ def project_check_here(project: str, *, has: bool | None = None) -> None:
         projects_record({project: has})
 
 
-def admission_roots() -> list[str] | None:
-    """Roots admission accepts a project under: every registered host's, else None (this
-    machine's LOOPSWEB_PROJECT_ROOTS, as with a single machine)."""
-    return served_roots()
+@dataclass(frozen=True)
+class HostsSnapshot:
+    """What admission's plan knows of the hosts, read once by its caller: the roots a
+    project is admitted under (every registered host's), or None when no host is
+    registered (this machine's LOOPSWEB_PROJECT_ROOTS decide, as with a single machine)."""
+
+    roots: tuple[str, ...] | None
+
+
+def hosts_snapshot() -> HostsSnapshot:
+    roots = served_roots()
+    return HostsSnapshot(None if roots is None else tuple(roots))
 
 
 def admission_provider_refusal(

@@ -15,8 +15,8 @@ and a worktree of it would hand the agent a checkout of that repository. Admissi
 such a project; the runner checks again, with git's own answer, when it makes the run's
 worktree (runs.worktrees.project_repository).
 
-Admission checks with `project_path_admit` (`project_path_resolve` against every registered
-host's roots, ledger.hosts; before anything is written); the runner checks
+Admission checks with `project_path_admit` (`project_path_resolve` against the roots of its
+caller's hosts snapshot, ledger.hosts; before anything is written); the runner checks
 again with `project_dir_check` when a step starts, since a root may be gone by then, and
 there the directory must exist. Both read the file system only: no git, no subprocess.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from django.conf import settings
 
 from domain.errors import ValidationError
-from ledger.hosts import ADMISSION_NO_HOST, admission_roots, project_check_here
+from ledger.hosts import ADMISSION_NO_HOST, HostsSnapshot
 
 ROOTS_UNSET = (
     "no project roots are configured, so no agent may run: set LOOPSWEB_PROJECT_ROOTS "
@@ -122,30 +122,28 @@ def project_path_resolve(path: str | None, roots: Sequence[str] | None = None) -
         candidate = candidate.parent
 
 
-def project_path_admit(path: str | None) -> tuple[str, bool]:
+def project_path_admit(path: str | None, hosts: HostsSnapshot) -> tuple[str, bool]:
     """Admission's check (several machines): the project and whether it is a git work tree.
+    It reads the file system only, and writes nothing.
 
-    With hosts registered (ledger.hosts) a project is admitted when it lies under any
-    registered host's roots, so a drain on one machine admits work for a project that only
-    another machine has; a project no host serves is refused, naming the hosts' roots. A
-    project that is not on this machine is taken as written, and as a git work tree (the
-    runner, on the host that has it, makes the worktree or refuses `required` there). With
-    no host registered, this machine's LOOPSWEB_PROJECT_ROOTS decide, as on one machine.
+    With hosts registered (`hosts`, the caller's snapshot) a project is admitted when it lies
+    under any registered host's roots, so a drain on one machine admits work for a project
+    that only another machine has; a project no host serves is refused, naming the hosts'
+    roots. A project that is not on this machine is taken as written, and as a git work tree
+    (the runner, on the host that has it, makes the worktree or refuses `required` there).
+    With no host registered, this machine's LOOPSWEB_PROJECT_ROOTS decide, as on one
+    machine.
     """
-    roots = admission_roots()
-    if roots is None:
+    if hosts.roots is None:
         project = project_path_resolve(path)
         return project, _git_inside(project, project_roots())
-    real_roots = [os.path.realpath(root) for root in roots]
+    real_roots = [os.path.realpath(root) for root in hosts.roots]
     try:
         project = project_path_resolve(path, roots=real_roots)
     except PathOutsideRoots:
         raise ProjectPathError(
-            ADMISSION_NO_HOST.format(path=path, roots=", ".join(roots))
+            ADMISSION_NO_HOST.format(path=path, roots=", ".join(hosts.roots))
         ) from None
-    project_check_here(
-        project
-    )  # this machine, when it is a host, says whether it has it
     if not os.path.isdir(project):
         return project, True
     return project, _git_inside(project, real_roots)

@@ -33,10 +33,12 @@ from routing.admission.options import (
     route_options,
 )
 from routing.admission.plan import (
+    PlanReads,
     RoutePlan,
     check_plan_fits_columns,
     checked_route_options,
     normalize_project_path,
+    plan_reads,
     plan_route,
     route_options_check,
     route_options_resolve,
@@ -55,7 +57,13 @@ from routing.admission.retry import (
     retry_run,
     retry_work_item,
 )
-from routing.admission.transaction import RouteRefused, admit, hand_over, route_event
+from routing.admission.transaction import (
+    RouteRefused,
+    admit,
+    hand_over,
+    projects_check_here,
+    route_event,
+)
 
 __all__ = [
     "CREATED",
@@ -68,6 +76,7 @@ __all__ = [
     "Hold",
     "PoolView",
     "RouteOptions",
+    "PlanReads",
     "RoutePlan",
     "RouteRefused",
     "RouteResult",
@@ -78,6 +87,7 @@ __all__ = [
     "hand_over",
     "holds_without_lock",
     "normalize_project_path",
+    "plan_reads",
     "plan_route",
     "pool_assignment_now",
     "precheck",
@@ -85,6 +95,7 @@ __all__ = [
     "retry_outcome",
     "retry_run",
     "retry_work_item",
+    "projects_check_here",
     "route_event",
     "route_options",
     "route_options_check",

@@ -1,6 +1,10 @@
 """Stage 1 of admission, the plan (no store access): validate the envelope, check
 eligibility, resolve the project path, group, route scope, idempotency key, names,
 template and the render-time account per role. Bad input raises ValidationError.
+
+What a plan needs of the store, its caller reads (`plan_reads`, `PlanReads`: the hosts'
+roots and the account registry) and passes in; the plan reads the file system (the project
+path) and writes nothing.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from domain.throttle import (
     ThrottleLimits,
 )
 from domain.windows import MaxWindowUsed
-from ledger.hosts import admission_provider_refusal
+from ledger.hosts import HostsSnapshot, admission_provider_refusal, hosts_snapshot
 from ledger.models import (
     Loop,
     WorkflowInvocation,
@@ -169,8 +173,23 @@ def retry_pending(item: WorkflowWorkItem) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class PlanReads:
+    """What a plan knows of the store, read by its caller (a drain: once per pass), so the
+    plan reads no table and writes none: the hosts and the account registry (account ->
+    provider; None where the caller does not consult it)."""
+
+    hosts: HostsSnapshot
+    registered: Mapping[str, str] | None = None
+
+
+def plan_reads(*, accounts: bool = True) -> PlanReads:
+    """The store's answers a plan needs, read now (`accounts`: the registry too)."""
+    return PlanReads(hosts_snapshot(), registered_providers() if accounts else None)
+
+
 def plan_stored_route(
-    route: Mapping[str, Any], *, registered: Mapping[str, str] | None
+    route: Mapping[str, Any], *, reads: PlanReads
 ) -> RoutePlan | RouteResult:
     """The plan of an item's stored route (`stored_route`), for a retry: its event with its
     options, as the first admission planned it (bad input raises as `plan_route`)."""
@@ -183,7 +202,7 @@ def plan_stored_route(
         envelope=parse_envelope(event),
         options=route_options(options),
         env={},  # the stored options name the scope the first admission resolved
-        registered=registered,
+        reads=reads,
     )
     return plan if isinstance(plan, RouteResult) else replace(plan, retry=True)
 
@@ -195,9 +214,11 @@ def plan_route(
     options: RouteOptions,
     env: Mapping[str, str],
     cwd: str | None = None,
-    registered: Mapping[str, str] | None = None,
+    reads: PlanReads,
 ) -> RoutePlan | RouteResult:
-    """Everything decidable without the store; a RouteResult when the event is skipped.
+    """Everything decidable without the store (what it needs of it, `reads`, its caller
+    read); a RouteResult when the event is skipped. It reads the file system (the project
+    path) and writes nothing.
 
     Isolation is decided here, so every entry point (command, drain, API) refuses the same
     routes before any write: the project path must resolve inside LOOPSWEB_PROJECT_ROOTS,
@@ -207,15 +228,15 @@ def plan_route(
     used as a project path: upstream's fallback to the process directory would run an
     event's agent wherever the routing process happens to sit.
 
-    `registered` (account name -> provider, from the account registry, read by the
-    caller) decides whether a non-codewith pool is routed (domain.templates 4).
+    `reads.registered` (account name -> provider) decides whether a non-codewith pool is
+    routed (domain.templates 4); `reads.hosts` holds the roots a project is admitted under.
     """
     route_key = route_key_for_kind(kind)
     template_id = template_for(route_key, options.template)
     view = event_view(route_key, envelope, options)
     if isinstance(view, RouteResult):
         return view  # an ineligible todos task: skipped
-    project_path, git_work_tree = _project_admit(view.raw_path)
+    project_path, git_work_tree = _project_admit(view.raw_path, reads.hosts)
     project_group = project_group_hint(
         envelope.data, envelope.metadata, option=options.project_group
     )
@@ -224,7 +245,7 @@ def plan_route(
     )
     roles = roles_for_template(template_id)
     accounts = route_accounts(
-        envelope, options, roles=roles, seed=view.seed, registered=registered
+        envelope, options, roles=roles, seed=view.seed, registered=reads.registered
     )
     spec, preflight = _render(
         view,
@@ -325,7 +346,7 @@ def _assemble(
     )
 
 
-def _project_admit(raw_path: str | None) -> tuple[str, bool]:
+def _project_admit(raw_path: str | None, hosts: HostsSnapshot) -> tuple[str, bool]:
     """The route's project (inside LOOPSWEB_PROJECT_ROOTS, or the hosts' roots) and
     whether it is a git work tree; refused before anything is written, and never the
     directory of the process that routes (no cwd fallback)."""
@@ -338,7 +359,7 @@ def _project_admit(raw_path: str | None) -> tuple[str, bool]:
                 limit=MAX_INDEX_ENTRY_BYTES,
             )
         )
-    return project_path_admit(raw_path)
+    return project_path_admit(raw_path, hosts)
 
 
 def _render(
@@ -492,7 +513,9 @@ def route_options_check(
                     limit=MAX_INDEX_ENTRY_BYTES,
                 )
             )
-        project, git_work_tree = project_path_admit(options.project_path)
+        project, git_work_tree = project_path_admit(
+            options.project_path, hosts_snapshot()
+        )
         # A generic route's --project-path is every event's project; a todos task's is the
         # fallback of tasks that name none, and their worktree check comes after the early
         # dedupe (docs/upstream.md §3.2.9-10): a replayed task is deduped, not refused.

@@ -32,10 +32,9 @@ from domain.errors import ValidationError
 from ledger import services
 from ledger.lock import admission_lock
 from ledger.models import WorkflowStepAttempt, WorkflowWorkItem, WorkItemStatus
-from ledger.selectors import registered_providers
 from ledger.services.attempts import ACCOUNT_FAILURES
 from ledger.services.common import ITEM_RETRY_REASON
-from routing.admission.plan import RoutePlan, plan_stored_route
+from routing.admission.plan import RoutePlan, plan_reads, plan_stored_route
 from routing.admission.results import THROTTLED, RouteResult
 from routing.admission.transaction import admit, hand_over
 from routing.models import InboxEvent, InboxState
@@ -111,7 +110,7 @@ def _readmit(item: WorkflowWorkItem, now: datetime) -> RouteResult | None:
     route = item.route_options_json
     if not isinstance(route, dict):
         return None
-    plan = plan_stored_route(route, registered=registered_providers())
+    plan = plan_stored_route(route, reads=plan_reads())
     if isinstance(plan, RouteResult):
         raise ValidationError(RETRY_NOT_ELIGIBLE.format(reason=plan.reason))
     if (plan.route_key, plan.idempotency_key) != (item.route_key, item.idempotency_key):

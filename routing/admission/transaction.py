@@ -20,7 +20,7 @@ a real call would make now (loopsweb's dry-run; upstream's never opened the stor
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -35,6 +35,7 @@ from domain.events import Envelope, load_envelope, parse_envelope
 from domain.keys import TODOS_TASK
 from domain.readmission import readmission_decision
 from domain.throttle import AdmissionDecision, ThrottleCounts, pool_deferral_decision
+from ledger.hosts import project_check_here
 from ledger.lock import admission_lock
 from ledger.models import (
     KEEP_WORK_ITEM_STATUSES,
@@ -44,7 +45,7 @@ from ledger.models import (
     WorkItemStatus,
 )
 from ledger.queue import enqueue_run_workflow
-from ledger.selectors import AdmissionRows, admission_rows, registered_providers
+from ledger.selectors import AdmissionRows, admission_rows
 from ledger.services import work_item_admit
 from routing.admission.decide import (
     Hold,
@@ -56,6 +57,7 @@ from routing.admission.decide import (
 from routing.admission.options import RouteOptions
 from routing.admission.plan import (
     RoutePlan,
+    plan_reads,
     plan_route,
     plan_stored_route,
     retry_pending,
@@ -208,9 +210,7 @@ def _stored_retry(
     whichever drain or delivery meets it (routing.admission.retry); None otherwise."""
     if existing is None or plan.retry or not retry_pending(existing):
         return None
-    stored = plan_stored_route(
-        existing.route_options_json or {}, registered=registered_providers()
-    )
+    stored = plan_stored_route(existing.route_options_json or {}, reads=plan_reads())
     return stored if isinstance(stored, RoutePlan) else None
 
 
@@ -478,6 +478,16 @@ def hand_over(result: RouteResult) -> None:
         enqueue_run_workflow(result.run.id)
 
 
+def projects_check_here(plans: Iterable[RoutePlan]) -> None:
+    """Before an admission takes its lock (the plan writes nothing): this machine, when it
+    is a live host whose roots hold a plan's project it has not recorded yet, checks its
+    disk now and records what it found (ledger.hosts.project_check_here), so the new run is
+    placed at once rather than after the heartbeat's check (ledger.queue
+    host_projects_refresh)."""
+    for project in sorted({plan.project_path for plan in plans}):
+        project_check_here(project)
+
+
 def route_event(
     *,
     kind: str,
@@ -509,20 +519,21 @@ def route_event(
     else:
         parsed = parse_envelope(envelope)
     now = now or timezone.now()
-    registered = registered_providers()
+    reads = plan_reads()
     plan = plan_route(
         kind=kind,
         envelope=parsed,
-        options=route_options_resolve(options, registered=registered),
+        options=route_options_resolve(options, registered=reads.registered),
         env=os.environ if env is None else env,
         cwd=cwd or os.getcwd(),
-        registered=registered,
+        reads=reads,
     )
     if isinstance(plan, RouteResult):  # skipped: no admission, no transaction
         if then is not None:
             then(plan)
         return plan
     if not options.dry_run:
+        projects_check_here([plan])
         with transaction.atomic():
             admission_lock()
             result = admit(

@@ -40,6 +40,7 @@ from routing.admission import (
     RouteOptions,
     RoutePlan,
     RouteRefused,
+    plan_reads,
     plan_route,
     route_event,
 )
@@ -114,6 +115,7 @@ def _plan_errors(
 ) -> list[dict[str, Any]]:
     """Envelopes that are valid but cannot be routed with their kind and these options."""
     errors: list[dict[str, Any]] = []
+    reads = plan_reads(accounts=False)
     for position, obj in enumerate(items, start=1):
         try:
             envelope = parse_envelope(obj)
@@ -122,7 +124,12 @@ def _plan_errors(
         kind = kind_of(envelope)
         try:
             plan = plan_route(
-                kind=kind, envelope=envelope, options=options, env={}, cwd=cwd
+                kind=kind,
+                envelope=envelope,
+                options=options,
+                env={},
+                cwd=cwd,
+                reads=reads,
             )
         except ApplicationError as exc:
             errors.append({"at": f"item {position}", "kind": kind, "error": str(exc)})

@@ -16,7 +16,7 @@ from typing import Any
 
 from domain.errors import ApplicationError
 from domain.events import Envelope, parse_envelope
-from routing.admission import RouteOptions, RouteResult, plan_route
+from routing.admission import RouteOptions, RouteResult, plan_reads, plan_route
 from routing.drains.sources import TODOS_EVENT_PREFIX
 
 NEVER_ROUTES = (
@@ -38,7 +38,12 @@ def never_routes(envelope: Envelope, *, cwd: str) -> str | None:
     kind = kind_for_event_type(envelope.type)
     try:
         plan = plan_route(
-            kind=kind, envelope=envelope, options=RouteOptions(), env={}, cwd=cwd
+            kind=kind,
+            envelope=envelope,
+            options=RouteOptions(),
+            env={},
+            cwd=cwd,
+            reads=plan_reads(accounts=False),
         )
     except ApplicationError as exc:
         return str(exc)

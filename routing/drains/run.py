@@ -50,17 +50,19 @@ from domain.keys import TODOS_TASK, route_key_for_kind
 from domain.scope import LOOP_NAME_ENV, resolve_route_scope
 from ledger.lock import admission_lock, drain_lock
 from ledger.models import KEEP_WORK_ITEM_STATUSES, WorkflowWorkItem
-from ledger.selectors import registered_providers
 from routing.admission import (
     CREATED,
     SKIPPED,
     THROTTLED,
     Hold,
+    PlanReads,
     RoutePlan,
     RouteResult,
     admit,
     hand_over,
+    plan_reads,
     plan_route,
+    projects_check_here,
     scope_hold,
 )
 from routing.drains.candidate_results import (
@@ -125,7 +127,7 @@ def _route_one(
     now: datetime,
     dry_run: bool,
     full: DrainFull,
-    registered: Mapping[str, str] | None = None,
+    reads: PlanReads,
 ) -> dict[str, Any] | None:
     """The result of routing one candidate; None when another drain claimed it first.
 
@@ -147,13 +149,15 @@ def _route_one(
         options=replace(options.route, dry_run=False),  # a dry drain rolls back itself
         env=env,
         cwd=cwd,
-        registered=registered,
+        reads=reads,
     )
     if isinstance(plan, RouteResult):  # skipped by eligibility
         result = plan.to_dict()
         if settle and not inbox_claim(candidate, **hold_record(result, now)):
             return None
         return result
+    if not dry_run:
+        projects_check_here([plan])
     shared_pool = bool(options.route.auth_profile_pool)
     # Items that already ran or run are deduped by admission, never held.
     held = full.held(plan) if plan.refusal is None else None  # refusals: admission
@@ -314,7 +318,7 @@ def _drain_loop(
         return
     chosen = _choose(report, options, _scan(report, options, cwd), cwd)
     full = DrainFull()
-    registered = registered_providers()  # one read: which pools are registered accounts
+    reads = plan_reads()  # one read per pass: the hosts, and which pools are registered
     # Batches while they work; after a failed batch, one candidate at a time.
     batching = not report.dry_run and settings.LOOPSWEB_DRAIN_BATCH_SIZE > 1
     index = 0
@@ -330,7 +334,7 @@ def _drain_loop(
                     cwd,
                     full,
                     report,
-                    registered,
+                    reads,
                 )
             except ConnectionLost:
                 raise
@@ -347,7 +351,7 @@ def _drain_loop(
         index += 1
         _report_result(
             report,
-            _route_next(candidate, options, env, cwd, full, report, registered),
+            _route_next(candidate, options, env, cwd, full, report, reads),
             progress,
         )
     full.record_held_rows(timezone.now())
@@ -403,18 +407,18 @@ def _route_next(
     cwd: str,
     full: DrainFull,
     report: DrainReport,
-    registered: Mapping[str, str] | None,
+    reads: PlanReads,
 ) -> dict[str, Any] | None:
     """One candidate's result, one at a time: held unread once nothing more can be
     admitted, else routed; failed when that raises. None when another drain claimed it."""
     now = timezone.now()
     try:
-        if full.every is not None and _may_route(candidate, options, env, cwd):
+        if full.every is not None and _may_route(candidate, options, env, cwd, reads):
             # Nothing more can be admitted in this drain. (An event that can never
             # route goes on to _route_one, which reports it skipped, not throttled.)
             return hold_unread(candidate, full, report)
         return _route_one(
-            candidate, options, env, cwd, now, report.dry_run, full, registered
+            candidate, options, env, cwd, now, report.dry_run, full, reads
         )
     # one bad item never stops the batch (docs/upstream.md §5.2.3)
     except Exception as exc:
@@ -439,17 +443,21 @@ def _route_or_fail(
     env: Mapping[str, str],
     cwd: str,
     full: DrainFull,
-    registered: Mapping[str, str] | None,
+    reads: PlanReads,
 ) -> dict[str, Any] | None:
     now = timezone.now()
     try:
-        return _route_one(candidate, options, env, cwd, now, False, full, registered)
+        return _route_one(candidate, options, env, cwd, now, False, full, reads)
     except Exception as exc:
         return failed_result(candidate, exc, now, False)
 
 
 def _may_route(
-    candidate: Candidate, options: DrainOptions, env: Mapping[str, str], cwd: str
+    candidate: Candidate,
+    options: DrainOptions,
+    env: Mapping[str, str],
+    cwd: str,
+    reads: PlanReads,
 ) -> bool:
     """Whether the candidate's envelope plans at all (no store access): one without the
     opt-in, with a manual gate or without a task id never routes, however free the caps.
@@ -462,6 +470,7 @@ def _may_route(
             options=options.route,
             env=env,
             cwd=cwd,
+            reads=PlanReads(reads.hosts),  # eligibility only: no account registry
         )
     except ApplicationError:
         return False
@@ -479,7 +488,7 @@ def _route_batch(
     cwd: str,
     full: DrainFull,
     report: DrainReport,
-    registered: Mapping[str, str] | None = None,
+    reads: PlanReads,
 ) -> list[dict[str, Any] | None]:
     """Route `candidates` in order as `_route_one` would, the admissions in one transaction
     (routing.drains.inbox_batch). Returns one result per candidate it handled, in order (None for
@@ -493,7 +502,8 @@ def _route_batch(
     transaction and only if the drain reached it."""
     max_created = options.max_dispatch - report.counts[CREATED]
     now = timezone.now()
-    slots, pairs = _plan_batch(candidates, options, env, cwd, registered)
+    slots, pairs = _plan_batch(candidates, options, env, cwd, reads)
+    projects_check_here(plan for _, plan in pairs)
     decided = (
         route_batch(
             pairs,
@@ -515,7 +525,7 @@ def _route_batch(
             if slot >= len(decided):  # the scope (or the shared pool) filled before it
                 if pairs[slot][1].refusal is not None:  # never held: as the drain loop
                     out.append(
-                        _route_or_fail(candidate, options, env, cwd, full, registered)
+                        _route_or_fail(candidate, options, env, cwd, full, reads)
                     )
                     continue
                 out.append(hold_unread(candidate, full, report))
@@ -543,7 +553,7 @@ def _plan_batch(
     options: DrainOptions,
     env: Mapping[str, str],
     cwd: str,
-    registered: Mapping[str, str] | None,
+    reads: PlanReads,
 ) -> tuple[list[_Slot], list[tuple[Candidate, RoutePlan]]]:
     """Each candidate's slot, in order, and the (candidate, plan) pairs for admission."""
     route = replace(options.route, dry_run=False)
@@ -559,7 +569,7 @@ def _plan_batch(
                 options=route,
                 env=env,
                 cwd=cwd,
-                registered=registered,
+                reads=reads,
             )
         except Exception as exc:
             slots.append(exc)

@@ -53,14 +53,15 @@ FAILURES = {
 def _idle_limit(provider: str, mode: str) -> int:
     """The route's idle limit. For a 401 it is only a ceiling: a hang deadline, so a busy
     machine never turns the 401 into a hang. For a hang it is what the hanging member waits
-    before it moves, and the free member must show progress within it too: codex and claude
-    print their start at once, but their first model answer through the sandbox took over 8 s
-    on a busy CI machine; opencode prints nothing at all until its first model call ends,
-    about 6 s after its start on an idle machine and 16 s measured on a busy one. Both are a
-    hang deadline's share (scaled like one)."""
+    before it moves, and the free member must show progress within it too, so it is sized
+    for the CI machine with both suites running side by side, not for a quiet one: codex
+    and claude print their start at once, but their first model answer through the sandbox
+    took over 8 s there; opencode prints nothing at all until its first model call ends,
+    about 6 s after its start on an idle machine, 16 s measured on a busy one, and over 45 s
+    twice in a row in one CI run. Both are a hang deadline's share (scaled like one)."""
     if mode == "401":
         return round(hang_deadline(120))
-    return round(hang_deadline(25 if provider != "opencode" else 45))
+    return round(hang_deadline(40 if provider != "opencode" else 100))
 
 
 @pytest.mark.parametrize(

@@ -300,7 +300,7 @@ def _bare_rows(
         WorkflowStepRun,
         WorkflowWorkItem,
     )
-    from routing.admission import plan_route
+    from routing.admission import plan_reads, plan_route
 
     plan = plan_route(
         kind="generic",
@@ -308,6 +308,7 @@ def _bare_rows(
         options=options,
         env={},
         cwd=os.getcwd(),
+        reads=plan_reads(),
     )
     assert not hasattr(plan, "kind"), "the floor event must be routable"
     steps = plan.spec["steps"]

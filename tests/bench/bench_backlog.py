@@ -131,7 +131,7 @@ def _floor_rows(count: int) -> list[dict[str, Any]]:
     from domain.events import parse_envelope
     from domain.templates import apply_pool_profiles
     from ledger.services import work_item_admit_rows
-    from routing.admission import plan_route, route_options
+    from routing.admission import plan_reads, plan_route, route_options
     from routing.admission.rows import (
         admitted_reason,
         loop_description,
@@ -153,6 +153,7 @@ def _floor_rows(count: int) -> list[dict[str, Any]]:
             options=options,
             env={},
             cwd=os.getcwd(),
+            reads=plan_reads(),
         )
         invocation = new_invocation(plan)
         item = work_item_upsert(

@@ -30,9 +30,9 @@ from ledger.models import (
     WorkflowStepAttempt,
     WorkflowWorkItem,
 )
-from ledger.selectors import account_registry, registered_providers
+from ledger.selectors import account_registry
 from routing.admission import THROTTLED, retry_work_item
-from routing.admission.plan import RoutePlan, plan_stored_route
+from routing.admission.plan import RoutePlan, plan_reads, plan_stored_route
 from routing.admission.retry import without_failed_accounts
 from routing.ops.account_groups import account_state
 from routing.selectors import AccountRow
@@ -184,6 +184,6 @@ def test_a_retry_leaves_out_the_accounts_that_failed_the_item(
     assert run_workflow_run(again.id) == RunStatus.SUCCEEDED
 
     # When every member failed the item, the retry keeps the whole pool.
-    plan = plan_stored_route(item.route_options_json, registered=registered_providers())
+    plan = plan_stored_route(item.route_options_json, reads=plan_reads())
     assert isinstance(plan, RoutePlan)
     assert without_failed_accounts(plan, {"acctA", "acctB", "acctC"}) is plan

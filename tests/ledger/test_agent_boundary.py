@@ -22,6 +22,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from ledger.hosts import hosts_snapshot
 from ledger.models import RunStatus, WorkflowInvocation, WorkflowRun, WorkflowWorkItem
 from runs.git import repository_at, run_git
 from runs.projects import ProjectPathError, project_path_admit, repository_dirs
@@ -280,7 +281,7 @@ def test_admission_refuses_a_project_whose_repository_is_outside_the_roots(
 ) -> None:
     project = _foreign_checkout(tmp_path, outside_repo)
     with pytest.raises(ProjectPathError, match="lies outside LOOPSWEB_PROJECT_ROOTS"):
-        project_path_admit(str(project))
+        project_path_admit(str(project), hosts_snapshot())
     event = (
         '{"id": "e1", "type": "build.failed", "source": "ci", '
         f'"data": {{"project_path": "{project}", "title": "t", "message": "m"}}}}'

@@ -16,6 +16,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from domain.errors import ValidationError
+from domain.events import parse_envelope
 from ledger.hosts import (
     host_queue,
     host_report,
@@ -32,7 +33,15 @@ from ledger.queue import (
     runs_with_a_task,
 )
 from ledger.services import runs_fail_unserved
-from routing.admission import CREATED, route_event, route_options
+from routing.admission import (
+    CREATED,
+    RoutePlan,
+    plan_reads,
+    plan_route,
+    route_event,
+    route_options,
+)
+from routing.drains.routable import never_routes
 from tests.account_loads import assert_account_counts_match_rows
 from tests.processes import ROOT, generic_event, scratch_cwd
 
@@ -211,6 +220,34 @@ def test_a_run_waits_until_every_host_that_could_have_its_project_checked(
     assert host_projects_refresh() == [run_id]  # every host checked: decided
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.host_wait_reason == f"no host has {missing}" and run_id not in _queues()
+
+
+def test_the_plan_reads_no_table_and_writes_nothing_the_admission_records_the_project(
+    settings, tmp_path: Path, django_assert_num_queries
+) -> None:
+    """The plan reads what its caller read (`plan_reads`) and writes nothing, from a drain,
+    a delivery or ingestion's warning; the admission that follows lets this host record
+    that it has the new project, so the run is placed on it at once."""
+    settings.LOOPSWEB_PROJECT_ROOTS = (str(tmp_path),)
+    settings.LOOPSWEB_HOST_NAME = "me"
+    project = tmp_path / "new"
+    project.mkdir()
+    _host("me", [str(tmp_path)], ["codewith"], projects={})
+    reads = plan_reads()
+    with django_assert_num_queries(0):
+        plan = plan_route(
+            kind="generic",
+            envelope=parse_envelope(generic_event(project, 1)),
+            options=route_options({}),
+            env={},
+            reads=reads,
+        )
+    assert isinstance(plan, RoutePlan) and plan.project_path == str(project)
+    assert never_routes(parse_envelope(generic_event(project, 2)), cwd="/") is None
+    assert Host.objects.get(name="me").projects == {}  # nothing recorded by planning
+    run_id = _route(str(project), 3)
+    assert Host.objects.get(name="me").projects == {str(project): True}
+    assert _queues()[run_id] == host_queue("me")
 
 
 def test_admission_refuses_only_what_no_registered_host_serves() -> None:
