@@ -142,7 +142,8 @@ def _last_stderr_line(stderr: str) -> str | None:
 def agent_error(
     provider: str | None, stdout: str, stderr: str, exit_code: int | None
 ) -> str | None:
-    """The agent's own error message with the exit code after it (contract 2), or None."""
+    """The agent's own error message with the exit code after it (module docstring,
+    `agent_error`), or None."""
     try:
         reader = _ERRORS.get(provider or "")
         message = reader(_events(stdout)) if reader else None
@@ -271,7 +272,7 @@ _SUMMARIES = {
 
 
 def summarize_line(provider: str | None, line: str) -> str | None:
-    """One readable line for an output line (contract 3)."""
+    """One readable line for an output line (module docstring, `summarize_line`)."""
     text = strip_ansi(line).strip()
     if not text:
         return None
@@ -349,8 +350,9 @@ def _failed_call_lines(provider: str | None, stdout: str, stderr: str) -> list[s
 def live_rate_limit(
     provider: str | None, stdout: str, stderr: str, *, now: datetime
 ) -> RateLimitSignal | None:
-    """A rate limit a still-running agent has already hit (contract 4), or None: claude's
-    `api_retry` event with `error_status` 429 comes before it waits for its next try."""
+    """A rate limit a still-running agent has already hit (module docstring, "rate
+    limits"), or None: claude's `api_retry` event with `error_status` 429 comes before it
+    waits for its next try."""
     lines = _failed_call_lines(provider, stdout, stderr)
     if not lines:
         return None
@@ -359,7 +361,7 @@ def live_rate_limit(
     )
 
 
-# -- progress and provider errors (contracts 5 and 6) -----------------------------------
+# -- progress and provider errors (module docstring, "progress", "provider errors") -------
 
 _TYPE_RE = re.compile(r'^\{\s*"type"\s*:\s*"([^"]{1,64})"')
 # opencode's log line for a failed model call, and the error it names.
@@ -387,13 +389,14 @@ _PROGRESS = {
 
 
 def knows_progress(provider: str | None) -> bool:
-    """Whether `provider`'s output tells progress apart (contract 5)."""
+    """Whether `provider`'s output tells progress apart (module docstring, "progress")."""
     return (provider or "") in _PROGRESS
 
 
 def line_progress(provider: str | None, stream: str, line: str) -> bool:
-    """Whether one line of a step's output shows progress (contract 5). Only the start of
-    the line is read, so a long event (a command's whole output) costs no more."""
+    """Whether one line of a step's output shows progress (module docstring, "progress").
+    Only the start of the line is read, so a long event (a command's whole output) costs no
+    more."""
     is_progress = _PROGRESS.get(provider or "")
     if is_progress is None:
         return bool(line.strip())
@@ -430,7 +433,7 @@ def _claude_retry(line: str) -> dict[str, Any] | None:
 
 def provider_error(provider: str | None, stream: str, line: str) -> str | None:
     """The provider's error when `line` reports a failed model call the CLI retries
-    (contract 6), else None."""
+    (module docstring, "provider errors"), else None."""
     text = strip_ansi(line).strip()
     try:
         if provider == "opencode" and stream == "stderr":
@@ -457,7 +460,7 @@ def provider_error(provider: str | None, stream: str, line: str) -> str | None:
     return None
 
 
-# -- reasons as one human line (contract 5) ---------------------------------------------
+# -- reasons as one human line (module docstring, `reason_line`) -------------------------
 
 REASON_CHARS = 240
 _LOG_FIELD = re.compile(r'([\w.]+)=("(?:[^"\\]|\\.)*"?|\S+)')
@@ -542,7 +545,8 @@ def _provider_message(raw: str) -> str:
 
 
 def reason_line(text: str | None) -> str:
-    """One human line for a cooldown's or a step's reason (contract 5); "" for none."""
+    """One human line for a cooldown's or a step's reason (module docstring,
+    `reason_line`); "" for none."""
     try:
         value = strip_ansi(text or "").strip()
         if not value:

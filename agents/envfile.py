@@ -74,7 +74,8 @@ class EnvFileError(ApplicationError):
 
 
 def _check_info(path: str, info: os.stat_result) -> None:
-    """Rules 1-3 on the fstat of the open file."""
+    """The refusals of the module docstring that the fstat of the open file decides: anything
+    but a regular file, an owner or a mode not allowed, a size over MAX_BYTES."""
     if not stat.S_ISREG(info.st_mode):
         raise EnvFileError(ENV_FILE_NOT_REGULAR.format(path=path))
     if info.st_uid != os.geteuid():

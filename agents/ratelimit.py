@@ -254,7 +254,8 @@ class LoginFailureSignal:
 def detect_login_failure(
     *, output: str, exit_code: int | None
 ) -> LoginFailureSignal | None:
-    """The authentication error a failed agent step reported, or None (contract 4)."""
+    """The authentication error a failed agent step reported, or None (module docstring,
+    ``detect_login_failure``)."""
     if exit_code == 0:
         return None
     output = strip_ansi(output)

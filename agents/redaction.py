@@ -35,7 +35,8 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNO
 
 
 def looks_secret(name: str) -> bool:
-    """True for a variable name that looks like it holds a secret (module docstring, 2)."""
+    """True for a variable name that looks like it holds a secret (module docstring, "whose
+    name looks secret")."""
     return bool(SECRET_NAME.search(name))
 
 

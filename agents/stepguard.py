@@ -132,7 +132,8 @@ class Guard:
                 _signal(pid, signal.SIGKILL)
 
     def kill_all(self) -> None:
-        """End every descendant left, reaping as it goes (module docstring, 4)."""
+        """End every descendant left, reaping as it goes (module docstring, "when the step's
+        process exits")."""
         for _ in range(MAX_SWEEPS):
             left = descendants()
             if not left:

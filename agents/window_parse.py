@@ -11,8 +11,9 @@ Contract:
    seven_day, or another name) and, at warning levels only, `utilization` (0..1). The last
    event per window wins.
 3. opencode: nothing until a 429, then a final `{"type":"error"}` line whose
-   `error.data.responseHeaders` are the raw response headers; they are read as in 4, and a
-   429 with no window saying `rejected` marks the window the headers name as rejected.
+   `error.data.responseHeaders` are the raw response headers; they are read as "headers"
+   below says, and a 429 with no window saying `rejected` marks the window the headers name
+   as rejected.
 4. Headers: codex's `x-codex-{primary,secondary}-{used-percent,window-minutes,reset-at}` and
    Anthropic's `anthropic-ratelimit-unified-{5h,7d,…}-{utilization,reset}` with
    `-unified-status` / `-unified-reset` / `-unified-representative-claim`.
@@ -43,7 +44,7 @@ _NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def window_name(minutes: Any = None, name: Any = None) -> str | None:
-    """Rule 5."""
+    """A window's name (module docstring, "window names")."""
     if isinstance(minutes, int | float) and not isinstance(minutes, bool):
         m = int(minutes)
         if m > 0:
@@ -94,7 +95,7 @@ def _status(value: Any) -> str | None:
 def codex_snapshot(
     rate_limits: Any, *, source: str, observed_at: datetime | None = None
 ) -> list[Window]:
-    """The windows of one codex `rate_limits` object (rule 1)."""
+    """The windows of one codex `rate_limits` object (module docstring, "codex")."""
     if not isinstance(rate_limits, dict):
         return []
     out: list[Window] = []
@@ -145,7 +146,8 @@ def _json(line: str) -> dict[str, Any] | None:
 def codex_rollout_windows(
     text: str, *, observed_at: datetime | None = None
 ) -> list[Window]:
-    """Rule 1: the windows of the last `token_count` line that has a snapshot."""
+    """The windows of the last `token_count` line that has a snapshot (module docstring,
+    "codex")."""
     for line in reversed(text.splitlines()):
         if '"token_count"' not in line:
             continue
@@ -164,7 +166,7 @@ def codex_rollout_windows(
 def claude_stream_windows(
     stdout: str, *, observed_at: datetime | None = None
 ) -> list[Window]:
-    """Rule 2."""
+    """claude's windows in its `stream-json` output (module docstring, "claude")."""
     latest: dict[str, Window] = {}
     for line in stdout.splitlines():
         if '"rate_limit_event"' not in line:
@@ -194,7 +196,7 @@ def header_windows(
     source: str = SOURCE_HEADERS,
     observed_at: datetime | None = None,
 ) -> list[Window]:
-    """Rule 4."""
+    """The windows response headers carry (module docstring, "headers")."""
     lower = {str(k).lower(): v for k, v in headers.items()}
     snapshot = {
         key: {
@@ -244,7 +246,7 @@ def header_windows(
 def opencode_error_windows(
     stdout: str, *, observed_at: datetime | None = None
 ) -> list[Window]:
-    """Rule 3: the windows in the headers of the last error line."""
+    """The windows in the headers of the last error line (module docstring, "opencode")."""
     for event in reversed(json_objects(stdout)):
         error = event.get("error") if event.get("type") == "error" else None
         data = error.get("data") if isinstance(error, dict) else None

@@ -113,6 +113,7 @@ BOUNDS: dict[str, Bound] = {
     "LOOPSWEB_MAX_INGEST_BYTES": Bound(1_024, 4 * GIB),
     "LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS": Bound(0, 3_600),
     "LOOPSWEB_DRAIN_BATCH_SIZE": Bound(1, 10_000),
+    "LOOPSWEB_INGEST_WAKE_SECONDS": Bound(0, 3_600),
     "LOOPSWEB_SOURCE_MAX_BYTES": Bound(1_024, GIB),
     "LOOPSWEB_API_MAX_EVENTS": Bound(1, 100_000),
     # below Python's recursion limit (1,000), which the JSON parser would otherwise hit

@@ -13,15 +13,15 @@ Contract:
    text, trimmed, blanks dropped, duplicates dropped (first occurrence kept).
 4. Project path and group hints return raw text; normalizing a path (realpath, git
    top-level) touches the filesystem and belongs to the service.
-5. A todos task whose description has a ``Repository: <path or owner/repo>`` line (the
-   first such line, the label case-insensitive) names its project there when no task or
-   metadata path field does (docs/upstream.md §5.1): an absolute path as it is; an
-   ``owner/repo`` name through the caller's ``find_checkout`` (the file system's business),
-   and not at all without one.
+5. **The ``Repository:`` line.** A todos task whose description has a
+   ``Repository: <path or owner/repo>`` line (the first such line, the label
+   case-insensitive) names its project there when no task or metadata path field does
+   (docs/upstream.md §5.1): an absolute path as it is; an ``owner/repo`` name through the
+   caller's ``find_checkout`` (the file system's business), and not at all without one.
 6. A drained todos task's project (docs/upstream.md §5.1, the drains' path prefix filter
    and their route): the task's ``project_path`` / ``projectPath``; else its metadata's
    (the task's own ``metadata``, then the envelope's) ``project_path`` / ``projectPath`` /
-   ``project_canonical_path``; else its ``Repository:`` line (contract 5); else the task's
+   ``project_canonical_path``; else its ``Repository:`` line (above); else the task's
    ``working_dir`` / ``workingDir`` / ``cwd``; else the metadata's. The drain routes the task
    there: its envelope's ``data.route_project_path`` is set to it (the first field of the
    route's own order, docs/upstream.md §3.2.3), as upstream's drain sets the synthesized
@@ -252,7 +252,8 @@ def description_repository(description: object) -> str | None:
 def repository_path_hint(
     data: Mapping[str, Any], *, find_checkout: FindCheckout | None = None
 ) -> str | None:
-    """The project path a todos task's ``Repository:`` line names (contract 5), or None."""
+    """The project path a todos task's ``Repository:`` line names (module docstring, "the
+    ``Repository:`` line"), or None."""
     value = description_repository(task_field(dict(data), "description"))
     if value is None:
         return None
@@ -277,7 +278,7 @@ def todos_project_path_hint(
     """Un-normalized project path for a todos-task route (0.4.11/0.4.12 precedence).
 
     Task fields first, then envelope metadata, then the description's ``Repository:`` line
-    (contract 5), then ``--project-path``, then ``cwd`` (upstream's process directory;
+    (module docstring), then ``--project-path``, then ``cwd`` (upstream's process directory;
     admission passes none, so a route never lands in the directory of whatever process
     routed it).
     """
@@ -336,7 +337,8 @@ def drained_task_path(
     *,
     find_checkout: FindCheckout | None = None,
 ) -> str | None:
-    """The project of a drained todos task, un-normalized (contract 6), or None."""
+    """The project of a drained todos task, un-normalized (module docstring, "a drained
+    todos task's project"), or None."""
     record = dict(data)
     metadatas = [m for m in (object_field(record.get("metadata")), dict(metadata)) if m]
 
@@ -356,9 +358,9 @@ def drained_task_path(
 
 
 def with_route_path(envelope: Envelope, path: str | None) -> Envelope:
-    """`envelope` routed to `path` (contract 6): its ``data.route_project_path`` set, in
-    its raw envelope too (a retry replays the route the drain took); unchanged without a
-    path."""
+    """`envelope` routed to `path` (module docstring, "a drained todos task's project"): its
+    ``data.route_project_path`` set, in its raw envelope too (a retry replays the route the
+    drain took); unchanged without a path."""
     if path is None or envelope.data.get(ROUTE_PATH_KEY) == path:
         return envelope
     data = {**envelope.data, ROUTE_PATH_KEY: path}

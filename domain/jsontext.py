@@ -7,8 +7,8 @@ Contract:
    quadratic work, however deep the input.
 2. ``loads_limited`` parses UTF-8 text or bytes: nesting within ``max_depth`` (a top-level
    array may add one level when ``array_wrapper`` is set, so a batch holds envelopes as deep
-   as a single delivery), no NaN/Infinity, and only storable strings (rule 3). Every
-   failure is a ``ValidationError``.
+   as a single delivery), no NaN/Infinity, and only storable strings
+   (``unstorable_reason``). Every failure is a ``ValidationError``.
 3. ``unstorable_reason(value)`` walks a value iteratively and names the first thing
    PostgreSQL or SQLite cannot store faithfully: NUL characters (text and jsonb refuse
    them), lone surrogates (not encodable as UTF-8), and non-finite floats (not JSON).

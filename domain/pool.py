@@ -11,13 +11,13 @@ Contract:
 4. Loads are a snapshot and are not incremented between roles.
 5. ``max_per_profile`` (an int > 0) defers the whole route when every member already
    carries that many; ``None`` or 0 disables the guard.
-6. loopsweb extension: ``disabled`` members (switched off in the account registry) are
-   removed first; when every member is disabled the route is deferred with reason code
-   ``account_disabled``. Then ``cooling`` members are removed; when every remaining member
-   is cooling the route is deferred with reason code ``cooldown``. Then members at their
-   own registry cap (``account_caps``: load >= cap) are removed; when none is left the
-   route is deferred with ``profile_cap``. With none of these the result is exactly
-   upstream's.
+6. **Removals** (a loopsweb extension): ``disabled`` members (switched off in the account
+   registry) are removed first; when every member is disabled the route is deferred with
+   reason code ``account_disabled``. Then ``cooling`` members are removed; when every
+   remaining member is cooling the route is deferred with reason code ``cooldown``. Then
+   members at their own registry cap (``account_caps``: load >= cap) are removed; when none
+   is left the route is deferred with ``profile_cap``. With none of these the result is
+   exactly upstream's.
    Between cooling and the caps, members whose rate-limit window is spent (``windows``,
    domain.windows) are removed; when none is left the route is deferred with
    ``window_exhausted``, the reason naming each member's window and the earliest reset;
@@ -26,12 +26,12 @@ Contract:
    known every headroom is equal and the walk order decides, as upstream.
 7. ``valid_profile_name`` is the shape every account name must have: it lands next to
    flags on an agent's command line, so it never starts with ``-`` and holds no spaces.
-8. loopsweb: worker ≠ verifier, always. When the removals of 6 leave one member, the worker
+8. **Worker ≠ verifier**, always (loopsweb). When the removals leave one member, the worker
    takes it and the verifier takes the least-loaded other member that was set aside for a
    while (cooling, a spent window, at its cap), so it moves or waits at its own start
-   (ledger.services.failover rule 3); when every other member is disabled or its login
-   failed, the route is deferred (``login_failed`` or ``account_disabled``). Upstream
-   lets both roles share the one member.
+   (ledger/services/failover.py, "worker ≠ verifier"); when every other member is disabled
+   or its login failed, the route is deferred (``login_failed`` or ``account_disabled``).
+   Upstream lets both roles share the one member.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ _PROFILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+:=-]{0,199}$")
 
 
 def valid_profile_name(name: str) -> bool:
-    """True when ``name`` may be an account name (contract 7)."""
+    """True when ``name`` may be an account name (``valid_profile_name``, module
+    docstring)."""
     return bool(_PROFILE_RE.match(name))
 
 
@@ -227,8 +228,8 @@ def _guard_limit(max_per_profile: int | None) -> int | None:
     return max_per_profile if max_per_profile > 0 else None
 
 
-# A removal (contract 6): the members it sets aside, its reason code, and the reason it
-# gives when it would empty the pool (given the members left before it).
+# A removal (module docstring, "removals"): the members it sets aside, its reason code, and
+# the reason it gives when it would empty the pool (given the members left before it).
 _Removal = tuple[Collection[str], str, Callable[[Sequence[str]], str]]
 
 
@@ -301,7 +302,7 @@ def _removals(
     cooling: Collection[str],
     windows: WindowFilter | None,
 ) -> list[_Removal]:
-    """The removals of contract 6, in the order they apply."""
+    """The removals (module docstring, "removals"), in the order they apply."""
     removals: list[_Removal] = [
         (
             disabled,
@@ -381,7 +382,8 @@ def _assign_roles(
     windows: WindowFilter | None,
 ) -> dict[str, str]:
     """One member per role, in ``order_roles`` order, each preferring members no earlier
-    role took (contract 2 and 3)."""
+    role took (module docstring: "roles are assigned in the order", "each role gets the
+    least-loaded member")."""
     worker_index = stable_index(seed, len(members))
     profiles: dict[str, str] = {}
     taken: set[str] = set()
@@ -407,10 +409,10 @@ def _separate_verifier(
     disabled: Collection[str],
     login_failed: Collection[str],
 ) -> PoolAssignment:
-    """Worker ≠ verifier (contract 8): the only member left took the worker; the verifier
-    gets the least-loaded member set aside for a while (cooling, spent window, at a cap),
-    and moves or waits at its start. Deferred when every other member is disabled or its
-    login failed (or the pool names one account twice)."""
+    """Worker ≠ verifier (module docstring): the only member left took the worker; the
+    verifier gets the least-loaded member set aside for a while (cooling, spent window, at a
+    cap), and moves or waits at its start. Deferred when every other member is disabled or
+    its login failed (or the pool names one account twice)."""
     worker = profiles["worker"]
     others = [m for m in pool if m != worker]
     usable = [m for m in others if m not in disabled and m not in login_failed]

@@ -1,8 +1,8 @@
 """Stable reason codes for deferrals.
 
-Contract: every deferral stores one of these codes next to the upstream-style human
-reason (docs/design.md rule 5). Codes are persisted and used as filter values on the ops
-pages, so they never change once released; add new codes instead.
+Contract: every deferral stores one of these codes next to the upstream-style human reason
+(docs/design.md, "every wait can be explained"). Codes are persisted and used as filter
+values on the ops pages, so they never change once released; add new codes instead.
 """
 
 from __future__ import annotations

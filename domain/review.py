@@ -1,35 +1,35 @@
 """The PR review gate of a todos task, the task side (docs/upstream.md §3.2.11).
 
 Contract:
-1. The gate reads the task's *evidence text*: over the records eligibility reads
-   (domain.eligibility, docs/upstream.md §3.2.2, with their automation records), the
-   values of the fields ``title``, ``task_title``, ``description``, ``body``, ``reason``,
-   ``message``, ``fingerprint``, ``reviewDecision`` and ``mergeStateStatus`` (field names
-   compared without case, ``_`` or ``-``: ``review_decision`` is ``reviewDecision``), and
-   the record's tags, one per line.
-2. It applies (``required``) when that text references a pull request (a GitHub pull URL, a
-   ``github-pr:OWNER/REPO#N`` handle, the words ``pull request``, or ``PR #N`` / ``PR N``)
-   and shows review or merge intent: a truthy review-required field (REVIEW_REQUIRED_FIELDS),
-   review-required text (``reviewDecision=REVIEW_REQUIRED``, ``review_required``,
-   ``review required``, ``requires N approving review``, ``branch protection`` followed
-   within 160 characters by ``approving review``), ``mergeStateStatus=BLOCKED`` (or ``merge
-   state status blocked``), or one of the words approve, approval, merge, review. Each
-   kind of evidence found is named in ``signals``.
-3. The PR state the task states: the first of the fields PR_STATE_FIELDS, else
-   ``pr_state`` / ``pull request state`` / ``state`` ``=`` or ``:`` ``MERGED``, ``CLOSED`` or
-   ``OPEN`` in the text; upper case. ``MERGED`` and ``CLOSED`` end the gate with
+1. **Evidence text.** The gate reads the task's *evidence text*: over the records
+   eligibility reads (domain.eligibility, docs/upstream.md §3.2.2, with their automation
+   records), the values of the fields ``title``, ``task_title``, ``description``, ``body``,
+   ``reason``, ``message``, ``fingerprint``, ``reviewDecision`` and ``mergeStateStatus``
+   (field names compared without case, ``_`` or ``-``: ``review_decision`` is
+   ``reviewDecision``), and the record's tags, one per line.
+2. **Applies.** It applies (``required``) when that text references a pull request (a GitHub
+   pull URL, a ``github-pr:OWNER/REPO#N`` handle, the words ``pull request``, or ``PR #N`` /
+   ``PR N``) and shows review or merge intent: a truthy review-required field
+   (REVIEW_REQUIRED_FIELDS), review-required text (``reviewDecision=REVIEW_REQUIRED``,
+   ``review_required``, ``review required``, ``requires N approving review``, ``branch
+   protection`` followed within 160 characters by ``approving review``),
+   ``mergeStateStatus=BLOCKED`` (or ``merge state status blocked``), or one of the words
+   approve, approval, merge, review. Each kind of evidence found is named in ``signals``.
+3. **PR state.** The PR state the task states: the first of the fields PR_STATE_FIELDS, else
+   ``pr_state`` / ``pull request state`` / ``state`` ``=`` or ``:`` ``MERGED``, ``CLOSED``
+   or ``OPEN`` in the text; upper case. ``MERGED`` and ``CLOSED`` end the gate with
    FRESHNESS_SKIP (the caller may ask the forge first).
-4. The PR's author: the first of the fields AUTHOR_FIELDS, else ``author is X`` /
-   ``author = X`` / ``author : X`` in the text (also ``PR #N author is X``, ``github
+4. **Author.** The PR's author: the first of the fields AUTHOR_FIELDS, else ``author is X``
+   / ``author = X`` / ``author : X`` in the text (also ``PR #N author is X``, ``github
    author is X``); a GitHub login (a leading ``@`` dropped), else nothing (the caller may
    ask the forge).
-5. The reviewers: the caller's (``--github-reviewer``), then the fields REVIEWER_FIELDS and
-   REVIEWER_POOL_FIELDS (text split at commas, or lists), then ``github reviewer pool
-   is|=|: A, B`` and ``github reviewer(s) is|are|=|: A, B`` lines in the text; only GitHub
-   logins, each once (compared without case), in that order.
-6. ``reviewer_decision``: no author is AUTHOR_MISSING; no reviewer is REVIEWER_MISSING; every
-   reviewer being the author (without case) is SELF_REVIEW; else the first reviewer who is
-   not the author is selected. The reasons are upstream's words.
+5. **Reviewers.** The reviewers: the caller's (``--github-reviewer``), then the fields
+   REVIEWER_FIELDS and REVIEWER_POOL_FIELDS (text split at commas, or lists), then ``github
+   reviewer pool is|=|: A, B`` and ``github reviewer(s) is|are|=|: A, B`` lines in the text;
+   only GitHub logins, each once (compared without case), in that order.
+6. **Decision.** ``reviewer_decision``: no author is AUTHOR_MISSING; no reviewer is
+   REVIEWER_MISSING; every reviewer being the author (without case) is SELF_REVIEW; else the
+   first reviewer who is not the author is selected. The reasons are upstream's words.
 """
 
 from __future__ import annotations
@@ -239,14 +239,14 @@ class ReviewEvidence:
 def gate_records(
     data: Mapping[str, Any], metadata: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
-    """The records the gate reads (contract 1)."""
+    """The records the gate reads (module docstring, "evidence text")."""
     records = eligibility_records(data, metadata)
     extra = [a for a in automation_records(records) if all(a is not r for r in records)]
     return records + extra
 
 
 def evidence_text(records: Sequence[Mapping[str, Any]]) -> str:
-    """The task's evidence text (contract 1)."""
+    """The task's evidence text (module docstring, "evidence text")."""
     lines: list[str] = []
     for record in records:
         for name in EVIDENCE_FIELDS:
@@ -266,7 +266,7 @@ def concrete_reference(text: str) -> str | None:
 
 
 def _signals(records: Sequence[Mapping[str, Any]], text: str) -> tuple[bool, list[str]]:
-    """Whether the gate applies, and the evidence it found (contract 2)."""
+    """Whether the gate applies, and the evidence it found (module docstring, "applies")."""
     reference = any(p.search(text) for p in _REFERENCES)
     found = {
         "review-required-field": any(
@@ -287,7 +287,7 @@ def _signals(records: Sequence[Mapping[str, Any]], text: str) -> tuple[bool, lis
 
 
 def stated_state(records: Sequence[Mapping[str, Any]], text: str) -> str | None:
-    """The PR state the task states, upper case (contract 3), or None."""
+    """The PR state the task states, upper case (module docstring, "PR state"), or None."""
     field = _first_string(records, PR_STATE_FIELDS)
     if field:
         return field.upper()
@@ -296,7 +296,7 @@ def stated_state(records: Sequence[Mapping[str, Any]], text: str) -> str | None:
 
 
 def stated_author(records: Sequence[Mapping[str, Any]], text: str) -> str | None:
-    """The PR's author as the task names it (contract 4), or None."""
+    """The PR's author as the task names it (module docstring, "author"), or None."""
     author = github_login(_first_string(records, AUTHOR_FIELDS))
     if author is not None:
         return author
@@ -310,7 +310,7 @@ def stated_author(records: Sequence[Mapping[str, Any]], text: str) -> str | None
 def stated_reviewers(
     records: Sequence[Mapping[str, Any]], text: str
 ) -> tuple[str, ...]:
-    """The reviewers the task names (contract 5, without the caller's)."""
+    """The reviewers the task names (module docstring, "reviewers", without the caller's)."""
     fields = [
         value
         for name in (*REVIEWER_FIELDS, *REVIEWER_POOL_FIELDS)
@@ -323,7 +323,7 @@ def stated_reviewers(
 def review_evidence(
     data: Mapping[str, Any], metadata: Mapping[str, Any]
 ) -> ReviewEvidence:
-    """The task's evidence for the gate (contracts 1-5)."""
+    """The task's evidence for the gate (module docstring, "evidence text" to "reviewers")."""
     records = gate_records(data, metadata)
     text = evidence_text(records)
     required, signals = _signals(records, text)
@@ -350,7 +350,8 @@ class ReviewerDecision:
 def reviewer_decision(
     author: str | None, options: Sequence[str], stated: Sequence[str]
 ) -> ReviewerDecision:
-    """Contract 6 over the caller's reviewers (`options`) and the task's (`stated`)."""
+    """The decision (module docstring, "decision") over the caller's reviewers (`options`)
+    and the task's (`stated`)."""
     reviewers = github_logins([*options, *stated])
     if author is None:
         return ReviewerDecision(False, reviewers, AUTHOR_MISSING)

@@ -91,7 +91,8 @@ def worktree_enabled(mode: str | None, *, git_work_tree: bool) -> bool:
 
 
 def step_isolation(step: Mapping[str, Any], *, worktree: bool) -> str | None:
-    """How an agent step is isolated (contract 2); None for a step that is not an agent.
+    """How an agent step is isolated (module docstring, "every agent step must be
+    isolated"); None for a step that is not an agent.
 
     Raises ValidationError with upstream's message when it is not isolated at all.
     """

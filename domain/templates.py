@@ -6,7 +6,8 @@ Contract:
    (worker, verifier) for generic routes. Each step depends on the one before it.
 2. ``render_workflow`` returns a JSON-serialisable spec body. Prompts are plain text
    built from the event's title and description; they are handed to agents as argv
-   items or files, never through a shell (docs/design.md rule 7), so nothing is escaped.
+   items or files, never through a shell (docs/design.md, "no shell between loopsweb and an
+   agent"), so nothing is escaped.
 3. Render-time profile per role: an explicit role pin, else the pool's hash pick
    (a single-member pool always gives that member), else ``--auth-profile``.
 4. Pool routing (least-loaded assignment at admission) is active for provider

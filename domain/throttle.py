@@ -170,7 +170,8 @@ def pool_deferral_decision(
     reason: str,
     reason_code: str,
 ) -> AdmissionDecision:
-    """The synthetic denied decision reported when only the pool deferred (docs/upstream.md §3.6 step 4).
+    """The synthetic denied decision reported when only the pool deferred (docs/upstream.md
+    §3.6, "a made-up denial").
 
     Upstream reports zero counts when no throttle limit was set (no counts were taken).
     """

@@ -1,51 +1,54 @@
 """Rate-limit windows of an account and the admission rule on them (docs/windows.md).
 
 Contract:
-1. A `Window` is the latest observation of one window of one account: its name (`5h`, `7d`,
-   or the provider's own), the used fraction (0..1, None when the provider did not say),
-   the provider's status (`allowed`, `allowed_warning`, `rejected`, None), when it resets
-   (None: unknown), where it came from, when it was seen, and `spend` (rule 8).
-2. A window whose reset is at or before `now` is over: it counts for nothing.
-3. A window is exhausted when it is not over and its status is `rejected`, or its used
-   fraction is >= `max_used` (the route's --max-window-used, default 0.9), or it is
-   predicted to run out before the step would finish: with `spend` the window's estimate of
-   what one step spends of it (None: unknown) and `running` the steps the account carries
-   now (running + reserved, the load the least-loaded rule uses), used + (running + 1) x
-   spend > 1.0: one step's expected spend is kept in reserve for each step the account
-   carries and for the one to start. With no spend known (or no used fraction) only the
-   first two hold, so a pool with no windows, or with windows but no spend known, is
-   decided as before; except loopsweb's own estimate from a token budget (rule 10), whose
-   unknown spend holds the account to one step at a time (running >= 1: runs out).
-4. An account is exhausted when any of its windows is; it is free again at the LATEST reset
-   of its exhausted windows (None when one of them has no known reset), a predicted one
-   included.
-5. Headroom of an account = min over its windows (not over, used known) of 1 - used; an
+1. **Observation.** A `Window` is the latest observation of one window of one account: its
+   name (`5h`, `7d`, or the provider's own), the used fraction (0..1, None when the provider
+   did not say), the provider's status (`allowed`, `allowed_warning`, `rejected`, None),
+   when it resets (None: unknown), where it came from, when it was seen, and `spend` (see
+   "spend estimate").
+2. **Over.** A window whose reset is at or before `now` is over: it counts for nothing.
+3. **Exhausted window.** A window is exhausted when it is not over and its status is
+   `rejected`, or its used fraction is >= `max_used` (the route's --max-window-used, default
+   0.9), or it is predicted to run out before the step would finish: with `spend` the
+   window's estimate of what one step spends of it (None: unknown) and `running` the steps
+   the account carries now (running + reserved, the load the least-loaded rule uses), used +
+   (running + 1) x spend > 1.0: one step's expected spend is kept in reserve for each step
+   the account carries and for the one to start. With no spend known (or no used fraction)
+   only the first two hold, so a pool with no windows, or with windows but no spend known,
+   is decided as before; except loopsweb's own estimate from a token budget (see "token
+   budget"), whose unknown spend holds the account to one step at a time (running >= 1: runs
+   out).
+4. **Exhausted account.** An account is exhausted when any of its windows is; it is free
+   again at the LATEST reset of its exhausted windows (None when one of them has no known
+   reset), a predicted one included.
+5. **Headroom** of an account = min over its windows (not over, used known) of 1 - used; an
    account with no such window has headroom 1.0 (nothing known spent), so a pool where no
    window is known is decided exactly as before.
-6. `window_filter` keeps the members (in their order) that are not exhausted, and names the
-   exhausted ones with the time each frees; `earliest_reset` is the first of those times.
-7. Pacing (an account with `window_pace`): a window of known length (`5h`, `7d`, `90m`),
+6. **Filter.** `window_filter` keeps the members (in their order) that are not exhausted,
+   and names the exhausted ones with the time each frees; `earliest_reset` is the first of
+   those times.
+7. **Pacing** (an account with `window_pace`): a window of known length (`5h`, `7d`, `90m`),
    used fraction and reset may be used only as far as its elapsed share: with L its length
    and the window started at reset - L, the account is paced while used > elapsed / L, until
    reset - L * (1 - used) (when the elapsed share catches up). Paced members are removed
    after the exhausted ones; a pool left with none defers with `window_paced`.
-8. A window's spend estimate (`step_spend`): from its observations recorded by step runs,
-   oldest first, each step run's last one; the increase of the used fraction from one
-   step run's last observation to the next one's, when the next was seen before the
-   earlier's reset (one reset period) and the used fraction did not fall, is what that
-   step spent. The estimate is the MAX of the latest `SPEND_SAMPLES` (3) such increases
+8. **Spend estimate.** A window's spend estimate (`step_spend`): from its observations
+   recorded by step runs, oldest first, each step run's last one; the increase of the used
+   fraction from one step run's last observation to the next one's, when the next was seen
+   before the earlier's reset (one reset period) and the used fraction did not fall, is what
+   that step spent. The estimate is the MAX of the latest `SPEND_SAMPLES` (3) such increases
    (the max: a step that spends more than the estimate is what makes the 429), None when
    there is none.
-9. With `max_used` `off` (WINDOWS_OFF, the route's `--max-window-used off`) the rule is
-   skipped: `window_filter` keeps every member, exhausted, paced and headroom empty, so
-   the pool is decided exactly as with no window known.
-10. loopsweb's estimate from a token budget (docs/windows.md §3: `estimated`, its used
-   fraction the tokens of the account's steps that finished within the window over the
-   budget) knows its spend from one finished step, no second observation needed
-   (`budget_spend`): the MAX of the latest `SPEND_SAMPLES` finished steps' tokens over the
-   budget. Before any step finished within the window the spend is unknown, and the
-   account takes one step at a time (rule 3), so the budget is passed by at most that
-   step's spend.
+9. **Windows off.** With `max_used` `off` (WINDOWS_OFF, the route's `--max-window-used off`)
+   the rule is skipped: `window_filter` keeps every member, exhausted, paced and headroom
+   empty, so the pool is decided exactly as with no window known.
+10. **Token budget.** loopsweb's estimate from a token budget (docs/windows.md §3:
+   `estimated`, its used fraction the tokens of the account's steps that finished within the
+   window over the budget) knows its spend from one finished step, no second observation
+   needed (`budget_spend`): the MAX of the latest `SPEND_SAMPLES` finished steps' tokens
+   over the budget. Before any step finished within the window the spend is unknown, and the
+   account takes one step at a time (see "exhausted window"), so the budget is passed by at
+   most that step's spend.
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ from typing import Any, Literal
 from domain.errors import ValidationError
 
 DEFAULT_MAX_WINDOW_USED = 0.9
-# `--max-window-used off` (rule 9): the route ignores the windows (no threshold, no
-# prediction, no pacing): the least-loaded rule as before windows existed.
+# `--max-window-used off` ("windows off", module docstring): the route ignores the windows
+# (no threshold, no prediction, no pacing): the least-loaded rule as before windows existed.
 WINDOWS_OFF: Literal["off"] = "off"
 MaxWindowUsed = float | Literal["off"]
 REJECTED = "rejected"
@@ -73,7 +76,8 @@ SPEND_SAMPLES = 3
 
 @dataclass(frozen=True)
 class Observation:
-    """One recorded observation of a window, as rule 8 reads it."""
+    """One recorded observation of a window, as "spend estimate" (module docstring) reads
+    it."""
 
     step_run: str | None
     used: float | None
@@ -82,7 +86,8 @@ class Observation:
 
 
 def step_spend(observations: Sequence[Observation]) -> float | None:
-    """Rule 8: what one step spends of a window, from its observations (oldest first)."""
+    """What one step spends of a window, from its observations (oldest first): "spend
+    estimate", module docstring."""
     last: dict[str, Observation] = {}  # each step run's last observation
     for seen in observations:
         if seen.step_run is not None and seen.used is not None:
@@ -99,8 +104,9 @@ def step_spend(observations: Sequence[Observation]) -> float | None:
 
 
 def budget_spend(step_tokens: Sequence[int], budget: int) -> float | None:
-    """Rule 10: what one step spends of a token budget, from the tokens (input + output)
-    of the steps that finished within the window, oldest first; None before any did."""
+    """What one step spends of a token budget ("token budget", module docstring), from the
+    tokens (input + output) of the steps that finished within the window, oldest first; None
+    before any did."""
     recent = [max(tokens, 0) for tokens in step_tokens][-SPEND_SAMPLES:]
     if budget <= 0 or not recent:
         return None
@@ -117,15 +123,17 @@ class Window:
     observed_at: datetime | None = None
     # What one step spends of this window (0..1; None: unknown): ledger.windows.with_spend.
     spend: float | None = None
-    # loopsweb's estimate from a token budget (rule 10), not a provider's observation.
+    # loopsweb's estimate from a token budget ("token budget", module docstring), not a
+    # provider's observation.
     estimated: bool = False
 
     def over(self, now: datetime) -> bool:
         return self.resets_at is not None and self.resets_at <= now
 
     def runs_out(self, running: int) -> bool:
-        """Rule 3's prediction: `running` steps and this one would pass 100 % (an estimate
-        whose spend is unknown: a second step at once, rule 10)."""
+        """The prediction of "exhausted window" (module docstring): `running` steps and
+        this one would pass 100 % (an estimate whose spend is unknown: a second step at
+        once, "token budget")."""
         if self.used is None:
             return False
         if self.spend is None:
@@ -182,7 +190,8 @@ def length_seconds(name: str) -> int | None:
 
 
 def paced_until(window: Window, now: datetime) -> datetime | None:
-    """Rule 7: when the window's pace lets the account start again (None: not paced)."""
+    """When the window's pace lets the account start again (None: not paced): "pacing",
+    module docstring."""
     length = length_seconds(window.name)
     if (
         length is None
@@ -209,7 +218,7 @@ def clamp_fraction(value: Any) -> float | None:
 
 
 def headroom(windows: Iterable[Window], now: datetime) -> float:
-    """Rule 5."""
+    """The account's headroom ("headroom", module docstring)."""
     rooms = [1.0 - w.used for w in windows if w.used is not None and not w.over(now)]
     return min(rooms) if rooms else 1.0
 
@@ -217,7 +226,8 @@ def headroom(windows: Iterable[Window], now: datetime) -> float:
 def frees_at(
     windows: Iterable[Window], now: datetime, max_used: float, running: int = 0
 ) -> tuple[bool, datetime | None]:
-    """(exhausted, when it frees) of one account carrying `running` steps (rules 3, 4)."""
+    """(exhausted, when it frees) of one account carrying `running` steps ("exhausted
+    window", "exhausted account")."""
     spent = [w for w in windows if w.exhausted(now, max_used, running)]
     if not spent:
         return False, None
@@ -232,7 +242,7 @@ class WindowFilter:
     exhausted: dict[str, datetime | None] = field(default_factory=dict)
     headroom: dict[str, float] = field(default_factory=dict)
     detail: dict[str, str] = field(default_factory=dict)
-    # Rule 7: members ahead of their pace, with when each may start again.
+    # "Pacing": members ahead of their pace, with when each may start again.
     paced: dict[str, datetime] = field(default_factory=dict)
 
     def paced_reason(self, members: Sequence[str]) -> str:
@@ -268,10 +278,10 @@ def window_filter(
     paced: Collection[str] = (),
     running: Mapping[str, int] | None = None,
 ) -> WindowFilter:
-    """Rules 6 and 7: the members that may take a step now, and why the others may not
-    (`paced`: the accounts whose windows are paced; `running`: account -> the steps it
-    carries now, running + reserved, for rule 3's prediction; absent: 0; `max_used` off:
-    rule 9)."""
+    """The members that may take a step now, and why the others may not ("filter" and
+    "pacing", module docstring; `paced`: the accounts whose windows are paced; `running`:
+    account -> the steps it carries now, running + reserved, for the prediction of
+    "exhausted window"; absent: 0; `max_used` off: "windows off")."""
     if isinstance(max_used, str):  # WINDOWS_OFF: the windows are not looked at
         return WindowFilter(kept=list(members))
     loads = running or {}
@@ -311,7 +321,7 @@ MAX_WINDOW_USED_INVALID = (
 
 def parse_max_window_used(value: Any) -> MaxWindowUsed | None:
     """The route option --max-window-used: None (the default, 0.9), a fraction in (0, 1],
-    or `off` (WINDOWS_OFF: rule 9)."""
+    or `off` (WINDOWS_OFF: "windows off", module docstring)."""
     if value is None:
         return None
     if isinstance(value, str) and value.strip().lower() == WINDOWS_OFF:

@@ -109,7 +109,8 @@ class AccountLimits(HangMark):
     login_failed: bool = False
     # 0021: the operator gave it window budgets (ledger.windows estimates those windows).
     window_budgets: bool = False
-    window_pace: bool = False  # 0021: its windows are paced (domain.windows rule 7).
+    # 0021: its windows are paced (domain/windows.py, "pacing").
+    window_pace: bool = False
     unresponsive_until: datetime | None = None
 
 

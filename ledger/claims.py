@@ -1,7 +1,8 @@
 """Bounded trust in what a step prints about its account (docs/windows.md, "What a
 task may claim"): the shared pieces of the bound and of the confirmation.
 
-1. A task is its work item (all its runs and retries), or the run itself when it has none.
+1. **The bound.** A task is its work item (all its runs and retries), or the run itself when
+   it has none.
    One task puts at most one account into cooldown, at most one into `login failed` and at
    most one into an exhausted window (`KINDS`). A second account reporting the same for the
    same task is not marked: the task is parked (`PARKED_REASONS`, event `task_parked`).
@@ -10,12 +11,12 @@ task may claim"): the shared pieces of the bound and of the confirmation.
    growing with each such park of the task, never longer than `UNCONFIRMED_LONGEST`), its
    run parked holding no worker, and then runs again. A task parked for a failed login
    ends its run, not retried, until an operator acts (no wait makes a key good again).
-2. A cooldown or exhausted window a step claims for longer than `UNCONFIRMED_LONGEST` is
-   recorded for that long only, its reason or source saying "unconfirmed", and loopsweb's
-   own smallest request with the account (as `account check` makes it) is queued
-   (`confirm_enqueue`, django-q2 task `CONFIRM_TASK`, runs.confirm): when the
-   provider itself answers with a rate limit, the claim stands (still under the caps);
-   otherwise the 15 minutes are all it gets.
+2. **The confirmation.** A cooldown or exhausted window a step claims for longer than
+   `UNCONFIRMED_LONGEST` is recorded for that long only, its reason or source saying
+   "unconfirmed", and loopsweb's own smallest request with the account (as `account check`
+   makes it) is queued (`confirm_enqueue`, django-q2 task `CONFIRM_TASK`, runs.confirm):
+   when the provider itself answers with a rate limit, the claim stands (still under the
+   caps); otherwise the 15 minutes are all it gets.
 """
 
 from __future__ import annotations
@@ -102,9 +103,10 @@ class Claim:
 
 
 def task_runs(run: WorkflowRun) -> Any:
-    """The runs of `run`'s task (rule 1), as a queryset of ids: its work item's runs since
-    the item's last admission or operator retry (ledger.admissions, the notion the
-    re-dispatch count uses: an operator's retry starts the bound afresh), and `run`."""
+    """The runs of `run`'s task ("the bound", module docstring), as a queryset of ids: its
+    work item's runs since the item's last admission or operator retry (ledger.admissions,
+    the notion the re-dispatch count uses: an operator's retry starts the bound afresh), and
+    `run`."""
     if run.work_item_id:
         runs = WorkflowRun.objects.filter(work_item_id=run.work_item_id)
         start = admission_start(run.work_item_id)
@@ -115,9 +117,10 @@ def task_runs(run: WorkflowRun) -> Any:
 
 
 def task_hold(run: WorkflowRun, now: datetime) -> tuple[str, datetime] | None:
-    """The hold of `run`'s task (rule 1) in force at `now`: the waiting reason and its end,
-    from the latest end of its `task_parked` events of a rate limit; None when none holds.
-    Read at every step start: one query when the item's runs never parked it."""
+    """The hold of `run`'s task ("the bound", module docstring) in force at `now`: the
+    waiting reason and its end, from the latest end of its `task_parked` events of a rate
+    limit; None when none holds. Read at every step start: one query when the item's runs
+    never parked it."""
     parks = WorkflowEvent.objects.filter(event_type=PARKED_EVENT)
     parks = (
         parks.filter(workflow_run__work_item_id=run.work_item_id)

@@ -163,8 +163,9 @@ def retry_passing(
 
 
 def write_ledger(what: str, write: Callable[[], T]) -> T:
-    """One ledger write of the runner, waiting out an error that passes (runs.runner,
-    module docstring 7): the same write again for up to one lease, then the error."""
+    """One ledger write of the runner, waiting out an error that passes (runs/runner.py, "a
+    database error that passes"): the same write again for up to one lease, then the
+    error."""
     from django.conf import settings
 
     return retry_passing(

@@ -1,4 +1,5 @@
-"""The admission lock (docs/design.md rule 2), and the drain lock (one drain per scope at a time).
+"""The admission lock (docs/design.md, "one admission lock"), and the drain lock (one drain
+per scope at a time).
 
 Every write that makes a work item active or a step run running calls `admission_lock()`
 first, inside its transaction:

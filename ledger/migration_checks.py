@@ -26,16 +26,16 @@ Errors (the check fails):
    constraint; anywhere, no RunSQL that drops, renames, truncates, sets NOT NULL or changes a
    column type, and no operation we cannot classify. Tables and columns only unreleased
    migrations created may change freely. The exception is explicit: `lock_migrations --reason
-   app/name=WHY` releases a non-additive migration whose name contains `breaking` (see 5),
-   recording `reason=` in the lock file; it is then reported as a warning. Released migrations
-   were measured when they were locked and are frozen by their hash since.
+   app/name=WHY` releases a non-additive migration whose name contains `breaking` (see
+   `unknown_applied`), recording `reason=` in the lock file; it is then reported as a warning.
+   Released migrations were measured when they were locked and are frozen by their hash since.
 5. `unknown_applied`: the database has ledger/routing migrations applied that this code does
    not have (a newer release migrated it). Their operations cannot be inspected from here.
-   Newer releases are held to rule 4, so an unknown migration is additive: it is reported as a
-   warning and accepted, the way upstream tolerates newer ledger rows. The one exception a
-   newer release can announce is in the name the database records: a migration named with
-   `breaking` (rule 4 forces that name on every reasoned non-additive migration) means this
-   code is too old for the database, and the check fails.
+   Newer releases are held to `non_additive`, so an unknown migration is additive: it is
+   reported as a warning and accepted, the way upstream tolerates newer ledger rows. The one
+   exception a newer release can announce is in the name the database records: a migration
+   named with `breaking` (`non_additive` forces that name on every reasoned non-additive
+   migration) means this code is too old for the database, and the check fails.
 Also errors: an unreadable lock file (`lock_file`), two leaf migrations in one app
 (`conflict`), a migration graph that does not load (`graph`), applied migrations whose
 dependencies are not applied (`inconsistent_history`), a database that cannot be read
@@ -44,7 +44,7 @@ dependencies are not applied (`inconsistent_history`), a database that cannot be
 Pending migrations are not an error: they are what the next `migrate` applies. The plan
 (applied and pending, per migration) is part of every report.
 
-What makes one operation irreversible or non-additive (rules 3 and 4) is
+What makes one operation irreversible or non-additive (`irreversible` and `non_additive`) is
 `ledger.migration_rules`; this module applies the rules to the migrations on disk, the lock
 file and the database.
 """
@@ -304,11 +304,12 @@ def _missing_migration_findings(loader: MigrationLoader) -> Iterator[Finding]:
 def _migration_findings(
     loader: MigrationLoader, locked: Mapping[str, LockEntry]
 ) -> tuple[list[Finding], list[Finding]]:
-    """Rules 3 and 4 over every ledger/routing migration on disk.
+    """`irreversible` and `non_additive` (module docstring) over every ledger/routing migration
+    on disk.
 
-    Rule 4 analyses unreleased migrations against the latest release. A released migration
-    was analysed by lock_migrations when it was locked and is frozen by its hash since, so it
-    is only reported when it was released with a reason.
+    `non_additive` analyses unreleased migrations against the latest release. A released
+    migration was analysed by lock_migrations when it was locked and is frozen by its hash
+    since, so it is only reported when it was released with a reason.
     """
     errors: list[Finding] = []
     warnings: list[Finding] = []
@@ -375,7 +376,8 @@ def _known_names(loader: MigrationLoader) -> set[tuple[str, str]]:
 
 
 def _database_findings(report: Report, loader: MigrationLoader, database: str) -> None:
-    """Rule 5, inconsistent history and the plan, read from the database (read-only)."""
+    """`unknown_applied`, inconsistent history and the plan, read from the database
+    (read-only)."""
     connection = connections[database]
     recorder = MigrationRecorder(connection)
     try:
@@ -444,7 +446,8 @@ def check_migrations(
         entries = []
     locked = {e.key: e for e in entries}
     report.released = list(locked)
-    # Rule 1 reads files only, so it still runs when the graph below cannot be built.
+    # `released_edited` / `released_removed` read files only, so they still run when the
+    # graph below cannot be built.
     report.errors.extend(_released_findings(entries))
 
     try:

@@ -1,8 +1,8 @@
 """The rules `ledger.migration_checks` holds every ledger/routing migration operation to:
-whether it can be reversed (rule 3) and whether the previous release keeps working on a
-database it migrated (rule 4, additive), and the `breaking` name marker of a migration
-released as non-additive on purpose (rules 4 and 5). Pure functions over Django's migration
-operations and project states: no database, no files.
+whether it can be reversed (its `irreversible` error) and whether the previous release keeps
+working on a database it migrated (`non_additive`: additive), and the `breaking` name marker
+of a migration released as non-additive on purpose (`non_additive` and `unknown_applied`).
+Pure functions over Django's migration operations and project states: no database, no files.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from django.db.migrations.migration import Migration
 from django.db.migrations.operations.base import Operation
 from django.db.migrations.state import ProjectState
 
-# The name marker of a deliberately non-additive migration (rules 4 and 5).
+# The name marker of a deliberately non-additive migration (ledger/migration_checks.py,
+# `non_additive` and `unknown_applied`).
 BREAKING_MARKER = re.compile(r"(^|_)breaking(_|$)")
 
 # Type changes that keep every value the old column could hold, and that old code can still

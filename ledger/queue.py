@@ -126,9 +126,15 @@ def enqueue_run(
     if placement.host is not None and steps is None:
         run_wait_record(run_id, None)  # a new run (steps given) has no reason to clear
     options: dict[str, object] = {"cluster": placement.queue}
-    if delay > 0 and Conf.ORM:
-        options["broker"] = _DelayedOrm(placement.queue, delay)
+    if delay > 0 and (broker := delayed_broker(placement.queue, delay)) is not None:
+        options["broker"] = broker
     async_task(RUN_TASK, run_id, task_name=f"run-workflow-{run_id}", **options)
+
+
+def delayed_broker(list_key: str, delay: float) -> ORM | None:
+    """A broker for `list_key` whose task becomes visible `delay` s from now (the ORM
+    broker, which loopsweb configures; None with any other: the task is visible at once)."""
+    return _DelayedOrm(list_key, delay) if Conf.ORM else None
 
 
 class _DelayedOrm(ORM):

@@ -16,7 +16,7 @@ Rules:
    passed), the tokens (input + output) its step runs finished within the window's length
    before now, divided by the budget; it resets when the oldest of those steps leaves the
    window. Its source says `loopsweb estimate` with the tokens and the cost; its spend is
-   the most one of the latest three of those steps spent (domain.windows rule 10).
+   the most one of the latest three of those steps spent (domain/windows.py, "token budget").
 4. `window_state` = the provider observations plus the estimates: what admission, failover,
    /ops/, /metrics and the API read.
 """
@@ -92,7 +92,8 @@ def windows_record(
     step_run_id: str | None = None,
     now: datetime | None = None,
 ) -> int:
-    """Rule 1: record `windows` of `account`; returns how many rows were written."""
+    """Record `windows` of `account` (module docstring, `windows_record`); returns how many
+    rows were written."""
     if not account or not windows:
         return 0
     now = now or timezone.now()
@@ -194,8 +195,8 @@ def _no_refill(account: str, windows: Sequence[Window], now: datetime) -> list[W
 
 
 def _task_spent_elsewhere(account: str, step_run_id: str) -> bool:
-    """Whether the step's task (ledger.claims rule 1) recorded an exhausted window of
-    another account."""
+    """Whether the step's task (ledger/claims.py, "the bound") recorded an exhausted window
+    of another account."""
     run = WorkflowRun.objects.filter(step_runs=step_run_id).first()
     if run is None:
         return False
@@ -219,7 +220,7 @@ def _length(name: str) -> timedelta:
 
 
 def _bounded(account: str, windows: Sequence[Window], now: datetime) -> list[Window]:
-    """Rule 1's bounds on what a step printed."""
+    """The bounds on what a step printed (module docstring, `windows_record`)."""
     known = set(
         AccountWindow.objects.filter(account_profile=account)
         .values_list("window", flat=True)
@@ -252,7 +253,8 @@ def _window(row: AccountWindow) -> Window:
 def latest_windows(
     accounts: Iterable[str] | None = None, *, now: datetime | None = None
 ) -> dict[str, list[Window]]:
-    """Rule 2: account → its windows (the newest observation of each), by window name."""
+    """Account → its windows (the newest observation of each), by window name (module
+    docstring, `latest_windows`)."""
     now = now or timezone.now()
     rows = AccountWindow.objects.filter(
         observed_at__gte=now - timedelta(days=window_keep_days())
@@ -277,7 +279,8 @@ def _estimate(account: str, name: str, budget: int, now: datetime) -> Window | N
         return None
     since = now - timedelta(seconds=length)
     cost = 0.0
-    steps: list[int] = []  # each step's tokens, oldest first (its spend, rule 10)
+    # Each step's tokens, oldest first (its spend: domain/windows.py, "token budget").
+    steps: list[int] = []
     oldest: datetime | None = None
     for inp, out, usd, finished in (
         WorkflowStepRun.objects.filter(
@@ -311,8 +314,9 @@ def with_estimates(
     budgets: Mapping[str, Mapping[str, Any] | None],
     now: datetime,
 ) -> dict[str, list[Window]]:
-    """Rule 3 over `observed` (account -> its newest windows): each budget window that no
-    observation still covers gets the estimate (one query per such window)."""
+    """The estimate (module docstring) over `observed` (account -> its newest windows): each
+    budget window that no observation still covers gets the estimate (one query per such
+    window)."""
     out = {name: list(seen) for name, seen in observed.items()}
     for account, budget_map in sorted(budgets.items()):
         if not isinstance(budget_map, Mapping):
@@ -334,7 +338,8 @@ def with_estimates(
 def window_state(
     accounts: Iterable[str] | None = None, *, now: datetime | None = None
 ) -> dict[str, list[Window]]:
-    """Rule 4: the observed windows plus the estimates of the windows nothing observes."""
+    """The observed windows plus the estimates of the windows nothing observes (module
+    docstring, `window_state`)."""
     now = now or timezone.now()
     names = None if accounts is None else sorted({str(a).strip() for a in accounts})
     budgets = Account.objects.exclude(window_budgets__isnull=True)
@@ -420,15 +425,15 @@ def budgets_of(account: str) -> dict[str, int] | None:
     return value if isinstance(value, dict) else None
 
 
-# --- what one step spends of each window (domain.windows rule 8) ----------------------------
+# --- what one step spends of each window (domain/windows.py, "spend estimate") -------------
 
 
 def with_spend(
     windows: Mapping[str, Sequence[Window]], now: datetime
 ) -> dict[str, list[Window]]:
     """`windows` (account -> its windows) with each window's spend estimate set; a window
-    that knows its spend already (loopsweb's estimate from a token budget, domain.windows
-    rule 10) keeps it."""
+    that knows its spend already (loopsweb's estimate from a token budget, domain/windows.py,
+    "token budget") keeps it."""
     out = {name: list(seen) for name, seen in windows.items()}
     accounts = sorted(name for name, seen in out.items() if seen)
     if not accounts:

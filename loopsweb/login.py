@@ -2,14 +2,16 @@
 
 django-axes counts failed logins per rule in AXES_LOCKOUT_PARAMETERS and locks a rule out at
 one AXES_FAILURE_LIMIT for all rules. loopsweb wants two rules with two limits:
-1. the configured one (LOOPSWEB_LOGIN_LOCKOUT_BY, default one username from one address) at
-   LOOPSWEB_LOGIN_FAILURE_LIMIT (AXES_FAILURE_LIMIT);
-2. one address across every username at the higher LOOPSWEB_LOGIN_IP_FAILURE_LIMIT, so an
-   address cannot try many usernames a few times each.
-`lockout_parameters` is AXES_LOCKOUT_PARAMETERS as a callable: it answers rule 1 until the
-address has LOOPSWEB_LOGIN_IP_FAILURE_LIMIT failures within the cool-off, then the address
-rule, whose count is then past AXES_FAILURE_LIMIT too, so axes refuses (429). A successful
-login resets only what rule 1 covers (AXES_RESET_ON_SUCCESS), never the address's count.
+1. **the configured rule** (LOOPSWEB_LOGIN_LOCKOUT_BY, default one username from one
+   address) at LOOPSWEB_LOGIN_FAILURE_LIMIT (AXES_FAILURE_LIMIT);
+2. **the address rule**: one address across every username at the higher
+   LOOPSWEB_LOGIN_IP_FAILURE_LIMIT, so an address cannot try many usernames a few times
+   each.
+`lockout_parameters` is AXES_LOCKOUT_PARAMETERS as a callable: it answers the configured
+rule until the address has LOOPSWEB_LOGIN_IP_FAILURE_LIMIT failures within the cool-off,
+then the address rule, whose count is then past AXES_FAILURE_LIMIT too, so axes refuses
+(429). A successful login resets only what the configured rule covers
+(AXES_RESET_ON_SUCCESS), never the address's count.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def lockout_parameters(
     request_or_attempt: Any, credentials: dict[str, Any] | None = None
 ) -> list[Any]:
     rule: list[Any] = settings.LOOPSWEB_LOGIN_LOCKOUT_RULE
-    # axes also asks about a stored attempt (resets, cache keys): rule 1 is the answer there.
+    # axes also asks about a stored attempt (resets, cache keys): the configured rule is the
+    # answer there.
     if rule == ADDRESS_RULE or not isinstance(request_or_attempt, HttpRequest):
         return rule
     if address_failures(request_or_attempt) >= settings.LOOPSWEB_LOGIN_IP_FAILURE_LIMIT:

@@ -152,3 +152,14 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class DrainWake(models.Model):
+    """The last wake-up of a drain schedule by arriving events (routing.drains.wake): when
+    the drain it queued is due. One row per schedule, kept while the schedule exists."""
+
+    schedule = models.CharField(max_length=100, primary_key=True)
+    due_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "routing_drain_wakes"

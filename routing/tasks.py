@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from routing.drains import drain_options, drain_run
 from routing.drains.retention import drain_records_prune
+from routing.drains.wake import drain_wake_again, woken_schedule
 
 
 def drain(
@@ -30,6 +31,19 @@ def drain(
         "heldReason": report.held_reason,
         "overlapSkipped": report.overlapped,
     }
+
+
+def drain_woken(name: str, **_q: Any) -> dict[str, Any] | None:
+    """The drain of schedule `name`, queued by arriving events (routing.drains.wake), with
+    the schedule's options as they are now; nothing when it is gone or paused. One that
+    steps aside for its scope's running drain wakes the schedule again."""
+    schedule = woken_schedule(name)
+    if schedule is None or schedule.kind is None:
+        return None
+    result = drain(schedule.kind, schedule.options, name=name)
+    if result["overlapSkipped"]:
+        drain_wake_again(name)
+    return result
 
 
 def prune_empty_drains(**_q: Any) -> dict[str, Any]:

@@ -210,7 +210,8 @@ _LOGIN_PROBES = {
 
 
 def account_self_test(*, name: str) -> SelfTest:
-    """Rule 6: `--version`, then the login probe, with the environment a step would get."""
+    """`--version`, then the login probe, with the environment a step would get (module
+    docstring, `account_self_test`)."""
     row = Account.objects.filter(pk=name.strip()).first()
     if row is None:
         raise AccountError(ACCOUNT_NOT_FOUND.format(name=name))
@@ -321,7 +322,8 @@ def account_request(row: Account) -> tuple[int | None, str, str]:
 
 
 def _real_request(test: SelfTest, row: Account) -> None:
-    """Rules 6-7: the smallest request a step would make, answered or not."""
+    """The smallest request a step would make, answered or not (module docstring,
+    `account_self_test`: "the smallest real request")."""
     try:
         code, stdout, stderr = account_request(row)
     except ProviderError as exc:

@@ -13,12 +13,12 @@ calls").
   `agents.agent_output.live_rate_limit` on the output so far: a rate limit the agent hit but
   is still retrying stops it at once, with no kill grace (`STOP_GRACE_SECONDS`: the CLI is
   only waiting to try again), so the step moves to another account without waiting.
-- Progress, not bytes: for a CLI whose stream tells progress apart (agents.agent_output,
-  contract 5), the idle limit counts from its last model answer or tool call, so a CLI that
+- Progress, not bytes: for a CLI whose stream tells progress apart (agents/agent_output.py,
+  "progress"), the idle limit counts from its last model answer or tool call, so a CLI that
   only retries or logs errors is idle; the time of the last progress is written with the
   tails (`progress_at`, shown on /ops/). A CLI that reports LOOPSWEB_STEP_PROVIDER_ERRORS
-  failed model calls in a row with no progress between them (contract 6) is stopped, with
-  the provider's error as the reason.
+  failed model calls in a row with no progress between them (agents/agent_output.py,
+  "provider errors") is stopped, with the provider's error as the reason.
 - `step_outcome`: status and error of a finished process; an agent's error is its own
   message with the exit code after it (`agents.agent_output.agent_error`). A hang reads the
   same for every CLI: "no progress for 10 min (idle limit)" and the last progress event.

@@ -110,7 +110,8 @@ def predecessors_end(host: str, instance: str, now: datetime) -> tuple[list[str]
 
 
 def cluster_start(now: datetime | None = None) -> str:
-    """Steps 1-3 of the module docstring; this cluster's instance id. CommandError: refused."""
+    """The start the module docstring lists, "a new instance id" to "registered"; this
+    cluster's instance id. CommandError: refused."""
     now = now or timezone.now()
     host, roots = host_name(), local_roots()
     instance = new_instance()

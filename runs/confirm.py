@@ -1,5 +1,5 @@
-"""The confirmation of what a step claimed about its account (ledger.claims rule 2; the
-django-q2 task `runs.tasks.confirm_account_claim`).
+"""The confirmation of what a step claimed about its account (ledger/claims.py, "the
+confirmation"; the django-q2 task `runs.tasks.confirm_account_claim`).
 
 A cooldown or exhausted window claimed for longer than 15 minutes was recorded for 15
 minutes, "unconfirmed". Here loopsweb makes the smallest request a step would make with the

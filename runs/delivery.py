@@ -140,7 +140,8 @@ def _config(common_dir: str, name: str) -> str | None:
 
 
 def delivery_start(run: WorkflowRun, worktree: Worktree) -> None:
-    """Record, before any agent step, where the work would go (module docstring, 1)."""
+    """Record, before any agent step, where the work would go (module docstring,
+    "the remote is read before the agent runs")."""
     options = delivery_options(run)
     record: dict[str, Any] = {"mode": options["mode"], "remote": options["remote"]}
     try:
@@ -171,7 +172,8 @@ def delivery_start(run: WorkflowRun, worktree: Worktree) -> None:
 
 def push_branch(common_dir: str, url: str, commit: str, branch: str) -> None:
     """Push `commit` to `refs/heads/<branch>` at `url` from a scratch repository of
-    loopsweb's own (module docstring, 2); DeliveryError with git's message if refused."""
+    loopsweb's own (module docstring, "the push runs on loopsweb's own config");
+    DeliveryError with git's message if refused."""
     extra = {
         name: os.environ[name] for name in ("SSH_AUTH_SOCK",) if name in os.environ
     }
@@ -247,7 +249,8 @@ def _deliver(
 
 def _pinned_url(run: WorkflowRun, record: Mapping[str, Any]) -> str | None:
     """The remote URL the project's first delivery to this remote went to: every later
-    delivery goes there or nowhere (module docstring, 5)."""
+    delivery goes there or nowhere (module docstring, "the remote is pinned per
+    project")."""
     key = run.work_item.project_key if run.work_item_id and run.work_item else None
     if not key:
         return None
@@ -267,7 +270,8 @@ def _pinned_url(run: WorkflowRun, record: Mapping[str, Any]) -> str | None:
 
 
 def _ask_reviewers(record: dict[str, Any], logins: list[str]) -> None:
-    """Request `logins`' reviews on the record's pull request (module docstring, 4)."""
+    """Request `logins`' reviews on the record's pull request (module docstring,
+    "reviewers are asked, not required")."""
     pr = record["pr"]
     try:
         record["reviewers"] = request_reviewers(pr["repo"], pr["number"], logins)

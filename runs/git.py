@@ -24,8 +24,8 @@ is started by `run_git` below, and nothing else in the product calls git
    runs.worktree_files writes a new worktree's files from the objects and commits a
    worktree's files with plumbing (`hash-object --no-filters`, `update-index --index-info`,
    `write-tree`, `commit-tree`, `update-ref`). Diffs pass `--no-ext-diff --no-textconv`.
-4. A clean environment: PATH, HOME and `LC_ALL=C` only, no terminal prompt, no stdin unless
-   given, a timeout.
+4. **A clean environment.** PATH, HOME and `LC_ALL=C` only, no terminal prompt, no stdin
+   unless given, a timeout.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from domain.errors import ApplicationError
 GIT_TIMEOUT_SECONDS = 120
 GIT_FAILED = "git {command}: {error}"
 
-# Every setting that makes git run a program (module docstring, 2), neutralised per call.
+# Every setting that makes git run a program (module docstring, "no configuration that runs
+# something"), neutralised per call.
 SAFE_CONFIG: tuple[tuple[str, str], ...] = (
     ("core.fsmonitor", "false"),
     ("core.hooksPath", os.devnull),
@@ -106,7 +107,8 @@ def git_environment(
     ceiling: str | None,
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The whole environment of a git process (module docstring, 1, 2 and 4)."""
+    """The whole environment of a git process (module docstring: "no discovery", "no
+    configuration that runs something" and "a clean environment")."""
     env = {name: os.environ[name] for name in ("PATH", "HOME") if name in os.environ}
     env.update(
         LC_ALL="C",

@@ -11,16 +11,19 @@ Text from the task and the agents is untrusted, and GitHub does more than render
 `@login` notifies, `#12` / `owner/repo#12` / `GH-12` link and cross-reference issues, a
 closing keyword before an issue closes it when the pull request merges, `![x](url)` loads a
 remote image, HTML renders. So:
-1. `domain.forge_text.neutralize` makes mentions, issue references and closing keywords
-   inert (a zero-width joiner in each): the text reads the same and acts on nothing;
-2. inline text (the heading, table cells) also has Markdown's punctuation backslash-escaped
-   (`inline`): no emphasis, link, image, HTML tag or cell boundary comes of it;
-3. longer text (the description, the verifier's message) goes in a fenced block whose fence
-   is longer than any run of backticks in it;
-4. control characters are dropped first; a title is one line of at most TITLE_CHARS;
-5. no secret loopsweb holds reaches the forge (ledger.held_secrets): the task's and the
-   agent's text is redacted as it is, before 1 and 2 could split a secret, and the whole
-   body once more.
+1. **Neutralized.** `domain.forge_text.neutralize` makes mentions, issue references and
+   closing keywords inert (a zero-width joiner in each): the text reads the same and acts on
+   nothing;
+2. **Escaped.** inline text (the heading, table cells) also has Markdown's punctuation
+   backslash-escaped (`inline`): no emphasis, link, image, HTML tag or cell boundary comes
+   of it;
+3. **Fenced.** longer text (the description, the verifier's message) goes in a fenced block
+   whose fence is longer than any run of backticks in it;
+4. **One line.** control characters are dropped first; a title is one line of at most
+   TITLE_CHARS;
+5. **Redacted.** no secret loopsweb holds reaches the forge (ledger.held_secrets): the
+   task's and the agent's text is redacted as it is, before neutralizing and escaping could
+   split a secret, and the whole body once more.
 The pull request's title is plain text: the task's title as one line, neutralized.
 """
 
@@ -49,7 +52,8 @@ _MARKDOWN = re.compile(r"([\\`*_\[\]<>|~&#])")
 
 
 def inline(text: object, limit: int = CELL_CHARS) -> str:
-    """Untrusted text as one line of Markdown that renders as itself (module docstring, 2)."""
+    """Untrusted text as one line of Markdown that renders as itself (module docstring,
+    "escaped")."""
     return neutralize(_MARKDOWN.sub(r"\\\1", one_line(text, limit)))
 
 
@@ -86,7 +90,7 @@ def _redactor() -> Redactor:
 
 
 def _task(run: WorkflowRun, redactor: Redactor) -> dict[str, str]:
-    """The run's task, its text redacted as it is (module docstring, 5)."""
+    """The run's task, its text redacted as it is (module docstring, "redacted")."""
     return {key: redactor.redact(value) for key, value in task_of(run).items()}
 
 
@@ -164,4 +168,4 @@ def pull_request_body(run: WorkflowRun) -> str:
             "",
             f"Work item: {link}" if link else f"Work item `{run.work_item_id}`",
         ]
-    return redactor.redact("\n".join(lines) + "\n")  # module docstring, 5
+    return redactor.redact("\n".join(lines) + "\n")  # module docstring, "redacted"

@@ -43,7 +43,8 @@ from runs.sandbox import INSIDE_DIR, guard_python
 
 STEP_SPAWN_FAILED = "step could not be started: {error}"
 STEP_GUARD = stepguard.__file__
-# With no grace, the guard still gets this long to kill what left its group (stepguard, 5).
+# With no grace, the guard still gets this long to kill what left its group
+# (agents/stepguard.py, "on SIGTERM").
 _GUARD_SWEEP_SECONDS = 0.2
 
 # How long output pipes may stay open after the step's process exited (a grandchild holding

@@ -213,7 +213,7 @@ def repository_checkout(name: str, roots: Sequence[str] | None = None) -> str | 
     """The directory under a project root that holds `owner/repo`'s checkout:
     `<root>/<owner>/<repo>`, else `<root>/<repo>`, the first that is a directory (roots in
     their configured order); None when there is none. A todos task's `Repository:` line
-    names its project this way (domain.events contract 5)."""
+    names its project this way (domain/events.py, "the ``Repository:`` line")."""
     owner, _, repo = name.partition("/")
     if not owner or not repo or "/" in repo or ".." in (owner, repo):
         return None

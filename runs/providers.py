@@ -1,4 +1,5 @@
-"""Provider adapters: argv and environment for agent steps (docs/design.md rule 7: never a shell).
+"""Provider adapters: argv and environment for agent steps (docs/design.md, "no shell between
+loopsweb and an agent").
 
 Every adapter turns an agent step into an argv list run with `shell=False`. The prompt, and
 so every value that came from an event, is ONE argv item after `--` (so a prompt that starts
@@ -109,7 +110,7 @@ COMMAND_MISSING = "command step has no command"
 COMMAND_INVALID = "command step arguments must be strings"
 ENV_INVALID = "step env must map names to strings"
 
-# Inherited from the worker's environment (step 1 of the module docstring).
+# Inherited from the worker's environment (module docstring, "from the worker").
 _INHERIT_NAMES = frozenset({"PATH", "HOME", "LANG", "LANGUAGE"})
 _INHERIT_PREFIXES = ("LC_",)
 # Never inherited, whatever LOOPSWEB_AGENT_ENV_PASSTHROUGH says: `reserved_variable`.

@@ -1,5 +1,5 @@
-"""A run's worktree through its life (runs.runner, module docstring 3): made or resumed
-before the first step, the agents' work committed at the end, removed after success.
+"""A run's worktree through its life (runs/runner.py, "isolation"): made or resumed before
+the first step, the agents' work committed at the end, removed after success.
 
 The commit may be refused (the worktree's `.git` no longer names the run's git dir) or fail;
 then the worktree is kept on disk whatever the run's outcome, never pruned, and the run
@@ -132,7 +132,8 @@ class RunWorktree:
                 run_id=run.id, worker=self.worker, path=None, branch=None
             )
             raise
-        # Where the work would go, read before any agent step (runs.delivery, 1).
+        # Where the work would go, read before any agent step (runs/delivery.py, "the remote
+        # is read before the agent runs").
         made = self.worktree
         self._record(lambda: delivery_start(run, made))
         return self.worktree

@@ -2,16 +2,16 @@
 
 `run_workflow_run(run_id)` is what the django-q2 task and `manage.py run_workflow` call:
 
-1. Claim the `queued` run (conditional update; a second delivery returns "not-claimed").
-2. Order the steps by `dependsOn`, ties by sequence (domain.steps). An unknown dependency
+1. **Claim** the `queued` run (conditional update; a second delivery returns "not-claimed").
+2. **Order** the steps by `dependsOn`, ties by sequence (domain.steps). An unknown dependency
    or a cycle fails the run before anything starts.
-3. Isolation, before the first step: a run whose agent steps ask for a worktree
+3. **Isolation**, before the first step: a run whose agent steps ask for a worktree
    (`worktreeMode` auto on a git work tree, or required) gets its own `git worktree` on a
    new branch (runs.worktrees), recorded on the run before it is made; every step works
    there. `required` on a project that is no longer a git work tree, a project outside
    LOOPSWEB_PROJECT_ROOTS, or a worktree git cannot make fails the run before any step.
    The worktree is removed when the run succeeds and kept (then pruned) when it does not.
-3b. Per step: started under the admission lock with an account re-check, by the transaction
+3b. **Per step**: started under the admission lock with an account re-check, by the transaction
    that finished the step before it (`step_complete`: one transaction per step boundary), or
    for the first step, and one whose account was not free then, by `step_start`. While the
    step's account is at its `maxPerProfile` cap or cooling down: as a django-q2 task, park
@@ -21,26 +21,26 @@
    step's directory is checked against the project roots again (a root may be gone since
    admission) and a generated step passes the sandbox preflight again, against the worktree
    the run actually has.
-4. Run the process outside any transaction (runs.processes): `Popen(argv,
+4. **Run the process** outside any transaction (runs.processes): `Popen(argv,
    start_new_session=True)`, so the step and everything it spawns is one process group.
    Keep bounded stdout/stderr tails, enforce `timeoutMs` and `idleTimeoutMs` by killing the
    group (SIGTERM, then SIGKILL after LOOPSWEB_KILL_GRACE_SECONDS), renew the run lease
    about three times per lease.
-5. Record the step (exit code, pid, duration, tails, and the token usage its agent printed
-   in machine-readable output, agents.usage). An agent step that reports a provider rate
-   limit puts its account in cooldown, a refused login marks it `login failed`, a hang (no
-   progress for the idle limit) marks it `unresponsive`; when its run was admitted with a
-   pool and another member is free, the step moves there and runs again (at most
-   LOOPSWEB_RATE_LIMIT_MOVES times, ledger.services.failover rule 6): an account's failure
-   fails the run only when no other account of the pool is left. A failed or timed-out
-   step ends the run: the remaining steps are skipped (runs are sequential and fail fast)
-   and the run is `failed` / `timed_out`; all steps succeeded → `succeeded`. The last
-   step's record and the run's end are one transaction, as are a step's record and the
-   next step's start. When a step's process exits, anything it left running in its group
-   is killed.
-6. If the lease is lost (the run was cancelled, or recovered after a stall), the process
-   group is killed and nothing more is written.
-7. A database error that passes (ledger.dberrors: a full disk, a read-only or locked
+5. **Record the step** (exit code, pid, duration, tails, and the token usage its agent
+   printed in machine-readable output, agents.usage). An agent step that reports a provider
+   rate limit puts its account in cooldown, a refused login marks it `login failed`, a hang
+   (no progress for the idle limit) marks it `unresponsive`; when its run was admitted with
+   a pool and another member is free, the step moves there and runs again (at most
+   LOOPSWEB_RATE_LIMIT_MOVES times, ledger/services/failover.py, "an account's failure moves
+   the step"): an account's failure fails the run only when no other account of the pool is
+   left. A failed or timed-out step ends the run: the remaining steps are skipped (runs are
+   sequential and fail fast) and the run is `failed` / `timed_out`; all steps succeeded →
+   `succeeded`. The last step's record and the run's end are one transaction, as are a
+   step's record and the next step's start. When a step's process exits, anything it left
+   running in its group is killed.
+6. **A lost lease.** If the lease is lost (the run was cancelled, or recovered after a
+   stall), the process group is killed and nothing more is written.
+7. **A database error that passes** (ledger.dberrors: a full disk, a read-only or locked
    database, a lost connection) never fails the run: each ledger write is tried again, with
    a growing pause, for up to one lease (LOOPSWEB_RUN_LEASE_SECONDS), and the run goes on
    where it was once the database takes it. When the database stays away longer, the
@@ -109,7 +109,8 @@ RUN_STEP_TRY_LATER = "step {step_id}: the agent asked to try later (exit 75)"
 RUN_FAILED_BEFORE_START = "workflow cannot run: {error}"
 RUNNER_CRASHED = "runner error: {error}"
 RUNNER_STOPPED = "runner stopped before the run finished"
-# Per-minute limits a step waits out on its account in a row before it moves (rule 7).
+# Per-minute limits a step waits out on its account in a row before it moves
+# (ledger/services/failover.py, "a per-minute limit pauses").
 PAUSES_IN_A_ROW = 3
 NO_ACCOUNT_LEFT = "; no other account of the run's pool is left to move it to"
 RUN_LEFT_AS_IT_WAS = (
@@ -286,7 +287,8 @@ class _RunExecution:
         return status
 
     def _prepare_worktree(self, specs: list[Mapping[str, Any]]) -> Worktree | None:
-        """The run's own worktree when its agent steps ask for one (module docstring, 3)."""
+        """The run's own worktree when its agent steps ask for one (module docstring,
+        "isolation")."""
         try:
             return self.work.prepare(specs)
         except WorktreeLeaseLost:
@@ -306,15 +308,17 @@ class _RunExecution:
         """Run a started step; when its account failed it (a rate limit, a refused login, a
         hang: `StepProcess.account_failure`) and another member of the run's pool is free,
         record the attempt, move the step there and try again, up to
-        LOOPSWEB_RATE_LIMIT_MOVES moves (failover rule 6); pinned steps never move. A
-        per-minute limit waits on its account instead (`StepStarter.pause`), PAUSES_IN_A_ROW
-        times since the last move (`step_pauses`: across hand-backs; rule 7). A task whose
-        second account reported a rate limit is held (ledger.claims); a login, it ends.
-        When no member is free: after a rate limit, while every member cools, the step
-        waits for the earliest cooldown (parked: rule 5), a wait that is over raises
-        `PoolWaitOver`; after a login or a hang it waits only when a member is left
-        (`pool_member_left`), else the run ends with `NO_ACCOUNT_LEFT`. Returns the last
-        result and whether it is recorded already; otherwise the caller records it."""
+        LOOPSWEB_RATE_LIMIT_MOVES moves (ledger/services/failover.py, "an account's failure
+        moves the step"); pinned steps never move. A per-minute limit waits on its account
+        instead (`StepStarter.pause`), PAUSES_IN_A_ROW times since the last move
+        (`step_pauses`: across hand-backs; failover's "a per-minute limit pauses"). A task
+        whose second account reported a rate limit is held (ledger.claims); a login, it
+        ends. When no member is free: after a rate limit, while every member cools, the step
+        waits for the earliest cooldown (parked: failover's "a whole-pool limit waits"), a
+        wait that is over raises `PoolWaitOver`; after a login or a hang it waits only when
+        a member is left (`pool_member_left`), else the run ends with `NO_ACCOUNT_LEFT`.
+        Returns the last result and whether it is recorded already; otherwise the caller
+        records it."""
         moves = 0
         while True:
             result = self.process.execute(start, spec)
@@ -339,7 +343,8 @@ class _RunExecution:
                 and services.step_pauses(run_id=self.run.id, step_id=step.step_id)
                 < PAUSES_IN_A_ROW
             ):
-                # A per-minute limit (failover rule 7): stay on the account, after it.
+                # A per-minute limit (ledger/services/failover.py, "a per-minute limit
+                # pauses"): stay on the account, after it.
                 self._complete(step, result)
                 start = self.starter.pause(step, paused)
                 continue
@@ -387,11 +392,12 @@ def parked_result(result: services.StepResult, reason: str) -> services.StepResu
 def run_workflow_run(run_id: str, *, hand_back: HandBack | None = None) -> str:
     """Claim and execute one queued run; returns its final status.
 
-    Returns `not-due` for a retry whose backoff has not ended (nothing written), `not-claimed`
-    when the run was not queued (a second delivery, a cancelled run), `lease-lost` when it
-    was taken away mid-way (cancelled or recovered), `database-unavailable` when a write
-    failed for a whole lease (module docstring, 7); none writes anything further. Any other
-    error fails the run (best effort) and re-raises.
+    Returns `not-due` for a retry whose backoff has not ended (nothing written),
+    `not-claimed` when the run was not queued (a second delivery, a cancelled run),
+    `lease-lost` when it was taken away mid-way (cancelled or recovered),
+    `database-unavailable` when a write failed for a whole lease (module docstring, "a
+    database error that passes"); none writes anything further. Any other error fails the
+    run (best effort) and re-raises.
 
     With `hand_back` (the django-q2 task), a step that must wait for its account does not
     wait here: the run is parked and its task enqueued again with a delay (`handed-back`),

@@ -1,9 +1,10 @@
-"""One started step as a process (runs.runner, module docstring 4-5): its invocation (the
-agent's target checked again and moved into the run's worktree, or a command), the process
-under its watch (runs.agent_step), and what it said about its account: a provider rate
-limit puts the account in cooldown, an authentication error marks its login failed, a hang
-(no progress for the idle limit) marks it unresponsive; `account_failure` tells the runner
-which, so it moves the step to another pool account (ledger.services.failover rule 6)."""
+"""One started step as a process (runs/runner.py, "run the process" and "record the step"):
+its invocation (the agent's target checked again and moved into the run's worktree, or a
+command), the process under its watch (runs.agent_step), and what it said about its account:
+a provider rate limit puts the account in cooldown, an authentication error marks its login
+failed, a hang (no progress for the idle limit) marks it unresponsive; `account_failure`
+tells the runner which, so it moves the step to another pool account
+(ledger/services/failover.py, "an account's failure moves the step")."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ class StepProcess:
         # Set when the task's bound refused to mark this attempt's account (ledger.claims):
         # the task parks with this reason instead of trying another account.
         self.parked: str | None = None
-        self.held = False  # a parked task that waits (ledger.claims rule 1)
+        self.held = False  # a parked task that waits (ledger/claims.py, "the bound")
         # A per-minute 429 (a reset at most LOOPSWEB_THROTTLE_SECONDS off): the account
         # pauses until then and the step stays on it.
         self.paused_until: datetime | None = None

@@ -1,4 +1,4 @@
-"""A step's start (runs.runner, module docstring 3b): started under the admission lock by
+"""A step's start (runs/runner.py, "per step"): started under the admission lock by
 `services.step_start`; while the step's account is at its cap or cooling, the run either
 waits here, renewing its lease (`manage.py run_workflow`), or is parked and its task handed
 back to the queue with a delay (the django-q2 task), holding no worker meanwhile."""
@@ -83,10 +83,11 @@ class StepStarter:
                     raise LeaseLost()
 
     def pause(self, step: WorkflowStepRun, until: datetime) -> services.StepStart:
-        """Wait out the step's account's per-minute limit (ledger.services.failover rule
-        7), then start the step again on it: `until` plus up to a quarter of the pause
-        more (the stagger: steps paused by one limit do not all start at once). Parked
-        meanwhile as a django-q2 task; inline, sleeping and renewing the lease."""
+        """Wait out the step's account's per-minute limit (ledger/services/failover.py, "a
+        per-minute limit pauses"), then start the step again on it: `until` plus up to a
+        quarter of the pause more (the stagger: steps paused by one limit do not all start
+        at once). Parked meanwhile as a django-q2 task; inline, sleeping and renewing the
+        lease."""
         write_ledger(
             f"run {self.run.id}: the pause of step {step.step_id}",
             lambda: services.step_pause(step_run_id=step.id, until=until),

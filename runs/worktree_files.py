@@ -1,5 +1,5 @@
 """A worktree's files, written and read by loopsweb itself, never through git's filters
-(runs.git, module docstring 3; docs/isolation.md).
+(runs/git.py, "no filter"; docs/isolation.md).
 
 - `checkout_files`: a new worktree's files from a commit's tree: each blob written as its
   bytes (mode 0644 or 0755), each symlink as a symlink, each submodule as an empty

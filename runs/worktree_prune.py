@@ -1,5 +1,5 @@
-"""Pruning per-run git worktrees (runs.worktrees, its docstring's point 3), the periodic
-task's and `manage.py prune_worktrees`' work. A prune never loses work:
+"""Pruning per-run git worktrees (runs/worktrees.py, "pruning"), the periodic task's and
+`manage.py prune_worktrees`' work. A prune never loses work:
 
 - `worktrees_prune`: worktrees of succeeded runs whose removal did not happen (5 minutes
   after their end, `SUCCEEDED_GRACE_SECONDS`: the runner removes its own just after), and of
@@ -84,7 +84,7 @@ SUCCEEDED_GRACE_SECONDS = 300
 
 
 def worktrees_due(*, now: datetime, keep_seconds: int) -> Any:
-    """This host's runs whose worktree should go now (module docstring, 3), oldest first.
+    """This host's runs whose worktree should go now (module docstring, "pruning"), oldest first.
 
     Only worktrees recorded on this host (LOOPSWEB_HOST_NAME): another machine's directory
     is not on this disk, and marking it removed from here would lose it. A worktree with no

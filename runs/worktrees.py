@@ -29,7 +29,7 @@ loopsweb chose itself, never the ones the worktree names (docs/isolation.md).
    the branch's head), read without writing anything; `tree_changes` the same for any
    directory against a commit (an orphan's). Either raises WorktreeError when it cannot
    tell: whoever asks keeps the directory then.
-3. Pruning (the periodic task and `manage.py prune_worktrees`) is runs.worktree_prune:
+3. **Pruning** (the periodic task and `manage.py prune_worktrees`) is runs.worktree_prune:
    worktrees of succeeded runs whose removal did not happen, and of failed, timed-out or
    cancelled runs LOOPSWEB_WORKTREE_KEEP_SECONDS after they finished; work left in one
    is committed on its branch before it goes (docs/operations.md, "Worktrees").
@@ -365,9 +365,9 @@ class WorktreeCommit:
 
 
 def worktree_commit(worktree: Worktree, *, message: str) -> WorktreeCommit:
-    """Commit everything the agent left in `worktree` (not ignored) on its branch, and
-    only there (module docstring, 2b). WorktreeError when the worktree's `.git` was
-    tampered with or the commit cannot be made: then nothing is committed anywhere."""
+    """Commit everything the agent left in `worktree` (not ignored) on its branch, and only
+    there (module docstring, `worktree_commit`). WorktreeError when the worktree's `.git`
+    was tampered with or the commit cannot be made: then nothing is committed anywhere."""
     problem = worktree_tampered(worktree)
     if problem is not None:
         raise WorktreeError(problem)
@@ -426,8 +426,8 @@ def worktree_commit(worktree: Worktree, *, message: str) -> WorktreeCommit:
 
 
 def worktree_changes(worktree: Worktree) -> list[str]:
-    """The paths `worktree_commit` would commit now (module docstring, 2c); WorktreeError
-    when the worktree's `.git` was tampered with or its branch is gone."""
+    """The paths `worktree_commit` would commit now (module docstring, `worktree_changes`);
+    WorktreeError when the worktree's `.git` was tampered with or its branch is gone."""
     problem = worktree_tampered(worktree)
     if problem is not None:
         raise WorktreeError(problem)
@@ -438,8 +438,8 @@ def worktree_changes(worktree: Worktree) -> list[str]:
 
 
 def tree_changes(common_dir: str, path: str, commit: str) -> list[str]:
-    """The paths of the directory `path` that differ from `commit` (module docstring, 2c);
-    WorktreeError when they cannot be read."""
+    """The paths of the directory `path` that differ from `commit` (module docstring,
+    `worktree_changes`); WorktreeError when they cannot be read."""
     try:
         with tempfile.TemporaryDirectory(prefix="loopsweb-changes-") as scratch:
             return changed_paths(

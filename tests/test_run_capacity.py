@@ -17,16 +17,14 @@ from django_q.models import Task
 from ledger.capacity import run_capacity
 from ledger.models import RunStatus, StepStatus, WorkflowRun, WorkflowStepRun
 from routing.api.tokens import api_token_create
-from tests.ledger.runner_helpers import child_database_url
+from tests.ledger.runner_helpers import start_installation
 from tests.processes import (
     free_port,
     generic_event,
     http,
     manage,
     max_overlap,
-    start_make_run,
     stop_make_run,
-    terminal_env,
     wait_for_http,
     wait_until,
 )
@@ -57,19 +55,13 @@ def test_make_run_executes_runs_up_to_the_caps_and_drains_still_fire_on_time(
     project.mkdir()
     port = free_port()
     _, token = api_token_create(name="capacity", scopes=["ingest"])
-    env = terminal_env(
-        tmp_path / "data",
-        DATABASE_URL=child_database_url(),
-        LOOPSWEB_PORT=str(port),
-        LOOPSWEB_ADMIN_PASSWORD="a-long-test-password",
+    env, log, proc = start_installation(
+        tmp_path,
+        port,
         Q_WORKERS="2",
         LOOPSWEB_RUN_WORKERS="6",
         FAKE_AGENT_SLEEP=str(STEP_SECONDS),
-        FAKE_AGENT_RECORD_DIR=str(tmp_path / "records"),
     )
-    (tmp_path / "records").mkdir()
-    log = tmp_path / "make-run.log"
-    proc = start_make_run(env, log)
     try:
         base = f"http://127.0.0.1:{port}"
         wait_for_http(f"{base}/admin/login/", timeout=90)

@@ -36,8 +36,8 @@ class Account(TimestampedModel):
     # 0021: the operator's token budget per window (`{"5h": 2000000, "7d": 9000000}`): the
     # estimate of a window no provider reports on (ledger.windows).
     window_budgets = models.JSONField(null=True, blank=True)
-    # 0021: pace the account's windows (domain.windows rule 7): it may use a window only as
-    # far as the window has elapsed (None/False: no pacing).
+    # 0021: pace the account's windows (domain/windows.py, "pacing"): it may use a window
+    # only as far as the window has elapsed (None/False: no pacing).
     window_pace = models.BooleanField(null=True, blank=True)
     # 0026: set when a step on the account made no progress for its idle limit (a hang):
     # until when the account cools off (LOOPSWEB_UNRESPONSIVE_SECONDS), and the step's words.

@@ -73,7 +73,8 @@ class WorkflowSpec(TimestampedModel):
     class Meta:
         db_table = "workflow_specs"
         indexes = [
-            # find the active spec by generated name before reusing it (admission step 9)
+            # find the active spec by generated name before reusing it (docs/upstream.md §3.6,
+            # "The spec")
             models.Index(fields=["status", "name"], name="idx_workflows_status_name"),
         ]
         constraints = [

@@ -1,9 +1,10 @@
 """Account load kept per account (`workflow_account_loads`), and its recount from the rows.
 
-docs/design.md rule 1: the counts are changed in the same transactions that change the rows they
-count, and a recount from the rows must always agree (tests/account_loads.py asserts it after
-every operation of random sequences; `manage.py recount_account_loads` reports and repairs
-drift, e.g. after a previous release wrote runs without keeping the counts).
+docs/design.md, "counts come from rows": the counts are changed in the same transactions
+that change the rows they count, and a recount from the rows must always agree
+(tests/account_loads.py asserts it after every operation of random sequences; `manage.py
+recount_account_loads` reports and repairs drift, e.g. after a previous release wrote runs
+without keeping the counts).
 
 What one run contributes (`run_load`), the definitions the admission has always used:
   - running: each of its step runs in `running` with an account, on that account (whatever

@@ -1,19 +1,22 @@
 """The account registry: add, enable/disable, remove (manage.py account, the admin).
 
 Rules:
-1. A name is an account profile (domain.pool.valid_profile_name); a provider is
-   one of agents.providers.PROVIDERS.
-2. The environment says where the provider CLI keeps the login, never a secret: a key
-   that looks like one (`*_KEY`, `*_TOKEN`, `*PASSWORD*`, `*SECRET*`) is refused, as are
-   loopsweb's own variables (an agent never sees them) and values with NUL or newlines.
-3. A login's directories (`login_environment`): codex `CODEX_HOME`, claude
-   `CLAUDE_CONFIG_DIR`, opencode the four XDG directories under one home
+1. **Name and provider.** A name is an account profile (domain.pool.valid_profile_name); a
+   provider is one of agents.providers.PROVIDERS.
+2. **No secret in the environment.** The environment says where the provider CLI keeps the
+   login, never a secret: a key that looks like one (`*_KEY`, `*_TOKEN`, `*PASSWORD*`,
+   `*SECRET*`) is refused, as are loopsweb's own variables (an agent never sees them) and
+   values with NUL or newlines.
+3. **Login directories.** A login's directories (`login_environment`): codex `CODEX_HOME`,
+   claude `CLAUDE_CONFIG_DIR`, opencode the four XDG directories under one home
    (`XDG_CONFIG_HOME=HOME/config`, `XDG_DATA_HOME=HOME/data`, `XDG_CACHE_HOME=HOME/cache`,
    `XDG_STATE_HOME=HOME/state`): absolute paths, only for the account's provider.
-4. An API-key login is an env file (`env_file`): its path is stored, never its content; a
-   file that is not 0600 or not owned by the current user is refused (agents.envfile).
-5. Bad input raises AccountError and writes nothing.
-6. The CLI's self-test and the request it makes (`account check`) run in runs.account_check.
+4. **A key in an env file.** An API-key login is an env file (`env_file`): its path is
+   stored, never its content; a file that is not 0600 or not owned by the current user is
+   refused (agents.envfile).
+5. **Bad input writes nothing.** Bad input raises AccountError and writes nothing.
+6. **The self-test.** The CLI's self-test and the request it makes (`account check`) run in
+   runs.account_check.
 """
 
 from __future__ import annotations
@@ -95,7 +98,8 @@ def account_env_parse(pairs: list[str]) -> dict[str, str]:
 
 
 def login_environment(provider: str, dirs: Mapping[str, str | None]) -> dict[str, str]:
-    """The variables of the login directories given as `{option: path}` (rule 3)."""
+    """The variables of the login directories given as `{option: path}` (module docstring,
+    "login directories")."""
     env: dict[str, str] = {}
     for option, path in dirs.items():
         if not path:
@@ -120,7 +124,8 @@ def account_check(
     max_running: int | None,
     env_file: str | None = None,
 ) -> dict[str, str]:
-    """Validate an account's fields (rules 1-2, 4); returns the checked environment."""
+    """Validate an account's fields (module docstring: "name and provider", "no secret in the
+    environment", "a key in an env file"); returns the checked environment."""
     if not valid_profile_name(name):
         raise AccountError(PROFILE_NAME_INVALID.format(name=name))
     if provider not in PROVIDERS:

@@ -166,9 +166,9 @@ def _cooldown_write(
 @dataclass(frozen=True)
 class Report:
     """What a step's report about its account did: `taken` (the account is marked), else
-    `parked` (the task's reason: a second account reported the same, not marked; `held`:
-    the task waits, ledger.claims rule 1, rather than ending); `claim`, a cooldown claimed
-    for longer than 15 minutes, to confirm (`confirm_enqueue`)."""
+    `parked` (the task's reason: a second account reported the same, not marked; `held`: the
+    task waits, ledger/claims.py, "the bound", rather than ending); `claim`, a cooldown
+    claimed for longer than 15 minutes, to confirm (`confirm_enqueue`)."""
 
     taken: bool
     parked: str | None = None
@@ -185,10 +185,11 @@ def _task_bound(
     claimed: datetime | None = None,
     now: datetime | None = None,
 ) -> str | None:
-    """ledger.claims rule 1, under the admission lock and the run row: None when `profile`
-    may be marked (the task's first account of `kind`, or the one it marked already), with
-    an `account_marked` event the first time; else the parked reason, with a `task_parked`
-    event. A rate limit's park holds the task (the event's `until`, `_hold_end`)."""
+    """ledger/claims.py, "the bound", under the admission lock and the run row: None when
+    `profile` may be marked (the task's first account of `kind`, or the one it marked
+    already), with an `account_marked` event the first time; else the parked reason, with a
+    `task_parked` event. A rate limit's park holds the task (the event's `until`,
+    `_hold_end`)."""
     marked: set[str] = set()
     parks = 0
     for event_type, payload in WorkflowEvent.objects.filter(
@@ -245,9 +246,9 @@ def _pool_reset(run: WorkflowRun, now: datetime) -> datetime | None:
 
 
 def _hold_end(claimed: datetime | None, parks: int, now: datetime) -> datetime:
-    """When a task parked for a rate limit may try again (ledger.claims rule 1): the end the
-    step claimed, else the cooldown backoff growing with the task's earlier parks; never
-    more than UNCONFIRMED_LONGEST from now."""
+    """When a task parked for a rate limit may try again (ledger/claims.py, "the bound"):
+    the end the step claimed, else the cooldown backoff growing with the task's earlier
+    parks; never more than UNCONFIRMED_LONGEST from now."""
     if claimed is None:
         claimed = now + cooldown_backoff(
             reports=parks + 1,
@@ -272,8 +273,9 @@ def account_cooldown_report(
     now: datetime | None = None,
 ) -> Report:
     """A step reported a rate limit for its account (`step_run.account_profile`): the
-    task's bound first (ledger.claims rule 1), then the cooldown, at most 15 minutes
-    unless confirmed (rule 2: the returned `claim`, to queue once this commits)."""
+    task's bound first (ledger/claims.py, "the bound"), then the cooldown, at most 15
+    minutes unless confirmed ("the confirmation": the returned `claim`, to queue once this
+    commits)."""
     now = now_or_default(now)
     profile = step_run.account_profile or ""
     with transaction.atomic():
@@ -303,7 +305,7 @@ def account_login_failed_report(
     *, step_run: WorkflowStepRun, reason: str, now: datetime | None = None
 ) -> Report:
     """A failed step named an authentication error for its account: the task's bound
-    (ledger.claims rule 1), then the `login failed` mark (`taken`: False also when no
+    (ledger/claims.py, "the bound"), then the `login failed` mark (`taken`: False also when no
     account of that name is registered)."""
     now = now_or_default(now)
     profile = step_run.account_profile or ""
@@ -365,8 +367,8 @@ def account_unresponsive_record(
     """Mark the registered account `profile` `unresponsive` after its step made no progress
     for its idle limit (a hang): until now + LOOPSWEB_UNRESPONSIVE_SECONDS, with the step's
     words. Returns that end, None when no account of that name is registered (nothing to
-    mark). A later mark moves the end on; pool assignment, step starts and failover skip
-    the account until then (docs/windows.md, "Unresponsive accounts").
+    mark). A later mark moves the end on; pool assignment, step starts and failover skip the
+    account until then (docs/operations.md, "A hung account cools off").
 
     Under the admission lock, like a cooldown: pool assignment and step starts read it."""
     now = now_or_default(now)

@@ -28,7 +28,8 @@ _EVENT_EXTRAS = ("pr", "reviewers", "notes")
 
 
 def run_delivery_record(run_id: str, record: dict[str, Any]) -> None:
-    """Store `record` as the run's delivery record (rule 1)."""
+    """Store `record` as the run's delivery record (module docstring,
+    `run_delivery_record`)."""
     if record.get("error"):
         record["error"] = clean_text(record["error"])
     with transaction.atomic():
@@ -47,7 +48,8 @@ def run_delivery_record(run_id: str, record: dict[str, Any]) -> None:
 
 
 def run_pull_request_state(run: WorkflowRun, state: str) -> None:
-    """The run's pull request is `state` now, as the forge says (rule 2)."""
+    """The run's pull request is `state` now, as the forge says (module docstring,
+    `run_pull_request_state`)."""
     record = dict(run.delivery_json or {})
     pr = record.get("pr")
     if not isinstance(pr, dict) or pr.get("state") == state:
@@ -57,7 +59,7 @@ def run_pull_request_state(run: WorkflowRun, state: str) -> None:
 
 
 def step_commit_record(step_run_id: str, *, sha: str, diffstat: str) -> None:
-    """A step's commit on the run's branch (rule 3)."""
+    """A step's commit on the run's branch (module docstring, `step_commit_record`)."""
     WorkflowStepRun.objects.filter(pk=step_run_id).update(
         commit_sha=sha, commit_diffstat=clean_text(diffstat) or ""
     )
@@ -71,7 +73,7 @@ def run_work_discarded(
     reason: str | None,
     now: datetime,
 ) -> None:
-    """The run's work is discarded (rule 4)."""
+    """The run's work is discarded (module docstring, `run_work_discarded`)."""
     fields: dict[str, Any] = {"work_discarded_at": now}
     if worktree_removed:
         fields["worktree_removed_at"] = now

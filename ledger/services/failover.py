@@ -4,39 +4,41 @@ rate limit, a refused login, a hang: `step_move_after_failure`), move the step t
 member of the pool its run was admitted with.
 
 Rules:
-1. Only steps of runs admitted with pool routing on (`scope_json.providerRouting.poolRouting`)
-   and of the route's provider move; pinned profiles (`--*-auth-profile`) switch pool routing
-   off at admission, so they never move, and neither does a single `--auth-profile`.
-2. A free member is enabled (or unregistered), its login not failed, not unresponsive
+1. **Only pool-routed steps move.** Only steps of runs admitted with pool routing on
+   (`scope_json.providerRouting.poolRouting`) and of the route's provider move; pinned
+   profiles (`--*-auth-profile`) switch pool routing off at admission, so they never move,
+   and neither does a single `--auth-profile`.
+2. **A free member** is enabled (or unregistered), its login not failed, not unresponsive
    (a hang's cool-off, LOOPSWEB_UNRESPONSIVE_SECONDS), not cooling, its
    rate-limit windows not spent (ledger.windows, domain.windows), and below its cap: running steps
    < min(the step's maxPerProfile, the account's max_running), either when set.
-3. Worker ≠ verifier, always: a step never moves onto an account a step of the other of
+3. **Worker ≠ verifier**, always: a step never moves onto an account a step of the other of
    the two roles (`routing.role` worker / verifier) of the same run has started on
    (`role_excluded`); such an account is not free for it. Among free members: first those
    no other step of this run uses (a pending step's planned account: it moves at its own
    start), then the least load (running + reserved), then pool order.
-4. The caller holds the admission lock and the run row lock; the move rewrites the step's
-   `account_profile` (its attribution) and appends a `step_account_moved` event with the
-   old and new account, the reason code and the reason.
+4. **The move.** The caller holds the admission lock and the run row lock; the move rewrites
+   the step's `account_profile` (its attribution) and appends a `step_account_moved` event
+   with the old and new account, the reason code and the reason.
 
-5. A whole-pool limit waits: when every usable member (enabled, of the route's provider)
+5. **A whole-pool limit waits**: when every usable member (enabled, of the route's provider)
    is cooling, a step start is refused with `pool_rate_limited` until the earliest cooldown
    ends (`pool_refusal`), and the runner parks the run meanwhile. So is a step whose only
-   free member is the other role's (rule 3) while every other usable member cools: it
-   waits for them, the reason ends "(worker ≠ verifier)". (A step whose pool's other
-   members are busy at their caps waits as an account at its cap does, `role_conflict`.) A wait that would last
-   LOOPSWEB_POOL_WAIT_SECONDS or more from its first such `step_waiting` event is over
-   (`pool_wait_over`): the runner ends the run with that reason.
+   free member is the other role's (see "worker ≠ verifier") while every other usable member
+   cools: it waits for them, the reason ends "(worker ≠ verifier)". (A step whose pool's
+   other members are busy at their caps waits as an account at its cap does,
+   `role_conflict`.) A wait that would last LOOPSWEB_POOL_WAIT_SECONDS or more from its
+   first such `step_waiting` event is over (`pool_wait_over`): the runner ends the run with
+   that reason.
 
-6. An account's failure moves the step, never fails the task: after a rate limit, a
+6. **An account's failure moves the step**, never fails the task: after a rate limit, a
    refused login or a hang the runner calls `step_move_after_failure` (the event's code:
    `rate_limit`, `login_failed`, `unresponsive`). When no member is free, a rate limit waits
-   as rule 5 says; a refused login or a hang fails the run only when no other member is
-   left at all (`pool_member_left`: enabled, login not failed, not unresponsive), else the
-   step waits for one.
+   as "a whole-pool limit waits" says; a refused login or a hang fails the run only when no
+   other member is left at all (`pool_member_left`: enabled, login not failed, not
+   unresponsive), else the step waits for one.
 
-7. A per-minute limit pauses, it does not rotate: a 429 whose named reset is at most
+7. **A per-minute limit pauses**, it does not rotate: a 429 whose named reset is at most
    LOOPSWEB_THROTTLE_SECONDS off cools its account until then, and the step stays on it
    (`step_pause`, a `step_waiting` event `account_paused`), starting again once the reset
    has passed, a little later for each (the runner's stagger) so paused steps do not all
@@ -85,7 +87,8 @@ WAIT_ACCOUNT_PAUSED = (
     "account {profile} answered a per-minute rate limit (reset {until}): the step stays "
     "on it and starts again after the reset"
 )
-# The two roles that never share an account in one run (rule 3).
+# The two roles that never share an account in one run ("worker ≠ verifier", module
+# docstring).
 SEPARATE_ROLES = ("worker", "verifier")
 WAIT_ROLE_CONFLICT = (
     "account {profile} is the run's {role} account (worker ≠ verifier); "
@@ -117,9 +120,9 @@ def step_role(spec: dict[str, Any]) -> str | None:
 def role_excluded(
     run: WorkflowRun, step: WorkflowStepRun, steps: list[WorkflowStepRun]
 ) -> dict[str, str]:
-    """Account -> role for the accounts `step` must not use (rule 3): those the run's
-    other steps of the other of worker/verifier started on (running or finished, not
-    pending or skipped). Empty for a step of neither role."""
+    """Account -> role for the accounts `step` must not use ("worker ≠ verifier", module
+    docstring): those the run's other steps of the other of worker/verifier started on
+    (running or finished, not pending or skipped). Empty for a step of neither role."""
     role = step_role(step_spec(run, step.step_id))
     if role not in SEPARATE_ROLES:
         return {}
@@ -140,7 +143,8 @@ def role_excluded(
 def role_refusal(
     step: WorkflowStepRun, excluded: dict[str, str]
 ) -> tuple[str, str, datetime | None] | None:
-    """The refusal of a step whose own account is one it must not use (rule 3)."""
+    """The refusal of a step whose own account is one it must not use ("worker ≠
+    verifier", module docstring)."""
     profile = step.account_profile
     if not profile or profile not in excluded:
         return None
@@ -237,7 +241,8 @@ def step_failover(
     now: datetime,
 ) -> str | None:
     """Move `step` (locked by the caller with its run's `steps`, under the admission lock)
-    to a free pool member; returns the new account, or None when there is none (rules 1-4).
+    to a free pool member; returns the new account, or None when there is none (module
+    docstring, "only pool-routed steps move" to "the move").
     The caller applies the change in account load with its own (ledger.services.account_loads:
     computed from
     `steps` when it locked them and when it is done, so the run's reservation moves with
@@ -262,8 +267,8 @@ def pool_cooling_until(
     run: WorkflowRun, now: datetime, excluded: Collection[str] = ()
 ) -> datetime | None:
     """The earliest end of a cooldown when every usable member of the run's pool but the
-    `excluded` ones (rule 3) is cooling (rule 5), else None (not pool-routed, or some
-    member is not cooling)."""
+    `excluded` ones ("worker ≠ verifier", module docstring) is cooling ("a whole-pool limit
+    waits"), else None (not pool-routed, or some member is not cooling)."""
     context = run_pool(run)
     if context is None:
         return None
@@ -293,10 +298,11 @@ def pool_refusal(
     *,
     others_only: bool = False,
 ) -> tuple[str, str, datetime | None]:
-    """The refusal of a step whose whole pool cools until `until` (rule 5; `others_only`:
-    every member but the other role's, rule 3): wait until then; the wait is over when it
-    would last LOOPSWEB_POOL_WAIT_SECONDS or more from its first `step_waiting` event (0: no
-    wait at all)."""
+    """The refusal of a step whose whole pool cools until `until` ("a whole-pool limit
+    waits", module docstring; `others_only`: every member but the other role's, "worker ≠
+    verifier"): wait until then; the wait is over when it would last
+    LOOPSWEB_POOL_WAIT_SECONDS or more from its first `step_waiting` event (0: no wait at
+    all)."""
     template = WAIT_OTHERS_RATE_LIMITED if others_only else WAIT_POOL_RATE_LIMITED
     reason = template.format(until=timezone.localtime(until).strftime("%H:%M"))
     bound = int(settings.LOOPSWEB_POOL_WAIT_SECONDS)
@@ -329,10 +335,11 @@ def pool_wait(
     now: datetime,
 ) -> tuple[str, str, datetime | None]:
     """What a refused start that found no free member waits for. A cooling account, or one
-    the other role started on (rule 3), waits for the earliest cooldown of the members
-    left (rule 5: `pool_refusal`). When some account is `excluded` and no other member
-    could ever take the step (each disabled, its login failed: an operator must act), the
-    wait is over at once (`pool_wait_over`), naming them. Otherwise `refusal`."""
+    the other role started on ("worker ≠ verifier", module docstring), waits for the
+    earliest cooldown of the members left ("a whole-pool limit waits": `pool_refusal`). When
+    some account is `excluded` and no other member could ever take the step (each disabled,
+    its login failed: an operator must act), the wait is over at once (`pool_wait_over`),
+    naming them. Otherwise `refusal`."""
     if refusal[0] in ("cooldown", ROLE_CONFLICT_CODE):
         until = pool_cooling_until(run, now, excluded)
         if until is not None:
@@ -374,9 +381,10 @@ def _others_unusable(run: WorkflowRun, excluded: Collection[str]) -> str | None:
 
 
 def pool_member_left(run: WorkflowRun, step: WorkflowStepRun, now: datetime) -> bool:
-    """Whether the run's pool has a member other than the step's account that could take
-    the step once free (rule 6): enabled (or unregistered), of the route's provider, its
-    login not failed, not unresponsive; a cooling or busy member counts."""
+    """Whether the run's pool has a member other than the step's account that could take the
+    step once free ("an account's failure moves the step", module docstring): enabled (or
+    unregistered), of the route's provider, its login not failed, not unresponsive; a
+    cooling or busy member counts."""
     context = run_pool(run)
     if context is None:
         return False
@@ -426,7 +434,8 @@ def step_move_after_failure(
 
 
 def step_pause(*, step_run_id: str, until: datetime) -> None:
-    """Record that a finished step waits out its account's per-minute limit (rule 7)."""
+    """Record that a finished step waits out its account's per-minute limit ("a per-minute
+    limit pauses", module docstring)."""
     with transaction.atomic():
         run, step, _ = lock_step(step_run_id)
         stamp = timezone.localtime(until).strftime("%H:%M:%S")
@@ -444,9 +453,9 @@ def step_pause(*, step_run_id: str, until: datetime) -> None:
 
 
 def step_pauses(*, run_id: str, step_id: str) -> int:
-    """How many per-minute pauses (rule 7) the run's step waited out on its account since
-    it last moved: counted from the run's events, so a run handed back between pauses
-    counts them all."""
+    """How many per-minute pauses ("a per-minute limit pauses", module docstring) the run's
+    step waited out on its account since it last moved: counted from the run's events, so a
+    run handed back between pauses counts them all."""
     events = WorkflowEvent.objects.filter(
         workflow_run_id=run_id,
         step_id=step_id,

@@ -138,8 +138,8 @@ def step_start(
 ) -> StepStart:
     """Move a step run to `running`, unless its account is full or cooling.
 
-    1. Takes the admission lock first (docs/design.md rule 2): the account check and the start are
-       one decision, serialised with admissions and every other step start.
+    1. Takes the admission lock first (docs/design.md, "one admission lock"): the account check
+       and the start are one decision, serialised with admissions and every other step start.
     2. The run must be `running` and claimed by `worker`; the step must be pending (or
        failed/timed_out, upstream's retry states). Otherwise `STEP_NOT_CLAIMABLE`.
     3. Account re-check, when the step has an account_profile: disabled in the account
@@ -151,12 +151,13 @@ def step_start(
        a step of a pool-routed run moves to a free pool member (ledger.services.failover:
        attribution rewritten, event `step_account_moved`) and starts there; when every
        member of its pool is cooling, the refusal says so and waits for the earliest end
-       (or says the wait is over, `pool_wait_over`: failover rule 5). Worker ≠ verifier
-       (failover rule 3): in a pool-routed run, a worker or verifier step whose account the
+       (or says the wait is over, `pool_wait_over`: ledger/services/failover.py, "a
+       whole-pool limit waits"). Worker ≠ verifier (ledger/services/failover.py, "worker ≠
+       verifier"): in a pool-routed run, a worker or verifier step whose account the
        other role started on is refused (`role_conflict`) and moves; when the only free
-       member is the other role's, it waits as the whole pool's cooldown does (rule 5). A refusal
-       records one `step_waiting` event per distinct reason and renews the run's lease;
-       the runner retries.
+       member is the other role's, it waits as the whole pool's cooldown does ("a whole-pool
+       limit waits"). A refusal records one `step_waiting` event per distinct reason and renews
+       the run's lease; the runner retries.
     4. Started: started_at = now, finish fields and output cleared, an attempt opened on
        the account (ledger.services.attempts), event `step_started` with the account.
     """
@@ -308,9 +309,9 @@ def _start_refusal(
     *,
     held: bool,
 ) -> tuple[AccountGate | None, tuple[str, str, datetime | None] | None]:
-    """Whether the step may start now (`step_start`, 3): its account's gate and the
-    refusal, None when it may. With `held`, a task held after a rate limit (ledger.claims
-    rule 1) waits first, on no account at all."""
+    """Whether the step may start now (`step_start`, "account re-check"): its account's gate
+    and the refusal, None when it may. With `held`, a task held after a rate limit
+    (ledger/claims.py, "the bound") waits first, on no account at all."""
     hold = task_hold(run, now) if held else None
     if hold is not None:
         return None, (TASK_PARKED, hold[0], hold[1])
@@ -319,8 +320,9 @@ def _start_refusal(
     # Spent windows refuse only where the step can move (a pool-routed run): a pinned
     # account's step runs and meets the provider's own answer.
     pooled = run_pool(run) is not None
-    # Worker ≠ verifier (failover rule 3): an account the run's other role started on
-    # refuses this step as a cooling one does, so it moves or waits.
+    # Worker ≠ verifier (ledger/services/failover.py, "worker ≠ verifier"): an account the
+    # run's other role started on refuses this step as a cooling one does, so it moves or
+    # waits.
     excluded = role_excluded(run, step, steps) if pooled else {}
     refusal = role_refusal(step, excluded) or _account_refusal(
         step, spec, gate, now if pooled else None

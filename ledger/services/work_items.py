@@ -329,7 +329,8 @@ def work_item_admit(
     max_attempts: int = 1,
     retry_delay_ms: int = 60_000,
 ) -> tuple[Loop, WorkflowRun]:
-    """Admit a queued/deferred item onto `spec` (docs/upstream.md §2.1, §3.6 steps 10-11).
+    """Admit a queued/deferred item onto `spec` (docs/upstream.md §2.1, §3.6: "The one-shot
+    loop is created", "The item is admitted").
 
     Call inside the admission transaction, after `admission_lock()`:
     0. only a `queued` or `deferred` item (else upstream's

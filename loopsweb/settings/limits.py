@@ -16,6 +16,9 @@ LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS = env_int("LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS
 # Most candidates a drain decides in one admission transaction (one lock hold, counts read
 # once, rows written in bulk); 1 routes them one at a time.
 LOOPSWEB_DRAIN_BATCH_SIZE = env_int("LOOPSWEB_DRAIN_BATCH_SIZE", 50)
+# Arriving events wake the drain schedules that take them (routing.drains.wake): at most one
+# woken drain per schedule per this many seconds; 0 turns wake-ups off (the schedules alone).
+LOOPSWEB_INGEST_WAKE_SECONDS = env_int("LOOPSWEB_INGEST_WAKE_SECONDS", 1)
 # Largest output accepted from a drain's --source-command, in bytes.
 LOOPSWEB_SOURCE_MAX_BYTES = env_int("LOOPSWEB_SOURCE_MAX_BYTES", 16 * 1024 * 1024)
 

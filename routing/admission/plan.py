@@ -131,7 +131,8 @@ class RoutePlan:
     # Planned from an item's stored route by an operator's retry (`plan_stored_route`): a
     # retry the caps defer keeps that route for whichever drain admits it later.
     retry: bool = False
-    # --max-window-used (None: domain.windows.DEFAULT_MAX_WINDOW_USED; off: rule 9).
+    # --max-window-used (None: domain.windows.DEFAULT_MAX_WINDOW_USED; off: domain/windows.py,
+    # "windows off").
     max_window_used: MaxWindowUsed | None = None
     # The PR review gate's reading (routing.admission.review_gate), when it applied.
     pr_review_routing: dict[str, Any] | None = None
@@ -229,7 +230,8 @@ def plan_route(
     event's agent wherever the routing process happens to sit.
 
     `reads.registered` (account name -> provider) decides whether a non-codewith pool is
-    routed (domain.templates 4); `reads.hosts` holds the roots a project is admitted under.
+    routed (domain/templates.py, "pool routing"); `reads.hosts` holds the roots a project is
+    admitted under.
     """
     route_key = route_key_for_kind(kind)
     template_id = template_for(route_key, options.template)
@@ -416,7 +418,8 @@ def check_plan_fits_columns(plan: RoutePlan) -> None:
     """Refuse a plan whose values overflow a ledger column, before anything is written.
 
     SQLite ignores varchar lengths but PostgreSQL raises mid-transaction; checking the plan
-    keeps "bad input writes nothing, with a clear error" true on both (docs/design.md rule 4).
+    keeps "bad input writes nothing, with a clear error" true on both (docs/design.md,
+    "nothing lost, nothing half-written").
     """
     checks: list[tuple[str, str | None, type[models.Model], str]] = [
         ("idempotency key", plan.idempotency_key, WorkflowWorkItem, "idempotency_key"),

@@ -1,7 +1,7 @@
 """The accounts of one route, planned without the store (a stage of `plan_route`): the pool
 (the options', else the event's own), the role pins, the provider, whether the pool routes
-(domain.templates 4), the per-profile guard it records (domain.pool) and the render-time
-account of each role."""
+(domain/templates.py, "pool routing"), the per-profile guard it records (domain.pool) and
+the render-time account of each role."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """JSON shapes of the API: `<thing>_to_dict` functions returning TypedDicts.
 
-Keys are camelCase like upstream's reports (docs/design.md rule 6); times are ISO 8601 in UTC with a
-`Z`. Step output and drain evidence stay out of lists; details carry what the ops pages show.
+Keys are camelCase like upstream's reports (docs/design.md, "upstream's semantics in
+Django's shape"); times are ISO 8601 in UTC with a `Z`. Step output and drain evidence stay out of lists; details carry what the ops pages show.
 """
 
 from __future__ import annotations

@@ -306,7 +306,8 @@ def events(request: HttpRequest) -> HttpResponse:
         return JsonResponse({"error": message, "warnings": warnings}, status=400)
     try:
         report = inbox_ingest(
-            (f"item {position}", obj) for position, obj in enumerate(items, start=1)
+            ((f"item {position}", obj) for position, obj in enumerate(items, start=1)),
+            wake=not route_now,  # routed in this request
         )
     except IngestRejected as rejected:
         return JsonResponse(

@@ -49,7 +49,7 @@ class DrainConfig:
     pool: tuple[str, ...] = ()
     # Effective --max-per-profile: None when it does not apply (no pool routing, or 0).
     # Decided without the account registry: a pool of registered non-codewith accounts
-    # routes too (domain.templates 4), which `per_profile_cap(registered)` knows.
+    # routes too (domain/templates.py, "pool routing"), which `per_profile_cap(registered)` knows.
     max_per_profile: int | None = None
     provider: str = DEFAULT_PROVIDER
     pinned: bool = False

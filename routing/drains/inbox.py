@@ -8,6 +8,8 @@
    within the batch or across batches, changes nothing and is reported as duplicate.
 4. The whole batch is one transaction; on PostgreSQL an advisory lock serialises ingests so
    "new" and "duplicate" are exact even when two producers deliver the same event at once.
+5. Once it commits, new events wake the drain schedules that take them (routing.drains.wake),
+   unless the caller routes them itself (`wake=False`: the API's `route=now`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ledger.lock import ADVISORY_NAMESPACE, admission_lock
 from ledger.models import WorkflowWorkItem
 from routing.admission import item_inbox_reopen
 from routing.drains.sources import TODOS_EVENT_PREFIX, candidate_project
+from routing.drains.wake import drains_wake
 from routing.models import InboxEvent, InboxState
 
 INGEST_LOCK_KEY = 2
@@ -136,11 +139,13 @@ def inbox_ingest(
     all_or_nothing: bool = True,
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
+    wake: bool = True,
 ) -> IngestReport:
     """Store (position, envelope-object) pairs. Raises IngestRejected in all-or-nothing mode
     when any envelope is invalid (nothing stored); dry runs validate and classify only."""
     report = IngestReport()
     seen = 0
+    new_types: set[str] = set()
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
@@ -172,6 +177,7 @@ def inbox_ingest(
                 batch_keys.add(key)
                 report.new.append(ref)
                 rows.append(row)
+                new_types.add(envelope.type)
             if rows and not dry_run and not (all_or_nothing and report.invalid):
                 InboxEvent.objects.bulk_create(rows)
             seen += len(chunk)
@@ -184,6 +190,8 @@ def inbox_ingest(
         if dry_run:
             report.stored = False
             transaction.set_rollback(True)
+        elif wake and new_types:
+            transaction.on_commit(lambda: drains_wake(new_types))
     return report
 
 

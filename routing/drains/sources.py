@@ -98,7 +98,7 @@ def scan_inbox(
 def candidate_project(envelope: Envelope, *, task: bool) -> str | None:
     """The project a drain files a candidate under, un-normalized (its path prefix filter
     and round-robin key): a todos task's in upstream's drain order (docs/upstream.md §5.1,
-    domain.events contract 6), a generic event's as its route reads it."""
+    domain/events.py, "a drained todos task's project"), a generic event's as its route reads it."""
     if task:
         return drained_task_path(
             envelope.data, envelope.metadata, find_checkout=repository_checkout

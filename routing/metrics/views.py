@@ -1,7 +1,7 @@
 """`GET /metrics`: the ledger in the Prometheus text exposition format (version 0.0.4).
 
-Everything is computed from rows at scrape time (docs/design.md rule 1), so a restarted web process
-reports the same numbers and several web processes never disagree:
+Everything is computed from rows at scrape time (docs/design.md, "counts come from rows"), so a
+restarted web process reports the same numbers and several web processes never disagree:
 - gauges for live state: active work per route scope with its cap, running and reserved steps
   per account with the per-profile cap, cooldowns, deferred items per reason code, the oldest
   deferred item's age, inbox depth per open state;

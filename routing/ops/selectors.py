@@ -356,7 +356,8 @@ def running_steps(*, limit: int = 50) -> list[LiveStep]:
     ]
 
 
-# A pending step waits for its account; a failed one for its pool to cool (failover rule 5).
+# A pending step waits for its account; a failed one for its pool to cool
+# (ledger/services/failover.py, "a whole-pool limit waits").
 STEP_WAITING_STATUSES = (StepStatus.PENDING, StepStatus.FAILED, StepStatus.TIMED_OUT)
 
 

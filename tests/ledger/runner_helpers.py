@@ -35,7 +35,7 @@ from ledger.models import (
 )
 from ledger.services import work_item_admit
 from routing.admission import RouteResult, route_event, route_options
-from tests.processes import MANAGE_PY, scratch_cwd
+from tests.processes import MANAGE_PY, scratch_cwd, start_make_run, terminal_env
 from tests.routing.helpers import CreatedRoute, created_route
 from tests.waiting import wait_for as wait_for  # the suite's one polling helper
 
@@ -395,3 +395,22 @@ def account_moves(run: WorkflowRun) -> list[tuple[str, str, str]]:
     )
     # A move without a payload raises KeyError here: every move names its accounts.
     return [(p["from"], p["to"], p["code"]) for p in (q or {} for q in payloads)]
+
+
+def start_installation(
+    tmp_path: Path, port: int, **extra: str
+) -> tuple[dict[str, str], Path, subprocess.Popen[bytes]]:
+    """`make run` (scripts/run.sh) on the test database, its web server on `port`, the fake
+    agent recording into `tmp_path/records`: a second terminal's environment, the log and
+    the process (stop it with tests.processes.stop_make_run)."""
+    (tmp_path / "records").mkdir()
+    env = terminal_env(
+        tmp_path / "data",
+        DATABASE_URL=child_database_url(),
+        LOOPSWEB_PORT=str(port),
+        LOOPSWEB_ADMIN_PASSWORD="a-long-test-password",
+        FAKE_AGENT_RECORD_DIR=str(tmp_path / "records"),
+        **extra,
+    )
+    log = tmp_path / "make-run.log"
+    return env, log, start_make_run(env, log)

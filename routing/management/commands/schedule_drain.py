@@ -24,13 +24,14 @@ from django_q.models import Schedule
 from domain.bounds import BOUNDS, TooLarge, bounded_int
 from domain.errors import ValidationError
 from ledger.management.terminal import TerminalCommand
+from routing.drains.configs import DRAIN_FUNC
+from routing.drains.wake import drain_wakes_forget
 from routing.management.arguments import (
     add_drain_arguments,
     add_route_arguments,
     drain_options_from_argparse,
 )
 
-DRAIN_FUNC = "routing.tasks.drain"
 EVERY = re.compile(r"^\s*(\d+)\s*([mh]?)\s*$")
 
 
@@ -82,9 +83,11 @@ class Command(TerminalCommand):
         if options["list"]:
             return self._list(options["json"])
         if options["delete"]:
-            deleted, _ = Schedule.objects.filter(
-                name=options["delete"], func=DRAIN_FUNC
-            ).delete()
+            with transaction.atomic():
+                deleted, _ = Schedule.objects.filter(
+                    name=options["delete"], func=DRAIN_FUNC
+                ).delete()
+                drain_wakes_forget([options["delete"]])
             if not deleted:
                 raise CommandError(f"no scheduled drain named {options['delete']!r}")
             self.stdout.write(f"deleted scheduled drain {options['delete']}")
