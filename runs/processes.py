@@ -60,7 +60,7 @@ _LINE_BYTES = 65536
 # --- a step's process -------------------------------------------------------------------------
 
 
-class _Tail:
+class OutputTail:
     """The last `limit` bytes of a stream, and how many earlier bytes were dropped."""
 
     def __init__(self, limit: int) -> None:
@@ -82,7 +82,7 @@ class _Tail:
         return body
 
 
-class _Lines:
+class LineSplitter:
     """Splits a stream's data into complete lines for `on_line(stream, line)`
     (`ProcessWatch.line`); a line longer than `_LINE_BYTES` is handed on as its start."""
 
@@ -316,7 +316,10 @@ class _Supervisor:
         self.watch = watch
         self.started = started
         self.sandboxed = sandboxed
-        self.out, self.err = _Tail(limits.tail_bytes), _Tail(limits.tail_bytes)
+        self.out, self.err = (
+            OutputTail(limits.tail_bytes),
+            OutputTail(limits.tail_bytes),
+        )
         self.timeout: str | None = None
         self.lost = False
         self.stopped: str | None = None
@@ -337,7 +340,7 @@ class _Supervisor:
         selector = selectors.DefaultSelector()
         assert proc.stdout is not None and proc.stderr is not None
         lines = {
-            id(tail): _Lines(name, self.watch.line)
+            id(tail): LineSplitter(name, self.watch.line)
             for tail, name in ((self.out, "stdout"), (self.err, "stderr"))
             if self.watch.tracks_progress
         }
@@ -365,7 +368,9 @@ class _Supervisor:
                 self._stop()
         selector.close()
 
-    def _read(self, selector: selectors.BaseSelector, lines: dict[int, _Lines]) -> None:
+    def _read(
+        self, selector: selectors.BaseSelector, lines: dict[int, LineSplitter]
+    ) -> None:
         """What the pipes have (waiting up to `_SELECT_SECONDS`)."""
         if not selector.get_map():
             # Both pipes closed but the process lives on: keep enforcing the limits, and go

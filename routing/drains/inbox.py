@@ -33,7 +33,7 @@ from ledger.lock import ADVISORY_NAMESPACE, admission_lock
 from ledger.models import WorkflowWorkItem
 from routing.admission import item_inbox_reopen
 from routing.drains.sources import TODOS_EVENT_PREFIX, candidate_project
-from routing.drains.wake import drains_wake
+from routing.drains.wake import drains_wake_after_ingest
 from routing.models import InboxEvent, InboxState
 
 INGEST_LOCK_KEY = 2
@@ -191,7 +191,7 @@ def inbox_ingest(
             report.stored = False
             transaction.set_rollback(True)
         elif wake and new_types:
-            transaction.on_commit(lambda: drains_wake(new_types))
+            transaction.on_commit(lambda: drains_wake_after_ingest(new_types))
     return report
 
 

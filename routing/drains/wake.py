@@ -24,11 +24,12 @@ the schedule fires as before, and its period stays the upper bound.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 from django_q.tasks import async_task
 
@@ -36,6 +37,8 @@ from ledger.queue import delayed_broker
 from routing.drains.configs import ScheduledDrain, scheduled_drains
 from routing.drains.routable import kind_for_event_type
 from routing.models import DrainWake
+
+logger = logging.getLogger(__name__)
 
 # The django-q2 function a wake-up queues (routing.tasks); stored in queued tasks.
 WOKEN_FUNC = "routing.tasks.drain_woken"
@@ -56,8 +59,11 @@ def drains_wake(event_types: Iterable[str], now: datetime | None = None) -> list
         return []
     now = now or timezone.now()
     woken = []
+    pending = set(  # a queued drain not due yet sees these events: no lock, no write
+        DrainWake.objects.filter(due_at__gte=now).values_list("schedule", flat=True)
+    )
     for schedule in scheduled_drains():
-        if schedule.paused or schedule.kind not in kinds:
+        if schedule.paused or schedule.kind not in kinds or schedule.name in pending:
             continue
         with transaction.atomic():  # the row and the task commit together
             due = _wake_due(schedule.name, now, spacing)
@@ -65,6 +71,20 @@ def drains_wake(event_types: Iterable[str], now: datetime | None = None) -> list
                 _queue(schedule, delay=(due - now).total_seconds())
                 woken.append(schedule.name)
     return woken
+
+
+def drains_wake_after_ingest(event_types: Iterable[str]) -> None:
+    """`drains_wake` once an ingest committed: its events are stored whatever happens here,
+    so a database error is one warning line (the schedules take them at their next firing),
+    never an error for the ingest's caller."""
+    try:
+        drains_wake(event_types)
+    except DatabaseError as exc:
+        logger.warning(
+            "arriving events did not wake the drains (%s): the schedules take them at "
+            "their next firing",
+            exc,
+        )
 
 
 def drain_wake_again(name: str, now: datetime | None = None) -> bool:

@@ -15,7 +15,7 @@ way `runs.processes.run_process` tells its watch:
    nothing of ours.
 2. The scripted output, split into lines for `watch.line` when `watch.tracks_progress`
    (a codex step's JSON events are its progress), kept as bounded tails as the real
-   supervisor keeps them (`runs.processes._Tail`, `Limits.tail_bytes`).
+   supervisor keeps them (`runs.processes.OutputTail`, `Limits.tail_bytes`).
 3. As the supervisor does for a process that ran `duration_ms`: `watch.flush` once
    there is output and the attempt lasted `Limits.output_every`; `watch.stop_when` on
    the output (a live rate limit stops the step, killed: `ProcessResult.stopped`);
@@ -50,10 +50,10 @@ from agents.providers import PROVIDERS
 from runs import agent_step
 from runs.processes import (
     Limits,
+    LineSplitter,
+    OutputTail,
     ProcessResult,
     ProcessWatch,
-    _Lines,
-    _Tail,
 )
 from runs.providers import Invocation
 
@@ -309,14 +309,14 @@ def _played(
     outcome: Outcome, call: Call, limits: Limits, watch: ProcessWatch
 ) -> ProcessResult:
     """The attempt's output told to `watch`, and its result (module docstring, 2-4)."""
-    out, err = _Tail(limits.tail_bytes), _Tail(limits.tail_bytes)
+    out, err = OutputTail(limits.tail_bytes), OutputTail(limits.tail_bytes)
     for tail, name, text in (
         (out, "stdout", outcome.stdout),
         (err, "stderr", outcome.stderr),
     ):
         data = text.encode()
         if watch.tracks_progress:
-            _Lines(name, watch.line).feed(data)
+            LineSplitter(name, watch.line).feed(data)
         tail.add(data)
     duration_ms = _duration_ms(outcome, limits)
     stopped = None

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 from django_q.signing import SignedPackage
@@ -143,3 +144,31 @@ def test_a_woken_drain_that_steps_aside_wakes_its_schedule_again(
     assert name == "gen" and visible >= now + SECOND
     assert not drain_wake_again("gen-paused", now=now)
     assert not drain_wake_again("nothing", now=now)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wake_up_the_database_refuses_costs_the_ingest_nothing(
+    schedules: None, client: Any, caplog: Any
+) -> None:
+    """The events are stored and the API answers 202; one warning says the schedules will
+    take them (the wake-up's table is renamed away: a real database error)."""
+    _, token = api_token_create(name="wake", scopes=["ingest"])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE routing_drain_wakes RENAME TO routing_drain_wakes_x"
+        )
+    try:
+        answer = client.post(
+            "/api/v1/events",
+            json.dumps([generic_event(project="/srv/app")]),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {token}",
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "ALTER TABLE routing_drain_wakes_x RENAME TO routing_drain_wakes"
+            )
+    assert answer.status_code == 202, answer.content
+    assert InboxEvent.objects.count() == 1 and _woken() == []
+    assert "did not wake the drains" in caplog.text
