@@ -53,6 +53,8 @@ RUN_TASK = "runs.tasks.run_workflow"
 LOST_TASK_AFTER = timedelta(seconds=30)
 # PatientQueue.due's statement per (database vendor, number of queues).
 _DUE_SQL: dict[tuple[str, int], str] = {}
+# How often an idle broker poll lets django-q2 check its kept connection (PatientQueue.due).
+CONNECTION_CHECK_SECONDS = 30.0
 
 
 def enqueue_run_workflow(
@@ -193,13 +195,25 @@ class PatientQueue(ORM):
                 return taken
         return []
 
+    # When the poll last let django-q2 close a connection too old or unusable (monotonic).
+    _connection_checked = -CONNECTION_CHECK_SECONDS
+
     def due(self, keys: Sequence[str]) -> bool:
         """Whether a row of `keys` is due: the one statement of an idle poll (every Conf.POLL
         seconds in every cluster), written once and sent as it is. Built through the ORM, the
         run cluster's two queries of an idle poll were about 0.37 ms of CPU, this is 0.03
-        (SQLite, a kept connection; measured)."""
-        self.get_connection()  # django-q2's: a connection too old or unusable is closed
+        (SQLite, a kept connection; measured).
+
+        A kept connection (DATABASE_CONN_MAX_AGE above 0) is checked (its age, and its
+        health: a `SELECT 1` before the next statement) once per CONNECTION_CHECK_SECONDS,
+        not before every poll: a poll on a broken connection fails, and `dequeue` drops it
+        and pauses, as after any outage. With 0, every poll closes it as before."""
         connection = connections[Conf.ORM]
+        clock = time.monotonic()
+        kept = bool(connection.settings_dict.get("CONN_MAX_AGE"))
+        if not kept or clock - self._connection_checked >= CONNECTION_CHECK_SECONDS:
+            self.get_connection()  # django-q2's: a connection too old or unusable is closed
+            self._connection_checked = clock
         sql = _DUE_SQL.get((connection.vendor, len(keys)))
         if sql is None:
             name = connection.ops.quote_name

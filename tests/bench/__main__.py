@@ -32,6 +32,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("drain_memory", "tests.bench.bench_drain_memory"),
     ("pages", "tests.bench.bench_pages"),
     ("run_latency", "tests.bench.bench_run_latency"),
+    ("ingest_start", "tests.bench.bench_ingest_start"),
     ("failover", "tests.bench.bench_failover"),
     ("failover_opencode", "tests.bench.bench_failover_opencode"),
     ("hosts", "tests.bench.bench_hosts"),

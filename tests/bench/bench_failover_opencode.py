@@ -261,13 +261,5 @@ def _report(
     report.finish()
 
 
-def main() -> None:
-    db = harness.start(NAME)
-    try:
-        run(db)
-    finally:
-        db.drop()
-
-
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, run)

@@ -36,7 +36,7 @@ FAKE_AGENT = harness.ROOT / "scripts" / "fake-agent"
 PROVIDERS = ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
 
 
-def _start_host(
+def start_host(
     work: Path,
     name: str,
     root: Path,
@@ -123,7 +123,7 @@ def _one(
     records = work / "records"
     records.mkdir(parents=True)
     names = [f"h{hosts}-{n}" for n in range(1, hosts + 1)]
-    procs = [_start_host(work, name, root, records) for name in names]
+    procs = [start_host(work, name, root, records) for name in names]
     try:
         harness.wait_for(
             lambda: set(Host.objects.values_list("name", flat=True)) >= set(names),
@@ -248,13 +248,5 @@ def run(db: harness.BenchDatabase) -> None:
     report.finish()
 
 
-def main() -> None:
-    db = harness.start(NAME)
-    try:
-        run(db)
-    finally:
-        db.drop()
-
-
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, run)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import harness
-from tests.bench.bench_hosts import _start_host
+from tests.bench.bench_hosts import start_host
 
 NAME = "idle"
 WORKERS = 8  # LOOPSWEB_RUN_WORKERS' default
@@ -47,7 +47,7 @@ def _one(db: harness.BenchDatabase, label: str, **env: str) -> dict[str, Any]:
     records = work / "records"
     records.mkdir(parents=True)
     name = f"idle-{label}"
-    proc = _start_host(work, name, db.projects_dir, records, workers=WORKERS, **env)
+    proc = start_host(work, name, db.projects_dir, records, workers=WORKERS, **env)
     try:
         harness.wait_for(
             lambda: Host.objects.filter(name=name).exists(),
@@ -108,13 +108,5 @@ def run(db: harness.BenchDatabase) -> None:
     report.finish()
 
 
-def main() -> None:
-    db = harness.start(NAME)
-    try:
-        run(db)
-    finally:
-        db.drop()
-
-
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, run)

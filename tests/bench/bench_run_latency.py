@@ -32,7 +32,7 @@ FAKE_AGENT = harness.ROOT / "scripts" / "fake-agent"
 PROVIDERS = ("codewith", "claude", "codex", "cursor", "opencode", "aicopilot")
 
 
-def _start_cluster(records: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_run_cluster(records: Path, log: Path) -> subprocess.Popen[bytes]:
     env = harness.child_env()
     env.update(
         Q_CLUSTER_NAME="loopsweb-runs",
@@ -41,6 +41,9 @@ def _start_cluster(records: Path, log: Path) -> subprocess.Popen[bytes]:
         FAKE_AGENT_SLEEP="0",
         # Agents get an allowlisted environment: the fake agent's knobs must be let through.
         LOOPSWEB_AGENT_ENV_PASSTHROUGH="FAKE_AGENT_*",
+        # The fake agent writes its record outside its run, which the sandbox forbids (its
+        # cost is benchmark `sandbox`).
+        LOOPSWEB_AGENT_SANDBOX="off",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         **{f"LOOPSWEB_{p.upper()}_BIN": str(FAKE_AGENT) for p in PROVIDERS},
     )
@@ -143,7 +146,7 @@ def run(db: harness.BenchDatabase) -> None:
     records.mkdir()
     project.mkdir()
     log = work / "qcluster.log"
-    cluster = _start_cluster(records, log)
+    cluster = start_run_cluster(records, log)
     try:
         _floor(3)  # warm-up: the cluster is up and its workers have imported everything
         floor = _floor(ADMISSIONS)
@@ -200,13 +203,5 @@ def run(db: harness.BenchDatabase) -> None:
     report.finish()
 
 
-def main() -> None:
-    db = harness.start(NAME)
-    try:
-        run(db)
-    finally:
-        db.drop()
-
-
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, run)

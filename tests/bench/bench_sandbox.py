@@ -103,13 +103,5 @@ def run(db: harness.BenchDatabase) -> None:
     report.finish()
 
 
-def main() -> None:
-    db = harness.start(NAME)
-    try:
-        run(db)
-    finally:
-        db.drop()
-
-
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, run)

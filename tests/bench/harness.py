@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -516,6 +516,15 @@ def machine_info(vendor: str | None = None) -> dict[str, Any]:
     except ImportError:
         pass
     return info
+
+
+def main(name: str, run: Callable[[BenchDatabase], None]) -> None:
+    """A benchmark's entry point: `run` on a throwaway database of its own, dropped after."""
+    db = start(name)
+    try:
+        run(db)
+    finally:
+        db.drop()
 
 
 def run_child(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
