@@ -1,9 +1,10 @@
 """Arriving events wake the drains that would take them, so a task starts in seconds, not
 at the schedule's next firing (django-q2 fires schedules on the minute and looks every 30 s).
 
-When an ingest stores new events (`inbox_ingest`, from the API without `route=now`,
-`ingest_events` or a source), each drain schedule whose kind takes one of them (a `task.*`
-event: todos-task; any other: generic) and that is not paused is woken once it commits:
+When an ingest stores new events (`inbox_ingest`: the API without `route=now`, or
+`ingest_events`), each drain schedule that reads the inbox (not a `--source-command` one),
+whose kind takes one of them (a `task.*` event: todos-task; any other: generic) and that is
+not paused is woken once it commits:
 its drain is queued on the main cluster now (`routing.tasks.drain_woken`, the schedule's
 own options read when it runs). At most one woken drain per schedule per
 LOOPSWEB_INGEST_WAKE_SECONDS (0: no wake-ups, the schedules alone), and none is lost:
@@ -36,6 +37,7 @@ from django_q.tasks import async_task
 from ledger.queue import delayed_broker
 from routing.drains.configs import ScheduledDrain, scheduled_drains
 from routing.drains.routable import kind_for_event_type
+from routing.drains.sources import INBOX_SOURCE
 from routing.models import DrainWake
 
 logger = logging.getLogger(__name__)
@@ -63,8 +65,13 @@ def drains_wake(event_types: Iterable[str], now: datetime | None = None) -> list
         DrainWake.objects.filter(due_at__gte=now).values_list("schedule", flat=True)
     )
     for schedule in scheduled_drains():
-        if schedule.paused or schedule.kind not in kinds or schedule.name in pending:
-            continue
+        if (
+            schedule.paused
+            or schedule.kind not in kinds
+            or schedule.options.get("source", INBOX_SOURCE) != INBOX_SOURCE
+            or schedule.name in pending
+        ):
+            continue  # a --source-command drain never reads the inbox
         with transaction.atomic():  # the row and the task commit together
             due = _wake_due(schedule.name, now, spacing)
             if due is not None:

@@ -58,6 +58,8 @@ def schedules() -> None:
     _schedule("todo", "todos-task")
     _schedule("gen-paused", "generic")
     Schedule.objects.filter(name="gen-paused").update(repeats=0)
+    # Reads a source command, never the inbox: never woken.
+    _schedule("gen-cmd", "generic", "--source", "command", "--source-command", "true")
 
 
 def test_an_event_wakes_the_schedules_of_its_kind_at_most_once_per_spacing(
