@@ -51,7 +51,7 @@ from tests.ledger.runner_helpers import (
     steps_of,
 )
 from tests.routing.api.helpers import bearer, make_token
-from tests.waiting import wait_for
+from tests.waiting import hang_deadline, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -231,15 +231,20 @@ def test_a_hang_fails_at_the_idle_timeout_naming_it_with_the_output_seen(
     settings.LOOPSWEB_KILL_GRACE_SECONDS = 1
     clis.register_account(provider, "acct-a", stand_in, tmp_path, key=KEY_A)
     project = git_project(tmp_path / "project")
-    # The route's idle timeout (rendered into the steps as idleTimeoutMs).
-    run = route_run(project, provider, auth_profile="acct-a", step_idle_timeout=8)
+    # The route's idle timeout (rendered into the steps as idleTimeoutMs): long enough that
+    # codex and claude print their start first on the busy CI machine (both suites side by
+    # side), as they do within a second on a quiet one.
+    idle = round(hang_deadline(20))
+    run = route_run(project, provider, auth_profile="acct-a", step_idle_timeout=idle)
 
     assert run_workflow_run(run.id) == RunStatus.TIMED_OUT
     worker = steps_of(run)["worker"]
     assert worker.status == StepStatus.TIMED_OUT
     # The same words for every CLI, and what it did last: codex started its turn; claude
     # (its init) and opencode (nothing) made no progress at all.
-    assert worker.error.startswith("no progress for 8.0 s (idle limit); "), worker.error
+    assert worker.error.startswith(f"no progress for {idle:.1f} s (idle limit); "), (
+        worker.error
+    )
     if provider == "codex":
         assert worker.error.endswith("; last progress: turn.started event"), (
             worker.error
