@@ -173,40 +173,50 @@ def pool_hold(view: PoolView) -> Hold | None:
     )
 
 
+# The holds of a pool assignment: no member of the pool can take the step now.
+POOL_HOLD_CODES = (
+    reasons.PROFILE_CAP,
+    reasons.COOLDOWN,
+    reasons.ACCOUNT_DISABLED,
+    reasons.LOGIN_FAILED,
+    reasons.UNRESPONSIVE,
+    reasons.WINDOW_EXHAUSTED,
+    reasons.WINDOW_PACED,
+)
+
+
 @dataclass
 class FullCaps:
     """Caps a drain has seen full, to hold later candidates without reads.
 
     - `every`: the scope, or a pool that every candidate shares (--auth-profile-pool), is
       full: every later candidate is held unread.
-    - `keys`: a full project or group holds its later candidates without a count.
+    - `keys`: a full project or group holds its later candidates without a count; a full
+      pool an event names itself (pool routing on) holds the later candidates routed to
+      the same pool, roles and limits without reading the pool again. Within one drain
+      loads only grow, so what was full stays full.
     """
 
     every: Hold | None = None
     keys: dict[tuple[str, str | None], Hold] = field(default_factory=dict)
 
     def held(self, plan: RoutePlan) -> Hold | None:
-        for key in (("project", plan.project_path), ("group", plan.project_group)):
+        for key in (
+            ("project", plan.project_path),
+            ("group", plan.project_group),
+            ("pool", _pool_key(plan)),
+        ):
             if key in self.keys:
                 return self.keys[key]
         return None
 
     def saw(self, plan: RoutePlan, hold: Hold, *, shared_pool: bool) -> None:
         code = hold.code
-        if code == reasons.ROUTE_CAP or (
-            shared_pool
-            and code
-            in (
-                reasons.PROFILE_CAP,
-                reasons.COOLDOWN,
-                reasons.ACCOUNT_DISABLED,
-                reasons.LOGIN_FAILED,
-                reasons.UNRESPONSIVE,
-                reasons.WINDOW_EXHAUSTED,
-                reasons.WINDOW_PACED,
-            )
-        ):
+        pool = code in POOL_HOLD_CODES
+        if code == reasons.ROUTE_CAP or (shared_pool and pool):
             self.every = hold
+        elif pool and plan.pool_active:
+            self.keys[("pool", _pool_key(plan))] = hold
         elif code == reasons.PROJECT_CAP and plan.project_path:
             self.keys[("project", plan.project_path)] = hold
         elif code == reasons.GROUP_CAP and plan.project_group:
@@ -216,6 +226,16 @@ class FullCaps:
         self.every = other.every
         self.keys.clear()
         self.keys.update(other.keys)
+
+
+def _pool_key(plan: RoutePlan) -> str | None:
+    """What decides a pool's assignment besides the loads (None: the pool does not route):
+    its members, the roles that need one, --max-per-profile and --max-window-used."""
+    if not plan.pool_active:
+        return None
+    return repr(
+        (plan.pool, plan.roles, plan.max_per_profile, str(plan.max_window_used))
+    )
 
 
 @dataclass(frozen=True)

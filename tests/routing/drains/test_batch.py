@@ -397,3 +397,34 @@ def test_holds_decided_without_the_lock_leave_rows_another_drain_took(
         ("deferred", 1),
         ("pending", 5),
     ]
+
+
+@pytest.mark.parametrize("batch_size", [1, 50])
+def test_a_pool_an_event_names_read_full_once_holds_its_other_candidates_unread(
+    settings: Any, batch_size: int
+) -> None:
+    """Each event names its own pool: once the drain finds one pool full (both members
+    cooling), the later candidates routed to that pool are held with the same reason
+    without reading the pool again; a candidate of another pool is still admitted."""
+    settings.LOOPSWEB_DRAIN_BATCH_SIZE = batch_size
+    events = []
+    for n in range(20):
+        event = generic_event(project=f"/srv/p{n % 4}")
+        event["data"]["auth_profile_pool"] = "acctA,acctB" if n != 7 else "acctC,acctD"
+        events.append(event)
+    _ingest(events)
+    until = timezone.now() + timezone.timedelta(hours=1)
+    for account in ("acctA", "acctB"):
+        AccountCooldown.objects.create(account_profile=account, until=until)
+    with CaptureQueriesContext(connection) as captured:
+        report = _drain(max_active=100, max_dispatch=20)
+    kinds = [r["kind"] for r in report.results]
+    assert kinds.count("created") == 1 and kinds.count("throttled") == 19, kinds
+    reasons = {r["reason"] for r in report.results if r["kind"] == "throttled"}
+    assert len(reasons) == 1 and "cooling down" in next(iter(reasons)), reasons
+    cooldown_reads = [
+        q for q in captured.captured_queries if '"account_cooldowns"' in q["sql"]
+    ]
+    # The full pool once, and the pool of the one admitted event (its view, then its
+    # admission): never once per held candidate.
+    assert len(cooldown_reads) <= 4, [q["sql"][:120] for q in cooldown_reads]
