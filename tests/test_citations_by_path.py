@@ -12,6 +12,7 @@ a test was written for. No database."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -108,25 +109,22 @@ def checked_files() -> list[Path]:
     return files
 
 
-def test_nothing_cites_a_tracker_issue_by_number() -> None:
-    found = [
+def _hits(check: Callable[[str, str], list[str]]) -> list[str]:
+    """What `check(text, origin)` finds in every checked file."""
+    return [
         hit
         for path in checked_files()
-        for hit in tracker_citations(
-            path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
-        )
+        for hit in check(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
     ]
+
+
+def test_nothing_cites_a_tracker_issue_by_number() -> None:
+    found = _hits(tracker_citations)
     assert found == [], "\n".join(found)
 
 
 def test_nothing_cites_a_docstring_item_by_number() -> None:
-    found = [
-        hit
-        for path in checked_files()
-        for hit in item_citations(
-            path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
-        )
-    ]
+    found = _hits(item_citations)
     assert found == [], "\n".join(found)
 
 
@@ -141,13 +139,7 @@ def missing_paths(text: str, origin: str) -> list[str]:
 
 
 def test_every_repository_path_cited_exists() -> None:
-    found = [
-        hit
-        for path in checked_files()
-        for hit in missing_paths(
-            path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
-        )
-    ]
+    found = _hits(missing_paths)
     assert found == [], "\n".join(found)
 
 
