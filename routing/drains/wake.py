@@ -68,10 +68,11 @@ def drains_wake(event_types: Iterable[str], now: datetime | None = None) -> list
         if (
             schedule.paused
             or schedule.kind not in kinds
+            # a --source-command drain never reads the inbox
             or schedule.options.get("source", INBOX_SOURCE) != INBOX_SOURCE
             or schedule.name in pending
         ):
-            continue  # a --source-command drain never reads the inbox
+            continue
         with transaction.atomic():  # the row and the task commit together
             due = _wake_due(schedule.name, now, spacing)
             if due is not None:
