@@ -3,7 +3,8 @@
 Contract, for an existing item found by (route key, idempotency key):
 1. ``queued`` / ``deferred`` items are never a dedupe: the caller re-evaluates them.
 2. Only ``todos-task`` items in a terminal status (succeeded, failed, dead_letter,
-   cancelled) can be re-admitted; everything else that is uncleared dedupes.
+   cancelled) can be re-admitted; everything else that is uncleared dedupes (loopsweb's
+   ``needs_human`` too: it waits for a human, not for the task to arrive again).
 3. ``attempts >= 8`` keeps deduping (0.4.12 does not dead-letter here).
 4. Within ``backoff(attempts)`` of the item's last update it keeps deduping;
    ``backoff(a) = min(30 min, 2 min * 2**max(0, min(a - 1, 10)))``. An unknown
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from domain.keys import TODOS_TASK
-from domain.statuses import TERMINAL_WORK_ITEM_STATES
+from domain.statuses import READMITTABLE_WORK_ITEM_STATES
 
 MAX_TODOS_TASK_ROUTE_REDISPATCHES = 8
 
@@ -48,7 +49,7 @@ def readmission_decision(
     finished_at: datetime | None,
     now: datetime,
 ) -> Readmission:
-    if route_key != TODOS_TASK or status not in TERMINAL_WORK_ITEM_STATES:
+    if route_key != TODOS_TASK or status not in READMITTABLE_WORK_ITEM_STATES:
         return Readmission(readmit=False)
     if attempts >= MAX_TODOS_TASK_ROUTE_REDISPATCHES:
         return Readmission(readmit=False)

@@ -16,6 +16,9 @@ class WorkItemState(StrEnum):
     FAILED = "failed"
     DEAD_LETTER = "dead_letter"
     CANCELLED = "cancelled"
+    # loopsweb: the item's revisions are spent or its verifier escalated
+    # (docs/revisions.md); a human decides what comes next.
+    NEEDS_HUMAN = "needs_human"
 
 
 # Active work occupies a cap slot (docs/upstream.md §1.2).
@@ -28,8 +31,14 @@ TERMINAL_WORK_ITEM_STATES: frozenset[str] = frozenset(
         WorkItemState.FAILED,
         WorkItemState.DEAD_LETTER,
         WorkItemState.CANCELLED,
+        WorkItemState.NEEDS_HUMAN,
     }
 )
+# Terminal items a todos source may admit again (domain.readmission): not one that waits
+# for a human, whom a task delivered again would not replace.
+READMITTABLE_WORK_ITEM_STATES: frozenset[str] = TERMINAL_WORK_ITEM_STATES - {
+    WorkItemState.NEEDS_HUMAN
+}
 # "Uncleared" items dedupe a new delivery, and an upsert never changes their status
 # (docs/upstream.md §2.4, §3.2.9); queued/deferred ones are re-evaluated.
 UNCLEARED_WORK_ITEM_STATES: frozenset[str] = (

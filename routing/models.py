@@ -163,3 +163,44 @@ class DrainWake(models.Model):
 
     class Meta:
         db_table = "routing_drain_wakes"
+
+
+class GithubDelivery(models.Model):
+    """A GitHub webhook delivery received (routing.github_hooks): its `X-GitHub-Delivery`
+    id, so a redelivery does nothing twice, and what became of it."""
+
+    delivery_id = models.CharField(max_length=100, primary_key=True)
+    event = models.CharField(max_length=50)
+    outcome = models.TextField(default="", blank=True)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "routing_github_deliveries"
+        indexes = [
+            # the retention prune, oldest first
+            models.Index(fields=["received_at"], name="idx_github_deliveries_seen"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} {self.delivery_id}"
+
+
+DEFAULT_INTAKE_LABEL = "auto:route"
+
+
+class GithubRepo(models.Model):
+    """A GitHub repository mapped to its checkout under the project roots (`manage.py repo
+    add`): its issues carrying `intake_label` come in as todos tasks (routing.github_intake)."""
+
+    id = id_field()
+    full_name = models.CharField(max_length=140, unique=True)  # OWNER/NAME
+    project_path = models.TextField()
+    intake_label = models.CharField(max_length=50, default=DEFAULT_INTAKE_LABEL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "routing_github_repos"
+
+    def __str__(self) -> str:
+        return self.full_name

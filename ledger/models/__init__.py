@@ -19,13 +19,17 @@ import X`), which is also what makes Django see every model of the app:
 - `accounts`: the account registry, cooldowns, the load kept per account;
 - `workers`: run cluster workers;
 - `hosts`: the machines that run agents (their roots, providers, heartbeat);
-- `windows`: the rate-limit window observations per account.
+- `windows`: the rate-limit window observations per account;
+- `revisions`: the rounds that continue an item's branch after its work was sent back;
+- `notifications`: the episodes an operator is told about, and their delivery.
 """
 
 from ledger.models.accounts import Account, AccountCooldown, AccountLoadCount
 from ledger.models.base import TimestampedModel, id_field
 from ledger.models.hosts import ClusterInstance, Host
 from ledger.models.loops import Loop, LoopRun
+from ledger.models.notifications import Notification, NotificationState
+from ledger.models.revisions import RevisionState, RevisionTrigger, WorkItemRevision
 from ledger.models.runs import (
     WorkflowEvent,
     WorkflowRun,
@@ -67,6 +71,11 @@ __all__ = [
     "Host",
     "Intent",
     "Loop",
+    "Notification",
+    "NotificationState",
+    "RevisionState",
+    "RevisionTrigger",
+    "WorkItemRevision",
     "LoopRun",
     "LoopRunStatus",
     "LoopStatus",

@@ -192,6 +192,11 @@ class WorkflowStepRun(TimestampedModel):
     # loopsweb (0025): "host:port" -> connections the step's sandbox refused (agents.egress);
     # NULL when it refused none or the step ran unsandboxed.
     egress_refused = models.JSONField(null=True, blank=True)
+    # loopsweb (0028): a verifier's verdict from its last message (agents.verdict):
+    # approve, changes or escalate; NULL for any other step. `verdict_text` is what it
+    # gave with it (its findings, or why it escalated), bounded.
+    verdict = models.CharField(max_length=16, null=True, blank=True)
+    verdict_text = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "workflow_step_runs"

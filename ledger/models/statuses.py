@@ -25,6 +25,7 @@ class WorkItemStatus(models.TextChoices):
     FAILED = WorkItemState.FAILED.value
     DEAD_LETTER = WorkItemState.DEAD_LETTER.value
     CANCELLED = WorkItemState.CANCELLED.value
+    NEEDS_HUMAN = WorkItemState.NEEDS_HUMAN.value, "needs human"
 
 
 def _work_item_statuses(states: frozenset[str]) -> tuple[WorkItemStatus, ...]:
