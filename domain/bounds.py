@@ -61,6 +61,8 @@ BOUNDS: dict[str, Bound] = {
     # loop-level retries (domain.retry)
     "--max-attempts": Bound(1, 100),
     "--retry-backoff": Bound(0, WEEK),  # seconds: a week
+    # revisions of an item (domain.revisions): 0 turns them off
+    "--max-revisions": Bound(0, 20),
     # agent step time limits (route options), seconds: 30 days
     "--step-timeout": Bound(1, 30 * DAY),
     "--step-idle-timeout": Bound(1, 30 * DAY),
@@ -110,6 +112,8 @@ BOUNDS: dict[str, Bound] = {
     "LOOPSWEB_WORKTREE_KEEP_SECONDS": Bound(0, 10 * YEAR),
     "LOOPSWEB_BRANCH_KEEP_SECONDS": Bound(0, 10 * YEAR),
     "LOOPSWEB_PR_STATE_CACHE_SECONDS": Bound(0, DAY),
+    "LOOPSWEB_REVISION_DEBOUNCE_SECONDS": Bound(0, DAY),
+    "LOOPSWEB_GITHUB_WEBHOOK_MAX_BYTES": Bound(1_024, 64 * MIB),
     "LOOPSWEB_MAX_INGEST_BYTES": Bound(1_024, 4 * GIB),
     "LOOPSWEB_DRAIN_RECORD_WAIT_SECONDS": Bound(0, 3_600),
     "LOOPSWEB_DRAIN_BATCH_SIZE": Bound(1, 10_000),

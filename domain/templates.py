@@ -5,9 +5,10 @@ Contract:
    (triage, planner, worker, verifier) for todos-task routes; ``event-worker-verifier``
    (worker, verifier) for generic routes. Each step depends on the one before it.
 2. ``render_workflow`` returns a JSON-serialisable spec body. Prompts are plain text
-   built from the event's title and description; they are handed to agents as argv
-   items or files, never through a shell (docs/design.md, "no shell between loopsweb and an
-   agent"), so nothing is escaped.
+   built from the event's title and description, each fenced as data
+   (domain.revisions.untrusted_section); they are handed to agents as argv items or
+   files, never through a shell (docs/design.md, "no shell between loopsweb and an
+   agent"), so nothing is shell-escaped.
 3. Render-time profile per role: an explicit role pin, else the pool's hash pick
    (a single-member pool always gives that member), else ``--auth-profile``.
 4. Pool routing (least-loaded assignment at admission) is active for provider
@@ -33,6 +34,7 @@ from domain.errors import (
 )
 from domain.keys import GENERIC_EVENT, TODOS_TASK
 from domain.pool import drop_blank, render_time_profile
+from domain.revisions import untrusted_section
 from domain.sandbox import (
     DEFAULT_SANDBOX,
     DEFAULT_WORKTREE_MODE,
@@ -58,6 +60,9 @@ POOL_PROVIDER = "codewith"
 # The provider of a route, drain or schedule that names none (--provider).
 DEFAULT_PROVIDER = "codewith"
 
+WORKER = "worker"
+VERIFIER = "verifier"
+
 ROLE_INSTRUCTIONS: dict[str, str] = {
     "triage": (
         "Triage this {noun}: confirm it is still actionable and clear enough to act on "
@@ -74,7 +79,11 @@ ROLE_INSTRUCTIONS: dict[str, str] = {
     ),
     "verifier": (
         "Verify the work done for this {noun}: review the change, run the relevant "
-        "checks, and report whether it is complete. Do not rewrite the change."
+        "checks, and report whether it is complete. Do not rewrite the change. End your "
+        "final message with one verdict line: `VERDICT: approve` when the work is "
+        "complete; `VERDICT: changes` followed by your findings (what is wrong or "
+        "missing, with file paths) when the work should be revised; or `VERDICT: "
+        "escalate` followed by why, when only a human can decide."
     ),
 }
 
@@ -160,9 +169,9 @@ def _prompt(
         f"Project: {project_path}",
     ]
     if title and title.strip():
-        lines += ["", f"Title: {title.strip()}"]
+        lines += ["", *untrusted_section("Title", f"the {noun}'s author", title)]
     if body and body.strip():
-        lines += ["", "Details:", body.strip()]
+        lines += ["", *untrusted_section("Details", f"the {noun}'s author", body)]
     return "\n".join(lines)
 
 
@@ -241,7 +250,8 @@ def render_workflow(
     return {"version": 1, "goal": None, "steps": steps}
 
 
-def _step_role(step: Mapping[str, Any]) -> str | None:
+def step_role(step: Mapping[str, Any]) -> str | None:
+    """The role a generated step plays (its `routing.role`), None for any other step."""
     for routing in (step.get("routing"), (step.get("target") or {}).get("routing")):
         if isinstance(routing, dict):
             role = routing.get("role")
@@ -259,7 +269,7 @@ def pool_roles_by_step(
         target = step.get("target") or {}
         if target.get("type") != "agent" or target.get("provider") != provider:
             continue
-        role = _step_role(step)
+        role = step_role(step)
         if role:
             out[step["id"]] = role
     return out

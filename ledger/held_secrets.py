@@ -35,6 +35,9 @@ def protected_paths() -> list[tuple[str, str]]:
     token = getattr(settings, "LOOPSWEB_GITHUB_TOKEN_FILE", None)
     if token:
         found.append((str(token), "the GitHub token file"))
+    hook = getattr(settings, "LOOPSWEB_GITHUB_WEBHOOK_SECRET_FILE", None)
+    if hook:
+        found.append((str(hook), "the GitHub webhook secret file"))
     for path in account_env_files():
         found.append((path, "an account's env file"))
     for name, homes in account_homes().items():
@@ -52,9 +55,12 @@ def secret_files(own_homes: Iterable[str] = ()) -> list[str]:
     database = settings.DATABASES["default"]
     if "sqlite" in database["ENGINE"]:
         found.append(str(database["NAME"]))
-    token = getattr(settings, "LOOPSWEB_GITHUB_TOKEN_FILE", None)
-    if token:
-        found.append(str(token))
+    for setting in (
+        "LOOPSWEB_GITHUB_TOKEN_FILE",
+        "LOOPSWEB_GITHUB_WEBHOOK_SECRET_FILE",
+    ):
+        if held := getattr(settings, setting, None):
+            found.append(str(held))
     found.extend(account_env_files())
     own = {os.path.realpath(path) for path in own_homes}
     for homes in account_homes().values():
@@ -130,8 +136,14 @@ def held_secrets() -> dict[str, str]:
         password = ""
     if len(password) >= MIN_LENGTH:
         by_value.setdefault(password, "DATABASE_PASSWORD")
+    # A chat webhook's URL is its credential (docs/operations.md, "Notifications").
+    notify_url = str(getattr(settings, "LOOPSWEB_NOTIFY_URL", "") or "")
+    if len(notify_url) >= MIN_LENGTH:
+        by_value.setdefault(notify_url, "LOOPSWEB_NOTIFY_URL")
     token_file = getattr(settings, "LOOPSWEB_GITHUB_TOKEN_FILE", None)
     files = [("github", str(token_file))] if token_file else []
+    hook_file = getattr(settings, "LOOPSWEB_GITHUB_WEBHOOK_SECRET_FILE", None)
+    files += [("github-webhook", str(hook_file))] if hook_file else []
     for row in Account.objects.only("name", "env_file", "env_json"):
         if row.env_file:
             files.append((row.name, row.env_file))

@@ -12,15 +12,18 @@ the latest few, /ops/ all of it, a page at a time).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 
 from ledger.models import (
+    RevisionState,
     WorkflowRun,
     WorkflowStepAttempt,
     WorkflowStepRun,
     WorkflowWorkItem,
+    WorkItemRevision,
 )
 from ledger.selectors import step_attempts
 
@@ -64,6 +67,8 @@ _STEP_FIELDS = (
     "usage_output_tokens",
     "usage_cached_tokens",
     "usage_cost_usd",
+    "verdict",
+    "verdict_text",
 )
 
 
@@ -120,3 +125,52 @@ def work_item_read(item: WorkflowWorkItem, *, output: bool = False) -> WorkItemR
         steps=steps,
         attempts=step_attempts(every),
     )
+
+
+def item_rounds(item_id: str) -> list[dict[str, Any]]:
+    """The item's revisions, oldest first, as every surface shows them (the /ops/ item
+    page, the run's admin page, `routes show`, the API): trigger, state, round, findings
+    (untrusted: escaped where shown), sources, runs, why skipped, and the round run's
+    accounts, tokens and cost. Two queries."""
+    revisions = list(
+        WorkItemRevision.objects.filter(work_item_id=item_id).order_by(
+            "created_at", "id"
+        )
+    )
+    run_ids = [r.run_id for r in revisions if r.run_id]
+    spent: dict[str, dict[str, Any]] = {
+        run_id: {"accounts": [], "tokens": 0, "costUsd": None} for run_id in run_ids
+    }
+    for run_id, account, tokens_in, tokens_out, cost in WorkflowStepRun.objects.filter(
+        workflow_run_id__in=run_ids
+    ).values_list(
+        "workflow_run_id",
+        "account_profile",
+        "usage_input_tokens",
+        "usage_output_tokens",
+        "usage_cost_usd",
+    ):
+        entry = spent[run_id]
+        if account and account not in entry["accounts"]:
+            entry["accounts"].append(account)
+        entry["tokens"] += (tokens_in or 0) + (tokens_out or 0)
+        if cost is not None:
+            entry["costUsd"] = (entry["costUsd"] or 0.0) + cost
+    return [
+        {
+            "id": r.id,
+            "round": r.round,
+            "trigger": r.trigger,
+            "state": r.state,
+            "started": r.state == RevisionState.STARTED,
+            "findings": r.findings,
+            "sources": (r.details or {}).get("sources") or [],
+            "baseRunId": r.base_run_id,
+            "runId": r.run_id,
+            "dueAt": r.due_at.isoformat(),
+            "createdAt": r.created_at.isoformat(),
+            "reason": r.reason,
+            **spent.get(r.run_id or "", {"accounts": [], "tokens": 0, "costUsd": None}),
+        }
+        for r in revisions
+    ]

@@ -133,6 +133,20 @@ def enqueue_run(
     async_task(RUN_TASK, run_id, task_name=f"run-workflow-{run_id}", **options)
 
 
+def main_task(
+    func: str, *args: Any, task_name: str, group: str | None = None, delay: float = 0.0
+) -> None:
+    """Queue `func` (a dotted path) on the main cluster's queue, where drains and
+    schedules run, visible after `delay` seconds."""
+    cluster = str(settings.Q_CLUSTER["name"])
+    options: dict[str, Any] = {"cluster": cluster}
+    if group:
+        options["group"] = group
+    if delay > 0 and (broker := delayed_broker(cluster, delay)) is not None:
+        options["broker"] = broker
+    async_task(func, *args, task_name=task_name, **options)
+
+
 def delayed_broker(list_key: str, delay: float) -> ORM | None:
     """A broker for `list_key` whose task becomes visible `delay` s from now (the ORM
     broker, which loopsweb configures; None with any other: the task is visible at once)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
+from routing.github_hooks import github_hook
 from routing.ops.health.views import healthz, installation_health, livez
 
 admin.autodiscover()  # here, not at start-up: loopsweb/admin_site.py
@@ -12,6 +13,8 @@ urlpatterns = [
     path("ops/", include("routing.ops.urls")),
     path("api/v1/", include("routing.api.urls")),
     path("", include("routing.metrics.urls")),
+    # GitHub's webhooks, authenticated by their signature (routing.github_hooks)
+    path("hooks/github/", github_hook, name="github-hook"),
     # health, no authentication, no data (routing.ops.health): this web process and its
     # database for load balancers; the whole installation (clusters) for monitoring
     path("healthz", healthz, name="healthz"),

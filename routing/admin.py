@@ -4,13 +4,17 @@ drain that last recorded an outcome on it.
 
 Read-only like the ledger admins (ledger.admin.base.LedgerAdmin); the only writes are the
 two actions, each through its service in routing.drains.inbox after the confirmation page
-with a reason, each leaving an admin LogEntry naming the user. Layer: a web surface.
+with a reason, each leaving an admin LogEntry naming the user. The mapped GitHub
+repositories are configuration, added, edited and deleted here with the check `manage.py
+repo` runs (routing.github_intake.github_repo_clean). Layer: a web surface.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -25,7 +29,8 @@ from ledger.admin.work_items import ItemSection, add_item_section
 from ledger.webkit.cells import age, short_id, status_badge
 from routing.api.tokens import token_state
 from routing.drains.inbox import inbox_discard, inbox_reopen
-from routing.models import ApiToken, InboxEvent
+from routing.github_intake import RepoInvalid, github_repo_clean
+from routing.models import ApiToken, GithubRepo, InboxEvent
 from routing.ops import selectors as ops_selectors
 
 REOPEN = LifecycleAction(
@@ -198,6 +203,54 @@ class ApiTokenAdmin(LedgerAdmin):
     @admin.display(description="State")
     def state_cell(self, obj: ApiToken) -> str:
         return status_badge(token_state(obj, timezone.now()))
+
+
+class GithubRepoForm(forms.ModelForm):
+    """A mapping, checked as `manage.py repo add` checks it (github_repo_clean)."""
+
+    class Meta:
+        model = GithubRepo
+        fields = ("full_name", "project_path", "intake_label")
+        labels = {"full_name": "Repository (OWNER/NAME)"}
+        widgets = {"project_path": forms.TextInput(attrs={"size": 80})}
+        help_texts = {
+            "project_path": "The repository's checkout, inside LOOPSWEB_PROJECT_ROOTS "
+            "(or a host's roots); the project it resolves to is kept.",
+            "intake_label": "Issues carrying this label come in as todos tasks.",
+        }
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data  # what ModelForm.clean returns (the stubs: maybe None)
+        if self.errors:  # a field refused already (too long, blank): its error says why
+            return data
+        try:
+            values = github_repo_clean(
+                full_name=data.get("full_name"),
+                project_path=data.get("project_path"),
+                intake_label=data.get("intake_label"),
+                exclude_pk=self.instance.pk if self.instance.pk else None,
+            )
+        except RepoInvalid as exc:
+            raise forms.ValidationError({exc.field: str(exc)}) from None
+        data.update(
+            full_name=values.full_name,
+            project_path=values.project_path,
+            intake_label=values.intake_label,
+        )
+        return data
+
+
+@admin.register(GithubRepo)
+class GithubRepoAdmin(admin.ModelAdmin):
+    """The mapped GitHub repositories: configuration, added, edited and removed here or with
+    `manage.py repo` (the same check); Django's own history records each change."""
+
+    form = GithubRepoForm
+    list_display = ("full_name", "project_path", "intake_label", "updated_at")
+    search_fields = ("full_name", "project_path")
+    ordering = ("full_name",)
+    readonly_fields = ("created_at", "updated_at")
 
 
 # The work-item page of the ledger's admin lists the item's inbox deliveries: routing adds

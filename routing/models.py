@@ -204,3 +204,18 @@ class GithubRepo(models.Model):
 
     def __str__(self) -> str:
         return self.full_name
+
+
+class GithubEtag(models.Model):
+    """The ETag of the last answer `github_sync` read from a REST path, so the next read is
+    conditional: a 304 (nothing changed) costs no rate limit (routing.github_sync)."""
+
+    path = models.CharField(max_length=500, primary_key=True)
+    etag = models.CharField(max_length=200)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "routing_github_etags"
+
+    def __str__(self) -> str:
+        return self.path

@@ -11,6 +11,8 @@ from django.utils import timezone
 from routing.drains import drain_options, drain_run
 from routing.drains.retention import drain_records_prune
 from routing.drains.wake import drain_wake_again, woken_schedule
+from routing.github_sync import github_sync as run_github_sync
+from routing.revisions import revisions_start_due
 
 
 def drain(
@@ -52,3 +54,19 @@ def prune_empty_drains(**_q: Any) -> dict[str, Any]:
     days = settings.LOOPSWEB_DRAIN_EMPTY_RETENTION_DAYS
     deleted = drain_records_prune(now=timezone.now(), days=days)
     return {"deleted": deleted, "retentionDays": days}
+
+
+def revisions_due(**_q: Any) -> dict[str, Any]:
+    """Start the revisions that are due (routing.revisions): queued when a request is
+    recorded or a run of its item ends, and swept every minute (the `revisions-due`
+    schedule). Delivered twice, the second finds them started."""
+    outcomes = revisions_start_due()
+    return {"revisions": outcomes}
+
+
+def github_sync(**_q: Any) -> dict[str, Any] | None:
+    """One pass of the webhook's polling fallback (routing.github_sync; the `github-sync`
+    schedule): nothing when no GitHub token is configured."""
+    if not settings.LOOPSWEB_GITHUB_TOKEN_FILE:
+        return None
+    return run_github_sync().as_dict()

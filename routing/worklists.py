@@ -8,10 +8,10 @@ summary, so the pages and the API list the same rows.
   item failed because its run timed out), `dead_lettered` (the re-dispatch bound set the
   item aside: status `dead_letter` with reason code `dead_lettered`,
   ledger/services/retries.py) and `not_delivered` (its run's delivery was refused:
-  `delivery_json.state` is `failed`). An item that is retried, requeued, cancelled or
-  dead-lettered by an operator leaves the list; a redelivery that goes through takes it
-  off too. There is no status for "needs a human" in the ledger, so there is no such
-  kind.
+  `delivery_json.state` is `failed`) and `needs_human` (its revisions are spent or its
+  verifier escalated: status `needs_human`, docs/revisions.md §4). An item that is
+  retried, requeued, cancelled or dead-lettered by an operator leaves the list; a
+  redelivery that goes through takes it off too.
 - **Delivered** lists runs whose work went out (`delivery_json.state` is `delivered`): a
   pushed branch, and the pull request when one was opened, with its state as last
   recorded (`open`, `closed`, `merged`; `pushed`: no pull request).
@@ -52,7 +52,11 @@ FAILED = "failed"
 TIMED_OUT = "timed_out"
 DEAD_LETTERED = DEAD_LETTERED_CODE  # "dead_lettered", the item's reason code
 NOT_DELIVERED = "not_delivered"
+NEEDS_HUMAN = (
+    "needs_human"  # the item's status: its revisions are spent (docs/revisions.md)
+)
 ATTENTION_KINDS = {
+    NEEDS_HUMAN: "needs a human",
     FAILED: "failed",
     TIMED_OUT: "timed out",
     DEAD_LETTERED: "dead-lettered",
@@ -210,6 +214,7 @@ def _kind_filters() -> dict[str, Q]:
             status=WorkItemStatus.DEAD_LETTER, reason_code=DEAD_LETTERED_CODE
         ),
         NOT_DELIVERED: Q(workflow_run_id__in=_undelivered_runs()),
+        NEEDS_HUMAN: Q(status=WorkItemStatus.NEEDS_HUMAN),
     }
 
 
@@ -239,6 +244,7 @@ def attention_items(
         else Q(status=WorkItemStatus.FAILED)
         | kinds[DEAD_LETTERED]
         | kinds[NOT_DELIVERED]
+        | kinds[NEEDS_HUMAN]
     )
     items = WorkflowWorkItem.objects.filter(
         needs,
@@ -269,15 +275,19 @@ def attention_items(
 
 def attention_counts() -> dict[str, int]:
     """Items per kind of attention (an item may be of two kinds). Two queries, each on an
-    index: the failed and dead-lettered items by their run's status and their reason
-    code, the items of runs not delivered."""
+    index: the failed, dead-lettered and needs-a-human items by their run's status, their
+    reason code and their status; the items of runs not delivered."""
     kinds = _kind_filters()
     found = WorkflowWorkItem.objects.filter(
-        status__in=(WorkItemStatus.FAILED, WorkItemStatus.DEAD_LETTER)
+        status__in=(
+            WorkItemStatus.FAILED,
+            WorkItemStatus.DEAD_LETTER,
+            WorkItemStatus.NEEDS_HUMAN,
+        )
     ).aggregate(
         **{
             kind: Count("pk", filter=kinds[kind])
-            for kind in (FAILED, TIMED_OUT, DEAD_LETTERED)
+            for kind in (FAILED, TIMED_OUT, DEAD_LETTERED, NEEDS_HUMAN)
         }
     )
     found[NOT_DELIVERED] = WorkflowWorkItem.objects.filter(kinds[NOT_DELIVERED]).count()

@@ -37,6 +37,7 @@ from ledger.display import (
     step_usage,
     worktree_text,
 )
+from ledger.item_read import item_rounds
 from ledger.models import (
     TERMINAL_RUN_STATUSES,
     Loop,
@@ -132,6 +133,7 @@ class WorkflowRunAdmin(LedgerAdmin):
         "work_left",
         "commit_diffstat",
         "delivery_cell",
+        "revisions_cell",
         "commits_cell",
         "patch_cell",
         "manifest_path",
@@ -222,6 +224,31 @@ class WorkflowRunAdmin(LedgerAdmin):
                 pr.get("number"),
             )
         return line
+
+    @admin.display(description="revisions")
+    def revisions_cell(self, obj: WorkflowRun) -> str:
+        """The item's rounds (docs/revisions.md §6), this run's marked; the findings are
+        untrusted text, escaped here as everywhere."""
+        rounds = item_rounds(obj.work_item_id) if obj.work_item_id else []
+        if not rounds:
+            return "-"
+        rows = [
+            (
+                "this run: " if r["runId"] == obj.id else "",
+                r["round"] or "-",
+                r["trigger"],
+                r["state"],
+                ", ".join(r["accounts"]) or "-",
+                r["tokens"],
+                (r["findings"] or "-")[:300],
+            )
+            for r in rounds
+        ]
+        return format_html_join(
+            "",
+            "<div>{}round {} ({}): {}; accounts {}, {} tokens<pre>{}</pre></div>",
+            rows,
+        )
 
     @admin.display(description="commits")
     def commits_cell(self, obj: WorkflowRun) -> str:

@@ -33,6 +33,10 @@
    recorded URL differs (an agent wrote `remote.origin.pushurl` into the project's config,
    which the next, innocent run would have read) is refused delivery with the reason, and
    "Deliver again" refuses it too until the config names the pinned URL again.
+6. **A revision updates its pull request.** A run that carries out a revision of an item
+   whose earlier run delivered a pull request pushes to that pull request's branch (a
+   fast-forward: the round started from the head loopsweb pushed, routing.revisions
+   checks it) and records the same pull request: no second one is opened.
 """
 
 from __future__ import annotations
@@ -57,9 +61,10 @@ from domain.delivery import (
     parse_remote,
 )
 from domain.errors import ApplicationError
-from ledger.models import RunStatus, WorkflowRun
+from ledger.models import RunStatus, WorkflowRun, WorkItemRevision
 from ledger.services.common import clean_text
 from ledger.services.delivery import run_delivery_record
+from ledger.services.revisions import item_pull_request
 from runs.delivery_view import run_project
 from runs.git import GitError, git_error_line, resolve_commit, run_git
 from runs.github import (
@@ -235,16 +240,40 @@ def _deliver(
     commit = resolve_commit(common, f"refs/heads/{branch}")
     if commit is None:
         raise DeliveryError(NO_BRANCH.format(branch=branch))
-    push_branch(common, str(record["url"]), commit, branch)
+    continued = _continued_pull_request(run)
+    pushed_to = continued[0] if continued else branch
+    push_branch(common, str(record["url"]), commit, pushed_to)
     record.update(
-        ref=f"refs/heads/{branch}", commit=commit, pushedAt=timezone.now().isoformat()
+        ref=f"refs/heads/{pushed_to}",
+        commit=commit,
+        pushedAt=timezone.now().isoformat(),
     )
     if options["mode"] != DELIVER_PULL_REQUEST:
         return
-    if not record.get("pr"):
+    if continued is not None:
+        record["pr"] = continued[1]  # the same pull request, updated by the push
+    elif not record.get("pr"):
         record["pr"] = _open_pull_request(run, record, options, branch)
     if options["reviewers"] and not record.get("reviewers"):
         _ask_reviewers(record, options["reviewers"])
+
+
+def _continued_pull_request(run: WorkflowRun) -> tuple[str, dict[str, Any]] | None:
+    """(branch, pull request record) a revision round pushes to (module docstring, "a
+    revision updates its pull request"): the pull request an earlier run of the item
+    delivered, when this run carries out a revision; None otherwise."""
+    if (
+        not run.work_item_id
+        or not WorkItemRevision.objects.filter(run_id=run.id).exists()
+    ):
+        return None
+    delivered = item_pull_request(run.work_item_id)
+    if delivered is None or delivered[0] == run.id:
+        return None
+    ref = str(delivered[1].get("ref") or "")
+    if not ref.startswith("refs/heads/"):
+        return None
+    return ref.removeprefix("refs/heads/"), dict(delivered[1]["pr"])
 
 
 def _pinned_url(run: WorkflowRun, record: Mapping[str, Any]) -> str | None:
@@ -295,7 +324,7 @@ def _open_pull_request(
             head=branch,
             base=str(record.get("base") or "main"),
             title=pull_request_title(run),
-            body=pull_request_body(run),
+            body=pull_request_body(run, repo=repo),
             draft=run.status != RunStatus.SUCCEEDED,
         )
     except ForgeError as exc:
@@ -326,9 +355,10 @@ def _skip_reason(run: WorkflowRun, options: Mapping[str, Any]) -> str | None:
     return None
 
 
-def deliver_run(run_id: str) -> dict[str, Any]:
+def deliver_run(run_id: str, *, held: str | None = None) -> dict[str, Any]:
     """Deliver the ended run's work as its route says (module docstring); the record.
-    Never raises for a refused delivery: the record says why."""
+    Never raises for a refused delivery: the record says why. `held`: why the work is not
+    delivered now (its verifier sent it back: runs.revision_run), recorded as `skipped`."""
     run = WorkflowRun.objects.select_related("workflow", "work_item", "invocation").get(
         pk=run_id
     )
@@ -340,6 +370,8 @@ def deliver_run(run_id: str) -> dict[str, Any]:
     skipped = _skip_reason(run, options)
     if mode in (DELIVER_NONE, DELIVER_BRANCH):
         record["state"] = "kept" if mode == DELIVER_BRANCH else "not-kept"
+    elif held is not None:
+        record.update(state="skipped", reason=held)
     elif skipped is not None:
         record.update(state="skipped", reason=skipped)
     else:

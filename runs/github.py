@@ -81,6 +81,28 @@ def github_token() -> str:
 
 
 def _call(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    return _exchange(method, path, body).body
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int  # 304: not modified since `etag`
+    etag: str | None
+    body: Any
+
+
+def get_if_changed(path: str, etag: str | None) -> Answer:
+    """`GET path` with `If-None-Match: etag`: 304 (no body) when nothing changed, which
+    GitHub does not count against the rate limit; else the answer and its new ETag."""
+    return _exchange("GET", path, None, {"If-None-Match": etag} if etag else {})
+
+
+def _exchange(
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    extra: dict[str, str] | None = None,
+) -> Answer:
     token = github_token()
     request = urllib.request.Request(
         settings.LOOPSWEB_GITHUB_API_URL + path,
@@ -92,12 +114,19 @@ def _call(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
             "X-GitHub-Api-Version": "2022-11-28",
             "User-Agent": "loopsweb",
             **({"Content-Type": "application/json"} if body is not None else {}),
+            **(extra or {}),
         },
     )
     try:
         with urllib.request.urlopen(request, timeout=FORGE_TIMEOUT_SECONDS) as answer:
-            return json.loads(answer.read(MAX_ANSWER_BYTES) or b"null")
+            return Answer(
+                answer.status,
+                answer.headers.get("ETag"),
+                json.loads(answer.read(MAX_ANSWER_BYTES) or b"null"),
+            )
     except urllib.error.HTTPError as exc:
+        if exc.code == 304:
+            return Answer(304, exc.headers.get("ETag"), None)
         message = _forge_message(exc.read(MAX_ANSWER_BYTES), exc.reason)
         raise ForgeError(
             FORGE_REFUSED.format(status=exc.code, message=message).replace(
@@ -186,3 +215,20 @@ def request_reviewers(repo: str, number: int, logins: list[str]) -> list[str]:
         if isinstance(user, dict) and isinstance(user.get("login"), str)
     ]
     return found
+
+
+def comment_on_issue(repo: str, number: int, body: str) -> str:
+    """`POST /repos/{repo}/issues/{number}/comments` (a pull request is an issue to this
+    call): the new comment's URL."""
+    answer = _call("POST", f"/repos/{repo}/issues/{number}/comments", {"body": body})
+    return str(answer.get("html_url") or "") if isinstance(answer, dict) else ""
+
+
+def add_labels(repo: str, number: int, labels: list[str]) -> list[str]:
+    """`POST /repos/{repo}/issues/{number}/labels`: the labels the issue has now."""
+    answer = _call("POST", f"/repos/{repo}/issues/{number}/labels", {"labels": labels})
+    return [
+        str(label["name"])
+        for label in answer or []
+        if isinstance(label, dict) and isinstance(label.get("name"), str)
+    ]

@@ -25,18 +25,24 @@ remote image, HTML renders. So:
    task's and the agent's text is redacted as it is, before neutralizing and escaping could
    split a secret, and the whole body once more.
 The pull request's title is plain text: the task's title as one line, neutralized.
+
+A task that came from an issue of the repository the pull request is opened in (source
+`github`, task id `OWNER/NAME#N`: docs/github-intake.md) gets a line `Closes #N`, written by
+loopsweb and so left live: merging the pull request closes the issue.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from django.conf import settings
 
 from agents.agent_message import final_message
 from agents.redaction import Redactor
 from domain.forge_text import neutralize
+from domain.github_issues import closed_issue
 from ledger.display import ATTEMPT_OUTCOMES
 from ledger.held_secrets import held_secrets
 from ledger.models import WorkflowRun, WorkflowStepAttempt, WorkflowStepRun
@@ -146,7 +152,16 @@ def _verifier_said(steps: Sequence[WorkflowStepRun], redactor: Redactor) -> list
     return ["", f"The verifier's {head}:", "", fenced]
 
 
-def pull_request_body(run: WorkflowRun) -> str:
+def _event_source(run: WorkflowRun) -> object:
+    """The source of the event the run's task came in as (its invocation's record)."""
+    invocation = run.invocation if run.invocation_id else None
+    source: Any = invocation.source_json if invocation is not None else None
+    raw = source.get("raw") if isinstance(source, dict) else None
+    return raw.get("source") if isinstance(raw, dict) else None
+
+
+def pull_request_body(run: WorkflowRun, *, repo: str | None = None) -> str:
+    """The body of the run's pull request, opened in `repo` (`OWNER/NAME`) when known."""
     redactor = _redactor()
     task = _task(run, redactor)
     steps = list(
@@ -157,6 +172,9 @@ def pull_request_body(run: WorkflowRun) -> str:
         f"Task {_code(task['id'])}, loopsweb run `{run.id}`: **{run.status}**.",
         "",
     ]
+    closes = closed_issue(task_of(run)["id"], source=_event_source(run), repo=repo)
+    if closes is not None:  # loopsweb's own line: live (module docstring)
+        lines += [f"Closes #{closes}", ""]
     if task["description"]:
         lines += [_fenced(task["description"], DESCRIPTION_CHARS), ""]
     lines += _step_rows(steps)

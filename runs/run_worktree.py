@@ -40,6 +40,7 @@ from ledger.services.delivery import step_commit_record
 from runs.delivery import deliver_run, delivery_start
 from runs.discard import discard_run_work
 from runs.projects import WorktreeRequired, is_git_work_tree, project_dir_check
+from runs.revision_run import revisions_queue_waiting, verdict_after_run
 from runs.step_commits import commit_step
 from runs.worktrees import (
     COMMIT_MESSAGE,
@@ -94,6 +95,8 @@ class RunWorktree:
         self.worktree: Worktree | None = None
         self.saved = False  # the commit was tried (once per execution)
         self.kept = False  # the work is not committed: the worktree stays
+        # The branch a revision round continues (runs.revision_run), set before `prepare`.
+        self.start_from: str | None = None
 
     def prepare(self, specs: Sequence[Mapping[str, Any]]) -> Worktree | None:
         """The run's own worktree when its agent steps ask for one."""
@@ -124,7 +127,9 @@ class RunWorktree:
             raise WorktreeLeaseLost()
         try:
             self.worktree = worktree_create(
-                project=project, run_id=run.id, start_from=lost_work_branch(run)
+                project=project,
+                run_id=run.id,
+                start_from=self.start_from or lost_work_branch(run),
             )
         except WorktreeError:
             # Nothing was left behind (worktree_create cleaned up): forget the record too.
@@ -204,17 +209,25 @@ class RunWorktree:
             logger.exception("could not record the commit of run %s", self.run.id)
 
     def ended(self, status: str) -> None:
-        """The run ended with `status`: deliver its work (runs.delivery; a failure is
-        recorded on the run, never raised), then remove the worktree after success."""
+        """The run ended with `status`: its verifier's verdict may hold the delivery
+        (runs.revision_run); else deliver its work (runs.delivery; a failure is recorded
+        on the run, never raised), then remove the worktree after success."""
         record: dict[str, Any] = {}
+        held = None
+        try:
+            held = verdict_after_run(self.run, status)
+        except (DatabaseError, ApplicationError):
+            logger.exception("run %s: its verdict could not be acted on", self.run.id)
         if self.worktree is not None and not self.kept:
             try:
-                record = deliver_run(self.run.id)
+                record = deliver_run(self.run.id, held=held)
             except Exception:
                 logger.exception("could not deliver the work of run %s", self.run.id)
+        revisions_queue_waiting(self.run)
         if status == RunStatus.SUCCEEDED:
             self.remove()
-            if record.get("mode") == DELIVER_NONE:  # nothing of the run is kept
+            # Nothing of the run is kept, unless a revision continues its branch.
+            if record.get("mode") == DELIVER_NONE and held is None:
                 try:
                     discard_run_work(self.run.id, reason="--deliver none")
                 except ApplicationError as exc:

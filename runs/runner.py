@@ -88,6 +88,11 @@ from runs.agent_step import (
     StepWatch,
     task_deadline,
 )
+from runs.revision_run import (
+    revision_start_branch,
+    revision_worker_prompt,
+    run_revision,
+)
 from runs.run_signals import HandedBack, LeaseLost, PoolWaitOver
 from runs.run_worktree import RunWorktree, WorktreeLeaseLost
 from runs.step_process import StepProcess
@@ -173,6 +178,7 @@ class _RunExecution:
         by_id = {step.step_id: step for step in steps}
         try:
             order = execution_order([(s.step_id, s.sequence) for s in steps], specs)
+            self._revision_bind()
             self._prepare_worktree(list(specs.values()))
         except (PlanError, ValidationError, WorktreeError) as exc:
             return self._finalize(
@@ -285,6 +291,16 @@ class _RunExecution:
             raise LeaseLost() from None
         self.work.ended(status)
         return status
+
+    def _revision_bind(self) -> None:
+        """The revision round this run carries out, if any (runs.revision_run): its
+        worktree starts from the branch it continues, its worker is told the findings."""
+        revision = write_ledger(
+            f"run {self.run.id}: its revision", lambda: run_revision(self.run)
+        )
+        if revision is not None:
+            self.work.start_from = revision_start_branch(revision)
+            self.process.worker_extra = revision_worker_prompt(self.run, revision)
 
     def _prepare_worktree(self, specs: list[Mapping[str, Any]]) -> Worktree | None:
         """The run's own worktree when its agent steps ask for one (module docstring,

@@ -9,17 +9,20 @@ tells the runner which, so it moves the step to another pool account
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
+from agents.agent_message import final_message
 from agents.ratelimit import RateLimitSignal, detect_login_failure, detect_rate_limit
 from agents.usage import Usage, parse_usage
 from domain.errors import ValidationError
+from domain.revisions import parse_verdict
 from domain.sandbox import step_isolation
+from domain.templates import VERIFIER, WORKER, step_role
 from ledger import services
 from ledger.claims import confirm_enqueue
 from ledger.dberrors import write_ledger
@@ -77,6 +80,8 @@ class StepProcess:
         # A per-minute 429 (a reset at most LOOPSWEB_THROTTLE_SECONDS off): the account
         # pauses until then and the step stays on it.
         self.paused_until: datetime | None = None
+        # What a revision round's worker is told after the task (runs.revision_run).
+        self.worker_extra: str | None = None
 
     @property
     def worktree(self) -> Worktree | None:
@@ -157,6 +162,8 @@ class StepProcess:
             login_failed=login_failed,
             unresponsive=unresponsive,
         )
+        if is_agent and status == StepStatus.SUCCEEDED:
+            done = _with_verdict(done, spec, provider)
         self.account_failure = _account_failure(done, self.rate_limited)
         return done
 
@@ -219,6 +226,9 @@ class StepProcess:
             project_dir_check(cwd)
             if self.worktree is not None:
                 target["cwd"] = self.worktree.translate(cwd)
+        prompt = target.get("prompt")
+        if self.worker_extra and step_role(spec) == WORKER and isinstance(prompt, str):
+            target["prompt"] = prompt + "\n" + self.worker_extra
         if "worktreeMode" in target:
             # Generated steps passed the preflight at admission against the worktree they
             # expected; the run may not have got one (the project stopped being a git tree).
@@ -317,6 +327,17 @@ class StepProcess:
             self.held = report.held
         if report.claim is not None:
             confirm_enqueue(report.claim, step_run_id=step.id)
+
+
+def _with_verdict(
+    done: services.StepResult, spec: Mapping[str, Any], provider: str | None
+) -> services.StepResult:
+    """A verifier's result with its verdict, from its own last message (domain.revisions,
+    "the verdict"); any other step's as it is."""
+    if step_role(spec) != VERIFIER:
+        return done
+    said = final_message(provider, done.stdout)
+    return replace(done, verdict=parse_verdict(said))
 
 
 def _step_result(

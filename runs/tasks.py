@@ -35,6 +35,7 @@ from ledger.services import (
 )
 from runs.confirm import confirm_claim
 from runs.discard import run_branches_prune
+from runs.notifications import notification_deliver, notifications_sweep
 from runs.run_worktree import save_work_of_ended
 from runs.runner import run_delivered
 from runs.worktree_prune import worktree_orphans_prune, worktrees_prune
@@ -95,3 +96,13 @@ def prune_host_worktrees() -> int:
     # Run branches that are done with (runs.discard): no changes, or a closed PR.
     branches = [d for d in run_branches_prune() if d.deleted]
     return len(pruned) + len(orphans) + len(branches)
+
+
+def notifications_send(notification_id: str | None = None, **_q: Any) -> object:
+    """django-q2 task (main cluster): one try of a notification (runs.notifications:
+    queued when its episode commits, again after each backoff), or, without an id, the
+    sweep of the `notifications-send` schedule (every minute): episodes only a look finds,
+    then every due row queued."""
+    if notification_id is None:
+        return notifications_sweep()
+    return notification_deliver(notification_id)

@@ -109,6 +109,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "runs.step_commits",
             "runs.delivery_view",
             "runs.pr_body",
+            "runs.revision_run",
             "runs.delivery",
             "runs.discard",
             "runs.run_worktree",
@@ -119,6 +120,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "runs.runner",
             "runs.account_check",
             "runs.confirm",
+            "runs.notifications",
         ),
     ),
     (
@@ -126,7 +128,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("runs.tasks", "runs.heartbeat", "runs.cluster_start", "runs.checks"),
     ),
     ("admission", ("routing.models", "routing.migrations", "routing.admission")),
-    ("drains", ("routing.drains", "routing.tasks")),
+    (
+        "drains",
+        (
+            "routing.drains",
+            "routing.revisions",
+            "routing.github_intake",  # GitHub issues into the inbox
+            "routing.github_sync",  # the webhook's polling fallback
+            "routing.tasks",
+        ),
+    ),
     ("reads shared by the web surfaces (API, /ops, /metrics)", ("routing.selectors",)),
     (
         "web surfaces",
@@ -137,6 +148,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "routing.ops",
             "routing.metrics",
             "routing.templatetags",
+            "routing.github_hooks",
             # what needs attention, what was delivered: the API's and /ops' lists
             "routing.worklists",
         ),

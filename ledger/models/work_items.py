@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
 from ledger.models.base import TimestampedModel, id_field
@@ -112,6 +114,13 @@ class WorkflowWorkItem(TimestampedModel):
     def __str__(self) -> str:
         # the idempotency key already starts with the route key (`todos-task:T-1`)
         return f"{self.idempotency_key} [{self.status}]"
+
+    def route_option(self, name: str) -> Any:
+        """The value of option `name` in the route the item stores (`route_options_json`'s
+        `options`, as admission validated it), None when it stores none or not that one."""
+        route = self.route_options_json
+        options = route.get("options") if isinstance(route, dict) else None
+        return options.get(name) if isinstance(options, dict) else None
 
     def unbind(self) -> None:
         """Forget the spec, loop and run that last took the item, and its lease (in memory;

@@ -17,7 +17,9 @@
   recount and repair;
 - `run_workers`: a run worker's heartbeat row;
 - `delivery`: the one writer of a run's delivery record, its steps' commits, its discard
-  (runs.delivery, runs.discard and runs.step_commits do the git and forge work).
+  (runs.delivery, runs.discard and runs.step_commits do the git and forge work);
+- `notifications`: `notify`, one message per episode that needs a human (recorded once,
+  queued on commit, never raising into its caller; runs.notifications delivers it).
 
 Rules every service follows:
 
@@ -91,6 +93,7 @@ from ledger.services.loops import (
     LoopChange,
     loop_status_change,
 )
+from ledger.services.notifications import notify
 from ledger.services.recovery import (
     RecoveredRun,
     run_work_saved,
@@ -172,6 +175,7 @@ __all__ = [
     "join_reason",
     "kill_step_process_group",
     "loop_status_change",
+    "notify",
     "run_cancel",
     "run_claim",
     "run_commit_failed",

@@ -52,6 +52,7 @@ from ledger.services.common import (
     clean_text,
     to_ms,
 )
+from ledger.services.notifications import notify_run_failed
 from ledger.services.retries import loop_retry_schedule
 
 
@@ -325,13 +326,18 @@ def end_run(
         )
     )
     if retry is None:
-        _cascade_work_item(
+        ended = _cascade_work_item(
             run,
             status=_work_item_status_for_run(status),
             reason=item_reason,
             now=now,
             succeeded=status == RunStatus.SUCCEEDED,
         )
+        if ended and status in (RunStatus.FAILED, RunStatus.TIMED_OUT):
+            # Its item failed for good (docs/operations.md "Notifications").
+            notify_run_failed(
+                item_id=run.work_item_id, run_id=run.id, status=status, error=run.error
+            )
     _close_one_shot_loop(run, now)
     # Under the admission lock: an admission reusing this spec by name either committed its
     # run before us (we see it non-terminal and keep the spec) or runs after us (it sees the

@@ -51,6 +51,7 @@ from ledger.services.common import (
     now_or_default,
 )
 from ledger.services.failover import run_pool
+from ledger.services.notifications import notify_login_failed
 from ledger.windows import latest_windows, windows_record
 
 # The window a 429 seen by the runner is recorded as, and its source.
@@ -335,15 +336,21 @@ def account_login_failed_record(
 
     Under the admission lock, like a cooldown: pool assignment and step starts read it."""
     now = now_or_default(now)
+    mark = {
+        "login_failed_at": now,
+        "login_failed_reason": clean_text(reason.strip()[:LOGIN_REASON_CHARS]),
+        "updated_at": now,
+    }
     with transaction.atomic():
         admission_lock()
-        return bool(
-            Account.objects.filter(pk=profile).update(
-                login_failed_at=now,
-                login_failed_reason=clean_text(reason.strip()[:LOGIN_REASON_CHARS]),
-                updated_at=now,
-            )
-        )
+        # A new mark begins an episode an operator is told about, once (docs/operations.md
+        # "Notifications"); a mark renewed by the next refused step is the same episode.
+        if Account.objects.filter(pk=profile, login_failed_at__isnull=True).update(
+            **mark
+        ):
+            notify_login_failed(account=profile, reason=reason, since=now)
+            return True
+        return bool(Account.objects.filter(pk=profile).update(**mark))
 
 
 def account_login_clear(*, name: str, now: datetime | None = None) -> bool:

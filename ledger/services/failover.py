@@ -73,6 +73,7 @@ from ledger.services.common import (
     step_max_per_profile,
     step_spec,
 )
+from ledger.services.notifications import notify_pool_exhausted
 from ledger.windows import pool_windows
 
 MOVED_EVENT = "step_account_moved"
@@ -344,6 +345,16 @@ def pool_wait(
         until = pool_cooling_until(run, now, excluded)
         if until is not None:
             whole = not excluded or pool_cooling_until(run, now) is not None
+            if whole and (context := run_pool(run)) is not None:
+                # The whole pool cools and this step waits: an episode an operator is
+                # told about, once (docs/operations.md "Notifications").
+                notify_pool_exhausted(
+                    members=context[1],
+                    provider=context[0],
+                    until=until,
+                    now=now,
+                    waiting=f"step {step.step_id} of run {run.id}",
+                )
             return pool_refusal(run, step, until, now, others_only=not whole)
     why = _others_unusable(run, excluded) if excluded else None
     if why is None:

@@ -31,6 +31,7 @@ from ledger.models import Host, RunStatus, StepStatus, WorkflowRun
 from ledger.reaper import kill_leftovers
 from ledger.services.cascade import end_run, finish_open_steps
 from ledger.services.common import lock_run, now_or_default
+from ledger.services.notifications import notify_host_gone
 
 logger = logging.getLogger(__name__)
 
@@ -115,11 +116,14 @@ def runs_end_on_gone_hosts(*, now: datetime | None = None) -> list[str]:
     """End the running runs of every host not seen for LOOPSWEB_HOST_DEAD_SECONDS."""
     now = now_or_default(now)
     dead = Host.objects.filter(seen_at__lt=now - dead_after()).values_list(
-        "name", flat=True
+        "name", "seen_at"
     )
     ended: list[str] = []
-    for host in dead:
-        ended += runs_end_on_host(host, now=now)
+    for host, seen_at in dead:
+        on_host = runs_end_on_host(host, now=now)
+        # Told once per silence (docs/operations.md "Notifications"): no write when told.
+        notify_host_gone(host=host, seen_at=seen_at, ended=on_host)
+        ended += on_host
     return ended
 
 

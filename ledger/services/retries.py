@@ -44,6 +44,7 @@ from ledger.services.common import (
     RETRY_PENDING_REASON_WITH_ERROR,
     append_event,
 )
+from ledger.services.notifications import notify_run_failed
 
 # A run that ends with one of these may be retried by its loop (workItemStatusForLoopRun).
 RETRYABLE_RUN_STATUSES = (RunStatus.FAILED, RunStatus.TIMED_OUT)
@@ -323,6 +324,9 @@ def _dead_letter(
         last_reason=reason,
         reason_code=DEAD_LETTERED_CODE,
         updated_at=now,
+    )
+    notify_run_failed(  # docs/operations.md "Notifications"
+        item_id=item.id, run_id=run.id, status=run.status, error=reason
     )
     append_event(
         run.id,

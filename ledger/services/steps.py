@@ -14,6 +14,7 @@ from django.utils import timezone
 from agents.usage import Usage
 from domain import reasons
 from domain.pool import LOGIN_FAILED_REASON, UNRESPONSIVE_REASON
+from domain.revisions import Verdict
 from ledger.claims import TASK_PARKED, task_hold
 from ledger.lock import admission_lock
 from ledger.models import (
@@ -100,6 +101,8 @@ class StepResult:
     rate_limited: bool = False  # the agent reported a provider rate limit
     login_failed: bool = False  # the agent named an authentication error
     unresponsive: bool = False  # the agent made no progress for its idle limit (a hang)
+    # A verifier's verdict from its last message (domain.revisions), None for other steps.
+    verdict: Verdict | None = None
 
     def reason_code(self) -> str:
         """The step's stored `reason_code` (StepReasonCode) for this ending."""
@@ -509,6 +512,9 @@ def _finish_locked(
     step.usage_cost_usd = usage.cost_usd if usage else None
     step.processes_ended = result.processes_ended
     step.egress_refused = result.egress_refused or None
+    if result.verdict is not None:
+        step.verdict = result.verdict.verdict
+        step.verdict_text = clean_text(result.verdict.text) or None
     step.save()
     attempt_close(step, now=now, status=result.attempt_status())
     append_event(
@@ -521,6 +527,7 @@ def _finish_locked(
             **({"error": step.error} if step.error else {}),
             **({"processesEnded": n} if (n := result.processes_ended) else {}),
             **({"egressRefused": r} if (r := result.egress_refused) else {}),
+            **({"verdict": v.verdict} if (v := result.verdict) else {}),
         },
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -150,7 +151,39 @@ LOOPSWEB_GITHUB_API_URL = (
 if not re.match(r"^https?://[^\s/]+", LOOPSWEB_GITHUB_API_URL):
     raise ImproperlyConfigured("LOOPSWEB_GITHUB_API_URL must be an http(s) URL")
 LOOPSWEB_GITHUB_TOKEN_FILE = env_str("LOOPSWEB_GITHUB_TOKEN_FILE") or None
+# GitHub webhooks (docs/revisions.md): the secret they are signed with, a 0600 env file with
+# a GITHUB_WEBHOOK_SECRET= line (unset: POST /hooks/github/ answers 404); the quiet time that
+# gathers a burst of reviews and checks into one revision; the largest payload taken.
+LOOPSWEB_GITHUB_WEBHOOK_SECRET_FILE = (
+    env_str("LOOPSWEB_GITHUB_WEBHOOK_SECRET_FILE") or None
+)
+LOOPSWEB_REVISION_DEBOUNCE_SECONDS = env_int("LOOPSWEB_REVISION_DEBOUNCE_SECONDS", 60)
+LOOPSWEB_GITHUB_WEBHOOK_MAX_BYTES = env_int(
+    "LOOPSWEB_GITHUB_WEBHOOK_MAX_BYTES", 4 * 1024 * 1024
+)
 LOOPSWEB_BASE_URL = env_str("LOOPSWEB_BASE_URL").rstrip("/")
+
+
+def _notify_url(raw: str) -> str:
+    # Never quoted back in the error: a webhook URL carries its token.
+    if not raw:
+        return ""
+    try:
+        parts = urlsplit(raw)
+        good = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        good = False
+    if not good or any(c.isspace() or ord(c) < 32 or 127 <= ord(c) < 160 for c in raw):
+        raise ImproperlyConfigured(
+            "LOOPSWEB_NOTIFY_URL must be an http:// or https:// URL with a host"
+        )
+    return raw
+
+
+# Where episodes that need a human are posted (docs/operations.md "Notifications"): an
+# http(s) URL taking one JSON message per episode (a Slack or Mattermost incoming webhook);
+# unset: no notifications. It holds a secret (the webhook's token): never logged or shown.
+LOOPSWEB_NOTIFY_URL = _notify_url(env_str("LOOPSWEB_NOTIFY_URL").strip())
 # How a push reaches the remote: the operator's ssh command and credential helper (never a
 # repository's config, which an agent can write); SSH_AUTH_SOCK is passed through.
 LOOPSWEB_GIT_SSH_COMMAND = env_str("LOOPSWEB_GIT_SSH_COMMAND") or "ssh"

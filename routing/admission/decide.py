@@ -39,6 +39,7 @@ from ledger.selectors import (
     account_state,
     active_counts,
 )
+from ledger.services.notifications import notify_pool_exhausted
 from ledger.windows import budgets_of, state_windows
 from routing.admission.plan import RoutePlan
 
@@ -278,6 +279,16 @@ def precheck(
     if hold is None and plan.pool_active:
         pool = view()
         hold = pool_hold(pool)
+        if hold is not None and hold.code == reasons.COOLDOWN and pool.cooling:
+            # Every member cools and new work waits for the pool: an episode an operator
+            # is told about, once (docs/operations.md "Notifications"; off: no query).
+            notify_pool_exhausted(
+                members=plan.pool,
+                provider=plan.provider,
+                until=min(pool.cooling.values()),
+                now=timezone.now(),
+                waiting=f"new work of route scope {plan.scope}",
+            )
     if hold is None and not plan.pool_active:
         hold = pinned_hold(plan)
     return Precheck(hold=hold, decision=decision, view=pool)

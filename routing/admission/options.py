@@ -26,6 +26,7 @@ from domain.pool import (
     valid_profile_name,
 )
 from domain.retry import parse_max_attempts, parse_retry_backoff
+from domain.revisions import parse_max_revisions
 from domain.sandbox import (
     DANGER_FULL_ACCESS,
     DEFAULT_SANDBOX,
@@ -105,6 +106,9 @@ class RouteOptions:
     github_repo: str | None = None
     # Reviewers requested on the pull request a `pull-request` delivery opens (logins).
     github_reviewer: tuple[str, ...] = ()
+    # Revisions of an item after its work was sent back (domain.revisions; None: the
+    # default, 2; 0: off).
+    max_revisions: int | None = None
     dry_run: bool = False
 
     @property
@@ -174,6 +178,7 @@ OPTION_NAMES = (
     "deliver_failed",
     "github_repo",
     "github_reviewer",
+    "max_revisions",
     "dry_run",
 )
 
@@ -265,6 +270,7 @@ def route_options(raw: Mapping[str, Any]) -> RouteOptions:
         deliver_failed=deliver_failed,
         github_repo=parse_github_repo(raw.get("github_repo")),
         github_reviewer=_reviewers(raw.get("github_reviewer")),
+        max_revisions=parse_max_revisions(raw.get("max_revisions")),
         dry_run=dry_run,
     )
 

@@ -1,4 +1,4 @@
-"""JSON answers for every status under /api/ and /metrics, 500 and 503 included.
+"""JSON answers for every status under /api/, /metrics and /hooks/, 500 and 503 included.
 
 Producers and scrapers parse the body of every answer, so a failure inside a view (or a
 database that cannot be reached) must not fall through to Django's HTML error pages:
@@ -28,7 +28,7 @@ from ledger.dberrors import error_passes, writes_refused
 
 logger = logging.getLogger("routing.api")
 
-API_PREFIXES = ("/api/", "/metrics")
+API_PREFIXES = ("/api/", "/metrics", "/hooks/")
 DATABASE_UNAVAILABLE = "database unavailable; retry later"
 DATABASE_REFUSES_WRITES = "database refuses writes (full or read-only); retry later"
 INTERNAL_ERROR = "internal error"

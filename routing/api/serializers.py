@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from ledger.display import UsageSum, attempts_story, row_usage, step_usage
+from ledger.item_read import item_rounds
 from ledger.models import (
     WorkflowRun,
     WorkflowStepAttempt,
@@ -144,6 +145,9 @@ class StepDict(TypedDict):
     usage: TokensDict | None
     # The commit of what the step changed on the run's branch, or None.
     commitSha: str | None
+    # A verifier's verdict (approve, changes, escalate) and its text; None for other steps.
+    verdict: str | None
+    verdictText: str | None
 
 
 class RunDict(TypedDict):
@@ -196,6 +200,8 @@ class WorkItemDetailDict(WorkItemDict):
     # The PR review gate's reading when it applied (a todos task reviewing a PR):
     # its invocation's scope_json.prReviewRouting; None for any other item.
     prReviewRouting: dict[str, Any] | None
+    # Its revisions, oldest first (ledger.item_read.item_rounds, docs/revisions.md §6).
+    revisions: list[dict[str, Any]]
 
 
 def work_item_summary(item: WorkflowWorkItem) -> WorkItemDict:
@@ -283,6 +289,8 @@ def step_to_dict(step: WorkflowStepRun) -> StepDict:
         attemptsText=attempts_story(step.step_id, attempts),
         usage=tokens_dict(step_usage(step, attempts)),
         commitSha=step.commit_sha,
+        verdict=step.verdict,
+        verdictText=step.verdict_text,
     )
 
 
@@ -348,6 +356,7 @@ def work_item_detail_to_dict(item: WorkflowWorkItem) -> WorkItemDetailDict:
         inboxEvents=[inbox_ref_to_dict(e) for e in item.inbox_events.all()],
         usage=tokens_dict(sum((run_usage(r) for r in item.runs.all()), UsageSum())),
         prReviewRouting=_pr_review_routing(item),
+        revisions=item_rounds(item.id),
     )
 
 

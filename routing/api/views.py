@@ -94,7 +94,7 @@ def _content_type_ok(request: HttpRequest) -> bool:
     return request.content_type == JSON_CONTENT_TYPE and charset in ("utf-8", "utf8")
 
 
-def _read_body(request: HttpRequest, limit: int) -> bytes | None:
+def read_body(request: HttpRequest, limit: int) -> bytes | None:
     """The body, or None when it is larger than `limit` (judged before and while reading).
 
     Reads from the stream instead of `request.body`, whose own size guard answers an HTML
@@ -208,7 +208,7 @@ def _batch_items(request: HttpRequest) -> list[Any] | JsonResponse:
     if not _content_type_ok(request):
         return json_error(UNSUPPORTED_TYPE, 415)
     limit = settings.LOOPSWEB_MAX_EVENT_BYTES
-    body = _read_body(request, limit)
+    body = read_body(request, limit)
     if body is None:
         return json_error(BODY_TOO_LARGE.format(limit=limit), 413)
     try:

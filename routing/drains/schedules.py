@@ -31,11 +31,32 @@ SCHEDULES: tuple[ScheduleSpec, ...] = (
         func="routing.tasks.prune_empty_drains",
         minutes=60,
     ),
+    # Revisions whose start was lost or waited (a forge that could not be read, an item
+    # whose run was on) start within a minute of being due (routing.revisions).
+    ScheduleSpec(
+        name="revisions-due",
+        func="routing.tasks.revisions_due",
+        minutes=1,
+    ),
+    # The webhook's polling fallback: open pull requests loopsweb opened, read with
+    # conditional requests (an idle pass costs no rate limit); nothing without a token.
+    ScheduleSpec(
+        name="github-sync",
+        func="routing.tasks.github_sync",
+        minutes=5,
+    ),
     # Failed runs' worktrees are kept LOOPSWEB_WORKTREE_KEEP_SECONDS for an operator to look
     # at; this removes them after that (and any a succeeded run could not remove).
     ScheduleSpec(
         name="prune-worktrees",
         func="runs.tasks.prune_worktrees",
         minutes=15,
+    ),
+    # Notifications (docs/operations.md "Notifications"): the due ones sent again (a lost
+    # task, a restart, a retry's backoff), and the episodes only a look finds.
+    ScheduleSpec(
+        name="notifications-send",
+        func="runs.tasks.notifications_send",
+        minutes=1,
     ),
 )

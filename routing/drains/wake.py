@@ -32,9 +32,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
-from django_q.tasks import async_task
 
-from ledger.queue import delayed_broker
+from ledger.queue import main_task
 from routing.drains.configs import ScheduledDrain, scheduled_drains
 from routing.drains.routable import kind_for_event_type
 from routing.drains.sources import INBOX_SOURCE
@@ -132,11 +131,13 @@ def _wake_due(name: str, now: datetime, spacing: timedelta) -> datetime | None:
 
 def _queue(schedule: ScheduledDrain, *, delay: float) -> None:
     """The schedule's drain as a task on the main cluster, visible after `delay` s."""
-    cluster = str(settings.Q_CLUSTER["name"])
-    options: dict[str, object] = {"cluster": cluster, "group": schedule.name}
-    if delay > 0 and (broker := delayed_broker(cluster, delay)) is not None:
-        options["broker"] = broker
-    async_task(WOKEN_FUNC, schedule.name, task_name=f"wake-{schedule.name}", **options)
+    main_task(
+        WOKEN_FUNC,
+        schedule.name,
+        task_name=f"wake-{schedule.name}",
+        group=schedule.name,
+        delay=delay,
+    )
 
 
 def drain_wakes_forget(names: Iterable[str]) -> None:

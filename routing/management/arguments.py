@@ -163,6 +163,11 @@ def _add_delivery_arguments(parser: argparse.ArgumentParser) -> None:
         "opens, and the reviewers the PR review gate may choose from (upstream's "
         "--github-reviewer-pool is the same option)",
     )
+    add(
+        "--max-revisions",
+        help="rounds an item may be sent back for (the verifier's VERDICT: changes, a "
+        "review, a failing check) before a human is asked (default 2; 0: off)",
+    )
 
 
 def add_drain_arguments(parser: argparse.ArgumentParser) -> None:

@@ -40,9 +40,10 @@ from domain import reasons
 from domain.errors import ApplicationError
 from ledger import services
 from ledger.capacity import hosts_view
-from ledger.item_read import work_item_read
+from ledger.item_read import item_rounds, work_item_read
 from ledger.lock import SLOW_WAIT_SECONDS, lock_state
 from ledger.models import WorkflowWorkItem
+from ledger.services.notifications import notifications_undelivered
 from ledger.webkit import access
 from ledger.webkit.audit import log_operator_action
 from ledger.webkit.cells import task_description, task_title
@@ -220,6 +221,8 @@ def overview(request: HttpRequest) -> HttpResponse:
         capacity=capacity_warnings.capacity_view(
             configs, now=now, overdue=overdue, unscheduled=unscheduled
         ),
+        # Deliveries that failed (docs/operations.md "Notifications"): one query.
+        notifications=notifications_undelivered(),
     )
 
 
@@ -314,6 +317,7 @@ def work_item(request: HttpRequest, item_id: str) -> HttpResponse:
             for event in sel.item_inbox_events(item.id)
         ],
         runs=run_rows,
+        rounds=item_rounds(item.id) if shown else [],
         item_usage=item_usage,
         accounts=sorted(accounts.values(), key=lambda a: a["profile"]),
     )

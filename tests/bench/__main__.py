@@ -33,6 +33,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("pages", "tests.bench.bench_pages"),
     ("run_latency", "tests.bench.bench_run_latency"),
     ("ingest_start", "tests.bench.bench_ingest_start"),
+    ("revision_start", "tests.bench.bench_revision_start"),
     ("failover", "tests.bench.bench_failover"),
     ("failover_opencode", "tests.bench.bench_failover_opencode"),
     ("hosts", "tests.bench.bench_hosts"),

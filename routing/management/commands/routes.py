@@ -28,7 +28,9 @@ from django.db.models import Prefetch
 from domain.bounds import BOUNDS, bounded_int
 from domain.delivery import DEFAULT_DELIVER, DEFAULT_REMOTE
 from domain.errors import ApplicationError, ValidationError
+from domain.revisions import max_revisions
 from domain.windows import DEFAULT_MAX_WINDOW_USED
+from ledger.item_read import item_rounds
 from ledger.management.terminal import TerminalCommand
 from ledger.models import (
     WorkflowInvocation,
@@ -132,9 +134,7 @@ def route_delivery(item: WorkflowWorkItem) -> dict[str, Any]:
 
 def route_max_window_used(item: WorkflowWorkItem) -> Any:
     """The item's route's --max-window-used as stored (a fraction or `off`), else 0.9."""
-    route: Any = item.route_options_json
-    stored = route.get("options") if isinstance(route, dict) else None
-    value = stored.get("max_window_used") if isinstance(stored, dict) else None
+    value = item.route_option("max_window_used")
     return DEFAULT_MAX_WINDOW_USED if value is None else value
 
 
@@ -176,6 +176,8 @@ def _show_value(item: WorkflowWorkItem) -> dict[str, Any]:
         "runs": item_runs(item),
         "deliver": route_delivery(item),
         "maxWindowUsed": route_max_window_used(item),
+        "maxRevisions": max_revisions(item.route_option("max_revisions")),
+        "revisions": item_rounds(item.id),
     }
 
 
@@ -219,6 +221,28 @@ def _show_lines(item: WorkflowWorkItem, value: dict[str, Any]) -> list[str]:
         for step in run["steps"]:
             if step["attemptsText"]:
                 lines.append(f"    {step['attemptsText']}")
+    lines += _round_lines(value)
+    return lines
+
+
+def _round_lines(value: dict[str, Any]) -> list[str]:
+    """The item's revisions (docs/revisions.md §6), one line each, the first line of their
+    findings (untrusted: the command's output escapes control characters) below."""
+    lines = []
+    for r in value["revisions"]:
+        spent = f"tokens {r['tokens']}" + (
+            f", ${r['costUsd']:.2f}" if r["costUsd"] is not None else ""
+        )
+        lines.append(
+            f"  revision {r['round'] or '-'} of {value['maxRevisions']} "
+            f"({r['trigger']}): {r['state']}"
+            + (f", run {r['runId']}" if r["runId"] else "")
+            + (f" on {','.join(r['accounts'])}, {spent}" if r["accounts"] else "")
+            + (f" — {r['reason']}" if r["reason"] else "")
+        )
+        first = (r["findings"] or "").strip().splitlines()[:1]
+        if first:
+            lines.append(f"    findings: {first[0][:200]}")
     return lines
 
 

@@ -250,7 +250,8 @@ def _populate(n: int) -> WorkflowWorkItem:
         ("/api/v1/work-items?account=acct-1", 2),
         ("/api/v1/drains?limit=200", 2),
         # token + item + deferrals + runs + steps + their attempts + inbox deliveries
-        ("/api/v1/work-items/{item}", 7),
+        # + revisions (their runs' steps: none here)
+        ("/api/v1/work-items/{item}", 8),
         ("/api/v1/drains/{drain}", 2),
         # token + load (2) + cooldowns + drain schedules + latest drain per scope
         # + the account registry + the usage windows

@@ -1,0 +1,236 @@
+"""Revisions, the record's side (docs/revisions.md): requests, the rounds, the item that needs
+a human. routing.revisions starts them (admission), runs.revision_run reads them when a run
+starts and ends; nothing here calls a forge or an agent.
+
+- **A request joins the waiting one.** An item has at most one `waiting` revision: a new
+  request (a verdict, a review, a comment, a failing check) appends its findings to it,
+  adds its sources to `details` and moves `due_at` to the later of the two (the debounce:
+  ten comments in a minute give one revision). Findings are kept to FINDINGS_KEEP
+  characters, the sources to SOURCES_KEEP.
+- **A round is a started revision.** `round` numbers them per item, 1 first; the budget
+  counts them (`rounds_started`).
+- **A run is bound to its revision once.** The newest started revision of the item that
+  has no run yet is the run's (`revision_bind_run`, a conditional update): a revision the
+  caps deferred is bound by whichever run admission makes for it later.
+- **`needs_human` is where the loop gives up.** `item_needs_human` moves a finished or
+  waiting item there (never a running one: its run ends first), with the reason, an event on
+  its last run and one notification per item and admission.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from ledger.models import (
+    ACTIVE_WORK_ITEM_STATUSES,
+    RevisionState,
+    WorkflowRun,
+    WorkflowWorkItem,
+    WorkItemRevision,
+    WorkItemStatus,
+)
+from ledger.services.common import append_event, clean_text, now_or_default
+from ledger.services.notifications import notify
+
+FINDINGS_KEEP = 32_000
+SOURCES_KEEP = 50
+NEEDS_HUMAN_CODE = "needs_human"
+NEEDS_HUMAN_EVENT = "needs_human"
+JOINED = "\n\n---\n\n"
+
+
+def revision_request(
+    *,
+    item_id: str,
+    trigger: str,
+    findings: str,
+    source: dict[str, Any],
+    base_run_id: str | None,
+    due_at: datetime,
+) -> WorkItemRevision | None:
+    """Record a request to revise the item: join its waiting revision or make one (module
+    docstring, "a request joins the waiting one"). `source` says where the findings came
+    from (kept in `details["sources"]`); a source whose `key` a revision of the item holds
+    already (the same review by webhook and by sync) is not counted again: None."""
+    findings = clean_text(findings) or ""
+    with transaction.atomic():
+        if source.get("key") and source["key"] in _source_keys(item_id):
+            return None
+        waiting = (
+            WorkItemRevision.objects.select_for_update()
+            .filter(work_item_id=item_id, state=RevisionState.WAITING)
+            .order_by("created_at")
+            .first()
+        )
+        if waiting is None:
+            return WorkItemRevision.objects.create(
+                work_item_id=item_id,
+                trigger=trigger,
+                findings=findings[:FINDINGS_KEEP],
+                details={"sources": [source]},
+                base_run_id=base_run_id,
+                due_at=due_at,
+            )
+        joined = JOINED.join(part for part in (waiting.findings, findings) if part)
+        waiting.findings = joined[:FINDINGS_KEEP]
+        sources = list((waiting.details or {}).get("sources") or [])
+        waiting.details = {
+            **(waiting.details or {}),
+            "sources": [*sources, source][-SOURCES_KEEP:],
+        }
+        waiting.due_at = max(waiting.due_at, due_at)
+        waiting.base_run_id = base_run_id or waiting.base_run_id
+        waiting.save()
+        return waiting
+
+
+def _source_keys(item_id: str) -> set[str]:
+    """The source keys of the item's revisions (domain.github_findings)."""
+    keys: set[str] = set()
+    for details in WorkItemRevision.objects.filter(work_item_id=item_id).values_list(
+        "details", flat=True
+    ):
+        for source in (details or {}).get("sources") or []:
+            if isinstance(source, dict) and isinstance(source.get("key"), str):
+                keys.add(source["key"])
+    return keys
+
+
+def item_pull_request(item_id: str) -> tuple[str, dict[str, Any]] | None:
+    """(run id, delivery record) of the item's newest run that delivered a pull request,
+    or None: where a revision of the item pushes, and what the forge's head is checked
+    against (`commit`)."""
+    found = (
+        WorkflowRun.objects.filter(
+            work_item_id=item_id, delivery_json__state="delivered"
+        )
+        .exclude(delivery_json__pr=None)
+        .order_by("-created_at")
+        .values_list("id", "delivery_json")
+        .first()
+    )
+    if found is None or not isinstance(found[1], dict) or not found[1].get("pr"):
+        return None
+    return found[0], found[1]
+
+
+def items_of_pull_request(repo: str, number: int) -> list[str]:
+    """The items whose runs delivered pull request `number` of `repo` (case aside)."""
+    runs = WorkflowRun.objects.filter(
+        delivery_json__pr__number=number, work_item_id__isnull=False
+    ).values_list("work_item_id", "delivery_json")
+    return sorted(
+        {
+            item_id
+            for item_id, record in runs
+            if isinstance(record, dict)
+            and str((record.get("pr") or {}).get("repo", "")).lower() == repo.lower()
+        }
+    )
+
+
+def rounds_started(item_id: str) -> int:
+    """The item's started revisions (the budget's count)."""
+    return WorkItemRevision.objects.filter(
+        work_item_id=item_id, state=RevisionState.STARTED
+    ).count()
+
+
+def revisions_waiting(item_id: str) -> bool:
+    """Whether the item has a waiting revision."""
+    return WorkItemRevision.objects.filter(
+        work_item_id=item_id, state=RevisionState.WAITING
+    ).exists()
+
+
+def revisions_due(now: datetime | None = None) -> list[str]:
+    """The ids of waiting revisions due by `now`, oldest first."""
+    return list(
+        WorkItemRevision.objects.filter(
+            state=RevisionState.WAITING, due_at__lte=now_or_default(now)
+        )
+        .order_by("due_at", "id")
+        .values_list("id", flat=True)
+    )
+
+
+def revision_skip(revision_id: str, reason: str) -> bool:
+    """A waiting revision skipped with `reason`; whether it was still waiting."""
+    return bool(
+        WorkItemRevision.objects.filter(
+            pk=revision_id, state=RevisionState.WAITING
+        ).update(state=RevisionState.SKIPPED, reason=clean_text(reason))
+    )
+
+
+def revision_started(
+    revision: WorkItemRevision, *, round: int, run_id: str | None
+) -> None:
+    """The waiting `revision` is round `round`, its run `run_id` (None: the caps deferred
+    it, and the run admission makes later is bound to it)."""
+    WorkItemRevision.objects.filter(pk=revision.pk).update(
+        state=RevisionState.STARTED, round=round, run_id=run_id, reason=None
+    )
+
+
+def revision_bind_run(item_id: str, run_id: str) -> WorkItemRevision | None:
+    """The revision run `run_id` of item `item_id` carries out, bound once (module
+    docstring, "a run is bound to its revision once"); None: the run is no revision."""
+    bound = WorkItemRevision.objects.filter(run_id=run_id).first()
+    if bound is not None:
+        return bound
+    newest = (
+        WorkItemRevision.objects.filter(
+            work_item_id=item_id, state=RevisionState.STARTED
+        )
+        .order_by("-round")
+        .first()
+    )
+    if newest is None or newest.run_id is not None:
+        return None
+    taken = WorkItemRevision.objects.filter(pk=newest.pk, run__isnull=True).update(
+        run_id=run_id
+    )
+    return WorkItemRevision.objects.get(pk=newest.pk) if taken else None
+
+
+def item_needs_human(item_id: str, reason: str, *, now: datetime | None = None) -> bool:
+    """The item waits for a human (module docstring); whether it moved there now."""
+    now = now_or_default(now)
+    reason = clean_text(reason) or reason
+    with transaction.atomic():
+        item = (
+            WorkflowWorkItem.objects.select_for_update()
+            .filter(pk=item_id)
+            .exclude(
+                status__in=[*ACTIVE_WORK_ITEM_STATUSES, WorkItemStatus.NEEDS_HUMAN]
+            )
+            .first()
+        )
+        if item is None:
+            return False
+        WorkflowWorkItem.objects.filter(pk=item.pk).update(
+            status=WorkItemStatus.NEEDS_HUMAN,
+            last_reason=reason,
+            reason_code=NEEDS_HUMAN_CODE,
+            next_attempt_at=None,
+            lease_expires_at=None,
+            updated_at=now,
+        )
+        WorkItemRevision.objects.filter(
+            work_item_id=item.pk, state=RevisionState.WAITING
+        ).update(state=RevisionState.SKIPPED, reason=reason)
+        if item.workflow_run_id:
+            append_event(
+                item.workflow_run_id, NEEDS_HUMAN_EVENT, payload={"reason": reason}
+            )
+        notify(
+            NEEDS_HUMAN_EVENT,
+            f"{item.pk}:{item.attempts}",
+            f"loopsweb: work item {item.idempotency_key} needs a human: {reason}",
+            {"workItemId": item.pk, "reason": reason},
+        )
+    return True
