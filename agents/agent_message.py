@@ -104,6 +104,12 @@ def _plain(text: str) -> str | None:
     return "\n".join(lines[start:]).strip() or None
 
 
+def speaks_json(provider: str | None) -> bool:
+    """Whether the provider's headless output is machine-readable events (codex, claude,
+    opencode: their final message is one event's text), not plain text."""
+    return (provider or "") in _READERS
+
+
 def final_message(provider: str | None, stdout: str | None) -> str | None:
     """What the agent said last, in its own words (module docstring), or None."""
     try:

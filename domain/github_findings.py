@@ -2,7 +2,8 @@
 (docs/revisions.md §3): pure functions over GitHub's JSON objects, the same whether they came
 in a webhook's payload (routing.github_hooks) or from the REST API (routing.github_sync).
 
-Every field is untrusted: text is bounded here and fenced where it meets a prompt
+Only a trusted author's review or comment counts (`author_refusal`: an owner, member or
+collaborator by default, never a bot). Every field is untrusted: text is bounded here and fenced where it meets a prompt
 (domain.revisions); ids, logins, paths, lines, commits and URLs are kept as the source of
 each finding (`details.sources`), and the source's `key` (`review:<id>`, `comment:<id>`,
 `check_run:<id>`, `check_suite:<id>`) is what makes the same finding count once however
@@ -11,10 +12,16 @@ it arrives.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 FAILING = ("failure", "timed_out")
+# Who may send work back with a review or a comment (GitHub's `author_association`):
+# LOOPSWEB_GITHUB_TRUSTED_ASSOCIATIONS, by default the repository's owner, its
+# organization's members and its collaborators; never a bot account.
+DEFAULT_TRUSTED = ("OWNER", "MEMBER", "COLLABORATOR")
+UNTRUSTED = "ignored: {login} ({association}) may not send the work back"
 BODY_LIMIT = 4_000
 
 
@@ -37,6 +44,19 @@ def _id(value: Any) -> int | str | None:
     return (
         value if isinstance(value, int | str) and not isinstance(value, bool) else None
     )
+
+
+def author_refusal(item: dict[str, Any], trusted: Collection[str]) -> str | None:
+    """Why a review's or comment's author may not send the work back (untrusted text on a
+    public repository is anyone's: it must not spend a round), None when they may."""
+    user = obj(item.get("user"))
+    association = str(item.get("author_association") or "NONE").upper()
+    login = text(user.get("login"), 100) or "someone"
+    if str(user.get("type") or "") == "Bot" or association not in {
+        t.upper() for t in trusted
+    }:
+        return UNTRUSTED.format(login=login, association=association)
+    return None
 
 
 def review_finding(review: dict[str, Any]) -> Finding | None:

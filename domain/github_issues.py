@@ -160,6 +160,8 @@ class Issue:
     author: str | None
     updated_at: str | None
     pull_request: bool
+    # GitHub's `author_association` of the issue's author (OWNER, MEMBER, NONE, ...).
+    author_association: str = "NONE"
 
     @property
     def task_id(self) -> str:
@@ -259,7 +261,20 @@ def issue_of(payload: object) -> Issue:
         author=_optional(user.get("login"), _LOGIN) if isinstance(user, dict) else None,
         updated_at=_optional(issue.get("updated_at"), _TIMESTAMP),
         pull_request="pull_request" in issue,
+        author_association=_association(issue.get("author_association")),
     )
+
+
+def _association(value: object) -> str:
+    text = value.strip().upper() if isinstance(value, str) else ""
+    return text if re.fullmatch(r"[A-Z_]{1,40}", text) else "NONE"
+
+
+def applied_label(payload: object) -> str | None:
+    """The label a `labeled` or `unlabeled` delivery names (`label.name`), else None."""
+    label = payload.get("label") if isinstance(payload, dict) else None
+    name = label.get("name") if isinstance(label, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def issue_envelope(

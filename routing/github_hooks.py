@@ -52,6 +52,7 @@ from agents.envfile import EnvFileError, read_env_file
 from domain.errors import ApplicationError
 from domain.github_findings import (
     Finding,
+    author_refusal,
     check_run_finding,
     check_suite_finding,
     comment_finding,
@@ -60,8 +61,7 @@ from domain.github_findings import (
     review_finding,
 )
 from domain.jsontext import loads_limited
-from ledger.models import RevisionState, WorkItemRevision
-from ledger.services.revisions import items_of_pull_request
+from ledger.services.revisions import items_of_pull_request, revisions_skip_waiting
 from routing.api.views import read_body
 from routing.github_intake import issue_event
 from routing.models import GithubDelivery
@@ -95,10 +95,11 @@ def webhook_secret() -> bytes | None:
 
 def signature_ok(secret: bytes, body: bytes, header: str | None) -> bool:
     """Whether `header` is GitHub's `sha256=<hex>` of `body` with `secret`."""
-    if not header or not header.startswith("sha256="):
+    if not header or not header.isascii() or not header.startswith("sha256="):
         return False
-    expected = hmac.new(secret, body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, header.removeprefix("sha256=").strip())
+    expected = hmac.new(secret, body, hashlib.sha256).hexdigest().encode()
+    given = header.removeprefix("sha256=").strip().encode()
+    return hmac.compare_digest(expected, given)
 
 
 @csrf_exempt
@@ -183,8 +184,15 @@ def _revise(
     return "; ".join(outcomes) or NOT_OURS
 
 
+def _trusted() -> tuple[str, ...]:
+    return tuple(settings.LOOPSWEB_GITHUB_TRUSTED_ASSOCIATIONS)
+
+
 def _review(payload: dict[str, Any]) -> str:
-    found = review_finding(obj(payload.get("review")))
+    review = obj(payload.get("review"))
+    if (refused := author_refusal(review, _trusted())) is not None:
+        return refused
+    found = review_finding(review)
     if found is None:
         return "ignored: the review requests no changes"
     return _revise(
@@ -193,7 +201,10 @@ def _review(payload: dict[str, Any]) -> str:
 
 
 def _review_comment(payload: dict[str, Any]) -> str:
-    found = comment_finding(obj(payload.get("comment")))
+    comment = obj(payload.get("comment"))
+    if (refused := author_refusal(comment, _trusted())) is not None:
+        return refused
+    found = comment_finding(comment)
     return _revise(
         payload, [_pull_number(obj(payload.get("pull_request")))], found, None
     )
@@ -218,11 +229,8 @@ def _pull_closed(payload: dict[str, Any]) -> str:
     number = _pull_number(pull)
     state = "merged" if pull.get("merged") else "closed"
     items = items_of_pull_request(_repo(payload), number)
-    skipped = WorkItemRevision.objects.filter(
-        work_item_id__in=items, state=RevisionState.WAITING
-    ).update(
-        state=RevisionState.SKIPPED,
-        reason=f"skipped: the pull request #{number} was {state}",
+    skipped = revisions_skip_waiting(
+        items, f"skipped: the pull request #{number} was {state}"
     )
     return f"pull request #{number} {state}: {skipped} waiting revision(s) skipped"
 

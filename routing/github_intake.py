@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -56,6 +57,7 @@ from domain.github_issues import (
     SOURCE,
     TASK_EVENT_TYPE,
     Issue,
+    applied_label,
     checked_intake_label,
     checked_repo_name,
     issue_envelope,
@@ -223,6 +225,11 @@ ACTIONS = (*TAKE_ACTIONS, *WITHDRAW_ACTIONS, "unlabeled")
 WITHDRAWN_KEY = "github_withdrawn"
 WITHDRAWN_REASON = "withdrawn on GitHub: the issue was {action}"
 REOPENED_REASON = "taken again from GitHub: the issue was {action}"
+UNTRUSTED_EDIT = "edited by its author, who is not trusted (label it again to take it)"
+UNTRUSTED_AUTHOR = (
+    "ignored: {task}: its author ({association}) is not trusted: it is taken when a "
+    "maintainer applies the label {label!r}"
+)
 # Where the inbox stands for an issue (`_stage`).
 OPEN, WITHDRAWN, ADMITTED, SETTLED = "open", "withdrawn", "admitted", "settled"
 ACTION_CHARS = 40
@@ -236,11 +243,16 @@ def issue_event(
     if not isinstance(action, str) or not action.strip():
         raise ValidationError("GitHub issues payload: action must be text")
     issue = issue_of(payload)
-    outcome = _outcome(action.strip()[:ACTION_CHARS], issue, now or timezone.now())
+    outcome = _outcome(
+        action.strip()[:ACTION_CHARS],
+        issue,
+        now or timezone.now(),
+        applied_label(payload),
+    )
     return terminal_text(" ".join(outcome.split()))
 
 
-def _outcome(action: str, issue: Issue, now: datetime) -> str:
+def _outcome(action: str, issue: Issue, now: datetime, applied: str | None) -> str:
     task = issue.task_id
     if action not in ACTIONS:
         return f"ignored: {task}: the action {action!r} is not one intake takes"
@@ -256,7 +268,24 @@ def _outcome(action: str, issue: Issue, now: datetime) -> str:
         return f"ignored: {task} is closed"
     if not labelled:
         return f"ignored: {task} does not carry the intake label {repo.intake_label!r}"
+    if issue.author_association not in _trusted():
+        # Anyone may open or edit an issue; only a maintainer labels one. An untrusted
+        # author's issue is taken when the intake label is applied to it, with the text
+        # it has then; the author's edit afterwards withdraws it until labelled again.
+        if action == "edited":
+            return _withdraw(issue, repo, UNTRUSTED_EDIT, now)
+        label = repo.intake_label.strip().casefold()
+        if action != "labeled" or (applied or "").strip().casefold() != label:
+            return UNTRUSTED_AUTHOR.format(
+                task=task,
+                association=issue.author_association,
+                label=repo.intake_label,
+            )
     return _take(issue, repo, action, now)
+
+
+def _trusted() -> set[str]:
+    return {a.upper() for a in settings.LOOPSWEB_GITHUB_TRUSTED_ASSOCIATIONS}
 
 
 def _envelope(issue: Issue, repo: GithubRepo) -> dict[str, Any]:

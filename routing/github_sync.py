@@ -31,23 +31,23 @@ from django.db import transaction
 from domain.errors import ApplicationError
 from domain.github_findings import (
     Finding,
+    author_refusal,
     check_run_finding,
     comment_finding,
     obj,
     review_finding,
 )
-from ledger.models import (
-    RevisionState,
-    WorkflowRun,
-    WorkItemRevision,
-    WorkItemStatus,
-)
+from ledger.models import WorkflowRun, WorkItemStatus
 from ledger.services.delivery import run_pull_request_state
+from ledger.services.revisions import revisions_skip_waiting
 from routing.models import GithubEtag
 from routing.revisions import pull_request_revision
 from runs.github import ForgeError, get_if_changed
 
 SYNC_LIMIT = 200
+# Items per list read (GitHub's largest page; its default is 30). A pull request with more
+# reviews or comments than one page has the rest counted by the webhook only.
+PAGE = 100
 NO_TOKEN = "LOOPSWEB_GITHUB_TOKEN_FILE is not set: nothing to sync"
 
 
@@ -81,9 +81,10 @@ def open_pull_requests(
     found: dict[str, tuple[str, dict[str, Any]]] = {}
     rows = (
         WorkflowRun.objects.filter(
-            delivery_json__state="delivered", work_item_id__isnull=False
+            delivery_json__state="delivered",
+            delivery_json__pr__state="open",
+            work_item_id__isnull=False,
         )
-        .exclude(delivery_json__pr=None)
         .exclude(
             work_item__status__in=(
                 WorkItemStatus.CANCELLED,
@@ -99,11 +100,7 @@ def open_pull_requests(
         found[item_id] = (run_id, record)
         if len(found) >= limit:
             break
-    return [
-        (item_id, run_id, record)
-        for item_id, (run_id, record) in found.items()
-        if (record.get("pr") or {}).get("state") == "open"
-    ]
+    return [(item_id, run_id, record) for item_id, (run_id, record) in found.items()]
 
 
 def github_sync(*, dry_run: bool = False) -> SyncReport:
@@ -157,14 +154,21 @@ def _sync_one(
     found: list[tuple[Finding, str | None]] = []
     closed = pull and (pull.get("state") != "open" or pull.get("merged"))
     if not closed:
-        for review in reader.read(f"{base}/reviews") or []:
-            if (finding := review_finding(obj(review))) is not None:
-                found.append((finding, None))
-        for comment in reader.read(f"{base}/comments") or []:
-            found.append((comment_finding(obj(comment)), None))
+        trusted = tuple(settings.LOOPSWEB_GITHUB_TRUSTED_ASSOCIATIONS)
+        for review in reader.read(f"{base}/reviews?per_page={PAGE}") or []:
+            if author_refusal(obj(review), trusted) is None:
+                if (finding := review_finding(obj(review))) is not None:
+                    found.append((finding, None))
+        for comment in reader.read(f"{base}/comments?per_page={PAGE}") or []:
+            if author_refusal(obj(comment), trusted) is None:
+                found.append((comment_finding(obj(comment)), None))
         pushed = str(record.get("commit") or "")
         if pushed:
-            checks = obj(reader.read(f"/repos/{repo}/commits/{pushed}/check-runs"))
+            checks = obj(
+                reader.read(
+                    f"/repos/{repo}/commits/{pushed}/check-runs?per_page={PAGE}"
+                )
+            )
             for check in checks.get("check_runs") or []:
                 if (finding := check_run_finding(obj(check))) is not None:
                     found.append((finding, pushed))
@@ -178,11 +182,8 @@ def _sync_one(
         if closed:
             state = "merged" if pull.get("merged") else "closed"
             run_pull_request_state(WorkflowRun.objects.get(pk=run_id), state)
-            skipped = WorkItemRevision.objects.filter(
-                work_item_id=item_id, state=RevisionState.WAITING
-            ).update(
-                state=RevisionState.SKIPPED,
-                reason=f"skipped: the pull request #{number} was {state}",
+            skipped = revisions_skip_waiting(
+                [item_id], f"skipped: the pull request #{number} was {state}"
             )
             report.outcomes.append(f"{repo}#{number} {state}: {skipped} skipped")
         for finding, commit in found:

@@ -44,7 +44,7 @@ from ledger.models import (
     WorkItemRevision,
     WorkItemStatus,
 )
-from ledger.queue import main_task
+from ledger.services.common import LedgerError
 from ledger.services.revisions import (
     item_pull_request,
     items_of_pull_request,
@@ -52,6 +52,7 @@ from ledger.services.revisions import (
     revision_skip,
     revision_started,
     revisions_due,
+    revisions_due_queue,
     rounds_started,
 )
 from routing.admission import retry_work_item
@@ -60,7 +61,6 @@ from runs.revision_run import needs_human
 
 logger = logging.getLogger(__name__)
 
-DUE_TASK = "routing.tasks.revisions_due"
 
 WAITS_FOR_RUN = "waits: the item's run {run_id} is not over"
 SKIP_ITEM_OVER = "skipped: the item is {status}"
@@ -109,7 +109,7 @@ def revision_request_queue(
         due_at=due,
     )
     if revision is not None:
-        transaction.on_commit(lambda: revisions_due_queue(delay=delay))
+        transaction.on_commit(lambda: revisions_due_queue(delay=delay + 0.05))
     return revision
 
 
@@ -150,15 +150,6 @@ def pull_request_revision(
                 else f"revision {revision.pk} of {item_id} due {revision.due_at.isoformat()}"
             )
     return outcomes
-
-
-def revisions_due_queue(*, delay: float = 0.0) -> None:
-    """Queue the due sweep on the main cluster, visible after `delay` seconds (never
-    raising: the minute schedule sweeps anyway)."""
-    try:
-        main_task(DUE_TASK, task_name="revisions-due", delay=delay + 0.05)
-    except Exception:  # the schedule's sweep is the fallback
-        logger.exception("could not queue the revisions' start")
 
 
 def revisions_start_due(now: datetime | None = None) -> list[str]:
@@ -280,6 +271,10 @@ def _start(
             revision_started(
                 locked, round=round, run_id=after.workflow_run_id if admitted else None
             )
+    except LedgerError as exc:
+        # The item was admitted meanwhile (a drain, an operator): the round waits for
+        # that run's end, as any revision does.
+        return f"waits: {exc}"
     except ApplicationError as exc:
         revision_skip(revision.pk, f"skipped: {exc}")
         return f"skipped: {exc}"

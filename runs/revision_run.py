@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
+from agents.redaction import Redactor
 from domain.errors import ApplicationError
 from domain.forge_text import neutralize
 from domain.revisions import (
@@ -32,6 +33,7 @@ from domain.revisions import (
     max_revisions,
     revision_prompt,
 )
+from ledger.held_secrets import held_secrets
 from ledger.models import (
     RevisionState,
     RevisionTrigger,
@@ -40,12 +42,12 @@ from ledger.models import (
     WorkflowStepRun,
     WorkItemRevision,
 )
-from ledger.queue import main_task
 from ledger.services.revisions import (
     item_needs_human,
     item_pull_request,
     revision_bind_run,
     revision_request,
+    revisions_due_queue,
     revisions_waiting,
 )
 from runs.github import ForgeError, add_labels, comment_on_issue
@@ -53,7 +55,6 @@ from runs.worktrees import worktree_branch
 
 logger = logging.getLogger(__name__)
 
-DUE_TASK = "routing.tasks.revisions_due"
 NEEDS_HUMAN_LABEL = "needs-human"
 HELD_CHANGES = "the verifier asked for changes: a revision of the item was requested"
 HELD_ESCALATE = "the verifier escalated to a human"
@@ -124,15 +125,18 @@ def revisions_queue_waiting(run: WorkflowRun) -> None:
     on, one just requested) are swept now rather than at the next minute."""
     try:
         if run.work_item_id and revisions_waiting(run.work_item_id):
-            main_task(DUE_TASK, task_name="revisions-due")
-    except (DatabaseError, ApplicationError):
-        logger.exception("run %s: could not queue its item's revisions", run.id)
+            revisions_due_queue()
+    except DatabaseError:
+        logger.exception("run %s: could not read its item's revisions", run.id)
 
 
 def needs_human(item_id: str, reason: str) -> bool:
     """The item goes to `needs_human` (ledger.services.revisions.item_needs_human); when
     that is new and it has a pull request, one comment and the `needs-human` label on it.
     A forge that refuses is logged: the item's status already says it."""
+    # The reason may quote a verifier; no secret loopsweb holds leaves in it (the item's
+    # row, the pull request's comment, the notification).
+    reason = Redactor(held_secrets()).redact(reason)
     if not item_needs_human(item_id, reason):
         return False
     delivered = item_pull_request(item_id)

@@ -16,8 +16,13 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from agents.agent_message import final_message
-from agents.ratelimit import RateLimitSignal, detect_login_failure, detect_rate_limit
+from agents.agent_message import final_message, speaks_json
+from agents.ratelimit import (
+    RateLimitSignal,
+    detect_login_failure,
+    detect_rate_limit,
+    strip_ansi,
+)
 from agents.usage import Usage, parse_usage
 from domain.errors import ValidationError
 from domain.revisions import parse_verdict
@@ -336,7 +341,13 @@ def _with_verdict(
     "the verdict"); any other step's as it is."""
     if step_role(spec) != VERIFIER:
         return done
-    said = final_message(provider, done.stdout)
+    # A plain-text CLI's last paragraph may hold the verdict line without the findings
+    # after it (or the findings without the line): its whole output tail is its message.
+    said = (
+        final_message(provider, done.stdout)
+        if speaks_json(provider)
+        else strip_ansi(done.stdout or "")
+    )
     return replace(done, verdict=parse_verdict(said))
 
 

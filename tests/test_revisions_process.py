@@ -3,14 +3,16 @@ web server answers GitHub's webhooks, the main cluster starts the rounds and sen
 notification, the run cluster runs them with the fake agent; the GitHub stand-in is a process
 of its own that serves the REST calls, follows the pushes to the bare `origin`
 (`--remote-git-dir`) and SENDS signed webhooks to `POST /hooks/github/`. A second terminal
-routes one task with `--deliver pull-request --max-revisions 3`; then, in order:
+routes one task with `--deliver pull-request --max-revisions 4`; then, in order:
 
 1. the verifier sends the work back (`VERDICT: changes`): a round, then approve, then ONE pull
    request, the findings in the round's worker prompt;
 2. a delivery signed with the wrong secret: 401, nothing written;
-3. ten review comments in a burst: ONE round, pushed onto the same branch;
-4. a red check: a round told the check's name;
-5. changes requested once the budget is spent: `needs_human`, ONE comment and the label on
+3. a review that requests changes: a round told the review, pushed onto the same branch,
+   the same pull request updated;
+4. ten review comments in a burst: ONE round;
+5. a red check: a round told the check's name;
+6. changes requested once the budget is spent: `needs_human`, ONE comment and the label on
    the pull request, ONE notification; still one pull request.
 
 The fake agent's worker appends a line to work.txt each round and its verifier's verdict
@@ -192,6 +194,14 @@ def _install(tmp_path: Path, steps: dict[str, Any], **extra: str) -> _Installati
     return up
 
 
+def _worker_prompts(tmp_path: Path) -> list[str]:
+    """The fake agent's worker prompts, oldest first (its records are named by its clock)."""
+    records = [
+        json.loads(p.read_text()) for p in sorted((tmp_path / "records").glob("*.json"))
+    ]
+    return [r["prompt"] for r in records if r["step"] == "worker"]
+
+
 def _runs(item_id: str) -> list[WorkflowRun]:
     return list(WorkflowRun.objects.filter(work_item_id=item_id).order_by("id"))
 
@@ -242,7 +252,7 @@ def test_the_loop_closes_through_the_real_processes(tmp_path: Path) -> None:
             "--github-repo",
             "acme/widgets",
             "--max-revisions",
-            "3",
+            "4",
             "--json",
         )
         item_id = json.loads(routed.stdout)["workItem"]["id"]
@@ -255,12 +265,7 @@ def test_the_loop_closes_through_the_real_processes(tmp_path: Path) -> None:
         assert second.delivery_json["state"] == "delivered", second.delivery_json
         branch = second.worktree_branch
         assert second.delivery_json["pr"]["number"] == 1
-        prompts = [
-            json.loads(p.read_text())
-            for p in sorted((tmp_path / "records").glob("*.json"))
-        ]
-        worker_prompts = [p["prompt"] for p in prompts if p["step"] == "worker"]
-        assert "add a test for work.txt" in worker_prompts[-1]
+        assert "add a test for work.txt" in _worker_prompts(tmp_path)[-1]
 
         # 2. A delivery signed with another secret: refused, nothing written.
         bad = _control(
@@ -277,7 +282,20 @@ def test_the_loop_closes_through_the_real_processes(tmp_path: Path) -> None:
         assert not GithubDelivery.objects.exists()
         assert not WorkItemRevision.objects.exclude(trigger="verdict").exists()
 
-        # 3. Ten review comments in a burst: one round, on the same branch.
+        # 3. Changes requested: a round told the review, on the same branch and PR.
+        _control(
+            forge_url,
+            "review",
+            {"number": 1, "state": "changes_requested", "body": "Rename the note"},
+        )
+        third = wait_until(
+            lambda: _delivered_round(item_id, 3), timeout=180, what="the review's round"
+        )
+        assert "Rename the note" in _worker_prompts(tmp_path)[-1]
+        assert git(origin, "rev-parse", branch).strip() == third.commit_head
+        assert third.delivery_json["pr"]["number"] == 1
+
+        # 4. Ten review comments in a burst: one round.
         for n in range(10):
             sent = _control(
                 forge_url,
@@ -285,31 +303,26 @@ def test_the_loop_closes_through_the_real_processes(tmp_path: Path) -> None:
                 {"number": 1, "body": f"nit {n}", "path": "work.txt", "line": 1},
             )
             assert sent["delivery"]["status"] == 200, sent
-        third = wait_until(
-            lambda: _delivered_round(item_id, 3), timeout=180, what="the burst's round"
+        fourth = wait_until(
+            lambda: _delivered_round(item_id, 4), timeout=180, what="the burst's round"
         )
-        [burst] = WorkItemRevision.objects.filter(trigger="review")
-        assert len(burst.details["sources"]) == 10 and burst.run_id == third.id
-        assert git(origin, "rev-parse", branch).strip() == third.commit_head
+        burst = WorkItemRevision.objects.get(run_id=fourth.id)
+        assert len(burst.details["sources"]) == 10
+        assert git(origin, "rev-parse", branch).strip() == fourth.commit_head
 
-        # 4. A red check: a round told the check's name.
+        # 5. A red check: a round told the check's name.
         _control(
             forge_url,
             "check_run",
             {"number": 1, "name": "ci / unit", "conclusion": "failure"},
         )
-        fourth = wait_until(
-            lambda: _delivered_round(item_id, 4), timeout=180, what="the check's round"
+        fifth = wait_until(
+            lambda: _delivered_round(item_id, 5), timeout=180, what="the check's round"
         )
-        worker_prompts = [
-            json.loads(p.read_text())["prompt"]
-            for p in sorted((tmp_path / "records").glob("*.json"))
-            if json.loads(p.read_text())["step"] == "worker"
-        ]
-        assert "Check ci / unit ended failure" in worker_prompts[-1]
-        assert git(origin, "rev-parse", branch).strip() == fourth.commit_head
+        assert "Check ci / unit ended failure" in _worker_prompts(tmp_path)[-1]
+        assert git(origin, "rev-parse", branch).strip() == fifth.commit_head
 
-        # 5. The budget (3) is spent: a human is told, once.
+        # 6. The budget (4) is spent: a human is told, once.
         _control(
             forge_url,
             "review",
@@ -340,15 +353,15 @@ def test_the_loop_closes_through_the_real_processes(tmp_path: Path) -> None:
     comments = [r for r in requests if r["path"].endswith("/issues/1/comments")]
     labels = [r for r in requests if r["path"].endswith("/issues/1/labels")]
     assert len(opened) == 1 and len(comments) == 1 and len(labels) == 1
-    assert "round 3" in comments[0]["body"]["body"]
+    assert "round 4" in comments[0]["body"]["body"]
     [told] = [m for m in receiver.messages if m.get("kind") == "needs_human"]
     assert "needs a human" in told["text"]
     rounds = WorkItemRevision.objects.filter(state=RevisionState.STARTED).order_by(
         "round"
     )
-    assert [r.trigger for r in rounds] == ["verdict", "review", "check"]
-    assert len(_runs(item_id)) == 4
-    assert GithubDelivery.objects.count() == 12  # 10 comments, 1 check, 1 review
+    assert [r.trigger for r in rounds] == ["verdict", "review", "review", "check"]
+    assert len(_runs(item_id)) == 5
+    assert GithubDelivery.objects.count() == 13  # 2 reviews, 10 comments, 1 check
 
 
 def test_an_issue_labelled_for_intake_becomes_a_task_a_run_and_a_pr_that_closes_it(

@@ -49,7 +49,6 @@ from django.db.models import (
     Window,
 )
 from django.utils import timezone
-from django_q.tasks import async_task
 
 from domain.controls import terminal_lines
 from domain.forge_text import neutralize
@@ -61,7 +60,7 @@ from ledger.models import (
     NotificationState,
     WorkflowWorkItem,
 )
-from ledger.queue import delayed_broker
+from ledger.queue import main_task
 from ledger.selectors import account_registry, account_state
 
 logger = logging.getLogger(__name__)
@@ -180,16 +179,12 @@ def notification_queue(notification_id: str, *, delay: float = 0.0) -> None:
     """The row's delivery as a task on the main cluster's queue (where drains run, never a
     run worker), visible after `delay` s; a database error is one line: the sweep sends the
     row when it is due."""
-    cluster = str(settings.Q_CLUSTER["name"])
-    options: dict[str, Any] = {"cluster": cluster}
-    if delay > 0 and (broker := delayed_broker(cluster, delay)) is not None:
-        options["broker"] = broker
     try:
-        async_task(
+        main_task(
             NOTIFY_TASK,
             notification_id,
             task_name=f"notify-{notification_id}",
-            **options,
+            delay=delay,
         )
     except DatabaseError as exc:
         logger.warning(

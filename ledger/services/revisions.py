@@ -11,7 +11,11 @@ starts and ends; nothing here calls a forge or an agent.
   counts them (`rounds_started`).
 - **A run is bound to its revision once.** The newest started revision of the item that
   has no run yet is the run's (`revision_bind_run`, a conditional update): a revision the
-  caps deferred is bound by whichever run admission makes for it later.
+  caps deferred is bound by whichever run admission makes for it later. A round whose run
+  failed (a loop retry, a try later, a lost host, an operator's retry follow) is carried on
+  by the item's next run, which is bound to it in its place.
+- **A round continues the newest work.** When it starts, its base is the newest of the run
+  its request named and the run that delivered the item's pull request (`revision_base`).
 - **`needs_human` is where the loop gives up.** `item_needs_human` moves a finished or
   waiting item there (never a running one: its run ends first), with the reason, an event on
   its last run and one notification per item and admission.
@@ -19,6 +23,7 @@ starts and ends; nothing here calls a forge or an agent.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -27,14 +32,23 @@ from django.db import transaction
 from ledger.models import (
     ACTIVE_WORK_ITEM_STATUSES,
     RevisionState,
+    RunStatus,
     WorkflowRun,
     WorkflowWorkItem,
     WorkItemRevision,
     WorkItemStatus,
 )
+from ledger.queue import main_task
 from ledger.services.common import append_event, clean_text, now_or_default
 from ledger.services.notifications import notify
 
+logger = logging.getLogger(__name__)
+
+# The task that starts due revisions (routing.revisions; a dotted path stored in queued
+# tasks and the `revisions-due` schedule).
+REVISIONS_DUE_TASK = "routing.tasks.revisions_due"
+# A round's run that ended so is carried on by the item's next run (`revision_bind_run`).
+RETRYABLE_ENDS = (RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED)
 FINDINGS_KEEP = 32_000
 SOURCES_KEEP = 50
 NEEDS_HUMAN_CODE = "needs_human"
@@ -57,6 +71,11 @@ def revision_request(
     already (the same review by webhook and by sync) is not counted again: None."""
     findings = clean_text(findings) or ""
     with transaction.atomic():
+        # The item's row first: two requests at once (a review and its comments arrive
+        # together) then join one waiting revision instead of making two.
+        WorkflowWorkItem.objects.select_for_update(no_key=True).filter(
+            pk=item_id
+        ).first()
         if source.get("key") and source["key"] in _source_keys(item_id):
             return None
         waiting = (
@@ -166,13 +185,44 @@ def revision_skip(revision_id: str, reason: str) -> bool:
     )
 
 
+def revisions_skip_waiting(item_ids: list[str], reason: str) -> int:
+    """The items' waiting revisions skipped with `reason` (a pull request closed, an item
+    given to a human); how many."""
+    return WorkItemRevision.objects.filter(
+        work_item_id__in=item_ids, state=RevisionState.WAITING
+    ).update(state=RevisionState.SKIPPED, reason=clean_text(reason))
+
+
+def revisions_due_queue(*, delay: float = 0.0) -> None:
+    """Queue the due sweep (`REVISIONS_DUE_TASK`) on the main cluster, visible after
+    `delay` seconds; never raising: the minute schedule sweeps anyway."""
+    try:
+        main_task(REVISIONS_DUE_TASK, task_name="revisions-due", delay=delay)
+    except Exception:  # the schedule's sweep is the fallback
+        logger.exception("could not queue the revisions' start")
+
+
+def revision_base(revision: WorkItemRevision) -> str | None:
+    """The run whose branch a round continues: the newest of the one its request named
+    and the one that delivered the item's pull request (a request made while an earlier
+    round ran names the run before it; the round that ran meanwhile pushed newer work)."""
+    delivered = item_pull_request(revision.work_item_id)
+    candidates = [r for r in (revision.base_run_id, delivered and delivered[0]) if r]
+    # Ids are a millisecond timestamp first (ledger.ids): the greatest is the newest.
+    return max(candidates) if candidates else None
+
+
 def revision_started(
     revision: WorkItemRevision, *, round: int, run_id: str | None
 ) -> None:
     """The waiting `revision` is round `round`, its run `run_id` (None: the caps deferred
     it, and the run admission makes later is bound to it)."""
     WorkItemRevision.objects.filter(pk=revision.pk).update(
-        state=RevisionState.STARTED, round=round, run_id=run_id, reason=None
+        state=RevisionState.STARTED,
+        round=round,
+        run_id=run_id,
+        reason=None,
+        base_run_id=revision_base(revision),
     )
 
 
@@ -189,9 +239,19 @@ def revision_bind_run(item_id: str, run_id: str) -> WorkItemRevision | None:
         .order_by("-round")
         .first()
     )
-    if newest is None or newest.run_id is not None:
+    if newest is None:
         return None
-    taken = WorkItemRevision.objects.filter(pk=newest.pk, run__isnull=True).update(
+    if newest.run_id is not None:
+        # A run after the round's run failed (a loop retry, a try later, a host lost, an
+        # operator's retry) carries the round on; one that succeeded ended it.
+        ended = (
+            WorkflowRun.objects.filter(pk=newest.run_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if ended not in RETRYABLE_ENDS or run_id < newest.run_id:
+            return None
+    taken = WorkItemRevision.objects.filter(pk=newest.pk, run_id=newest.run_id).update(
         run_id=run_id
     )
     return WorkItemRevision.objects.get(pk=newest.pk) if taken else None
@@ -220,9 +280,7 @@ def item_needs_human(item_id: str, reason: str, *, now: datetime | None = None) 
             lease_expires_at=None,
             updated_at=now,
         )
-        WorkItemRevision.objects.filter(
-            work_item_id=item.pk, state=RevisionState.WAITING
-        ).update(state=RevisionState.SKIPPED, reason=reason)
+        revisions_skip_waiting([item.pk], reason)
         if item.workflow_run_id:
             append_event(
                 item.workflow_run_id, NEEDS_HUMAN_EVENT, payload={"reason": reason}
