@@ -29,6 +29,7 @@ from domain.forge_text import neutralize
 from domain.revisions import (
     CHANGES,
     ESCALATE,
+    Verdict,
     fenced,
     max_revisions,
     revision_prompt,
@@ -39,7 +40,6 @@ from ledger.models import (
     RevisionTrigger,
     RunStatus,
     WorkflowRun,
-    WorkflowStepRun,
     WorkItemRevision,
 )
 from ledger.services.revisions import (
@@ -93,27 +93,27 @@ def revision_worker_prompt(run: WorkflowRun, revision: WorkItemRevision) -> str:
     )
 
 
-def verdict_after_run(run: WorkflowRun, status: str) -> str | None:
+def verdict_after_run(
+    run: WorkflowRun, status: str, said: tuple[str, Verdict] | None
+) -> str | None:
     """What the ended run's verifier verdict does (module docstring, "the verdict decides
-    delivery"): why its delivery is held, or None (deliver as the route says)."""
-    if status != RunStatus.SUCCEEDED or not run.work_item_id:
+    delivery"): why its delivery is held, or None (deliver as the route says). `said`: the
+    verifier step's id and its verdict, as its step ended in this execution (the verifier
+    is the run's last step: the run ends right after it)."""
+    if status != RunStatus.SUCCEEDED or not run.work_item_id or said is None:
         return None
-    step = (
-        WorkflowStepRun.objects.filter(workflow_run_id=run.id, verdict__isnull=False)
-        .order_by("-sequence")
-        .first()
-    )
-    if step is None or step.verdict not in (CHANGES, ESCALATE):
-        return None
-    if step.verdict == ESCALATE:
-        why = step.verdict_text or "no reason given"
+    step_id, verdict = said
+    if verdict.verdict == ESCALATE:
+        why = verdict.text or "no reason given"
         needs_human(run.work_item_id, VERIFIER_ESCALATED.format(why=why[:500]))
         return HELD_ESCALATE
+    if verdict.verdict != CHANGES:
+        return None
     revision_request(
         item_id=run.work_item_id,
         trigger=RevisionTrigger.VERDICT,
-        findings=step.verdict_text or "",
-        source={"trigger": "verdict", "runId": run.id, "stepId": step.step_id},
+        findings=verdict.text,
+        source={"trigger": "verdict", "runId": run.id, "stepId": step_id},
         base_run_id=run.id,
         due_at=timezone.now(),
     )

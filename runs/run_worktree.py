@@ -27,6 +27,7 @@ from django.db import DatabaseError
 
 from domain.delivery import DELIVER_NONE
 from domain.errors import ApplicationError
+from domain.revisions import Verdict
 from domain.sandbox import WORKTREE_REQUIRED
 from ledger import services
 from ledger.dberrors import write_ledger
@@ -208,14 +209,14 @@ class RunWorktree:
         except DatabaseError:
             logger.exception("could not record the commit of run %s", self.run.id)
 
-    def ended(self, status: str) -> None:
-        """The run ended with `status`: its verifier's verdict may hold the delivery
+    def ended(self, status: str, verdict: tuple[str, Verdict] | None = None) -> None:
+        """The run ended with `status`: its verifier's `verdict` may hold the delivery
         (runs.revision_run); else deliver its work (runs.delivery; a failure is recorded
         on the run, never raised), then remove the worktree after success."""
         record: dict[str, Any] = {}
         held = None
         try:
-            held = verdict_after_run(self.run, status)
+            held = verdict_after_run(self.run, status, verdict)
         except (DatabaseError, ApplicationError):
             logger.exception("run %s: its verdict could not be acted on", self.run.id)
         if self.worktree is not None and not self.kept:

@@ -208,7 +208,7 @@ class _RunExecution:
             end = self._run_end(step, result, rest)
             self.save_work(step.step_id)
             self._complete(step, None if recorded else result, end=end)
-            self.work.ended(end.status)  # delivery, then the worktree's removal
+            self.work.ended(end.status, self.process.verdict)  # delivery, then removal
             return end.status
         return self._finalize(RunStatus.SUCCEEDED, None)
 
@@ -289,7 +289,7 @@ class _RunExecution:
             )
         except services.LedgerError:
             raise LeaseLost() from None
-        self.work.ended(status)
+        self.work.ended(status, self.process.verdict)
         return status
 
     def _revision_bind(self) -> None:

@@ -25,7 +25,7 @@ from agents.ratelimit import (
 )
 from agents.usage import Usage, parse_usage
 from domain.errors import ValidationError
-from domain.revisions import parse_verdict
+from domain.revisions import Verdict, parse_verdict
 from domain.sandbox import step_isolation
 from domain.templates import VERIFIER, WORKER, step_role
 from ledger import services
@@ -87,6 +87,8 @@ class StepProcess:
         self.paused_until: datetime | None = None
         # What a revision round's worker is told after the task (runs.revision_run).
         self.worker_extra: str | None = None
+        # The verifier's verdict as its step ended here: (step id, verdict).
+        self.verdict: tuple[str, Verdict] | None = None
 
     @property
     def worktree(self) -> Worktree | None:
@@ -168,8 +170,32 @@ class StepProcess:
             unresponsive=unresponsive,
         )
         if is_agent and status == StepStatus.SUCCEEDED:
-            done = _with_verdict(done, spec, provider)
+            done = self._with_verdict(done, step.step_id, spec, provider)
         self.account_failure = _account_failure(done, self.rate_limited)
+        return done
+
+    def _with_verdict(
+        self,
+        done: services.StepResult,
+        step_id: str,
+        spec: Mapping[str, Any],
+        provider: str | None,
+    ) -> services.StepResult:
+        """A verifier's result with its verdict, from its own last message
+        (domain.revisions, "the verdict"), kept for the run's end (`verdict`); any other
+        step's as it is."""
+        if step_role(spec) != VERIFIER:
+            return done
+        # A plain-text CLI's last paragraph may hold the verdict line without the findings
+        # after it (or the findings without the line): its whole output tail is its message.
+        said = (
+            final_message(provider, done.stdout)
+            if speaks_json(provider)
+            else strip_ansi(done.stdout or "")
+        )
+        done = replace(done, verdict=parse_verdict(said))
+        assert done.verdict is not None
+        self.verdict = (step_id, done.verdict)
         return done
 
     def _invocation(
@@ -332,23 +358,6 @@ class StepProcess:
             self.held = report.held
         if report.claim is not None:
             confirm_enqueue(report.claim, step_run_id=step.id)
-
-
-def _with_verdict(
-    done: services.StepResult, spec: Mapping[str, Any], provider: str | None
-) -> services.StepResult:
-    """A verifier's result with its verdict, from its own last message (domain.revisions,
-    "the verdict"); any other step's as it is."""
-    if step_role(spec) != VERIFIER:
-        return done
-    # A plain-text CLI's last paragraph may hold the verdict line without the findings
-    # after it (or the findings without the line): its whole output tail is its message.
-    said = (
-        final_message(provider, done.stdout)
-        if speaks_json(provider)
-        else strip_ansi(done.stdout or "")
-    )
-    return replace(done, verdict=parse_verdict(said))
 
 
 def _step_result(

@@ -228,10 +228,9 @@ def revision_started(
 
 def revision_bind_run(item_id: str, run_id: str) -> WorkItemRevision | None:
     """The revision run `run_id` of item `item_id` carries out, bound once (module
-    docstring, "a run is bound to its revision once"); None: the run is no revision."""
-    bound = WorkItemRevision.objects.filter(run_id=run_id).first()
-    if bound is not None:
-        return bound
+    docstring, "a run is bound to its revision once"); None: the run is no revision. One
+    statement for a run of an item without revisions, or one already bound: a run is only
+    ever bound to its item's newest round."""
     newest = (
         WorkItemRevision.objects.filter(
             work_item_id=item_id, state=RevisionState.STARTED
@@ -239,8 +238,8 @@ def revision_bind_run(item_id: str, run_id: str) -> WorkItemRevision | None:
         .order_by("-round")
         .first()
     )
-    if newest is None:
-        return None
+    if newest is None or newest.run_id == run_id:
+        return newest
     if newest.run_id is not None:
         # A run after the round's run failed (a loop retry, a try later, a host lost, an
         # operator's retry) carries the round on; one that succeeded ended it.
@@ -254,7 +253,10 @@ def revision_bind_run(item_id: str, run_id: str) -> WorkItemRevision | None:
     taken = WorkItemRevision.objects.filter(pk=newest.pk, run_id=newest.run_id).update(
         run_id=run_id
     )
-    return WorkItemRevision.objects.get(pk=newest.pk) if taken else None
+    if not taken:
+        return None
+    newest.run_id = run_id
+    return newest
 
 
 def item_needs_human(item_id: str, reason: str, *, now: datetime | None = None) -> bool:

@@ -33,6 +33,7 @@ def payload(number: int = 7, **issue: Any) -> dict[str, Any]:
         "state": "open",
         "labels": [{"name": "auto:route"}],
         "html_url": f"https://github.com/Acme/App/issues/{number}",
+        "author_association": "OWNER",
     }
     fields.update(issue)
     return {"repository": {"full_name": "Acme/App"}, "issue": fields}
