@@ -96,6 +96,8 @@ REQUEUEABLE_STATUSES = (
     WorkItemStatus.FAILED,
     WorkItemStatus.DEAD_LETTER,
     WorkItemStatus.CANCELLED,
+    # loopsweb: the human it waited for decides to run it again (docs/revisions.md §4)
+    WorkItemStatus.NEEDS_HUMAN,
 )
 RUNNABLE_STATUSES = (
     WorkItemStatus.ADMITTED,
@@ -110,6 +112,8 @@ CANCELLABLE_STATUSES = (
     WorkItemStatus.DEFERRED,
     WorkItemStatus.ADMITTED,
     WorkItemStatus.RUNNING,
+    # loopsweb: the human it waited for drops it (docs/revisions.md §4)
+    WorkItemStatus.NEEDS_HUMAN,
 )
 DEAD_LETTERABLE_STATUSES = (
     WorkItemStatus.QUEUED,

@@ -29,6 +29,8 @@ from ledger.models import (
     WorkItemRevision,
     WorkItemStatus,
 )
+from ledger.services import work_item_cancel
+from routing.admission import retry_work_item
 from routing.models import GithubDelivery
 from routing.revisions import revisions_start_due
 from runs.revision_run import HELD_CHANGES
@@ -317,6 +319,14 @@ def test_escalate_gives_the_item_to_a_human_without_a_pull_request(
     assert "the spec contradicts itself" in (item.last_reason or "")
     assert pulls_opened(forge) == []
     assert not WorkItemRevision.objects.exists()
+    # The human decides: run it again (with its stored route), or drop it.
+    again = retry_work_item(item_id=item.id, reason="clarified the spec")
+    assert again.status == WorkItemStatus.ADMITTED
+    run_workflow_run(again.workflow_run_id)
+    item.refresh_from_db()
+    assert item.status == WorkItemStatus.NEEDS_HUMAN  # the verifier escalates again
+    dropped = work_item_cancel(item_id=item.id, reason="not worth it")
+    assert dropped.status == WorkItemStatus.CANCELLED
 
 
 def test_a_pull_request_a_human_pushed_to_or_closed_is_not_revised(
