@@ -34,6 +34,11 @@ it did: `queued`, `updated`, `unchanged`, `withdrawn` or `ignored`. Its rules:
    action), and its queued or deferred work item is cancelled (ledger.services,
    `work_item_cancel`) (`withdrawn`). Admitted: nothing changes and the outcome says so,
    naming the item (`routes cancel` stops it).
+5. An issue whose author is not trusted (`author_association` outside
+   LOOPSWEB_GITHUB_TRUSTED_ASSOCIATIONS) is taken only by a `labeled` delivery naming the
+   intake label (a maintainer applied it: anyone may open or edit an issue, and a template
+   may label it), with its text then; its `edited` afterwards withdraws it as `closed`
+   would, and the rest is `ignored` with the reason.
 Rows are read and written under the admission lock, the row locked, in one transaction (as
 an operator's retry or discard: routing.drains.inbox), so a drain's admission never meets a
 half-done change.
