@@ -17,7 +17,7 @@ from ledger.models import RunStatus, WorkflowRun
 from routing.admission import CREATED, route_event, route_options
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
-from tests.ledger.runner_helpers import child_database_url, git_project
+from tests.ledger.runner_helpers import child_database_url, git, git_project
 from tests.processes import (
     manage,
     start_qcluster,
@@ -68,6 +68,26 @@ def task_event(project: Path, provider: str) -> dict[str, object]:
             "project_path": str(project),
         },
     }
+
+
+def bare_origin(tmp_path: Path) -> tuple[Path, Callable[[Path], None]]:
+    """A bare repository on local disk, and the `project_setup` of `drain_and_run` that makes
+    it the project's `origin` with main pushed to it."""
+    origin = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+
+    def with_origin(project: Path) -> None:
+        git(project, "remote", "add", "origin", str(origin))
+        git(project, "push", "-q", "origin", "main")
+
+    return origin, with_origin
+
+
+def env_file(path: Path, line: str) -> Path:
+    """A 0600 env file of one `NAME=value` line (a token or a secret file's shape)."""
+    path.write_text(line + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def run_env(provider: str, cli_bin: Path, **extra: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ from django.test import Client
 from ledger.models import RunStatus, WorkflowStepRun
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
-from tests.agents.real_runs import drain_and_run
+from tests.agents.real_runs import bare_origin, drain_and_run, env_file
 from tests.forge_standin import start_forge
 from tests.ledger.runner_helpers import git
 
@@ -36,16 +36,8 @@ TOKEN = "ghp_real_codex_standin_token"
 def test_a_task_delivered_as_a_pull_request_by_the_real_codex(
     provider: str, cli_bin: Path, stand_in: ProviderStandIn, tmp_path: Path
 ) -> None:
-    origin = tmp_path / "origin.git"
-    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
-
-    def with_origin(project: Path) -> None:
-        git(project, "remote", "add", "origin", str(origin))
-        git(project, "push", "-q", "origin", "main")
-
-    token_file = tmp_path / "github.env"
-    token_file.write_text(f"GITHUB_TOKEN={TOKEN}\n")
-    token_file.chmod(0o600)
+    origin, with_origin = bare_origin(tmp_path)
+    token_file = env_file(tmp_path / "github.env", f"GITHUB_TOKEN={TOKEN}")
     forge, server = start_forge()
     try:
         run = drain_and_run(

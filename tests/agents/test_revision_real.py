@@ -27,7 +27,7 @@ from ledger.models import (
 from routing.revisions import revisions_start_due
 from tests.agents import clis
 from tests.agents.provider import ProviderStandIn
-from tests.agents.real_runs import drain_and_run, run_env
+from tests.agents.real_runs import bare_origin, drain_and_run, env_file, run_env
 from tests.forge_standin import start_forge
 from tests.ledger.runner_helpers import git
 from tests.processes import start_qcluster, stop_process_group, wait_until
@@ -76,19 +76,9 @@ def test_the_real_codex_revises_its_pull_request_after_changes_are_requested(
     tmp_path: Path,
     settings: Any,
 ) -> None:
-    origin = tmp_path / "origin.git"
-    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
-
-    def with_origin(project: Path) -> None:
-        git(project, "remote", "add", "origin", str(origin))
-        git(project, "push", "-q", "origin", "main")
-
-    token_file = tmp_path / "github.env"
-    token_file.write_text(f"GITHUB_TOKEN={TOKEN}\n")
-    token_file.chmod(0o600)
-    hook_file = tmp_path / "hook.env"
-    hook_file.write_text(f"GITHUB_WEBHOOK_SECRET={SECRET}\n")
-    hook_file.chmod(0o600)
+    origin, with_origin = bare_origin(tmp_path)
+    token_file = env_file(tmp_path / "github.env", f"GITHUB_TOKEN={TOKEN}")
+    hook_file = env_file(tmp_path / "hook.env", f"GITHUB_WEBHOOK_SECRET={SECRET}")
     forge, server = start_forge()
     extra = {
         "LOOPSWEB_GITHUB_API_URL": forge.url,
